@@ -1,0 +1,121 @@
+//! `POST /v1/embeddings` (and `/embeddings`): the OpenAI embeddings API with vLLM's pooling
+//! parameters.
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::{admit, parse_input, response_id, unix_now, AppState};
+use crate::engine::PoolingOutput;
+use crate::pooling::{PoolingParams, Task};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    Base64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EmbeddingRequest {
+    pub input: serde_json::Value,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub encoding_format: Option<EncodingFormat>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(flatten)]
+    pub params: PoolingParams,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum EmbeddingValue {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize)]
+pub struct EmbeddingData {
+    pub index: usize,
+    pub object: &'static str,
+    pub embedding: EmbeddingValue,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(tokens: usize) -> Self {
+        Usage { prompt_tokens: tokens, total_tokens: tokens }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct EmbeddingResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub data: Vec<EmbeddingData>,
+    pub usage: Usage,
+}
+
+/// Little-endian f32 bytes, base64-encoded (what the OpenAI SDK decodes with numpy).
+pub fn encode_base64(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<EmbeddingRequest>,
+) -> Result<Json<EmbeddingResponse>, ApiError> {
+    let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embeddings")?;
+    let _permit = admit(engine)?;
+    let params = request.params.verify(Task::Embed, engine.spec())?;
+    let prompts = parse_input(&request.input)?;
+    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let format = request.encoding_format.unwrap_or_default();
+    let data = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let PoolingOutput::Vector(v) = output else {
+                return Err(ApiError::Internal("embedding task returned per-token output".into()));
+            };
+            let embedding = match format {
+                EncodingFormat::Float => EmbeddingValue::Float(v),
+                EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
+            };
+            Ok(EmbeddingData { index, object: "embedding", embedding })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(EmbeddingResponse {
+        id: response_id("embd", &headers),
+        object: "list",
+        created: unix_now(),
+        model: state.served_name().to_string(),
+        data,
+        usage: Usage::new(tokens),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_little_endian_f32() {
+        assert_eq!(encode_base64(&[1.0]), "AACAPw==");
+    }
+}

@@ -1,0 +1,114 @@
+//! The one error type of the HTTP layer. Every failure, from any layer, becomes an
+//! [`ApiError`] and leaves as `{"error": {"message", "type", "param", "code"}}` with the status
+//! of api.md's table.
+
+use crate::engine::EngineError;
+use crate::pooling::params::ParamsError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<&'static str> },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    TooManyRequests(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorInfo<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorInfo<'a> {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: u16,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: None }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "BadRequestError",
+            ApiError::NotFound(_) => "NotFoundError",
+            ApiError::MethodNotAllowed(_) => "MethodNotAllowedError",
+            ApiError::PayloadTooLarge(_) => "PayloadTooLargeError",
+            ApiError::TooManyRequests(_) => "TooManyRequestsError",
+            ApiError::Internal(_) => "InternalServerError",
+            ApiError::Unavailable(_) => "ServiceUnavailableError",
+        }
+    }
+
+    fn param(&self) -> Option<&'static str> {
+        match self {
+            ApiError::BadRequest { param, .. } => *param,
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!("{self}");
+        }
+        let body = ErrorBody {
+            error: ErrorInfo { message: self.to_string(), kind: self.kind(), param: self.param(), code: status.as_u16() },
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+impl From<ParamsError> for ApiError {
+    fn from(e: ParamsError) -> Self {
+        ApiError::BadRequest { message: e.message, param: e.param }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Params(p) => p.into(),
+            EngineError::InputTooLong { .. } => ApiError::BadRequest { message: e.to_string(), param: Some("input") },
+            EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
+                ApiError::BadRequest { message: e.to_string(), param: Some("input") }
+            }
+            EngineError::Tokenizer(_) => ApiError::bad_request(e.to_string()),
+            EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
+            EngineError::Model(_) => ApiError::Internal(e.to_string()),
+            EngineError::Stopped => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! HTTP: the router, the shared state, and one file per endpoint family. Handlers stay thin:
+//! parse, resolve the model, validate parameters, call the engine, shape the response.
+
+pub mod embeddings;
+pub mod error;
+pub mod json;
+pub mod meta;
+pub mod tokenize;
+
+use crate::engine::{Engine, EngineError, Prompt};
+use crate::pooling::Task;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderMap, HeaderName};
+use axum::routing::{get, post};
+use axum::Router;
+use error::ApiError;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Shared by every handler. The engine arrives once the model is loaded and warmed; until
+/// then model routes and /health answer 503.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<StateInner>,
+}
+
+struct StateInner {
+    engine: OnceLock<Engine>,
+    served_name: String,
+    started: u64,
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl AppState {
+    pub fn new(served_name: impl Into<String>) -> Self {
+        Self { inner: Arc::new(StateInner { engine: OnceLock::new(), served_name: served_name.into(), started: unix_now() }) }
+    }
+
+    /// A state that is ready at once (tests, the library API).
+    pub fn ready(engine: Engine) -> Self {
+        let state = Self::new(engine.spec().served_name.clone());
+        state.set_engine(engine);
+        state
+    }
+
+    pub fn set_engine(&self, engine: Engine) {
+        let _ = self.inner.engine.set(engine);
+    }
+
+    pub fn engine(&self) -> Result<&Engine, ApiError> {
+        self.inner.engine.get().ok_or_else(|| ApiError::Unavailable("The model is still loading".into()))
+    }
+
+    /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
+    /// in the "does not support" message).
+    pub fn engine_for(&self, model: Option<&str>, task: Task, api: &str) -> Result<&Engine, ApiError> {
+        self.check_model(model)?;
+        let engine = self.engine()?;
+        if !engine.spec().supports(task) {
+            return Err(ApiError::bad_request(format!("The model does not support {api} API")));
+        }
+        Ok(engine)
+    }
+
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(name) if name != self.inner.served_name => {
+                Err(ApiError::NotFound(format!("The model `{name}` does not exist.")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn served_name(&self) -> &str {
+        &self.inner.served_name
+    }
+
+    pub fn started(&self) -> u64 {
+        self.inner.started
+    }
+}
+
+/// `{prefix}-{X-Request-Id}` (set by the request-id layer when the client sent none).
+pub fn response_id(prefix: &str, headers: &HeaderMap) -> String {
+    match headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
+        Some(id) => format!("{prefix}-{id}"),
+        None => format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+    }
+}
+
+/// The `input` field's four forms: a string, strings, token ids, or lists of token ids.
+pub fn parse_input(input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
+    use serde_json::Value;
+    let shape_error = || {
+        ApiError::BadRequest {
+            message: "input must be a string, a list of strings, a list of token ids, or a list of token-id lists".into(),
+            param: Some("input"),
+        }
+    };
+    let token = |v: &Value| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32);
+    let tokens = |items: &[Value]| items.iter().map(token).collect::<Option<Vec<u32>>>();
+    match input {
+        Value::String(s) => Ok(vec![Prompt::Text(s.clone())]),
+        Value::Array(items) if items.is_empty() => {
+            Err(ApiError::BadRequest { message: "input must not be an empty list".into(), param: Some("input") })
+        }
+        Value::Array(items) => match &items[0] {
+            Value::String(_) => items
+                .iter()
+                .map(|v| v.as_str().map(|s| Prompt::Text(s.to_string())))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(shape_error),
+            Value::Number(_) => tokens(items).map(|ids| vec![Prompt::Tokens(ids)]).ok_or_else(shape_error),
+            Value::Array(_) => items
+                .iter()
+                .map(|v| v.as_array().and_then(|a| tokens(a)).map(Prompt::Tokens))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(shape_error),
+            _ => Err(shape_error()),
+        },
+        _ => Err(shape_error()),
+    }
+}
+
+/// Admission: a request past `--max-concurrent-requests` gets 429 at once.
+pub fn admit(engine: &Engine) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    engine.admit().map_err(|e: EngineError| e.into())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("Not Found".into())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed("Method Not Allowed".into())
+}
+
+pub fn router(state: AppState, payload_limit: usize) -> Router {
+    Router::new()
+        .route("/v1/embeddings", post(embeddings::create))
+        .route("/embeddings", post(embeddings::create))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/health", get(meta::health))
+        .route("/v1/models", get(meta::models))
+        .route("/version", get(meta::version))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(payload_limit))
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn input_forms() {
+        assert_eq!(parse_input(&json!("hi")).unwrap(), vec![Prompt::Text("hi".into())]);
+        assert_eq!(parse_input(&json!(["a", "b"])).unwrap().len(), 2);
+        assert_eq!(parse_input(&json!([1, 2])).unwrap(), vec![Prompt::Tokens(vec![1, 2])]);
+        assert_eq!(parse_input(&json!([[1], [2, 3]])).unwrap().len(), 2);
+        assert!(parse_input(&json!([])).is_err());
+        assert!(parse_input(&json!(["a", 1])).is_err());
+        assert!(parse_input(&json!([-1])).is_err());
+        assert!(parse_input(&json!(5)).is_err());
+        assert!(parse_input(&json!([[1], "a"])).is_err());
+    }
+}

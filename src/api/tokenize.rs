@@ -1,0 +1,74 @@
+//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes).
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::AppState;
+use crate::engine::tokenize::EncodeOptions;
+use crate::engine::EngineError;
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub prompt: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default = "yes")]
+    pub add_special_tokens: bool,
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    pub token_strs: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
+
+pub async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<TokenizeRequest>,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    let engine = state.engine()?;
+    let options = EncodeOptions {
+        add_special_tokens: request.add_special_tokens,
+        truncate_to: None,
+        side: engine.spec().truncation_side,
+    };
+    let tokens = engine.tokenize(request.prompt, options).await?.ids;
+    let token_strs = request.return_token_strs.then(|| engine.tokenizer().token_strings(&tokens));
+    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }))
+}
+
+pub async fn detokenize(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<DetokenizeRequest>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    let engine = state.engine()?;
+    let vocab = engine.tokenizer().vocab_size();
+    if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(EngineError::InvalidTokenId { id, vocab }.into());
+    }
+    Ok(Json(DetokenizeResponse { prompt: engine.tokenizer().decode(&request.tokens)? }))
+}

@@ -1,0 +1,230 @@
+//! Server configuration: the `serve` command line (every flag also an environment variable),
+//! turned once into a [`ServerConfig`] that the rest of the program reads.
+
+use crate::pooling::PoolingType;
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+
+/// `--pooler-config`: server-wide pooling defaults (vLLM's `PoolerConfig`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolerConfig {
+    pub pooling_type: Option<PoolingType>,
+    pub normalize: Option<bool>,
+    pub dimensions: Option<i64>,
+    pub use_activation: Option<bool>,
+    pub logit_bias: Option<f64>,
+    pub step_tag_id: Option<u32>,
+    pub returned_token_ids: Option<Vec<u32>>,
+    pub enable_chunked_processing: Option<bool>,
+    pub max_embed_len: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Runner {
+    Pooling,
+}
+
+/// `--convert`: which task family to serve the checkpoint as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Convert {
+    /// Decide from `architectures`.
+    Auto,
+    Embed,
+    Classify,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    Auto,
+    Float32,
+    Float16,
+    Bfloat16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+    Metal,
+}
+
+/// `poolserve serve` flags. Each one can also come from the environment variable named in
+/// its help (flags win over the environment).
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Local model folder or Hugging Face hub id.
+    #[arg(env = "POOLSERVE_MODEL")]
+    pub model: String,
+    /// Only `pooling` is served.
+    #[arg(long, value_enum, default_value = "pooling", env = "POOLSERVE_RUNNER")]
+    pub runner: Runner,
+    #[arg(long, value_enum, default_value = "auto", env = "POOLSERVE_CONVERT")]
+    pub convert: Convert,
+    /// JSON object: pooling_type, normalize, dimensions, use_activation, ...
+    #[arg(long, env = "POOLSERVE_POOLER_CONFIG")]
+    pub pooler_config: Option<String>,
+    /// JSON object merged into config.json before anything reads it.
+    #[arg(long, env = "POOLSERVE_HF_OVERRIDES")]
+    pub hf_overrides: Option<String>,
+    /// Hub revision (branch, tag or commit) for hub ids.
+    #[arg(long, env = "POOLSERVE_REVISION")]
+    pub revision: Option<String>,
+    /// Longest input in tokens; at most the model's own limit.
+    #[arg(long, env = "POOLSERVE_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    /// Name clients send as `model` (default: the MODEL argument).
+    #[arg(long, env = "POOLSERVE_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    #[arg(long, default_value = "0.0.0.0", env = "POOLSERVE_HOST")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000, env = "POOLSERVE_PORT")]
+    pub port: u16,
+    #[arg(long, value_enum, default_value = "auto", env = "POOLSERVE_DTYPE")]
+    pub dtype: DTypeArg,
+    #[arg(long, value_enum, default_value = "cpu", env = "POOLSERVE_DEVICE")]
+    pub device: DeviceArg,
+    /// Token budget of one forward pass (sum of the batch's sequence lengths).
+    #[arg(long, default_value_t = 4096, env = "POOLSERVE_MAX_BATCH_TOKENS")]
+    pub max_batch_tokens: usize,
+    /// Most sequences in one forward pass.
+    #[arg(long, default_value_t = 256, env = "POOLSERVE_MAX_NUM_SEQS")]
+    pub max_num_seqs: usize,
+    /// Requests in flight beyond this get 429 at once.
+    #[arg(long, default_value_t = 512, env = "POOLSERVE_MAX_CONCURRENT_REQUESTS")]
+    pub max_concurrent_requests: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 2_000_000, env = "POOLSERVE_PAYLOAD_LIMIT")]
+    pub payload_limit: usize,
+    /// Threads that tokenize (default: 1, so the model keeps the other cores).
+    #[arg(long, default_value_t = 1, env = "POOLSERVE_TOKENIZER_WORKERS")]
+    pub tokenizer_workers: usize,
+}
+
+/// Everything the server needs, validated.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub model: String,
+    pub revision: Option<String>,
+    pub served_model_name: String,
+    pub convert: Convert,
+    pub pooler: PoolerConfig,
+    pub hf_overrides: serde_json::Map<String, serde_json::Value>,
+    pub max_model_len: Option<usize>,
+    pub host: String,
+    pub port: u16,
+    pub device: DeviceArg,
+    pub max_batch_tokens: usize,
+    pub max_num_seqs: usize,
+    pub max_concurrent_requests: usize,
+    pub payload_limit: usize,
+    pub tokenizer_workers: usize,
+}
+
+/// A flag value that cannot be used; printed as one line before exiting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+fn positive(name: &str, value: usize) -> Result<usize, ConfigError> {
+    if value == 0 {
+        return Err(ConfigError(format!("--{name} must be greater than 0")));
+    }
+    Ok(value)
+}
+
+impl TryFrom<ServeArgs> for ServerConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
+        let pooler: PoolerConfig = match &args.pooler_config {
+            Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
+            None => PoolerConfig::default(),
+        };
+        if pooler.enable_chunked_processing == Some(true) || pooler.max_embed_len.is_some() {
+            return Err(ConfigError("--pooler-config: chunked processing of long inputs is not supported yet".into()));
+        }
+        if pooler.pooling_type == Some(PoolingType::Step) {
+            return Err(ConfigError("--pooler-config: STEP pooling is not supported yet".into()));
+        }
+        let hf_overrides = match &args.hf_overrides {
+            Some(json) => match serde_json::from_str(json) {
+                Ok(serde_json::Value::Object(map)) => map,
+                Ok(_) => return Err(ConfigError("--hf-overrides must be a JSON object".into())),
+                Err(e) => return Err(ConfigError(format!("--hf-overrides: {e}"))),
+            },
+            None => Default::default(),
+        };
+        match args.dtype {
+            DTypeArg::Auto | DTypeArg::Float32 => {}
+            other => {
+                return Err(ConfigError(format!(
+                    "--dtype {}: only float32 is supported in this build",
+                    other.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+                )))
+            }
+        }
+        match args.device {
+            DeviceArg::Cpu => {}
+            DeviceArg::Cuda if cfg!(feature = "cuda") => {}
+            DeviceArg::Metal if cfg!(feature = "metal") => {}
+            DeviceArg::Cuda => return Err(ConfigError("--device cuda: poolserve was built without the `cuda` feature".into())),
+            DeviceArg::Metal => return Err(ConfigError("--device metal: poolserve was built without the `metal` feature".into())),
+        }
+        if let Some(n) = args.max_model_len {
+            positive("max-model-len", n)?;
+        }
+        Ok(ServerConfig {
+            served_model_name: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
+            model: args.model,
+            revision: args.revision,
+            convert: args.convert,
+            pooler,
+            hf_overrides,
+            max_model_len: args.max_model_len,
+            host: args.host,
+            port: args.port,
+            device: args.device,
+            max_batch_tokens: positive("max-batch-tokens", args.max_batch_tokens)?,
+            max_num_seqs: positive("max-num-seqs", args.max_num_seqs)?,
+            max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,
+            payload_limit: positive("payload-limit", args.payload_limit)?,
+            tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
+        })
+    }
+}
+
+impl ServerConfig {
+    /// Defaults for a model folder, as the CLI would give them (tests and the library API).
+    pub fn for_model(model: impl Into<String>) -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let model = model.into();
+        let wrapper = Wrapper::parse_from(["poolserve", model.as_str()]);
+        ServerConfig::try_from(wrapper.args).expect("default flags are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooler_config_rejects_unknown_fields() {
+        let err = serde_json::from_str::<PoolerConfig>(r#"{"pooling_typ": "MEAN"}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field"));
+        let ok: PoolerConfig = serde_json::from_str(r#"{"pooling_type": "MEAN", "normalize": false}"#).unwrap();
+        assert_eq!(ok.pooling_type, Some(PoolingType::Mean));
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = ServerConfig::for_model("some/model");
+        assert_eq!(config.served_model_name, "some/model");
+        assert_eq!(config.port, 8000);
+    }
+}

@@ -1,0 +1,86 @@
+//! The flat, padding-free batch that backbones consume.
+//!
+//! All sequences' token ids are concatenated; `cu_seqlens` marks where each sequence starts
+//! and ends. Dense layers run over every token at once and attention runs per sequence, so
+//! no compute is spent on padding, whatever the mix of lengths.
+
+/// One tokenized input, as the model will see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizedInput {
+    pub ids: Vec<u32>,
+    /// Segment ids (0 for single texts, 0/1 for pairs on models that use them).
+    pub type_ids: Vec<u32>,
+}
+
+impl TokenizedInput {
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Several sequences laid end to end.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    pub input_ids: Vec<u32>,
+    pub token_type_ids: Vec<u32>,
+    /// Cumulative sequence lengths: sequence `i` is tokens `cu_seqlens[i]..cu_seqlens[i+1]`.
+    pub cu_seqlens: Vec<usize>,
+    pub max_len: usize,
+}
+
+impl Batch {
+    pub fn from_inputs<'a>(inputs: impl IntoIterator<Item = &'a TokenizedInput>) -> Self {
+        let mut batch = Batch { cu_seqlens: vec![0], ..Default::default() };
+        for input in inputs {
+            batch.input_ids.extend_from_slice(&input.ids);
+            batch.token_type_ids.extend_from_slice(&input.type_ids);
+            batch.cu_seqlens.push(batch.input_ids.len());
+            batch.max_len = batch.max_len.max(input.len());
+        }
+        batch
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.cu_seqlens.len() - 1
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    /// `(start, len)` of every sequence.
+    pub fn spans(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.cu_seqlens.windows(2).map(|w| (w[0], w[1] - w[0]))
+    }
+
+    /// Position of every token inside its own sequence, offset by `offset`
+    /// (0 for BERT, `pad_token_id + 1` for RoBERTa-style models).
+    pub fn positions(&self, offset: u32) -> Vec<u32> {
+        let mut positions = Vec::with_capacity(self.num_tokens());
+        for (_, len) in self.spans() {
+            positions.extend((0..len as u32).map(|p| p + offset));
+        }
+        positions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concatenates_without_padding() {
+        let a = TokenizedInput { ids: vec![1, 2, 3], type_ids: vec![0, 0, 0] };
+        let b = TokenizedInput { ids: vec![4], type_ids: vec![0] };
+        let batch = Batch::from_inputs([&a, &b]);
+        assert_eq!(batch.input_ids, vec![1, 2, 3, 4]);
+        assert_eq!(batch.cu_seqlens, vec![0, 3, 4]);
+        assert_eq!(batch.max_len, 3);
+        assert_eq!(batch.positions(2), vec![2, 3, 4, 2]);
+        assert_eq!(batch.spans().collect::<Vec<_>>(), vec![(0, 3), (3, 1)]);
+    }
+}

@@ -1,0 +1,189 @@
+//! The engine: tokenization workers, the batching queue and the model thread, behind one
+//! cheap-to-clone [`Engine`] handle. The HTTP layer (and the library API) hand it prompts and
+//! validated parameters and get one output per prompt back, in order; it never sees tensors.
+
+pub mod batch;
+pub mod scheduler;
+pub mod tokenize;
+
+use crate::config::ServerConfig;
+use crate::loader::spec::ModelSpec;
+use crate::loader::LoadedModel;
+use crate::pooling::params::ParamsError;
+use crate::pooling::ResolvedParams;
+use batch::TokenizedInput;
+use scheduler::{BatchLimits, Job, Runner};
+pub use scheduler::PoolingOutput;
+use std::sync::Arc;
+use tokenize::{EncodeOptions, TokenizerPool};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("This model's maximum context length is {max} tokens. However, you requested {got} tokens in the input for {purpose}. Please reduce the length of the input.")]
+    InputTooLong { max: usize, got: usize, purpose: &'static str },
+    #[error("Token id {id} is out of vocabulary (the vocabulary has {vocab} tokens)")]
+    InvalidTokenId { id: u32, vocab: usize },
+    #[error("The prompt cannot be empty")]
+    EmptyPrompt,
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    #[error("tokenizer failed: {0}")]
+    Tokenizer(String),
+    #[error("The server is at its limit of {0} concurrent requests; retry later")]
+    Overloaded(usize),
+    #[error("model execution failed: {0}")]
+    Model(String),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// One input as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+struct Inner {
+    spec: ModelSpec,
+    tokenizers: TokenizerPool,
+    jobs: mpsc::UnboundedSender<Job>,
+    admission: Arc<Semaphore>,
+    max_concurrent_requests: usize,
+    vocab_size: usize,
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    /// Starts the tokenizer workers and the model thread.
+    pub fn start(model: LoadedModel, config: &ServerConfig) -> std::io::Result<Self> {
+        let LoadedModel { spec, backbone, tokenizer, embedding_head } = model;
+        let limits = BatchLimits {
+            // An input of max_model_len tokens must always fit in one batch.
+            max_tokens: config.max_batch_tokens.max(spec.max_model_len),
+            max_seqs: config.max_num_seqs,
+        };
+        if limits.max_tokens > config.max_batch_tokens {
+            tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
+        }
+        let pooling = spec.pooling.method().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
+        })?;
+        let vocab_size = backbone.vocab_size();
+        let runner = Runner { backbone, pooling, embedding_head, limits };
+        let (tx, rx) = mpsc::unbounded_channel();
+        std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
+        let tokenizers = TokenizerPool::new(Arc::new(tokenizer), config.tokenizer_workers)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                spec,
+                tokenizers,
+                jobs: tx,
+                admission: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+                max_concurrent_requests: config.max_concurrent_requests,
+                vocab_size,
+            }),
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.inner.spec
+    }
+
+    pub fn tokenizer(&self) -> &tokenize::TextTokenizer {
+        self.inner.tokenizers.tokenizer()
+    }
+
+    /// A slot for one request, or `Overloaded` at once when all are taken.
+    pub fn admit(&self) -> Result<OwnedSemaphorePermit, EngineError> {
+        Arc::clone(&self.inner.admission)
+            .try_acquire_owned()
+            .map_err(|_| EngineError::Overloaded(self.inner.max_concurrent_requests))
+    }
+
+    /// Tokenizes one text on the worker pool, without length checks (/tokenize).
+    pub async fn tokenize(&self, text: String, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
+        self.inner.tokenizers.encode(vec![text], options).await?.pop().ok_or(EngineError::Stopped)?
+    }
+
+    /// Tokenizes (or takes as given) every prompt and checks it against the model's limits.
+    pub async fn prepare(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
+        let options = EncodeOptions {
+            add_special_tokens: params.add_special_tokens,
+            truncate_to: params.truncate_to,
+            side: params.truncation_side,
+        };
+        let texts: Vec<String> = prompts
+            .iter()
+            .filter_map(|p| match p {
+                Prompt::Text(t) => Some(t.clone()),
+                Prompt::Tokens(_) => None,
+            })
+            .collect();
+        let mut encoded = if texts.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.inner.tokenizers.encode(texts, options).await?.into_iter()
+        };
+        let mut inputs = Vec::with_capacity(prompts.len());
+        for prompt in prompts {
+            let input = match prompt {
+                Prompt::Text(_) => encoded.next().ok_or(EngineError::Stopped)??,
+                Prompt::Tokens(ids) => {
+                    if ids.is_empty() {
+                        return Err(EngineError::EmptyPrompt);
+                    }
+                    if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.inner.vocab_size) {
+                        return Err(EngineError::InvalidTokenId { id, vocab: self.inner.vocab_size });
+                    }
+                    tokenize::truncate_ids(ids, options)
+                }
+            };
+            self.check_length(input.len(), params)?;
+            inputs.push(input);
+        }
+        Ok(inputs)
+    }
+
+    fn check_length(&self, len: usize, params: &ResolvedParams) -> Result<(), EngineError> {
+        let max = self.inner.spec.max_model_len;
+        if len > max {
+            return Err(EngineError::InputTooLong { max, got: len, purpose: params.task.purpose() });
+        }
+        if len == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        Ok(())
+    }
+
+    /// Queues every input and waits for all outputs, in input order. Dropping the returned
+    /// future (a client disconnect) withdraws the inputs that have not run yet.
+    pub async fn run(&self, inputs: Vec<TokenizedInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
+        let mut receivers = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let (reply, rx) = oneshot::channel();
+            self.inner
+                .jobs
+                .send(Job { input, params: params.clone(), reply })
+                .map_err(|_| EngineError::Stopped)?;
+            receivers.push(rx);
+        }
+        let mut outputs = Vec::with_capacity(receivers.len());
+        for rx in receivers {
+            outputs.push(rx.await.map_err(|_| EngineError::Stopped)??);
+        }
+        Ok(outputs)
+    }
+
+    /// `prepare` then `run`; also returns the number of tokens the model processed.
+    pub async fn encode(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
+        let inputs = self.prepare(prompts, params).await?;
+        let tokens = inputs.iter().map(TokenizedInput::len).sum();
+        Ok((self.run(inputs, params).await?, tokens))
+    }
+}

@@ -1,0 +1,198 @@
+//! The model thread: forms batches from queued inputs and runs backbone, pooling and heads.
+//!
+//! Every input is one [`Job`] with its own reply channel. The thread drains whatever has
+//! arrived, takes the oldest job plus any others that fit the token budget and sequence cap,
+//! runs them as one flat batch, and answers each job. Jobs whose client has gone (reply
+//! receiver dropped) are skipped before they reach the model. Because the batch is padding-free,
+//! mixing lengths costs nothing, so batches are formed oldest-first: an input waits at most
+//! for the batch in flight plus one more.
+
+use super::batch::{Batch, TokenizedInput};
+use super::EngineError;
+use crate::models::Backbone;
+use crate::pooling::head::{finish_embedding, EmbeddingHead};
+use crate::pooling::method::{All, HiddenStates, PoolingMethod};
+use crate::pooling::{ResolvedParams, Task};
+use candle_core::Device;
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use tokio::sync::{mpsc, oneshot};
+
+/// The result for one input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PoolingOutput {
+    /// One vector (embed).
+    Vector(Vec<f32>),
+    /// One vector per token (token_embed).
+    Tokens(Vec<Vec<f32>>),
+}
+
+pub struct Job {
+    pub input: TokenizedInput,
+    pub params: ResolvedParams,
+    pub reply: oneshot::Sender<Result<PoolingOutput, EngineError>>,
+}
+
+/// Batch limits.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+}
+
+pub struct Runner {
+    pub backbone: Box<dyn Backbone>,
+    pub pooling: &'static dyn PoolingMethod,
+    pub embedding_head: EmbeddingHead,
+    pub limits: BatchLimits,
+}
+
+/// Removes the next batch from `pending`: the oldest live job, then every later job that still
+/// fits. Jobs whose client disconnected are dropped here.
+fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
+    pending.retain(|job| !job.reply.is_closed());
+    let mut batch = Vec::new();
+    let mut tokens = 0;
+    let mut i = 0;
+    while i < pending.len() && batch.len() < limits.max_seqs {
+        let len = pending[i].input.len();
+        if batch.is_empty() || tokens + len <= limits.max_tokens {
+            tokens += len;
+            if let Some(job) = pending.remove(i) {
+                batch.push(job);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    batch
+}
+
+impl Runner {
+    /// Runs until every sender of `jobs` is gone.
+    pub fn run(self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+        let mut pending: VecDeque<Job> = VecDeque::new();
+        loop {
+            if pending.is_empty() {
+                match jobs.blocking_recv() {
+                    Some(job) => pending.push_back(job),
+                    None => return,
+                }
+            }
+            while let Ok(job) = jobs.try_recv() {
+                pending.push_back(job);
+            }
+            let batch = take_batch(&mut pending, self.limits);
+            if batch.is_empty() {
+                continue;
+            }
+            // A bug in model code must fail this batch, not kill the thread and hang everyone.
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.execute(&batch)))
+                .unwrap_or_else(|_| Err("the model thread panicked while running a batch".to_string()));
+            match outcome {
+                Ok(outputs) => {
+                    for (job, out) in batch.into_iter().zip(outputs) {
+                        let _ = job.reply.send(Ok(out));
+                    }
+                }
+                Err(message) => {
+                    tracing::error!("batch of {} inputs failed: {message}", batch.len());
+                    for job in batch {
+                        let _ = job.reply.send(Err(EngineError::Model(message.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forward pass, pooling and heads for one batch; outputs in job order.
+    pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
+        let batch = Batch::from_inputs(jobs.iter().map(|j| &j.input));
+        let hidden = self
+            .backbone
+            .forward(&batch)
+            .and_then(|h| h.to_device(&Device::Cpu))
+            .and_then(|h| h.flatten_all())
+            .and_then(|h| h.to_vec1::<f32>())
+            .map_err(|e| e.to_string())?;
+        let hidden_size = self.backbone.hidden_size();
+        let states = HiddenStates { data: &hidden, hidden_size };
+
+        // Pool every job, then run the Dense layers once over all pooled rows.
+        let mut rows = Vec::new();
+        let mut row_counts = Vec::with_capacity(jobs.len());
+        for (job, (start, len)) in jobs.iter().zip(batch.spans()) {
+            let pooled = match job.params.task {
+                Task::Embed => self.pooling.pool(&states, start, len),
+                Task::TokenEmbed => All.pool(&states, start, len),
+                other => return Err(format!("task {other} is not served by this model")),
+            };
+            row_counts.push(pooled.len() / hidden_size);
+            rows.extend(pooled);
+        }
+        let (projected, width) = self.embedding_head.project(rows, hidden_size).map_err(|e| e.to_string())?;
+
+        let mut outputs = Vec::with_capacity(jobs.len());
+        let mut offset = 0;
+        for (job, count) in jobs.iter().zip(row_counts) {
+            let block = &projected[offset * width..(offset + count) * width];
+            offset += count;
+            let finish = |row: &[f32]| finish_embedding(row.to_vec(), job.params.dimensions, job.params.activation);
+            outputs.push(match job.params.task {
+                Task::TokenEmbed => PoolingOutput::Tokens(block.chunks(width).map(finish).collect()),
+                _ => PoolingOutput::Vector(finish(block)),
+            });
+        }
+        Ok(outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pooling::params::TruncationSide;
+
+    fn job(len: usize) -> (Job, oneshot::Receiver<Result<PoolingOutput, EngineError>>) {
+        let (reply, rx) = oneshot::channel();
+        let params = ResolvedParams {
+            task: Task::Embed,
+            truncate_to: None,
+            truncation_side: TruncationSide::Right,
+            dimensions: None,
+            activation: true,
+            add_special_tokens: true,
+        };
+        (Job { input: TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] }, params, reply }, rx)
+    }
+
+    #[test]
+    fn batches_oldest_first_within_budget() {
+        let limits = BatchLimits { max_tokens: 10, max_seqs: 3 };
+        let mut receivers = Vec::new();
+        let mut pending = VecDeque::new();
+        for len in [6, 6, 3, 1, 1] {
+            let (j, rx) = job(len);
+            pending.push_back(j);
+            receivers.push(rx);
+        }
+        let lens = |b: &Vec<Job>| b.iter().map(|j| j.input.len()).collect::<Vec<_>>();
+        let first = take_batch(&mut pending, limits);
+        assert_eq!(lens(&first), vec![6, 3, 1]); // the second 6 does not fit; smaller ones do
+        let second = take_batch(&mut pending, limits);
+        assert_eq!(lens(&second), vec![6, 1]); // the skipped job leads the next batch
+        assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn oversized_first_job_still_runs_and_cancelled_jobs_are_dropped() {
+        let limits = BatchLimits { max_tokens: 4, max_seqs: 8 };
+        let (a, rx_a) = job(3);
+        let (b, rx_b) = job(9);
+        drop(rx_a); // client went away
+        let mut pending: VecDeque<Job> = [a, b].into_iter().collect();
+        let batch = take_batch(&mut pending, limits);
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].input.len(), 9);
+        drop(rx_b);
+    }
+}

@@ -1,0 +1,14 @@
+//! poolserve: an inference server for pooling models (embeddings first; classification,
+//! scoring and token tasks plug into the same engine).
+//!
+//! Layers, in the order a request travels: [`api`] (HTTP) → [`pooling::params`] (validation)
+//! → [`engine`] (tokenization, batching, the model thread) → [`models`] (backbones) →
+//! [`pooling`] (methods and heads). [`loader`] builds everything model-specific at startup.
+
+pub mod api;
+pub mod config;
+pub mod engine;
+pub mod loader;
+pub mod models;
+pub mod pooling;
+pub mod server;

@@ -1,0 +1,132 @@
+//! Loading a model: find its files ([`hub`]), read its sentence-transformers layout
+//! ([`sentence`]), decide everything model-specific ([`spec`]), and build the backbone,
+//! tokenizer and heads.
+
+pub mod hub;
+pub mod sentence;
+pub mod spec;
+
+use crate::config::{DeviceArg, ServerConfig};
+use crate::engine::tokenize::TextTokenizer;
+use crate::models::{self, Backbone, ModelError};
+use crate::pooling::head::EmbeddingHead;
+use crate::pooling::params::TruncationSide;
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use hub::ModelSource;
+use sentence::SentenceTransformer;
+use spec::ModelSpec;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("hub: {0}")]
+    Hub(String),
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("invalid model: {0}")]
+    Invalid(String),
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Model(#[from] ModelError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("device: {0}")]
+    Device(String),
+}
+
+impl From<candle_core::Error> for LoadError {
+    fn from(e: candle_core::Error) -> Self {
+        LoadError::Model(ModelError::Weights(e))
+    }
+}
+
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|e| LoadError::File { path: path.into(), message: e.to_string() })?;
+    serde_json::from_str(&text).map_err(|e| LoadError::File { path: path.into(), message: e.to_string() })
+}
+
+/// Everything the engine runs.
+pub struct LoadedModel {
+    pub spec: ModelSpec,
+    pub backbone: Box<dyn Backbone>,
+    pub tokenizer: TextTokenizer,
+    pub embedding_head: EmbeddingHead,
+}
+
+fn device(kind: DeviceArg) -> Result<Device, LoadError> {
+    match kind {
+        DeviceArg::Cpu => Ok(Device::Cpu),
+        DeviceArg::Cuda => Device::new_cuda(0).map_err(|e| LoadError::Device(e.to_string())),
+        DeviceArg::Metal => Device::new_metal(0).map_err(|e| LoadError::Device(e.to_string())),
+    }
+}
+
+/// Weight files: one `model.safetensors`, or the shards a `model.safetensors.index.json` names.
+fn weight_files(source: &ModelSource) -> Result<Vec<PathBuf>, LoadError> {
+    if let Some(p) = source.file("model.safetensors")? {
+        return Ok(vec![p]);
+    }
+    if let Some(index) = source.file("model.safetensors.index.json")? {
+        let index: serde_json::Value = read_json(&index)?;
+        let mut shards: Vec<String> = index
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .map(|m| m.values().filter_map(|v| v.as_str().map(String::from)).collect())
+            .unwrap_or_default();
+        shards.sort();
+        shards.dedup();
+        return shards.iter().map(|s| source.required(s)).collect();
+    }
+    Err(LoadError::Unsupported("no model.safetensors (PyTorch .bin weights are not supported)".into()))
+}
+
+pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
+    let source = ModelSource::resolve(&config.model, config.revision.as_deref())?;
+    let mut raw: serde_json::Value = read_json(&source.required("config.json")?)?;
+    spec::apply_overrides(&mut raw, &config.hf_overrides);
+    let (architecture, family) = spec::architecture_of(&raw)?;
+    let tasks = spec::tasks_for(&architecture, config.convert)?;
+    let sentence = SentenceTransformer::read(&source)?;
+
+    let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
+        Some(p) => read_json(&p)?,
+        None => serde_json::Value::Null,
+    };
+    let truncation_side = match tokenizer_config.get("truncation_side").and_then(|v| v.as_str()) {
+        Some("left") => TruncationSide::Left,
+        _ => TruncationSide::Right,
+    };
+    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, sentence.do_lower_case)?;
+
+    let device = device(config.device)?;
+    let files = weight_files(&source)?;
+    // SAFETY: the weight files are memory-mapped read-only and must not change while we run,
+    // the same contract as every safetensors loader.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &device)? };
+
+    let mut spec = ModelSpec {
+        served_name: config.served_model_name.clone(),
+        root: config.model.clone(),
+        architecture,
+        family,
+        matryoshka: spec::matryoshka_of(&raw),
+        config: raw,
+        tasks,
+        pooling: family.pooling(config.pooler.pooling_type, sentence.pooling),
+        max_model_len: 0,
+        hidden_size: 0,
+        embedding_size: 0,
+        pooler_defaults: config.pooler.clone(),
+        truncation_side,
+    };
+    let backbone = models::load_backbone(&spec, vb, &device)?;
+    spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
+    spec.hidden_size = backbone.hidden_size();
+    let embedding_head = EmbeddingHead { dense: sentence.dense };
+    spec.embedding_size = embedding_head.output_size(spec.hidden_size);
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head })
+}

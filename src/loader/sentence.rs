@@ -1,0 +1,163 @@
+//! The sentence-transformers files of a model folder: `modules.json`, the Pooling module's
+//! config, Dense modules (with their activation), Normalize, and `sentence_bert_config.json`.
+
+use super::hub::ModelSource;
+use super::{read_json, LoadError};
+use crate::models::ops::Linear;
+use crate::pooling::head::{Dense, DenseActivation};
+use crate::pooling::PoolingType;
+use candle_core::Device;
+use serde::Deserialize;
+
+/// What the sentence-transformers files say, when the model has them.
+#[derive(Debug, Default)]
+pub struct SentenceTransformer {
+    pub pooling: Option<PoolingType>,
+    pub dense: Vec<Dense>,
+    pub normalize: bool,
+    pub max_seq_length: Option<usize>,
+    pub do_lower_case: bool,
+}
+
+#[derive(Deserialize)]
+struct Module {
+    path: String,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PoolingConfig {
+    pooling_mode_cls_token: bool,
+    pooling_mode_mean_tokens: bool,
+    pooling_mode_max_tokens: bool,
+    pooling_mode_mean_sqrt_len_tokens: bool,
+    pooling_mode_weightedmean_tokens: bool,
+    pooling_mode_lasttoken: bool,
+    pooling_mode: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct DenseConfig {
+    in_features: usize,
+    out_features: usize,
+    #[serde(default = "yes")]
+    bias: bool,
+    #[serde(default = "identity", alias = "activation")]
+    activation_function: String,
+}
+
+fn yes() -> bool {
+    true
+}
+fn identity() -> String {
+    "torch.nn.modules.linear.Identity".into()
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct BertConfigFile {
+    max_seq_length: Option<usize>,
+    do_lower_case: bool,
+}
+
+fn pooling_type(config: &PoolingConfig, path: &str) -> Result<PoolingType, LoadError> {
+    if let Some(mode) = &config.pooling_mode {
+        return match mode.as_str() {
+            "cls" => Ok(PoolingType::Cls),
+            "mean" => Ok(PoolingType::Mean),
+            "lasttoken" => Ok(PoolingType::Last),
+            other => Err(LoadError::Unsupported(format!("{path}: pooling mode `{other}`"))),
+        };
+    }
+    let flags = [
+        (config.pooling_mode_cls_token, Some(PoolingType::Cls), "cls_token"),
+        (config.pooling_mode_mean_tokens, Some(PoolingType::Mean), "mean_tokens"),
+        (config.pooling_mode_lasttoken, Some(PoolingType::Last), "lasttoken"),
+        (config.pooling_mode_max_tokens, None, "max_tokens"),
+        (config.pooling_mode_mean_sqrt_len_tokens, None, "mean_sqrt_len_tokens"),
+        (config.pooling_mode_weightedmean_tokens, None, "weightedmean_tokens"),
+    ];
+    let set: Vec<_> = flags.iter().filter(|f| f.0).collect();
+    match set.as_slice() {
+        [(_, Some(kind), _)] => Ok(*kind),
+        [(_, None, name)] => Err(LoadError::Unsupported(format!("{path}: pooling_mode_{name}"))),
+        [] => Err(LoadError::Invalid(format!("{path}: no pooling mode is enabled"))),
+        _ => Err(LoadError::Unsupported(format!("{path}: several pooling modes concatenated"))),
+    }
+}
+
+fn load_dense(source: &ModelSource, path: &str) -> Result<Dense, LoadError> {
+    let config: DenseConfig = read_json(&source.required(&format!("{path}/config.json"))?)?;
+    let activation = DenseActivation::from_torch_name(&config.activation_function).ok_or_else(|| {
+        LoadError::Unsupported(format!("{path}: Dense activation `{}`", config.activation_function))
+    })?;
+    let weights_path = source.file(&format!("{path}/model.safetensors"))?.ok_or_else(|| {
+        LoadError::Unsupported(format!("{path}: only model.safetensors weights are supported"))
+    })?;
+    let tensors = candle_core::safetensors::load(&weights_path, &Device::Cpu)
+        .map_err(|e| LoadError::Invalid(format!("{}: {e}", weights_path.display())))?;
+    let weight = tensors
+        .get("linear.weight")
+        .ok_or_else(|| LoadError::Invalid(format!("{path}: no linear.weight")))?
+        .to_dtype(candle_core::DType::F32)?;
+    if weight.dims() != [config.out_features, config.in_features] {
+        return Err(LoadError::Invalid(format!("{path}: linear.weight has shape {:?}", weight.dims())));
+    }
+    let bias = match (config.bias, tensors.get("linear.bias")) {
+        (true, Some(b)) => Some(b.to_dtype(candle_core::DType::F32)?),
+        (true, None) => return Err(LoadError::Invalid(format!("{path}: no linear.bias"))),
+        (false, _) => None,
+    };
+    Ok(Dense { linear: Linear::new(weight, bias)?, activation })
+}
+
+impl SentenceTransformer {
+    pub fn read(source: &ModelSource) -> Result<Self, LoadError> {
+        let mut st = SentenceTransformer::default();
+        if let Some(path) = source.file("sentence_bert_config.json")? {
+            let config: BertConfigFile = read_json(&path)?;
+            st.max_seq_length = config.max_seq_length;
+            st.do_lower_case = config.do_lower_case;
+        }
+        let Some(modules_path) = source.file("modules.json")? else {
+            return Ok(st);
+        };
+        let modules: Vec<Module> = read_json(&modules_path)?;
+        for module in modules {
+            let kind = module.kind.rsplit('.').next().unwrap_or(&module.kind);
+            match kind {
+                "Transformer" => {}
+                "Pooling" => {
+                    let config: PoolingConfig = read_json(&source.required(&format!("{}/config.json", module.path))?)?;
+                    st.pooling = Some(pooling_type(&config, &module.path)?);
+                }
+                "Dense" => st.dense.push(load_dense(source, &module.path)?),
+                // all-MiniLM-L6-v2 lists 2_Normalize without shipping a folder for it.
+                "Normalize" => st.normalize = true,
+                other => {
+                    return Err(LoadError::Unsupported(format!("sentence-transformers module `{other}` ({})", module.path)))
+                }
+            }
+        }
+        Ok(st)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_flags() {
+        let cfg = PoolingConfig { pooling_mode_mean_tokens: true, ..Default::default() };
+        assert_eq!(pooling_type(&cfg, "1_Pooling").unwrap(), PoolingType::Mean);
+        let cfg = PoolingConfig { pooling_mode_lasttoken: true, ..Default::default() };
+        assert_eq!(pooling_type(&cfg, "1_Pooling").unwrap(), PoolingType::Last);
+        let cfg = PoolingConfig { pooling_mode_max_tokens: true, ..Default::default() };
+        assert!(pooling_type(&cfg, "1_Pooling").is_err());
+        let cfg = PoolingConfig { pooling_mode_cls_token: true, pooling_mode_mean_tokens: true, ..Default::default() };
+        assert!(pooling_type(&cfg, "1_Pooling").is_err());
+    }
+}

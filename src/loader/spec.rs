@@ -1,0 +1,202 @@
+//! `ModelSpec`: every model-specific decision, taken once at load time from config.json
+//! (after `--hf-overrides`), the sentence-transformers files and the flags. Handlers and the
+//! engine ask the spec; nothing else reads config.json.
+
+use super::LoadError;
+use crate::config::{Convert, PoolerConfig};
+use crate::pooling::params::TruncationSide;
+use crate::pooling::{PoolingType, Task};
+use serde_json::Value;
+
+/// Architecture families with their own backbone code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Bert,
+    /// RoBERTa, XLM-RoBERTa, CamemBERT: BERT layers, positions after the padding index.
+    Roberta,
+}
+
+impl Family {
+    fn detect(architecture: &str, model_type: &str) -> Option<Self> {
+        let stem = architecture.split("For").next().unwrap_or(architecture).trim_end_matches("Model");
+        match stem {
+            "Bert" => Some(Family::Bert),
+            "Roberta" | "XLMRoberta" | "Camembert" => Some(Family::Roberta),
+            _ => match model_type {
+                "bert" => Some(Family::Bert),
+                "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
+                _ => None,
+            },
+        }
+    }
+
+    /// Pooling when neither `--pooler-config` nor sentence-transformers files say.
+    fn default_pooling(self) -> PoolingType {
+        PoolingType::Cls
+    }
+}
+
+/// Matryoshka support declared by config.json (or `--hf-overrides`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matryoshka {
+    pub enabled: bool,
+    /// The only dimensions allowed, when the model lists them.
+    pub dimensions: Option<Vec<usize>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// The name clients send as `model`.
+    pub served_name: String,
+    /// The MODEL argument (folder or hub id), reported as `root` by /v1/models.
+    pub root: String,
+    pub architecture: String,
+    pub family: Family,
+    /// config.json with `--hf-overrides` merged in.
+    pub config: Value,
+    /// Tasks in preference order; the first is the default for /pooling.
+    pub tasks: Vec<Task>,
+    pub pooling: PoolingType,
+    pub max_model_len: usize,
+    pub hidden_size: usize,
+    /// Size of an embedding before any Matryoshka slice (after Dense layers).
+    pub embedding_size: usize,
+    pub matryoshka: Matryoshka,
+    pub pooler_defaults: PoolerConfig,
+    pub truncation_side: TruncationSide,
+}
+
+/// Shallow-merges `overrides` into config.json, as vLLM's `--hf-overrides` does.
+pub fn apply_overrides(config: &mut Value, overrides: &serde_json::Map<String, Value>) {
+    if let Value::Object(map) = config {
+        for (k, v) in overrides {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// Architecture name and family of a config.json.
+pub fn architecture_of(config: &Value) -> Result<(String, Family), LoadError> {
+    let architecture = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let family = Family::detect(&architecture, model_type).ok_or_else(|| {
+        LoadError::Unsupported(format!(
+            "architecture `{}` (model_type `{model_type}`); supported: {}",
+            if architecture.is_empty() { "?" } else { &architecture },
+            crate::models::SUPPORTED_ARCHITECTURES
+        ))
+    })?;
+    Ok((architecture, family))
+}
+
+/// The tasks a checkpoint serves, from its architecture and `--convert`.
+pub fn tasks_for(architecture: &str, convert: Convert) -> Result<Vec<Task>, LoadError> {
+    let is_classifier = architecture.ends_with("ForSequenceClassification") || architecture.ends_with("ForTokenClassification");
+    match convert {
+        Convert::Embed => Ok(vec![Task::Embed, Task::TokenEmbed]),
+        Convert::Auto if !is_classifier && !architecture.ends_with("ForMaskedLM") => Ok(vec![Task::Embed, Task::TokenEmbed]),
+        Convert::Auto => Err(LoadError::Unsupported(format!(
+            "`{architecture}` checkpoints are not served yet; `--convert embed` serves its encoder as an embedding model"
+        ))),
+        Convert::Classify => Err(LoadError::Unsupported("--convert classify is not supported yet".into())),
+    }
+}
+
+pub fn matryoshka_of(config: &Value) -> Matryoshka {
+    let dimensions: Option<Vec<usize>> = config
+        .get("matryoshka_dimensions")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_u64).map(|d| d as usize).collect());
+    let flag = config.get("is_matryoshka").and_then(Value::as_bool).unwrap_or(false);
+    Matryoshka { enabled: flag || dimensions.is_some(), dimensions }
+}
+
+/// The longest input: `--max-model-len` if given (it may only lower the limit), else
+/// sentence-transformers' `max_seq_length`, else the position table's size.
+pub fn max_model_len(flag: Option<usize>, max_seq_length: Option<usize>, max_positions: usize) -> Result<usize, LoadError> {
+    let derived = max_seq_length.map_or(max_positions, |m| m.min(max_positions));
+    match flag {
+        Some(n) if n > derived => Err(LoadError::Invalid(format!(
+            "--max-model-len {n} is larger than the model's limit of {derived} tokens"
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(derived),
+    }
+}
+
+impl Family {
+    pub fn pooling(self, flag: Option<PoolingType>, sentence: Option<PoolingType>) -> PoolingType {
+        flag.or(sentence).unwrap_or(self.default_pooling())
+    }
+}
+
+impl ModelSpec {
+    /// A minimal spec for unit tests of code that only reads a few fields.
+    pub fn for_tests(embedding_size: usize, max_model_len: usize) -> Self {
+        ModelSpec {
+            served_name: "test-model".into(),
+            root: "test-model".into(),
+            architecture: "BertModel".into(),
+            family: Family::Bert,
+            config: Value::Null,
+            tasks: vec![Task::Embed, Task::TokenEmbed],
+            pooling: PoolingType::Mean,
+            max_model_len,
+            hidden_size: embedding_size,
+            embedding_size,
+            matryoshka: Matryoshka::default(),
+            pooler_defaults: PoolerConfig::default(),
+            truncation_side: TruncationSide::Right,
+        }
+    }
+
+    pub fn supports(&self, task: Task) -> bool {
+        self.tasks.contains(&task)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn detects_families() {
+        assert_eq!(architecture_of(&json!({"architectures": ["BertModel"]})).unwrap().1, Family::Bert);
+        assert_eq!(architecture_of(&json!({"architectures": ["XLMRobertaModel"]})).unwrap().1, Family::Roberta);
+        assert_eq!(architecture_of(&json!({"model_type": "roberta"})).unwrap().1, Family::Roberta);
+        let err = architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).unwrap_err();
+        assert!(err.to_string().contains("LlamaForCausalLM"));
+    }
+
+    #[test]
+    fn overrides_and_matryoshka() {
+        let mut config = json!({"architectures": ["BertModel"], "hidden_size": 32});
+        apply_overrides(&mut config, json!({"is_matryoshka": true}).as_object().unwrap());
+        assert_eq!(matryoshka_of(&config), Matryoshka { enabled: true, dimensions: None });
+        let listed = matryoshka_of(&json!({"matryoshka_dimensions": [16, 32]}));
+        assert_eq!(listed.dimensions, Some(vec![16, 32]));
+        assert!(listed.enabled);
+    }
+
+    #[test]
+    fn max_len_precedence() {
+        assert_eq!(max_model_len(None, Some(256), 512).unwrap(), 256);
+        assert_eq!(max_model_len(None, None, 512).unwrap(), 512);
+        assert_eq!(max_model_len(Some(128), Some(256), 512).unwrap(), 128);
+        assert!(max_model_len(Some(300), Some(256), 512).is_err());
+        assert_eq!(max_model_len(None, Some(1024), 512).unwrap(), 512);
+    }
+
+    #[test]
+    fn tasks_follow_architecture_and_convert() {
+        assert_eq!(tasks_for("BertModel", Convert::Auto).unwrap(), vec![Task::Embed, Task::TokenEmbed]);
+        assert!(tasks_for("BertForSequenceClassification", Convert::Auto).is_err());
+        assert!(tasks_for("BertForSequenceClassification", Convert::Embed).is_ok());
+    }
+}

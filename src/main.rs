@@ -1,0 +1,50 @@
+//! The `poolserve` command: parses the command line into a `ServerConfig` and runs the server.
+
+use clap::{Parser, Subcommand};
+use poolserve::config::{ServeArgs, ServerConfig};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "poolserve", version, about = "Serve embedding, classification and reranking models over HTTP")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a model (vLLM-style flags).
+    Serve(ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let Command::Serve(args) = cli.command;
+    let config = match ServerConfig::try_from(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(poolserve::server::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! BERT and RoBERTa / XLM-RoBERTa encoders on the flat batch.
+//!
+//! The two share every layer; RoBERTa differs only in where positions start
+//! (`pad_token_id + 1`) and in having a one-row token-type table. Q, K and V are fused into one
+//! projection at load time so attention reads them from one matrix.
+
+use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
+use super::{Backbone, ModelError};
+use crate::engine::batch::Batch;
+use crate::loader::spec::Family;
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+
+/// The fields of a BERT/RoBERTa `config.json` that the forward pass needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BertConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub intermediate_size: usize,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
+    #[serde(default)]
+    pub position_embedding_type: Option<String>,
+}
+
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+
+impl BertConfig {
+    /// First position id: RoBERTa numbers positions after the padding index.
+    pub fn position_offset(&self, family: Family) -> u32 {
+        match family {
+            Family::Roberta => self.pad_token_id.unwrap_or(1) + 1,
+            Family::Bert => 0,
+        }
+    }
+}
+
+struct Embeddings {
+    word: Tensor,
+    position: Tensor,
+    token_type: Tensor,
+    norm: LayerNorm,
+}
+
+struct Layer {
+    qkv: Linear,
+    attention_out: Linear,
+    attention_norm: LayerNorm,
+    intermediate: Linear,
+    activation: Activation,
+    output: Linear,
+    output_norm: LayerNorm,
+}
+
+pub struct Bert {
+    embeddings: Embeddings,
+    layers: Vec<Layer>,
+    num_heads: usize,
+    position_offset: u32,
+    config: BertConfig,
+}
+
+fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
+    Linear::new(vb.get((out, inp), "weight")?, Some(vb.get(out, "bias")?))
+}
+
+fn layer_norm(vb: &VarBuilder, size: usize, eps: f64) -> Result<LayerNorm> {
+    LayerNorm::new(vb.get(size, "weight")?, vb.get(size, "bias")?, eps)
+}
+
+/// Checkpoints store the encoder at the root (`BertModel`) or under the task model's prefix.
+fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
+    for prefix in ["bert", "roberta", "model"] {
+        if vb.contains_tensor(&format!("{prefix}.embeddings.word_embeddings.weight")) {
+            return vb.pp(prefix);
+        }
+    }
+    vb
+}
+
+impl Bert {
+    pub fn load(raw: &serde_json::Value, family: Family, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: BertConfig =
+            serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+        if let Some(kind) = config.position_embedding_type.as_deref() {
+            if kind != "absolute" {
+                return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
+            }
+        }
+        if config.hidden_size % config.num_attention_heads != 0 {
+            return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
+        }
+        let activation = Activation::from_config(&config.hidden_act)
+            .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
+        let vb = encoder_root(vb);
+        let h = config.hidden_size;
+        let emb = vb.pp("embeddings");
+        let embeddings = Embeddings {
+            word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
+            position: emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?,
+            token_type: emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?,
+            norm: layer_norm(&emb.pp("LayerNorm"), h, config.layer_norm_eps)?,
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let lv = vb.pp(format!("encoder.layer.{i}"));
+            let sa = lv.pp("attention.self");
+            let (q, k, v) = (sa.pp("query"), sa.pp("key"), sa.pp("value"));
+            let qkv_weight = Tensor::cat(&[q.get((h, h), "weight")?, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
+            let qkv_bias = Tensor::cat(&[q.get(h, "bias")?, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
+            layers.push(Layer {
+                qkv: Linear::new(qkv_weight, Some(qkv_bias))?,
+                attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
+                attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, config.layer_norm_eps)?,
+                intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
+                activation,
+                output: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
+                output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, config.layer_norm_eps)?,
+            });
+        }
+        Ok(Self {
+            embeddings,
+            layers,
+            num_heads: config.num_attention_heads,
+            position_offset: config.position_offset(family),
+            config,
+        })
+    }
+
+    fn embed(&self, batch: &Batch) -> Result<Tensor> {
+        let device = self.embeddings.word.device();
+        let n = batch.num_tokens();
+        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
+        let positions = Tensor::from_vec(batch.positions(self.position_offset), n, device)?;
+        let word = self.embeddings.word.index_select(&ids, 0)?;
+        let position = self.embeddings.position.index_select(&positions, 0)?;
+        let summed = if self.config.type_vocab_size > 1 && batch.token_type_ids.iter().any(|&t| t != 0) {
+            let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
+            ((word + position)? + self.embeddings.token_type.index_select(&types, 0)?)?
+        } else {
+            // All segment ids are 0: add row 0 once instead of gathering n copies of it.
+            (word + position)?.broadcast_add(&self.embeddings.token_type.get(0)?)?
+        };
+        self.embeddings.norm.forward(&summed)
+    }
+}
+
+impl Backbone for Bert {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let mut hidden = self.embed(batch)?;
+        let attention = Attention { num_heads: self.num_heads, cu_seqlens: &batch.cu_seqlens, mask: AttentionMask::Bidirectional };
+        for layer in &self.layers {
+            let context = attention.forward(&layer.qkv.forward(&hidden)?)?;
+            let attended = layer.attention_norm.forward(&layer.attention_out.forward_add(&context, &hidden)?)?;
+            let inner = layer.activation.forward(&layer.intermediate.forward(&attended)?)?;
+            hidden = layer.output_norm.forward(&layer.output.forward_add(&inner, &attended)?)?;
+        }
+        Ok(hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings.saturating_sub(self.position_offset as usize)
+    }
+}

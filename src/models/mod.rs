@@ -1,0 +1,47 @@
+//! Backbones: one architecture per file, all behind [`Backbone`].
+//!
+//! A backbone turns a flat [`Batch`] into final hidden states `[total_tokens, hidden]`.
+//! Everything after that (pooling, heads) is architecture-independent and lives in `pooling/`.
+
+pub mod bert;
+pub mod ops;
+
+use crate::engine::batch::Batch;
+use crate::loader::spec::ModelSpec;
+use candle_core::{Device, Tensor};
+use candle_nn::VarBuilder;
+
+/// What the engine needs from a transformer body.
+pub trait Backbone: Send {
+    /// Final hidden states of every token of the batch, `[batch.num_tokens(), hidden_size]`.
+    fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor>;
+    fn hidden_size(&self) -> usize;
+    /// Vocabulary size: token-id inputs at or above it are rejected before they reach the model.
+    fn vocab_size(&self) -> usize;
+    /// Longest sequence the position table allows.
+    fn max_positions(&self) -> usize;
+}
+
+/// Errors raised while building a backbone from its files.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("unsupported architecture `{0}` (supported: {1})")]
+    Unsupported(String, &'static str),
+    #[error("invalid config.json: {0}")]
+    Config(String),
+    #[error("weights: {0}")]
+    Weights(#[from] candle_core::Error),
+}
+
+pub const SUPPORTED_ARCHITECTURES: &str =
+    "BertModel, RobertaModel, XLMRobertaModel (and their sentence-transformers folders)";
+
+/// Builds the backbone that `spec.architecture` names.
+pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Result<Box<dyn Backbone>, ModelError> {
+    let _ = device;
+    match spec.family {
+        crate::loader::spec::Family::Bert | crate::loader::spec::Family::Roberta => {
+            Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?))
+        }
+    }
+}

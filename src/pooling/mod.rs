@@ -1,0 +1,12 @@
+//! What happens after the backbone: the task a request asks for, its validated parameters,
+//! the pooling method that turns token states into one vector (or keeps them all), and the
+//! task heads built from the model's files.
+
+pub mod head;
+pub mod method;
+pub mod params;
+pub mod task;
+
+pub use method::PoolingType;
+pub use params::{PoolingParams, ResolvedParams};
+pub use task::Task;

@@ -1,0 +1,280 @@
+//! Per-request pooling parameters and their validation: the only place that decides whether a
+//! request's parameters are acceptable for a task, shared by every endpoint.
+//!
+//! Mirrors vLLM's `PoolingParams.verify`: unset fields are filled from the server defaults
+//! (`--pooler-config`), fields the task does not accept are rejected with vLLM's message, and
+//! the Matryoshka rules of api.md decide `dimensions`.
+
+use super::task::Task;
+use crate::loader::spec::ModelSpec;
+use serde::Deserialize;
+
+/// Which end of an over-long input is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncationSide {
+    Left,
+    #[default]
+    Right,
+}
+
+/// The pooling fields of a request body, as sent.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PoolingParams {
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
+    #[serde(default)]
+    pub truncation_side: Option<TruncationSide>,
+    #[serde(default)]
+    pub dimensions: Option<i64>,
+    #[serde(default)]
+    pub normalize: Option<bool>,
+    #[serde(default)]
+    pub use_activation: Option<bool>,
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+}
+
+/// Parameters after validation: everything the engine needs, nothing left optional.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedParams {
+    pub task: Task,
+    /// Keep at most this many tokens (special tokens included); `None`: reject over-long inputs.
+    pub truncate_to: Option<usize>,
+    pub truncation_side: TruncationSide,
+    /// Matryoshka slice of the embedding; `None` keeps the native size.
+    pub dimensions: Option<usize>,
+    /// embed / token_embed: L2-normalize; other tasks: apply the activation.
+    pub activation: bool,
+    pub add_special_tokens: bool,
+}
+
+/// A rejected parameter; the message is part of the API contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ParamsError {
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+impl ParamsError {
+    fn new(message: impl Into<String>, param: &'static str) -> Self {
+        Self { message: message.into(), param: Some(param) }
+    }
+}
+
+/// The task-specific fields, in the order vLLM lists them.
+const TASK_FIELDS: [&str; 3] = ["dimensions", "normalize", "use_activation"];
+
+fn valid_fields(task: Task) -> &'static [&'static str] {
+    match task {
+        Task::Embed | Task::TokenEmbed => &TASK_FIELDS,
+        Task::Classify | Task::Score | Task::TokenClassify => &TASK_FIELDS[2..],
+    }
+}
+
+/// Python's list repr, as vLLM prints it in its messages.
+fn py_list<T: std::fmt::Display>(items: &[T], quote: bool) -> String {
+    let parts: Vec<String> =
+        items.iter().map(|i| if quote { format!("'{i}'") } else { i.to_string() }).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+impl PoolingParams {
+    /// Validates the request for `task` against the served model.
+    pub fn verify(&self, task: Task, spec: &ModelSpec) -> Result<ResolvedParams, ParamsError> {
+        let defaults = &spec.pooler_defaults;
+        // Server defaults only fill the fields this task accepts.
+        let accepts = |field: &str| valid_fields(task).contains(&field);
+        let dimensions = self.dimensions.or(if accepts("dimensions") { defaults.dimensions } else { None });
+        let normalize = self.normalize.or(if accepts("normalize") { defaults.normalize } else { None });
+        let use_activation = self.use_activation.or(defaults.use_activation);
+
+        let given = [self.dimensions.is_some(), self.normalize.is_some(), self.use_activation.is_some()];
+        let invalid: Vec<&str> = TASK_FIELDS
+            .iter()
+            .zip(given)
+            .filter(|(field, set)| *set && !accepts(field))
+            .map(|(field, _)| *field)
+            .collect();
+        if !invalid.is_empty() {
+            return Err(ParamsError::new(
+                format!(
+                    "Task {task} only supports {} parameters, does not support {} parameters",
+                    py_list(valid_fields(task), true),
+                    py_list(&invalid, true)
+                ),
+                "pooling_params",
+            ));
+        }
+
+        let dimensions = match dimensions {
+            Some(k) if task.is_token_level() || task == Task::Embed => check_dimensions(k, spec)?,
+            _ => None,
+        };
+        // For embeddings `normalize` is the older name of `use_activation`; the explicit one wins.
+        let activation = normalize.or(use_activation).unwrap_or(true);
+
+        let max_len = spec.max_model_len;
+        let truncate_to = match self.truncate_prompt_tokens {
+            None => None,
+            Some(-1) => Some(max_len),
+            Some(k) if k < 1 => {
+                return Err(ParamsError::new(
+                    format!("truncate_prompt_tokens must be -1 or a positive integer, got {k}"),
+                    "truncate_prompt_tokens",
+                ))
+            }
+            Some(k) if k as u64 > max_len as u64 => {
+                return Err(ParamsError::new(
+                    format!(
+                        "truncate_prompt_tokens value ({k}) is greater than max_model_len ({max_len}). Please, select a smaller truncation size."
+                    ),
+                    "truncate_prompt_tokens",
+                ))
+            }
+            Some(k) => Some(k as usize),
+        };
+
+        Ok(ResolvedParams {
+            task,
+            truncate_to,
+            truncation_side: self.truncation_side.unwrap_or(spec.truncation_side),
+            dimensions,
+            activation,
+            add_special_tokens: self.add_special_tokens.unwrap_or(true),
+        })
+    }
+}
+
+/// The Matryoshka decision of api.md. Returns the slice to apply, `None` for a no-op.
+fn check_dimensions(k: i64, spec: &ModelSpec) -> Result<Option<usize>, ParamsError> {
+    let native = spec.embedding_size;
+    if k == native as i64 {
+        return Ok(None); // OpenAI clients send the native size; always a no-op.
+    }
+    let name = &spec.served_name;
+    if !spec.matryoshka.enabled {
+        return Err(ParamsError::new(
+            format!(
+                "Model \"{name}\" does not support matryoshka representation, changing output dimensions will lead to poor results."
+            ),
+            "dimensions",
+        ));
+    }
+    if let Some(allowed) = &spec.matryoshka.dimensions {
+        if !allowed.iter().any(|&d| d as i64 == k) {
+            return Err(ParamsError::new(
+                format!(
+                    "Model \"{name}\" only supports {} matryoshka dimensions, use other output dimensions will lead to poor results.",
+                    py_list(allowed, false)
+                ),
+                "dimensions",
+            ));
+        }
+    }
+    if k < 1 {
+        return Err(ParamsError::new("Dimensions must be greater than 0", "dimensions"));
+    }
+    if k as u64 > native as u64 {
+        return Err(ParamsError::new(
+            format!("Dimensions ({k}) must not exceed the model's embedding size ({native})"),
+            "dimensions",
+        ));
+    }
+    Ok(Some(k as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::spec::{Matryoshka, ModelSpec};
+
+    fn spec(matryoshka: Matryoshka) -> ModelSpec {
+        let mut spec = ModelSpec::for_tests(384, 256);
+        spec.matryoshka = matryoshka;
+        spec
+    }
+
+    fn params(f: impl FnOnce(&mut PoolingParams)) -> PoolingParams {
+        let mut p = PoolingParams::default();
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn defaults_normalize_and_keep_native_size() {
+        let r = PoolingParams::default().verify(Task::Embed, &spec(Matryoshka::default())).unwrap();
+        assert!(r.activation);
+        assert_eq!(r.dimensions, None);
+        assert_eq!(r.truncate_to, None);
+        assert!(r.add_special_tokens);
+    }
+
+    #[test]
+    fn native_dimensions_are_a_no_op_even_without_matryoshka() {
+        let r = params(|p| p.dimensions = Some(384)).verify(Task::Embed, &spec(Matryoshka::default())).unwrap();
+        assert_eq!(r.dimensions, None);
+    }
+
+    #[test]
+    fn matryoshka_rules() {
+        let plain = spec(Matryoshka::default());
+        let err = params(|p| p.dimensions = Some(16)).verify(Task::Embed, &plain).unwrap_err();
+        assert_eq!(err.message, "Model \"test-model\" does not support matryoshka representation, changing output dimensions will lead to poor results.");
+
+        let listed = spec(Matryoshka { enabled: true, dimensions: Some(vec![64, 128]) });
+        let err = params(|p| p.dimensions = Some(16)).verify(Task::Embed, &listed).unwrap_err();
+        assert_eq!(err.message, "Model \"test-model\" only supports [64, 128] matryoshka dimensions, use other output dimensions will lead to poor results.");
+        assert_eq!(params(|p| p.dimensions = Some(64)).verify(Task::Embed, &listed).unwrap().dimensions, Some(64));
+
+        let open = spec(Matryoshka { enabled: true, dimensions: None });
+        let err = params(|p| p.dimensions = Some(0)).verify(Task::Embed, &open).unwrap_err();
+        assert_eq!(err.message, "Dimensions must be greater than 0");
+        assert!(params(|p| p.dimensions = Some(385)).verify(Task::Embed, &open).is_err());
+        assert_eq!(params(|p| p.dimensions = Some(16)).verify(Task::Embed, &open).unwrap().dimensions, Some(16));
+    }
+
+    #[test]
+    fn rejects_fields_the_task_does_not_take() {
+        let err = params(|p| {
+            p.dimensions = Some(8);
+            p.normalize = Some(true)
+        })
+        .verify(Task::Classify, &spec(Matryoshka::default()))
+        .unwrap_err();
+        assert_eq!(
+            err.message,
+            "Task classify only supports ['use_activation'] parameters, does not support ['dimensions', 'normalize'] parameters"
+        );
+    }
+
+    #[test]
+    fn normalize_false_disables_normalization() {
+        let s = spec(Matryoshka::default());
+        assert!(!params(|p| p.normalize = Some(false)).verify(Task::Embed, &s).unwrap().activation);
+        assert!(!params(|p| p.use_activation = Some(false)).verify(Task::Embed, &s).unwrap().activation);
+    }
+
+    #[test]
+    fn truncation_rules() {
+        let s = spec(Matryoshka::default());
+        assert_eq!(params(|p| p.truncate_prompt_tokens = Some(-1)).verify(Task::Embed, &s).unwrap().truncate_to, Some(256));
+        assert_eq!(params(|p| p.truncate_prompt_tokens = Some(10)).verify(Task::Embed, &s).unwrap().truncate_to, Some(10));
+        let err = params(|p| p.truncate_prompt_tokens = Some(300)).verify(Task::Embed, &s).unwrap_err();
+        assert_eq!(err.message, "truncate_prompt_tokens value (300) is greater than max_model_len (256). Please, select a smaller truncation size.");
+        assert!(params(|p| p.truncate_prompt_tokens = Some(-2)).verify(Task::Embed, &s).is_err());
+    }
+
+    #[test]
+    fn server_defaults_fill_unset_fields() {
+        let mut s = spec(Matryoshka { enabled: true, dimensions: None });
+        s.pooler_defaults.normalize = Some(false);
+        s.pooler_defaults.dimensions = Some(32);
+        let r = PoolingParams::default().verify(Task::Embed, &s).unwrap();
+        assert!(!r.activation);
+        assert_eq!(r.dimensions, Some(32));
+        // A default for a field the task does not take is not an error.
+        assert!(PoolingParams::default().verify(Task::Classify, &s).is_ok());
+    }
+}

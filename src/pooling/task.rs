@@ -1,0 +1,51 @@
+//! The pooling tasks a model can serve (vLLM's `PoolingTask`).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// One vector per input.
+    Embed,
+    /// Class probabilities per input.
+    Classify,
+    /// A relevance score per (query, document) pair.
+    Score,
+    /// One vector per token.
+    TokenEmbed,
+    /// Class probabilities per token.
+    TokenClassify,
+}
+
+impl Task {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Embed => "embed",
+            Task::Classify => "classify",
+            Task::Score => "score",
+            Task::TokenEmbed => "token_embed",
+            Task::TokenClassify => "token_classify",
+        }
+    }
+
+    /// How vLLM names the work in its "maximum context length" message.
+    pub fn purpose(self) -> &'static str {
+        match self {
+            Task::Embed | Task::TokenEmbed => "embedding generation",
+            Task::Classify | Task::TokenClassify => "classification",
+            Task::Score => "score",
+        }
+    }
+
+    /// Whether the output is per token rather than per input.
+    pub fn is_token_level(self) -> bool {
+        matches!(self, Task::TokenEmbed | Task::TokenClassify)
+    }
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

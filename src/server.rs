@@ -1,0 +1,76 @@
+//! Startup: bind the port at once (so /health can say 503 while loading), load and warm the
+//! model off the async runtime, then serve until SIGINT/SIGTERM.
+
+use crate::api::{self, AppState};
+use crate::config::ServerConfig;
+use crate::engine::{Engine, Prompt};
+use crate::loader;
+use crate::pooling::{PoolingParams, Task};
+use std::time::Instant;
+use tokio::net::TcpListener;
+
+/// Loads the model and starts the engine (blocking: run it off the async runtime).
+pub fn start_engine(config: &ServerConfig) -> anyhow::Result<Engine> {
+    let started = Instant::now();
+    tracing::info!("loading {}", config.model);
+    let model = loader::load(config)?;
+    tracing::info!(
+        architecture = %model.spec.architecture,
+        pooling = ?model.spec.pooling,
+        max_model_len = model.spec.max_model_len,
+        embedding_size = model.spec.embedding_size,
+        "model loaded in {:.2?}",
+        started.elapsed()
+    );
+    Ok(Engine::start(model, config)?)
+}
+
+/// Runs one short input end to end so the first real request pays no first-call costs.
+pub async fn warm_up(engine: &Engine) -> anyhow::Result<()> {
+    let task = engine.spec().tasks.first().copied().unwrap_or(Task::Embed);
+    let params = PoolingParams { truncate_prompt_tokens: Some(-1), ..Default::default() }.verify(task, engine.spec())?;
+    let started = Instant::now();
+    engine.encode(vec![Prompt::Text("warm up the model".into())], &params).await?;
+    tracing::info!("warm-up done in {:.2?}", started.elapsed());
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down");
+}
+
+pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
+    let state = AppState::new(config.served_model_name.clone());
+    let app = api::router(state.clone(), config.payload_limit);
+    let listener = TcpListener::bind((config.host.as_str(), config.port))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", config.host, config.port))?;
+    tracing::info!("listening on http://{}", listener.local_addr()?);
+    let server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
+
+    let load_config = config.clone();
+    let engine = tokio::task::spawn_blocking(move || start_engine(&load_config)).await??;
+    warm_up(&engine).await?;
+    state.set_engine(engine);
+    tracing::info!("ready to serve {}", config.served_model_name);
+    server.await??;
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Parity with the Hugging Face reference outputs in tests/fixtures (copied from
+//! shared/fixtures): token ids, embeddings (normalized and not), per-token hidden states,
+//! Dense projection, Matryoshka slices; each input alone and in one mixed-length batch.
+
+mod common;
+
+use common::*;
+use poolserve::engine::{Engine, PoolingOutput, Prompt};
+use poolserve::pooling::{PoolingParams, ResolvedParams, Task};
+use serde_json::Value;
+
+fn texts(expected: &Value) -> Vec<String> {
+    expected["inputs"]["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect()
+}
+
+fn params(engine: &Engine, task: Task, f: impl FnOnce(&mut PoolingParams)) -> ResolvedParams {
+    let mut p = PoolingParams::default();
+    f(&mut p);
+    p.verify(task, engine.spec()).unwrap()
+}
+
+async fn vectors(engine: &Engine, texts: &[String], params: &ResolvedParams) -> Vec<Vec<f32>> {
+    let prompts = texts.iter().map(|t| Prompt::Text(t.clone())).collect();
+    let (outputs, _) = engine.encode(prompts, params).await.unwrap();
+    outputs
+        .into_iter()
+        .map(|o| match o {
+            PoolingOutput::Vector(v) => v,
+            PoolingOutput::Tokens(_) => panic!("expected one vector per input"),
+        })
+        .collect()
+}
+
+async fn token_vectors(engine: &Engine, text: &str, params: &ResolvedParams) -> Vec<Vec<f32>> {
+    let (mut outputs, _) = engine.encode(vec![Prompt::Text(text.into())], params).await.unwrap();
+    match outputs.remove(0) {
+        PoolingOutput::Tokens(t) => t,
+        PoolingOutput::Vector(_) => panic!("expected per-token output"),
+    }
+}
+
+/// Embeddings (normalized and raw) and hidden states, single and batched.
+async fn check_embedder(name: &str) {
+    let expected = expected(name);
+    let engine = engine(&fixture_model(name), |_| {});
+    let texts = texts(&expected);
+    let normalized = params(&engine, Task::Embed, |_| {});
+    let raw = params(&engine, Task::Embed, |p| p.normalize = Some(false));
+
+    let batched = vectors(&engine, &texts, &normalized).await;
+    let batched_raw = vectors(&engine, &texts, &raw).await;
+    for (i, text) in texts.iter().enumerate() {
+        let reference = &expected["texts"][i];
+        let ids = engine.prepare(vec![Prompt::Text(text.clone())], &normalized).await.unwrap();
+        let want_ids: Vec<u32> = reference["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(ids[0].ids, want_ids, "{name} text {i}: token ids");
+
+        let single = vectors(&engine, &texts[i..=i], &normalized).await.remove(0);
+        assert_close(&single, &floats(&reference["embedding"]), &format!("{name} text {i} single"));
+        assert_close(&batched[i], &floats(&reference["embedding"]), &format!("{name} text {i} batched"));
+        assert!(max_abs_diff(&single, &batched[i]) <= 1e-5, "{name} text {i}: batched differs from single");
+        assert_close(&batched_raw[i], &floats(&reference["embedding_unnormalized"]), &format!("{name} text {i} unnormalized"));
+
+        let hidden = token_vectors(&engine, text, &params(&engine, Task::TokenEmbed, |p| p.normalize = Some(false))).await;
+        let want = reference["last_hidden_state"].as_array().unwrap();
+        assert_eq!(hidden.len(), want.len(), "{name} text {i}: token count");
+        for (t, (ours, theirs)) in hidden.iter().zip(want).enumerate() {
+            assert_close(ours, &floats(theirs), &format!("{name} text {i} token {t}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bert_mean_pooling_matches_reference() {
+    check_embedder("bert-embed-mean").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bert_cls_pooling_matches_reference() {
+    check_embedder("bert-embed-cls").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xlm_roberta_cls_pooling_matches_reference() {
+    check_embedder("xlmr-embed-cls").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matryoshka_dimensions_match_sentence_transformers_truncate_dim() {
+    let expected = expected("bert-embed-mean");
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| {
+        c.hf_overrides.insert("is_matryoshka".into(), Value::Bool(true));
+    });
+    let texts = texts(&expected);
+    let sliced = vectors(&engine, &texts, &params(&engine, Task::Embed, |p| p.dimensions = Some(16))).await;
+    for (i, v) in sliced.iter().enumerate() {
+        assert_eq!(v.len(), 16);
+        assert_close(v, &floats(&expected["matryoshka"]["embeddings"][i]), &format!("matryoshka text {i}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_projection_per_token_matches_colbert_reference() {
+    let expected = expected("bert-colbert");
+    let engine = engine(&fixture_model("bert-colbert"), |_| {});
+    assert_eq!(engine.spec().embedding_size, 16);
+    let token_params = params(&engine, Task::TokenEmbed, |_| {});
+    for (i, reference) in expected["texts"].as_array().unwrap().iter().enumerate() {
+        let ours = token_vectors(&engine, reference["text"].as_str().unwrap(), &token_params).await;
+        let want = reference["token_vectors"].as_array().unwrap();
+        assert_eq!(ours.len(), want.len());
+        for (t, (a, b)) in ours.iter().zip(want).enumerate() {
+            assert_close(a, &floats(b), &format!("colbert text {i} token {t}"));
+        }
+    }
+}
