@@ -1,1 +1,68 @@
-fn main() {}
+//! Forward-pass benchmark on all-MiniLM-L6-v2: backbone + pooling + head through the engine's
+//! runner, at 32×128 tokens (throughput) and 1×16 tokens (latency of a short query).
+//!
+//! `cargo bench --bench forward` (model folder from `POOLSERVE_MINILM`, default
+//! `models/all-MiniLM-L6-v2`; fetch it with scripts/fetch-minilm.sh). Prints one line per
+//! shape: median and p90 time per forward, tokens/s. `benches/compare.py` runs the same shapes
+//! through PyTorch for the ratio.
+
+use poolserve::config::ServerConfig;
+use poolserve::engine::batch::Batch;
+use poolserve::engine::batch::TokenizedInput;
+use poolserve::loader;
+use std::time::{Duration, Instant};
+
+fn inputs(seqs: usize, len: usize, vocab: u32) -> Vec<TokenizedInput> {
+    // Deterministic ids away from the special tokens, framed like real inputs.
+    (0..seqs)
+        .map(|s| {
+            let mut ids: Vec<u32> = (0..len as u32).map(|t| 1000 + (s as u32 * 7919 + t * 104_729) % (vocab - 1000)).collect();
+            ids[0] = 101;
+            ids[len - 1] = 102;
+            TokenizedInput { type_ids: vec![0; len], ids }
+        })
+        .collect()
+}
+
+fn measure(name: &str, iterations: usize, mut f: impl FnMut()) -> (Duration, Duration) {
+    for _ in 0..3 {
+        f();
+    }
+    let mut times: Vec<Duration> = (0..iterations)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    let median = times[times.len() / 2];
+    let p90 = times[times.len() * 9 / 10];
+    let _ = name;
+    (median, p90)
+}
+
+fn main() {
+    let dir = std::env::var("POOLSERVE_MINILM").unwrap_or_else(|_| "models/all-MiniLM-L6-v2".into());
+    if !std::path::Path::new(&dir).join("model.safetensors").exists() {
+        eprintln!("{dir} is missing: run scripts/fetch-minilm.sh models (or set POOLSERVE_MINILM)");
+        std::process::exit(1);
+    }
+    let model = loader::load(&ServerConfig::for_model(dir.clone())).expect("model loads");
+    let vocab = model.backbone.vocab_size() as u32;
+    println!("all-MiniLM-L6-v2 forward (backbone + mean pooling), {} rayon threads", rayon::current_num_threads());
+    for (seqs, len, iterations) in [(32usize, 128usize, 20usize), (1, 16, 200), (8, 128, 40)] {
+        let batch = Batch::from_inputs(inputs(seqs, len, vocab).iter());
+        let (median, p90) = measure("forward", iterations, || {
+            let hidden = model.backbone.forward(&batch).expect("forward");
+            let _ = hidden.to_vec2::<f32>().expect("to host");
+        });
+        let tokens = (seqs * len) as f64;
+        println!(
+            "{seqs:>3}x{len:<4} median {:>8.2} ms   p90 {:>8.2} ms   {:>8.0} tokens/s",
+            median.as_secs_f64() * 1e3,
+            p90.as_secs_f64() * 1e3,
+            tokens / median.as_secs_f64()
+        );
+    }
+}

@@ -159,7 +159,7 @@ impl Bert {
             // All segment ids are 0: add row 0 once instead of gathering n copies of it.
             (word + position)?.broadcast_add(&self.embeddings.token_type.get(0)?)?
         };
-        self.embeddings.norm.forward(&summed)
+        self.embeddings.norm.forward(summed)
     }
 }
 
@@ -168,10 +168,11 @@ impl Backbone for Bert {
         let mut hidden = self.embed(batch)?;
         let attention = Attention { num_heads: self.num_heads, cu_seqlens: &batch.cu_seqlens, mask: AttentionMask::Bidirectional };
         for layer in &self.layers {
-            let context = attention.forward(&layer.qkv.forward(&hidden)?)?;
-            let attended = layer.attention_norm.forward(&layer.attention_out.forward_add(&context, &hidden)?)?;
-            let inner = layer.activation.forward(&layer.intermediate.forward(&attended)?)?;
-            hidden = layer.output_norm.forward(&layer.output.forward_add(&inner, &attended)?)?;
+            // Biases of QKV and of the intermediate layer are folded into attention and GELU.
+            let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;
+            let attended = layer.attention_norm.forward(layer.attention_out.forward_add(&context, &hidden)?)?;
+            let inner = layer.activation.forward_biased(layer.intermediate.forward_unbiased(&attended)?, layer.intermediate.bias())?;
+            hidden = layer.output_norm.forward(layer.output.forward_add(&inner, &attended)?)?;
         }
         Ok(hidden)
     }
