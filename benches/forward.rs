@@ -1,7 +1,7 @@
 //! Forward-pass benchmark on all-MiniLM-L6-v2: backbone + pooling + head through the engine's
 //! runner, at 32×128 tokens (throughput) and 1×16 tokens (latency of a short query).
 //!
-//! `cargo bench --bench forward` (model folder from `POOLSERVE_MINILM`, default
+//! `cargo bench --bench forward [-- 32x128 1x16 8x128]` (model folder from `POOLSERVE_MINILM`, default
 //! `models/all-MiniLM-L6-v2`; fetch it with scripts/fetch-minilm.sh). Prints one line per
 //! shape: median and p90 time per forward, tokens/s. `benches/compare.py` runs the same shapes
 //! through PyTorch for the ratio.
@@ -51,10 +51,17 @@ fn main() {
     let model = loader::load(&ServerConfig::for_model(dir.clone())).expect("model loads");
     let vocab = model.backbone.vocab_size() as u32;
     println!("all-MiniLM-L6-v2 forward (backbone + mean pooling), {} rayon threads", rayon::current_num_threads());
+    let chunk: usize = std::env::var("POOLSERVE_FORWARD_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(poolserve::models::FORWARD_CHUNK_TOKENS);
+    println!("forward chunk: {chunk} tokens");
+    // `cargo bench --bench forward -- 1x16` runs only the shapes named.
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| a.contains('x')).collect();
     for (seqs, len, iterations) in [(32usize, 128usize, 20usize), (1, 16, 200), (8, 128, 40)] {
+        if !only.is_empty() && !only.contains(&format!("{seqs}x{len}")) {
+            continue;
+        }
         let batch = Batch::from_inputs(inputs(seqs, len, vocab).iter());
         let (median, p90) = measure("forward", iterations, || {
-            let hidden = model.backbone.forward(&batch).expect("forward");
+            let hidden = poolserve::models::forward_chunked(model.backbone.as_ref(), &batch, chunk).expect("forward");
             let _ = hidden.to_vec2::<f32>().expect("to host");
         });
         let tokens = (seqs * len) as f64;

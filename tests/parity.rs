@@ -114,3 +114,28 @@ async fn dense_projection_per_token_matches_colbert_reference() {
         }
     }
 }
+
+#[test]
+fn chunked_forward_equals_one_pass() {
+    use poolserve::engine::batch::Batch;
+    let expected = expected("bert-embed-mean");
+    let model = poolserve::loader::load(&config_for(&fixture_model("bert-embed-mean"), |_| {})).unwrap();
+    let inputs: Vec<_> = expected["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| poolserve::engine::batch::TokenizedInput {
+            ids: t["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect(),
+            type_ids: t["token_type_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect(),
+        })
+        .collect();
+    let batch = Batch::from_inputs(&inputs);
+    let whole = model.backbone.forward(&batch).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let chunked = poolserve::models::forward_chunked(model.backbone.as_ref(), &batch, 20)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(max_abs_diff(&whole, &chunked) < 1e-5);
+}

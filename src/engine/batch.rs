@@ -57,6 +57,29 @@ impl Batch {
         self.cu_seqlens.windows(2).map(|w| (w[0], w[1] - w[0]))
     }
 
+    /// Splits the batch at sequence boundaries into consecutive sub-batches of at most
+    /// `max_tokens` tokens each (a longer sequence gets a sub-batch of its own).
+    pub fn chunks(&self, max_tokens: usize) -> Vec<Batch> {
+        let mut chunks = Vec::new();
+        let mut first = 0;
+        while first < self.num_seqs() {
+            let start = self.cu_seqlens[first];
+            let mut last = first + 1;
+            while last < self.num_seqs() && self.cu_seqlens[last + 1] - start <= max_tokens {
+                last += 1;
+            }
+            let end = self.cu_seqlens[last];
+            chunks.push(Batch {
+                input_ids: self.input_ids[start..end].to_vec(),
+                token_type_ids: self.token_type_ids[start..end].to_vec(),
+                cu_seqlens: self.cu_seqlens[first..=last].iter().map(|c| c - start).collect(),
+                max_len: self.spans().skip(first).take(last - first).map(|(_, l)| l).max().unwrap_or(0),
+            });
+            first = last;
+        }
+        chunks
+    }
+
     /// Position of every token inside its own sequence, offset by `offset`
     /// (0 for BERT, `pad_token_id + 1` for RoBERTa-style models).
     pub fn positions(&self, offset: u32) -> Vec<u32> {
@@ -82,5 +105,22 @@ mod tests {
         assert_eq!(batch.max_len, 3);
         assert_eq!(batch.positions(2), vec![2, 3, 4, 2]);
         assert_eq!(batch.spans().collect::<Vec<_>>(), vec![(0, 3), (3, 1)]);
+    }
+
+    #[test]
+    fn chunks_split_at_sequence_boundaries() {
+        let inputs: Vec<TokenizedInput> = [3usize, 2, 4, 1]
+            .iter()
+            .map(|&n| TokenizedInput { ids: (0..n as u32).collect(), type_ids: vec![0; n] })
+            .collect();
+        let batch = Batch::from_inputs(&inputs);
+        let chunks = batch.chunks(5);
+        let lens: Vec<Vec<usize>> = chunks.iter().map(|c| c.spans().map(|(_, l)| l).collect()).collect();
+        assert_eq!(lens, vec![vec![3, 2], vec![4, 1]]);
+        assert_eq!(chunks[1].cu_seqlens, vec![0, 4, 5]);
+        assert_eq!(chunks[1].input_ids, vec![0, 1, 2, 3, 0]);
+        assert_eq!(batch.chunks(2).len(), 4); // a sequence longer than the limit stands alone
+        let rejoined: Vec<u32> = chunks.iter().flat_map(|c| c.input_ids.clone()).collect();
+        assert_eq!(rejoined, batch.input_ids);
     }
 }

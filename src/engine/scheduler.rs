@@ -108,9 +108,7 @@ impl Runner {
     /// Forward pass, pooling and heads for one batch; outputs in job order.
     pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
         let batch = Batch::from_inputs(jobs.iter().map(|j| &j.input));
-        let hidden = self
-            .backbone
-            .forward(&batch)
+        let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, crate::models::FORWARD_CHUNK_TOKENS)
             .and_then(|h| h.to_device(&Device::Cpu))
             .and_then(|h| h.flatten_all())
             .and_then(|h| h.to_vec1::<f32>())
