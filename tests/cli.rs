@@ -1,0 +1,183 @@
+//! The real `poolserve` binary, the way users run it: startup errors, a served fixture over
+//! real HTTP, environment-variable flags, a model from the hub cache in offline mode, and a
+//! clean exit on SIGTERM.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_poolserve");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running server, killed if the test ends early.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+fn start(args: &[&str], envs: &[(&str, &str)]) -> Server {
+    let port = free_port();
+    let port_text = port.to_string();
+    let mut command = Command::new(BIN);
+    command.arg("serve").args(args).env("POOLSERVE_PORT", &port_text).env("POOLSERVE_HOST", "127.0.0.1");
+    for (k, v) in envs {
+        command.env(k, v);
+    }
+    let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("binary starts");
+    Server { child, port }
+}
+
+fn wait_ready(server: &mut Server) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            panic!("server exited during startup: {status}");
+        }
+        if let Some((200, _)) = http(server.port, "GET", "/health", None) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server not ready within 120 s");
+}
+
+fn embed(port: u16, body: Value) -> Value {
+    let (status, text) = http(port, "POST", "/v1/embeddings", Some(&body)).expect("answer");
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Runs the binary to completion; returns (success, stderr).
+fn run_to_exit(args: &[&str]) -> (bool, String) {
+    let output = Command::new(BIN).args(args).env("RUST_LOG", "error").output().expect("binary runs");
+    (output.status.success(), String::from_utf8_lossy(&output.stderr).to_string())
+}
+
+fn assert_one_line_error(args: &[&str], part: &str) {
+    let (ok, stderr) = run_to_exit(args);
+    assert!(!ok, "{args:?} should fail");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected, got: {stderr}");
+    assert!(lines[0].starts_with("error:") && lines[0].contains(part), "{args:?}: {stderr}");
+}
+
+#[test]
+fn bad_flags_and_models_fail_with_one_line() {
+    assert_one_line_error(&["serve", "m", "--max-batch-tokens", "0"], "--max-batch-tokens must be greater than 0");
+    assert_one_line_error(&["serve", "m", "--pooler-config", "{nope"], "--pooler-config");
+    assert_one_line_error(&["serve", "m", "--pooler-config", r#"{"pooling": "MEAN"}"#], "unknown field");
+    assert_one_line_error(&["serve", "m", "--dtype", "float16"], "only float32");
+    assert_one_line_error(&["serve", "m", "--device", "cuda"], "cuda");
+    assert_one_line_error(&["serve", "./no/such/folder", "--port", "0"], "does not exist");
+
+    let dir = std::env::temp_dir().join(format!("poolserve-cli-llama-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#).unwrap();
+    assert_one_line_error(&["serve", dir.to_str().unwrap(), "--port", "0"], "unsupported model");
+    let fixture = fixture_model("bert-embed-mean");
+    assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--max-model-len", "4096"], "larger than the model's limit");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serves_a_fixture_over_http_and_stops_on_sigterm() {
+    let model = fixture_model("xlmr-embed-cls");
+    let mut server = start(&[model.to_str().unwrap()], &[("POOLSERVE_SERVED_MODEL_NAME", "tiny-xlmr")]);
+    wait_ready(&mut server);
+    let reference = expected("xlmr-embed-cls");
+    let body = embed(server.port, json!({"model": "tiny-xlmr", "input": [reference["texts"][0]["text"], reference["texts"][3]["text"]]}));
+    assert_close(&floats(&body["data"][0]["embedding"]), &floats(&reference["texts"][0]["embedding"]), "text 0");
+    assert_close(&floats(&body["data"][1]["embedding"]), &floats(&reference["texts"][3]["embedding"]), "text 3");
+    let (status, models) = http(server.port, "GET", "/v1/models", None).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"], "tiny-xlmr");
+    let (status, error) = http(server.port, "POST", "/v1/embeddings", Some(&json!({"input": "a", "model": "other"}))).unwrap();
+    assert_eq!(status, 404, "{error}");
+
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status after SIGTERM: {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no exit within 20 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn loads_a_hub_id_from_the_offline_cache() {
+    // The layout hf-hub and huggingface_hub share: $HF_HOME/hub/models--org--name/...
+    let home = std::env::temp_dir().join(format!("poolserve-hf-home-{}", std::process::id()));
+    let repo = home.join("hub/models--acme--tiny-bert");
+    copy_dir(&fixture_model("bert-embed-mean"), &repo.join("snapshots/0123abc"));
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abc").unwrap();
+
+    let mut server = start(&["acme/tiny-bert"], &[("HF_HOME", home.to_str().unwrap()), ("HF_HUB_OFFLINE", "1")]);
+    wait_ready(&mut server);
+    let reference = expected("bert-embed-mean");
+    let body = embed(server.port, json!({"model": "acme/tiny-bert", "input": reference["texts"][0]["text"]}));
+    assert_close(&floats(&body["data"][0]["embedding"]), &floats(&reference["texts"][0]["embedding"]), "cached model");
+    drop(server);
+
+    let (ok, stderr) = {
+        let output = Command::new(BIN)
+            .args(["serve", "acme/missing-model", "--port", "0"])
+            .env("HF_HOME", &home)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).to_string())
+    };
+    assert!(!ok && stderr.contains("not in the hub cache"), "{stderr}");
+    std::fs::remove_dir_all(&home).unwrap();
+}
