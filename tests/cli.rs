@@ -108,6 +108,7 @@ fn bad_flags_and_models_fail_with_one_line() {
     assert_one_line_error(&["serve", dir.to_str().unwrap(), "--port", "0"], "unsupported model");
     let fixture = fixture_model("bert-embed-mean");
     assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--max-model-len", "4096"], "larger than the model's limit");
+    assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--pooler-config", r#"{"pooling_type": "ALL"}"#], "one vector per token");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

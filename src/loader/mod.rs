@@ -126,6 +126,23 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     let backbone = models::load_backbone(&spec, vb, &device)?;
     spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
     spec.hidden_size = backbone.hidden_size();
+    // Dense layers must chain from the hidden size; a mismatch would only surface per request.
+    let mut width = spec.hidden_size;
+    for (i, dense) in sentence.dense.iter().enumerate() {
+        if dense.linear.in_features() != width {
+            return Err(LoadError::Invalid(format!(
+                "Dense module {i} takes {} features but receives {width}",
+                dense.linear.in_features()
+            )));
+        }
+        width = dense.linear.out_features();
+    }
+    if spec.pooling.is_token_level() {
+        return Err(LoadError::Unsupported(format!(
+            "pooling_type {:?} gives one vector per token; embeddings need CLS, MEAN or LAST",
+            spec.pooling
+        )));
+    }
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     spec.embedding_size = embedding_head.output_size(spec.hidden_size);
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head })

@@ -1,0 +1,33 @@
+# poolserve, CPU image. Multi-stage: the Rust toolchain stays in the builder.
+#
+#   docker build -t poolserve .
+#   docker run -p 8000:8000 -v $PWD/models:/models poolserve /models/all-MiniLM-L6-v2
+#   docker run -p 8000:8000 -v hf-cache:/data poolserve sentence-transformers/all-MiniLM-L6-v2
+#
+# Every `serve` flag is also an environment variable (POOLSERVE_PORT, POOLSERVE_MAX_BATCH_TOKENS,
+# ...); the hub cache lives in the /data volume (HF_HOME).
+
+FROM rust:1-bookworm AS builder
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
+RUN cargo build --release --locked --bin poolserve \
+ && cp target/release/poolserve /usr/local/bin/poolserve
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --create-home --home-dir /home/poolserve poolserve \
+ && mkdir -p /data /models \
+ && chown poolserve:poolserve /data /models
+COPY --from=builder /usr/local/bin/poolserve /usr/local/bin/poolserve
+ENV POOLSERVE_HOST=0.0.0.0 \
+    POOLSERVE_PORT=8000 \
+    HF_HOME=/data \
+    RUST_LOG=info
+VOLUME ["/data"]
+EXPOSE 8000
+USER poolserve
+ENTRYPOINT ["poolserve", "serve"]
