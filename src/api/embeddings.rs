@@ -3,7 +3,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::{admit, parse_input, response_id, unix_now, AppState};
+use super::{admit, parse_input, response_id, unix_now, AppState, Usage};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -45,18 +45,6 @@ pub struct EmbeddingData {
     pub index: usize,
     pub object: &'static str,
     pub embedding: EmbeddingValue,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub total_tokens: usize,
-}
-
-impl Usage {
-    pub fn new(tokens: usize) -> Self {
-        Usage { prompt_tokens: tokens, total_tokens: tokens }
-    }
 }
 
 #[derive(Debug, Serialize)]

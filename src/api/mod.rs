@@ -1,10 +1,13 @@
 //! HTTP: the router, the shared state, and one file per endpoint family. Handlers stay thin:
 //! parse, resolve the model, validate parameters, call the engine, shape the response.
 
+pub mod classify;
 pub mod embeddings;
 pub mod error;
 pub mod json;
 pub mod meta;
+pub mod rerank;
+pub mod score;
 pub mod tokenize;
 
 use crate::engine::{Engine, EngineError, Prompt};
@@ -14,6 +17,7 @@ use axum::http::{HeaderMap, HeaderName};
 use axum::routing::{get, post};
 use axum::Router;
 use error::ApiError;
+use serde::Serialize;
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -86,6 +90,19 @@ impl AppState {
     }
 }
 
+/// Token counts of a response: everything the model ran, special tokens included.
+#[derive(Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(tokens: usize) -> Self {
+        Usage { prompt_tokens: tokens, total_tokens: tokens }
+    }
+}
+
 /// `{prefix}-{X-Request-Id}` (set by the request-id layer when the client sent none).
 pub fn response_id(prefix: &str, headers: &HeaderMap) -> String {
     match headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
@@ -145,6 +162,12 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
     Router::new()
         .route("/v1/embeddings", post(embeddings::create))
         .route("/embeddings", post(embeddings::create))
+        .route("/classify", post(classify::create))
+        .route("/score", post(score::create))
+        .route("/v1/score", post(score::create))
+        .route("/rerank", post(rerank::create))
+        .route("/v1/rerank", post(rerank::create))
+        .route("/v2/rerank", post(rerank::create))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/health", get(meta::health))

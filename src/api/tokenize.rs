@@ -54,6 +54,7 @@ pub async fn tokenize(
         add_special_tokens: request.add_special_tokens,
         truncate_to: None,
         side: engine.spec().truncation_side,
+        pair_limits: Default::default(),
     };
     let tokens = engine.tokenize(request.prompt, options).await?.ids;
     let token_strs = request.return_token_strs.then(|| engine.tokenizer().token_strings(&tokens));

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod scheduler;
+pub mod score;
 pub mod tokenize;
 
 use crate::config::ServerConfig;
@@ -15,7 +16,7 @@ use batch::TokenizedInput;
 use scheduler::{BatchLimits, Job, Runner};
 pub use scheduler::PoolingOutput;
 use std::sync::Arc;
-use tokenize::{EncodeOptions, TokenizerPool};
+use tokenize::{EncodeOptions, TextInput, TokenizerPool};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -26,6 +27,8 @@ pub enum EngineError {
     InvalidTokenId { id: u32, vocab: usize },
     #[error("The prompt cannot be empty")]
     EmptyPrompt,
+    #[error("Input lengths must be either 1:1, 1:N or N:N")]
+    InvalidPairing,
     #[error(transparent)]
     Params(#[from] ParamsError),
     #[error("tokenizer failed: {0}")]
@@ -43,6 +46,8 @@ pub enum EngineError {
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
+    /// A (query, document) pair for a cross-encoder, tokenized together.
+    Pair(String, String),
 }
 
 struct Inner {
@@ -62,7 +67,7 @@ pub struct Engine {
 impl Engine {
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, config: &ServerConfig) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head } = model;
+        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier } = model;
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
             max_tokens: config.max_batch_tokens.max(spec.max_model_len),
@@ -75,7 +80,7 @@ impl Engine {
             std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
         })?;
         let vocab_size = backbone.vocab_size();
-        let runner = Runner { backbone, pooling, embedding_head, limits };
+        let runner = Runner { backbone, pooling, embedding_head, classifier, limits };
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
         let tokenizers = TokenizerPool::new(Arc::new(tokenizer), config.tokenizer_workers)?;
@@ -108,7 +113,7 @@ impl Engine {
 
     /// Tokenizes one text on the worker pool, without length checks (/tokenize).
     pub async fn tokenize(&self, text: String, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
-        self.inner.tokenizers.encode(vec![text], options).await?.pop().ok_or(EngineError::Stopped)?
+        self.inner.tokenizers.encode(vec![TextInput::Single(text)], options).await?.pop().ok_or(EngineError::Stopped)?
     }
 
     /// Tokenizes (or takes as given) every prompt and checks it against the model's limits.
@@ -117,11 +122,13 @@ impl Engine {
             add_special_tokens: params.add_special_tokens,
             truncate_to: params.truncate_to,
             side: params.truncation_side,
+            pair_limits: params.pair_limits,
         };
-        let texts: Vec<String> = prompts
+        let texts: Vec<TextInput> = prompts
             .iter()
             .filter_map(|p| match p {
-                Prompt::Text(t) => Some(t.clone()),
+                Prompt::Text(t) => Some(TextInput::Single(t.clone())),
+                Prompt::Pair(q, d) => Some(TextInput::Pair(q.clone(), d.clone())),
                 Prompt::Tokens(_) => None,
             })
             .collect();
@@ -133,7 +140,7 @@ impl Engine {
         let mut inputs = Vec::with_capacity(prompts.len());
         for prompt in prompts {
             let input = match prompt {
-                Prompt::Text(_) => encoded.next().ok_or(EngineError::Stopped)??,
+                Prompt::Text(_) | Prompt::Pair(..) => encoded.next().ok_or(EngineError::Stopped)??,
                 Prompt::Tokens(ids) => {
                     if ids.is_empty() {
                         return Err(EngineError::EmptyPrompt);

@@ -10,6 +10,7 @@
 use super::batch::{Batch, TokenizedInput};
 use super::EngineError;
 use crate::models::Backbone;
+use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::{finish_embedding, EmbeddingHead};
 use crate::pooling::method::{All, HiddenStates, PoolingMethod};
 use crate::pooling::{ResolvedParams, Task};
@@ -44,6 +45,7 @@ pub struct Runner {
     pub backbone: Box<dyn Backbone>,
     pub pooling: &'static dyn PoolingMethod,
     pub embedding_head: EmbeddingHead,
+    pub classifier: Option<ClassifierHead>,
     pub limits: BatchLimits,
 }
 
@@ -116,32 +118,57 @@ impl Runner {
         let hidden_size = self.backbone.hidden_size();
         let states = HiddenStates { data: &hidden, hidden_size };
 
-        // Pool every job, then run the Dense layers once over all pooled rows.
-        let mut rows = Vec::new();
+        // Pool every job into its head's rows, then run each head once over all its rows.
+        let mut embedding_rows = Vec::new();
+        let mut classifier_rows = Vec::new();
         let mut row_counts = Vec::with_capacity(jobs.len());
         for (job, (start, len)) in jobs.iter().zip(batch.spans()) {
-            let pooled = match job.params.task {
-                Task::Embed => self.pooling.pool(&states, start, len),
-                Task::TokenEmbed => All.pool(&states, start, len),
+            let (rows, pooled) = match job.params.task {
+                Task::Embed => (&mut embedding_rows, self.pooling.pool(&states, start, len)),
+                Task::TokenEmbed => (&mut embedding_rows, All.pool(&states, start, len)),
+                Task::Classify | Task::Score => (&mut classifier_rows, self.classifier(job.params.task)?.pool(&states, start, len)),
                 other => return Err(format!("task {other} is not served by this model")),
             };
             row_counts.push(pooled.len() / hidden_size);
             rows.extend(pooled);
         }
-        let (projected, width) = self.embedding_head.project(rows, hidden_size).map_err(|e| e.to_string())?;
+        let (embeddings, width) = self.embedding_head.project(embedding_rows, hidden_size).map_err(|e| e.to_string())?;
+        let logits = match &self.classifier {
+            Some(head) => head.logits(classifier_rows, hidden_size).map_err(|e| e.to_string())?,
+            None => Vec::new(),
+        };
 
         let mut outputs = Vec::with_capacity(jobs.len());
-        let mut offset = 0;
+        let (mut embedding_offset, mut logit_offset) = (0, 0);
         for (job, count) in jobs.iter().zip(row_counts) {
-            let block = &projected[offset * width..(offset + count) * width];
-            offset += count;
-            let finish = |row: &[f32]| finish_embedding(row.to_vec(), job.params.dimensions, job.params.activation);
-            outputs.push(match job.params.task {
-                Task::TokenEmbed => PoolingOutput::Tokens(block.chunks(width).map(finish).collect()),
-                _ => PoolingOutput::Vector(finish(block)),
+            let params = &job.params;
+            outputs.push(match params.task {
+                Task::Classify | Task::Score => {
+                    let head = self.classifier(params.task)?;
+                    let labels = head.num_labels();
+                    let mut values = logits[logit_offset..logit_offset + labels].to_vec();
+                    logit_offset += labels;
+                    if params.activation {
+                        head.activation(params.task).apply(&mut values);
+                    }
+                    PoolingOutput::Vector(values)
+                }
+                task => {
+                    let block = &embeddings[embedding_offset * width..(embedding_offset + count) * width];
+                    embedding_offset += count;
+                    let finish = |row: &[f32]| finish_embedding(row.to_vec(), params.dimensions, params.activation);
+                    match task {
+                        Task::TokenEmbed => PoolingOutput::Tokens(block.chunks(width).map(finish).collect()),
+                        _ => PoolingOutput::Vector(finish(block)),
+                    }
+                }
             });
         }
         Ok(outputs)
+    }
+
+    fn classifier(&self, task: Task) -> Result<&ClassifierHead, String> {
+        self.classifier.as_ref().ok_or_else(|| format!("task {task} needs a classifier head, which this model lacks"))
     }
 }
 
@@ -159,6 +186,7 @@ mod tests {
             dimensions: None,
             activation: true,
             add_special_tokens: true,
+            pair_limits: Default::default(),
         };
         (Job { input: TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] }, params, reply }, rx)
     }

@@ -11,52 +11,111 @@ use crate::loader::LoadError;
 use crate::pooling::params::TruncationSide;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use tokenizers::{Tokenizer, TruncationDirection};
+use tokenizers::utils::truncation::{truncate_encodings, TruncationParams, TruncationStrategy};
+use tokenizers::{Encoding, Tokenizer, TruncationDirection};
 use tokio::sync::{mpsc, oneshot};
 
-/// How one text is turned into tokens.
+/// How one text (or pair) is turned into tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct EncodeOptions {
     pub add_special_tokens: bool,
-    /// Keep at most this many tokens, special tokens included.
+    /// Keep at most this many tokens, special tokens included. Pairs are cut longest-first.
     pub truncate_to: Option<usize>,
     pub side: TruncationSide,
+    pub pair_limits: PairLimits,
+}
+
+/// Per-side caps for pairs (`max_tokens_per_query`, `max_tokens_per_doc`), applied to each
+/// side's own tokens before the pair is joined; the end of the text is cut.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PairLimits {
+    pub query: Option<usize>,
+    pub document: Option<usize>,
+}
+
+/// A text to tokenize: alone, or as a (query, document) pair for a cross-encoder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TextInput {
+    Single(String),
+    Pair(String, String),
 }
 
 pub struct TextTokenizer {
     inner: Tokenizer,
     /// sentence-transformers' `do_lower_case`: lowercase before tokenizing.
     lowercase: bool,
+    /// Keep the post-processor's segment ids; otherwise every token gets type 0.
+    type_ids: bool,
 }
 
 impl TextTokenizer {
-    pub fn from_file(path: &Path, lowercase: bool) -> Result<Self, LoadError> {
+    pub fn from_file(path: &Path, lowercase: bool, type_ids: bool) -> Result<Self, LoadError> {
         let mut inner = Tokenizer::from_file(path).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-        Ok(Self { inner, lowercase })
+        Ok(Self { inner, lowercase, type_ids })
+    }
+
+    /// Tokens of `text` alone, without special tokens.
+    fn raw(&self, text: &str) -> Result<Encoding, EngineError> {
+        let encoded = if self.lowercase { self.inner.encode(text.to_lowercase(), false) } else { self.inner.encode(text, false) };
+        encoded.map_err(tokenizer_error)
+    }
+
+    /// Special tokens the post-processor adds to a single text or a pair.
+    fn added_tokens(&self, pair: bool, options: EncodeOptions) -> usize {
+        if !options.add_special_tokens {
+            return 0;
+        }
+        self.inner.get_post_processor().map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, pair))
     }
 
     pub fn encode(&self, text: &str, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
-        let lowered;
-        let text = if self.lowercase {
-            lowered = text.to_lowercase();
-            lowered.as_str()
-        } else {
-            text
-        };
-        let tokenizer_error = |e: tokenizers::Error| EngineError::Tokenizer(e.to_string());
-        let mut encoding = self.inner.encode(text, false).map_err(tokenizer_error)?;
+        let mut encoding = self.raw(text)?;
         if let Some(limit) = options.truncate_to {
-            let added = if options.add_special_tokens {
-                self.inner.get_post_processor().map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false))
-            } else {
-                0
-            };
-            encoding.truncate(limit.saturating_sub(added), 0, direction(options.side));
+            encoding.truncate(limit.saturating_sub(self.added_tokens(false, options)), 0, direction(options.side));
         }
-        let encoding = self.inner.post_process(encoding, None, options.add_special_tokens).map_err(tokenizer_error)?;
-        Ok(TokenizedInput { ids: encoding.get_ids().to_vec(), type_ids: encoding.get_type_ids().to_vec() })
+        self.finish(encoding, None, options)
+    }
+
+    /// A (query, document) pair as cross-encoders see it (`[CLS] q [SEP] d [SEP]` with segment
+    /// ids 0/1 for BERT, `<s> q </s></s> d </s>` for RoBERTa), as `tokenizer(q, d)` makes it.
+    pub fn encode_pair(&self, query: &str, document: &str, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
+        let cut = |mut e: Encoding, limit: Option<usize>| {
+            if let Some(n) = limit {
+                e.truncate(n, 0, TruncationDirection::Right);
+            }
+            e
+        };
+        let first = cut(self.raw(query)?, options.pair_limits.query);
+        let second = cut(self.raw(document)?, options.pair_limits.document);
+        let (first, second) = match options.truncate_to {
+            Some(limit) => {
+                let params = TruncationParams {
+                    direction: direction(options.side),
+                    max_length: limit.saturating_sub(self.added_tokens(true, options)),
+                    strategy: TruncationStrategy::LongestFirst,
+                    stride: 0,
+                };
+                truncate_encodings(first, Some(second), &params).map_err(tokenizer_error)?
+            }
+            None => (first, Some(second)),
+        };
+        self.finish(first, second, options)
+    }
+
+    pub fn encode_input(&self, input: &TextInput, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
+        match input {
+            TextInput::Single(text) => self.encode(text, options),
+            TextInput::Pair(query, document) => self.encode_pair(query, document, options),
+        }
+    }
+
+    fn finish(&self, first: Encoding, second: Option<Encoding>, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
+        let encoding = self.inner.post_process(first, second, options.add_special_tokens).map_err(tokenizer_error)?;
+        let ids = encoding.get_ids().to_vec();
+        let type_ids = if self.type_ids { encoding.get_type_ids().to_vec() } else { vec![0; ids.len()] };
+        Ok(TokenizedInput { ids, type_ids })
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
@@ -70,6 +129,10 @@ impl TextTokenizer {
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
+}
+
+fn tokenizer_error(e: tokenizers::Error) -> EngineError {
+    EngineError::Tokenizer(e.to_string())
 }
 
 fn direction(side: TruncationSide) -> TruncationDirection {
@@ -96,7 +159,7 @@ pub fn truncate_ids(mut ids: Vec<u32>, options: EncodeOptions) -> TokenizedInput
 }
 
 struct Job {
-    texts: Vec<String>,
+    texts: Vec<TextInput>,
     options: EncodeOptions,
     reply: oneshot::Sender<Vec<Result<TokenizedInput, EngineError>>>,
 }
@@ -125,7 +188,7 @@ impl TokenizerPool {
                 if job.reply.is_closed() {
                     continue; // the client has gone
                 }
-                let out = job.texts.iter().map(|t| tokenizer.encode(t, job.options)).collect();
+                let out = job.texts.iter().map(|t| tokenizer.encode_input(t, job.options)).collect();
                 let _ = job.reply.send(out);
             })?;
         }
@@ -136,7 +199,7 @@ impl TokenizerPool {
         &self.tokenizer
     }
 
-    pub async fn encode(&self, texts: Vec<String>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+    pub async fn encode(&self, texts: Vec<TextInput>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         let (reply, rx) = oneshot::channel();
         self.jobs.send(Job { texts, options, reply }).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
@@ -149,7 +212,7 @@ mod tests {
 
     #[test]
     fn id_truncation_sides() {
-        let opts = |side| EncodeOptions { add_special_tokens: true, truncate_to: Some(2), side };
+        let opts = |side| EncodeOptions { add_special_tokens: true, truncate_to: Some(2), side, pair_limits: PairLimits::default() };
         assert_eq!(truncate_ids(vec![1, 2, 3], opts(TruncationSide::Right)).ids, vec![1, 2]);
         assert_eq!(truncate_ids(vec![1, 2, 3], opts(TruncationSide::Left)).ids, vec![2, 3]);
         assert_eq!(truncate_ids(vec![1], opts(TruncationSide::Left)).ids, vec![1]);

@@ -9,7 +9,10 @@ pub mod spec;
 use crate::config::{DeviceArg, ServerConfig};
 use crate::engine::tokenize::TextTokenizer;
 use crate::models::{self, Backbone, ModelError};
+use crate::pooling::classifier::{ClassifierActivation, ClassifierHead};
 use crate::pooling::head::EmbeddingHead;
+use crate::pooling::method::Cls;
+use crate::pooling::Task;
 use crate::pooling::params::TruncationSide;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
@@ -55,6 +58,8 @@ pub struct LoadedModel {
     pub backbone: Box<dyn Backbone>,
     pub tokenizer: TextTokenizer,
     pub embedding_head: EmbeddingHead,
+    /// Present when the model serves `classify` (and `score` as a cross-encoder).
+    pub classifier: Option<ClassifierHead>,
 }
 
 fn device(kind: DeviceArg) -> Result<Device, LoadError> {
@@ -89,7 +94,8 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     let mut raw: serde_json::Value = read_json(&source.required("config.json")?)?;
     spec::apply_overrides(&mut raw, &config.hf_overrides);
     let (architecture, family) = spec::architecture_of(&raw)?;
-    let tasks = spec::tasks_for(&architecture, config.convert)?;
+    let num_labels = spec::num_labels_of(&raw);
+    let tasks = spec::tasks_for(&architecture, config.convert, num_labels)?;
     let sentence = SentenceTransformer::read(&source)?;
 
     let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
@@ -100,7 +106,11 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         Some("left") => TruncationSide::Left,
         _ => TruncationSide::Right,
     };
-    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, sentence.do_lower_case)?;
+    let tokenizer = TextTokenizer::from_file(
+        &source.required("tokenizer.json")?,
+        sentence.do_lower_case,
+        uses_token_type_ids(&tokenizer_config, &raw),
+    )?;
 
     let device = device(config.device)?;
     let files = weight_files(&source)?;
@@ -122,8 +132,9 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         embedding_size: 0,
         pooler_defaults: config.pooler.clone(),
         truncation_side,
+        labels: Vec::new(),
     };
-    let backbone = models::load_backbone(&spec, vb, &device)?;
+    let backbone = models::load_backbone(&spec, vb.clone(), &device)?;
     spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
     spec.hidden_size = backbone.hidden_size();
     // Dense layers must chain from the hidden size; a mismatch would only surface per request.
@@ -137,13 +148,37 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         }
         width = dense.linear.out_features();
     }
-    if spec.pooling.is_token_level() {
+    if spec.supports(Task::Embed) && spec.pooling.is_token_level() {
         return Err(LoadError::Unsupported(format!(
             "pooling_type {:?} gives one vector per token; embeddings need CLS, MEAN or LAST",
             spec.pooling
         )));
     }
+    let classifier = if spec.supports(Task::Classify) {
+        spec.labels = spec::labels_of(&spec.config, num_labels);
+        let (pooler, classifier) = models::load_classifier(&spec, vb, num_labels)?;
+        Some(ClassifierHead {
+            pooling: &Cls,
+            pooler: Some(pooler),
+            classifier,
+            logit_bias: config.pooler.logit_bias.map(|b| b as f32),
+            classify_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
+            score_activation: ClassifierActivation::for_scoring(&spec.config, num_labels),
+        })
+    } else {
+        None
+    };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     spec.embedding_size = embedding_head.output_size(spec.hidden_size);
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head })
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier })
+}
+
+/// Whether pairs keep the tokenizer's segment ids (0/1): when `tokenizer_config.json` lists
+/// `token_type_ids` among the model inputs (BERT does, RoBERTa and XLM-R do not), or, without
+/// that list, when the model has more than one token type.
+fn uses_token_type_ids(tokenizer_config: &serde_json::Value, config: &serde_json::Value) -> bool {
+    match tokenizer_config.get("model_input_names").and_then(|v| v.as_array()) {
+        Some(names) => names.iter().any(|n| n == "token_type_ids"),
+        None => config.get("type_vocab_size").and_then(|v| v.as_u64()).unwrap_or(2) > 1,
+    }
 }

@@ -64,6 +64,8 @@ pub struct ModelSpec {
     pub matryoshka: Matryoshka,
     pub pooler_defaults: PoolerConfig,
     pub truncation_side: TruncationSide,
+    /// Class names of a classifier, index = logit position; empty for other models.
+    pub labels: Vec<String>,
 }
 
 /// Shallow-merges `overrides` into config.json, as vLLM's `--hf-overrides` does.
@@ -94,16 +96,56 @@ pub fn architecture_of(config: &Value) -> Result<(String, Family), LoadError> {
     Ok((architecture, family))
 }
 
-/// The tasks a checkpoint serves, from its architecture and `--convert`.
-pub fn tasks_for(architecture: &str, convert: Convert) -> Result<Vec<Task>, LoadError> {
-    let is_classifier = architecture.ends_with("ForSequenceClassification") || architecture.ends_with("ForTokenClassification");
+/// Number of classifier outputs: `id2label`'s size, else `num_labels`, else transformers'
+/// default of 2.
+pub fn num_labels_of(config: &Value) -> usize {
+    config
+        .get("id2label")
+        .and_then(Value::as_object)
+        .map(|m| m.len())
+        .or_else(|| config.get("num_labels").and_then(Value::as_u64).map(|n| n as usize))
+        .unwrap_or(2)
+}
+
+/// Label names from `id2label`, `LABEL_i` where it has none (as transformers names them).
+pub fn labels_of(config: &Value, num_labels: usize) -> Vec<String> {
+    (0..num_labels)
+        .map(|i| {
+            config
+                .get("id2label")
+                .and_then(|m| m.get(i.to_string()))
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("LABEL_{i}"), String::from)
+        })
+        .collect()
+}
+
+/// Whether the checkpoint carries a sequence-classification head.
+pub fn is_sequence_classifier(architecture: &str) -> bool {
+    architecture.ends_with("ForSequenceClassification")
+}
+
+/// The tasks a checkpoint serves, from its architecture, `--convert` and its number of labels:
+/// classifiers serve `classify`, and one-label classifiers (cross-encoders) also `score`.
+pub fn tasks_for(architecture: &str, convert: Convert, num_labels: usize) -> Result<Vec<Task>, LoadError> {
+    let classifier_tasks = || {
+        let mut tasks = vec![Task::Classify];
+        if num_labels == 1 {
+            tasks.push(Task::Score);
+        }
+        tasks
+    };
+    let not_yet = architecture.ends_with("ForTokenClassification") || architecture.ends_with("ForMaskedLM");
     match convert {
         Convert::Embed => Ok(vec![Task::Embed, Task::TokenEmbed]),
-        Convert::Auto if !is_classifier && !architecture.ends_with("ForMaskedLM") => Ok(vec![Task::Embed, Task::TokenEmbed]),
-        Convert::Auto => Err(LoadError::Unsupported(format!(
+        Convert::Auto | Convert::Classify if is_sequence_classifier(architecture) => Ok(classifier_tasks()),
+        Convert::Classify => Err(LoadError::Unsupported(format!(
+            "--convert classify needs a `*ForSequenceClassification` checkpoint with classifier weights; `{architecture}` has none"
+        ))),
+        Convert::Auto if not_yet => Err(LoadError::Unsupported(format!(
             "`{architecture}` checkpoints are not served yet; `--convert embed` serves its encoder as an embedding model"
         ))),
-        Convert::Classify => Err(LoadError::Unsupported("--convert classify is not supported yet".into())),
+        Convert::Auto => Ok(vec![Task::Embed, Task::TokenEmbed]),
     }
 }
 
@@ -152,6 +194,7 @@ impl ModelSpec {
             matryoshka: Matryoshka::default(),
             pooler_defaults: PoolerConfig::default(),
             truncation_side: TruncationSide::Right,
+            labels: Vec::new(),
         }
     }
 
@@ -195,8 +238,20 @@ mod tests {
 
     #[test]
     fn tasks_follow_architecture_and_convert() {
-        assert_eq!(tasks_for("BertModel", Convert::Auto).unwrap(), vec![Task::Embed, Task::TokenEmbed]);
-        assert!(tasks_for("BertForSequenceClassification", Convert::Auto).is_err());
-        assert!(tasks_for("BertForSequenceClassification", Convert::Embed).is_ok());
+        let embed = vec![Task::Embed, Task::TokenEmbed];
+        assert_eq!(tasks_for("BertModel", Convert::Auto, 2).unwrap(), embed);
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Auto, 3).unwrap(), vec![Task::Classify]);
+        assert_eq!(tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, 1).unwrap(), vec![Task::Classify, Task::Score]);
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Embed, 1).unwrap(), embed);
+        assert!(tasks_for("BertModel", Convert::Classify, 2).is_err());
+        assert!(tasks_for("BertForTokenClassification", Convert::Auto, 5).is_err());
+    }
+
+    #[test]
+    fn label_count() {
+        assert_eq!(num_labels_of(&json!({"id2label": {"0": "a", "1": "b", "2": "c"}})), 3);
+        assert_eq!(num_labels_of(&json!({"num_labels": 1})), 1);
+        assert_eq!(num_labels_of(&json!({})), 2);
+        assert_eq!(labels_of(&json!({"id2label": {"0": "neg"}}), 2), vec!["neg".to_string(), "LABEL_1".to_string()]);
     }
 }

@@ -96,6 +96,28 @@ fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
     vb
 }
 
+/// The sequence-classification weights on top of the encoder: BERT's pooler (`bert.pooler.dense`)
+/// and `classifier`, or RoBERTa's `classifier.dense` and `classifier.out_proj`. Both apply tanh
+/// after the first layer. Returns `(pooler, classifier)`, on the CPU where heads run.
+pub fn load_classifier(
+    raw: &serde_json::Value,
+    family: Family,
+    vb: VarBuilder,
+    num_labels: usize,
+) -> std::result::Result<(Linear, Linear), ModelError> {
+    let config: BertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+    let h = config.hidden_size;
+    let on_cpu = |vb: VarBuilder, out: usize| -> Result<Linear> {
+        let cpu = candle_core::Device::Cpu;
+        Linear::new(vb.get((out, h), "weight")?.to_device(&cpu)?, Some(vb.get(out, "bias")?.to_device(&cpu)?))
+    };
+    let (pooler, classifier) = match family {
+        Family::Bert => (encoder_root(vb.clone()).pp("pooler.dense"), vb.pp("classifier")),
+        Family::Roberta => (vb.pp("classifier.dense"), vb.pp("classifier.out_proj")),
+    };
+    Ok((on_cpu(pooler, h)?, on_cpu(classifier, num_labels)?))
+}
+
 impl Bert {
     pub fn load(raw: &serde_json::Value, family: Family, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
         let config: BertConfig =

@@ -7,7 +7,8 @@ pub mod bert;
 pub mod ops;
 
 use crate::engine::batch::Batch;
-use crate::loader::spec::ModelSpec;
+use crate::loader::spec::{Family, ModelSpec};
+use ops::Linear;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 
@@ -48,15 +49,20 @@ pub enum ModelError {
     Weights(#[from] candle_core::Error),
 }
 
-pub const SUPPORTED_ARCHITECTURES: &str =
-    "BertModel, RobertaModel, XLMRobertaModel (and their sentence-transformers folders)";
+pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel (and their sentence-transformers \
+     folders), BertForSequenceClassification, RobertaForSequenceClassification, XLMRobertaForSequenceClassification";
+
+/// The pooler and classifier layers of a `*ForSequenceClassification` checkpoint.
+pub fn load_classifier(spec: &ModelSpec, vb: VarBuilder, num_labels: usize) -> Result<(Linear, Linear), ModelError> {
+    match spec.family {
+        Family::Bert | Family::Roberta => bert::load_classifier(&spec.config, spec.family, vb, num_labels),
+    }
+}
 
 /// Builds the backbone that `spec.architecture` names.
 pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Result<Box<dyn Backbone>, ModelError> {
     let _ = device;
     match spec.family {
-        crate::loader::spec::Family::Bert | crate::loader::spec::Family::Roberta => {
-            Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?))
-        }
+        Family::Bert | Family::Roberta => Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?)),
     }
 }

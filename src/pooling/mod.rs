@@ -2,6 +2,7 @@
 //! the pooling method that turns token states into one vector (or keeps them all), and the
 //! task heads built from the model's files.
 
+pub mod classifier;
 pub mod head;
 pub mod method;
 pub mod params;

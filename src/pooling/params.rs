@@ -6,6 +6,7 @@
 //! the Matryoshka rules of api.md decide `dimensions`.
 
 use super::task::Task;
+use crate::engine::tokenize::PairLimits;
 use crate::loader::spec::ModelSpec;
 use serde::Deserialize;
 
@@ -47,6 +48,8 @@ pub struct ResolvedParams {
     /// embed / token_embed: L2-normalize; other tasks: apply the activation.
     pub activation: bool,
     pub add_special_tokens: bool,
+    /// Per-side token caps of cross-encoder pairs (set by the score and rerank endpoints).
+    pub pair_limits: PairLimits,
 }
 
 /// A rejected parameter; the message is part of the API contract.
@@ -58,7 +61,7 @@ pub struct ParamsError {
 }
 
 impl ParamsError {
-    fn new(message: impl Into<String>, param: &'static str) -> Self {
+    pub fn new(message: impl Into<String>, param: &'static str) -> Self {
         Self { message: message.into(), param: Some(param) }
     }
 }
@@ -143,6 +146,7 @@ impl PoolingParams {
             dimensions,
             activation,
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
+            pair_limits: PairLimits::default(),
         })
     }
 }

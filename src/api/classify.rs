@@ -1,0 +1,88 @@
+//! `POST /classify`: class probabilities (or raw logits with `use_activation: false`) and the
+//! winning label for every input, as vLLM answers it.
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::{admit, parse_input, response_id, unix_now, AppState, Usage};
+use crate::engine::PoolingOutput;
+use crate::pooling::{PoolingParams, Task};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+pub struct ClassifyRequest {
+    pub input: serde_json::Value,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(flatten)]
+    pub params: PoolingParams,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClassifyData {
+    pub index: usize,
+    pub label: String,
+    pub probs: Vec<f32>,
+    pub num_classes: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClassifyResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub data: Vec<ClassifyData>,
+    pub usage: Usage,
+}
+
+/// Index of the largest value (the first one on ties, as `argmax` does).
+fn argmax(values: &[f32]) -> usize {
+    values.iter().enumerate().fold(0, |best, (i, v)| if *v > values[best] { i } else { best })
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<ClassifyRequest>,
+) -> Result<Json<ClassifyResponse>, ApiError> {
+    let engine = state.engine_for(request.model.as_deref(), Task::Classify, "Classification")?;
+    let _permit = admit(engine)?;
+    let params = request.params.verify(Task::Classify, engine.spec())?;
+    let prompts = parse_input(&request.input)?;
+    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let labels = &engine.spec().labels;
+    let data = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let PoolingOutput::Vector(probs) = output else {
+                return Err(ApiError::Internal("classification returned per-token output".into()));
+            };
+            let label = labels.get(argmax(&probs)).cloned().unwrap_or_default();
+            Ok(ClassifyData { index, label, num_classes: probs.len(), probs })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(ClassifyResponse {
+        id: response_id("classify", &headers),
+        object: "list",
+        created: unix_now(),
+        model: state.served_name().to_string(),
+        data,
+        usage: Usage::new(tokens),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    #[test]
+    fn argmax_takes_the_first_maximum() {
+        assert_eq!(argmax(&[0.1, 0.7, 0.2]), 1);
+        assert_eq!(argmax(&[0.5, 0.5]), 0);
+        assert_eq!(argmax(&[-3.0]), 0);
+    }
+}

@@ -1,0 +1,121 @@
+//! `POST /rerank`, `/v1/rerank`, `/v2/rerank`: one query against many documents, sorted by
+//! relevance, in the body Jina's and Cohere's clients (v1 and v2 SDKs) parse.
+//!
+//! Decisions: `top_n` absent or 0 returns every document, a `top_n` above the number of
+//! documents also returns them all (as Cohere does), a negative one is a 400. Reranking needs a
+//! cross-encoder: an embedding-only model answers "does not support Rerank (Score) API" (use
+//! `/score` for its cosine similarities).
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::score::{score_params, texts_of, PairLimitFields};
+use super::{admit, response_id, AppState, Usage};
+use crate::pooling::{PoolingParams, Task};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Deserialize)]
+pub struct RerankRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub query: String,
+    pub documents: Value,
+    #[serde(default)]
+    pub top_n: Option<i64>,
+    #[serde(default)]
+    pub return_documents: Option<bool>,
+    #[serde(flatten)]
+    pub limits: PairLimitFields,
+    #[serde(flatten)]
+    pub params: PoolingParams,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RerankDocument {
+    pub text: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RerankResult {
+    pub index: usize,
+    pub relevance_score: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub document: Option<RerankDocument>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RerankResponse {
+    pub id: String,
+    pub model: String,
+    pub usage: Usage,
+    pub results: Vec<RerankResult>,
+}
+
+/// How many results to return: `top_n` if positive and below `documents`, else all.
+fn result_count(top_n: Option<i64>, documents: usize) -> Result<usize, ApiError> {
+    match top_n {
+        Some(n) if n < 0 => Err(ApiError::BadRequest {
+            message: format!("top_n must be a non-negative integer, got {n}"),
+            param: Some("top_n"),
+        }),
+        Some(n) if n > 0 => Ok((n as usize).min(documents)),
+        _ => Ok(documents),
+    }
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<RerankRequest>,
+) -> Result<Json<RerankResponse>, ApiError> {
+    let engine = state.engine_for(request.model.as_deref(), Task::Score, "Rerank (Score)")?;
+    let _permit = admit(engine)?;
+    let params = score_params(engine, &request.params, &request.limits)?;
+    if !request.documents.is_array() {
+        return Err(ApiError::BadRequest {
+            message: "documents must be a list of strings or of {\"text\": string} objects".into(),
+            param: Some("documents"),
+        });
+    }
+    let documents = texts_of(&request.documents, "documents")?;
+    let count = result_count(request.top_n, documents.len())?;
+    let (scores, tokens) = engine.score(&[request.query], &documents, &params).await?;
+
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    // Highest first; equal scores keep document order (the sort is stable).
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let return_documents = request.return_documents.unwrap_or(true);
+    let mut documents: Vec<Option<String>> = documents.into_iter().map(Some).collect();
+    let results = order
+        .into_iter()
+        .take(count)
+        .map(|index| RerankResult {
+            index,
+            relevance_score: scores[index],
+            document: if return_documents { documents[index].take().map(|text| RerankDocument { text }) } else { None },
+        })
+        .collect();
+    Ok(Json(RerankResponse {
+        id: response_id("rerank", &headers),
+        model: state.served_name().to_string(),
+        usage: Usage::new(tokens),
+        results,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::result_count;
+
+    #[test]
+    fn top_n_rules() {
+        assert_eq!(result_count(None, 3).unwrap(), 3);
+        assert_eq!(result_count(Some(0), 3).unwrap(), 3);
+        assert_eq!(result_count(Some(2), 3).unwrap(), 2);
+        assert_eq!(result_count(Some(10), 3).unwrap(), 3);
+        assert!(result_count(Some(-1), 3).is_err());
+    }
+}

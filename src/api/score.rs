@@ -1,0 +1,173 @@
+//! `POST /score` (and `/v1/score`): relevance of text pairs, vLLM's request forms
+//! (`text_1`/`text_2`, `queries`/`documents`, `data_1`/`data_2`) and 1:1, 1:N, N:N pairing.
+//! The request helpers here are shared with `/rerank`.
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::{admit, response_id, unix_now, AppState, Usage};
+use crate::engine::tokenize::PairLimits;
+use crate::engine::Engine;
+use crate::pooling::{PoolingParams, ResolvedParams, Task};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Deserialize)]
+pub struct ScoreRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub text_1: Option<Value>,
+    #[serde(default)]
+    pub text_2: Option<Value>,
+    #[serde(default)]
+    pub queries: Option<Value>,
+    #[serde(default)]
+    pub documents: Option<Value>,
+    #[serde(default)]
+    pub data_1: Option<Value>,
+    #[serde(default)]
+    pub data_2: Option<Value>,
+    #[serde(flatten)]
+    pub limits: PairLimitFields,
+    #[serde(flatten)]
+    pub params: PoolingParams,
+}
+
+/// `max_tokens_per_query` / `max_tokens_per_doc` (Cohere's names), on /score and /rerank.
+#[derive(Debug, Default, Deserialize)]
+pub struct PairLimitFields {
+    #[serde(default)]
+    pub max_tokens_per_query: Option<i64>,
+    #[serde(default)]
+    pub max_tokens_per_doc: Option<i64>,
+}
+
+impl PairLimitFields {
+    pub fn resolve(&self) -> Result<PairLimits, ApiError> {
+        let positive = |value: Option<i64>, param: &'static str| match value {
+            None => Ok(None),
+            Some(n) if n >= 1 => Ok(Some(n as usize)),
+            Some(n) => Err(ApiError::BadRequest { message: format!("{param} must be a positive integer, got {n}"), param: Some(param) }),
+        };
+        Ok(PairLimits {
+            query: positive(self.max_tokens_per_query, "max_tokens_per_query")?,
+            document: positive(self.max_tokens_per_doc, "max_tokens_per_doc")?,
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScoreData {
+    pub index: usize,
+    pub object: &'static str,
+    pub score: f32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ScoreResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub data: Vec<ScoreData>,
+    pub usage: Usage,
+}
+
+/// One side of a pair request: a string, or a non-empty list of strings or `{"text": …}` objects.
+pub fn texts_of(value: &Value, param: &'static str) -> Result<Vec<String>, ApiError> {
+    let shape = || ApiError::BadRequest {
+        message: format!("{param} must be a string, a list of strings or a list of {{\"text\": string}} objects"),
+        param: Some(param),
+    };
+    let text = |item: &Value| match item {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("text").and_then(Value::as_str).map(String::from),
+        _ => None,
+    };
+    match value {
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(items) if items.is_empty() => {
+            Err(ApiError::BadRequest { message: format!("{param} must not be empty"), param: Some(param) })
+        }
+        Value::Array(items) => items.iter().map(text).collect::<Option<Vec<_>>>().ok_or_else(shape),
+        _ => Err(shape()),
+    }
+}
+
+/// Validates the pooling parameters for the `score` task and adds the per-side token caps.
+pub fn score_params(engine: &Engine, params: &PoolingParams, limits: &PairLimitFields) -> Result<ResolvedParams, ApiError> {
+    let mut resolved = params.verify(Task::Score, engine.spec())?;
+    resolved.pair_limits = limits.resolve()?;
+    Ok(resolved)
+}
+
+impl ScoreRequest {
+    /// The two sides, from whichever of the three field pairs the request used.
+    fn sides(&self) -> Result<(Vec<String>, Vec<String>), ApiError> {
+        let forms = [
+            ("text_1", &self.text_1, "text_2", &self.text_2),
+            ("queries", &self.queries, "documents", &self.documents),
+            ("data_1", &self.data_1, "data_2", &self.data_2),
+        ];
+        let used: Vec<_> = forms.iter().filter(|(_, a, _, b)| a.is_some() || b.is_some()).collect();
+        let [(first_name, first, second_name, second)] = used.as_slice() else {
+            return Err(ApiError::bad_request(
+                "A score request needs exactly one of the field pairs text_1/text_2, queries/documents or data_1/data_2",
+            ));
+        };
+        let missing = |name: &'static str| ApiError::BadRequest { message: format!("{name} is required"), param: Some(name) };
+        let first = first.as_ref().ok_or_else(|| missing(first_name))?;
+        let second = second.as_ref().ok_or_else(|| missing(second_name))?;
+        Ok((texts_of(first, first_name)?, texts_of(second, second_name)?))
+    }
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<ScoreRequest>,
+) -> Result<Json<ScoreResponse>, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    let engine = state.engine()?;
+    if engine.score_mode().is_none() {
+        return Err(ApiError::bad_request("The model does not support Score API"));
+    }
+    let _permit = admit(engine)?;
+    let params = score_params(engine, &request.params, &request.limits)?;
+    let (queries, documents) = request.sides()?;
+    let (scores, tokens) = engine.score(&queries, &documents, &params).await?;
+    let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
+    Ok(Json(ScoreResponse {
+        id: response_id("score", &headers),
+        object: "list",
+        created: unix_now(),
+        model: state.served_name().to_string(),
+        data,
+        usage: Usage::new(tokens),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sides_accept_strings_lists_and_text_objects() {
+        assert_eq!(texts_of(&json!("a"), "text_1").unwrap(), vec!["a"]);
+        assert_eq!(texts_of(&json!(["a", {"text": "b"}]), "documents").unwrap(), vec!["a", "b"]);
+        assert!(texts_of(&json!([]), "documents").unwrap_err().to_string().contains("must not be empty"));
+        assert!(texts_of(&json!([1]), "documents").is_err());
+        assert!(texts_of(&json!({"text": "a"}), "documents").is_err());
+    }
+
+    #[test]
+    fn pair_limits_must_be_positive() {
+        let fields = PairLimitFields { max_tokens_per_query: Some(4), max_tokens_per_doc: None };
+        assert_eq!(fields.resolve().unwrap(), PairLimits { query: Some(4), document: None });
+        assert!(PairLimitFields { max_tokens_per_query: None, max_tokens_per_doc: Some(0) }.resolve().is_err());
+    }
+}

@@ -1,0 +1,111 @@
+//! Relevance scores for (query, document) pairs, shared by `/score` and `/rerank`.
+//!
+//! A cross-encoder (a classifier with one label) reads each pair as one sequence and its
+//! activated logit is the score. An embedding model (bi-encoder) embeds every distinct text once
+//! and scores the cosine of the two embeddings. All pairs of a request are queued together, so
+//! the scheduler batches them like any other inputs.
+
+use super::{Engine, EngineError, PoolingOutput, Prompt};
+use crate::pooling::{ResolvedParams, Task};
+
+/// How the served model turns a pair into a score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreMode {
+    CrossEncoder,
+    BiEncoder,
+}
+
+/// The pairs `(i, j)` of query `i` and document `j`: 1:1, 1:N (the single query repeated) or N:N.
+pub fn pair_up(queries: usize, documents: usize) -> Result<Vec<(usize, usize)>, EngineError> {
+    match (queries, documents) {
+        (0, _) | (_, 0) => Err(EngineError::EmptyPrompt),
+        (1, n) => Ok((0..n).map(|j| (0, j)).collect()),
+        (m, n) if m == n => Ok((0..n).map(|i| (i, i)).collect()),
+        _ => Err(EngineError::InvalidPairing),
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    (dot / (norm(a) * norm(b)).max(1e-12)) as f32
+}
+
+fn single_value(output: PoolingOutput) -> Result<f32, EngineError> {
+    match output {
+        PoolingOutput::Vector(v) if !v.is_empty() => Ok(v[0]),
+        _ => Err(EngineError::Model("the score head returned no value".into())),
+    }
+}
+
+fn vector(output: PoolingOutput) -> Result<Vec<f32>, EngineError> {
+    match output {
+        PoolingOutput::Vector(v) => Ok(v),
+        PoolingOutput::Tokens(_) => Err(EngineError::Model("the embedding head returned per-token output".into())),
+    }
+}
+
+impl Engine {
+    /// How this model scores pairs, if it can.
+    pub fn score_mode(&self) -> Option<ScoreMode> {
+        let spec = self.spec();
+        if spec.supports(Task::Score) {
+            Some(ScoreMode::CrossEncoder)
+        } else if spec.supports(Task::Embed) {
+            Some(ScoreMode::BiEncoder)
+        } else {
+            None
+        }
+    }
+
+    /// One score per pair of [`pair_up`], in pair order, and the tokens the model ran.
+    /// `params` are the request's, validated for the `score` task.
+    pub async fn score(
+        &self,
+        queries: &[String],
+        documents: &[String],
+        params: &ResolvedParams,
+    ) -> Result<(Vec<f32>, usize), EngineError> {
+        let pairs = pair_up(queries.len(), documents.len())?;
+        match self.score_mode() {
+            Some(ScoreMode::CrossEncoder) => {
+                let prompts = pairs.iter().map(|&(i, j)| Prompt::Pair(queries[i].clone(), documents[j].clone())).collect();
+                let (outputs, tokens) = self.encode(prompts, params).await?;
+                let scores = outputs.into_iter().map(single_value).collect::<Result<_, _>>()?;
+                Ok((scores, tokens))
+            }
+            Some(ScoreMode::BiEncoder) => {
+                // Normalized embeddings of every text, queries first; cosine is then exact.
+                let embed = ResolvedParams { task: Task::Embed, dimensions: None, activation: true, ..params.clone() };
+                let query_count = queries.len();
+                let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
+                let (outputs, tokens) = self.encode(prompts, &embed).await?;
+                let vectors = outputs.into_iter().map(vector).collect::<Result<Vec<_>, _>>()?;
+                let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
+                Ok((scores, tokens))
+            }
+            None => Err(EngineError::Model("this model cannot score pairs".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairing_rules() {
+        assert_eq!(pair_up(1, 1).unwrap(), vec![(0, 0)]);
+        assert_eq!(pair_up(1, 3).unwrap(), vec![(0, 0), (0, 1), (0, 2)]);
+        assert_eq!(pair_up(2, 2).unwrap(), vec![(0, 0), (1, 1)]);
+        assert!(matches!(pair_up(2, 3), Err(EngineError::InvalidPairing)));
+        assert!(matches!(pair_up(3, 1), Err(EngineError::InvalidPairing)));
+        assert!(pair_up(0, 2).is_err());
+    }
+
+    #[test]
+    fn cosine_of_vectors() {
+        assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-6);
+        assert!(cosine(&[1.0, 0.0], &[0.0, 3.0]).abs() < 1e-6);
+    }
+}

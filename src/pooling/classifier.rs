@@ -1,0 +1,149 @@
+//! The sequence-classification head: pooled token → optional pooler layer → classifier →
+//! minus `logit_bias` → activation. Cross-encoders are classifiers with one label whose
+//! activated logit is the relevance score.
+//!
+//! Which weights form the pooler and the classifier is architecture knowledge and lives with
+//! each backbone (`models/`); everything after the weights is shared and lives here.
+
+use super::method::{HiddenStates, PoolingMethod};
+use super::task::Task;
+use crate::models::ops::Linear;
+use candle_core::{Device, Result, Tensor};
+use serde_json::Value;
+
+/// The function applied to the logits when `use_activation` is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClassifierActivation {
+    Identity,
+    Sigmoid,
+    Softmax,
+    Tanh,
+}
+
+impl ClassifierActivation {
+    /// vLLM's rule for classification: `problem_type` first, then the number of labels.
+    pub fn for_classification(config: &Value, num_labels: usize) -> Self {
+        let by_count = if num_labels == 1 { Self::Sigmoid } else { Self::Softmax };
+        match config.get("problem_type").and_then(Value::as_str) {
+            Some("regression") => Self::Identity,
+            Some("multi_label_classification") => Self::Sigmoid,
+            _ => by_count,
+        }
+    }
+
+    /// Cross-encoders: sentence-transformers' `activation_fn` in config.json wins (e.g. an
+    /// Identity for models trained to output raw scores); otherwise the classification rule.
+    pub fn for_scoring(config: &Value, num_labels: usize) -> Self {
+        let named = config
+            .pointer("/sentence_transformers/activation_fn")
+            .and_then(Value::as_str)
+            .and_then(|name| match name.rsplit('.').next()? {
+                "Identity" => Some(Self::Identity),
+                "Sigmoid" => Some(Self::Sigmoid),
+                "Softmax" => Some(Self::Softmax),
+                "Tanh" => Some(Self::Tanh),
+                _ => None,
+            });
+        named.unwrap_or_else(|| Self::for_classification(config, num_labels))
+    }
+
+    pub fn apply(self, logits: &mut [f32]) {
+        match self {
+            Self::Identity => {}
+            Self::Sigmoid => logits.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
+            Self::Tanh => logits.iter_mut().for_each(|x| *x = x.tanh()),
+            Self::Softmax => {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0;
+                logits.iter_mut().for_each(|x| {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                });
+                logits.iter_mut().for_each(|x| *x /= sum);
+            }
+        }
+    }
+}
+
+/// Pooled vectors → class logits → probabilities.
+pub struct ClassifierHead {
+    /// Which token(s) feed the head (CLS for BERT-style heads).
+    pub pooling: &'static dyn PoolingMethod,
+    /// BERT's pooler / RoBERTa's `classifier.dense`: a linear layer followed by tanh.
+    pub pooler: Option<Linear>,
+    pub classifier: Linear,
+    /// Subtracted from every logit before the activation (`--pooler-config logit_bias`).
+    pub logit_bias: Option<f32>,
+    pub classify_activation: ClassifierActivation,
+    pub score_activation: ClassifierActivation,
+}
+
+impl ClassifierHead {
+    pub fn num_labels(&self) -> usize {
+        self.classifier.out_features()
+    }
+
+    /// Pools one sequence for the head.
+    pub fn pool(&self, hidden: &HiddenStates, start: usize, len: usize) -> Vec<f32> {
+        self.pooling.pool(hidden, start, len)
+    }
+
+    /// Logits for every pooled row (row-major, `width` columns), as one batched product;
+    /// returns `num_labels` logits per row, `logit_bias` already subtracted.
+    pub fn logits(&self, rows: Vec<f32>, width: usize) -> Result<Vec<f32>> {
+        if rows.is_empty() {
+            return Ok(rows);
+        }
+        let n = rows.len() / width;
+        let mut x = Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
+        if let Some(pooler) = &self.pooler {
+            x = pooler.forward(&x)?.tanh()?;
+        }
+        let mut logits = self.classifier.forward(&x)?.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(bias) = self.logit_bias {
+            logits.iter_mut().for_each(|l| *l -= bias);
+        }
+        Ok(logits)
+    }
+
+    /// The activation a task applies (`use_activation`).
+    pub fn activation(&self, task: Task) -> ClassifierActivation {
+        match task {
+            Task::Score => self.score_activation,
+            _ => self.classify_activation,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn activation_rules() {
+        use ClassifierActivation::*;
+        assert_eq!(ClassifierActivation::for_classification(&json!({}), 1), Sigmoid);
+        assert_eq!(ClassifierActivation::for_classification(&json!({}), 3), Softmax);
+        assert_eq!(ClassifierActivation::for_classification(&json!({"problem_type": "regression"}), 1), Identity);
+        assert_eq!(ClassifierActivation::for_classification(&json!({"problem_type": "multi_label_classification"}), 3), Sigmoid);
+        assert_eq!(ClassifierActivation::for_classification(&json!({"problem_type": "single_label_classification"}), 1), Sigmoid);
+        let st = json!({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}});
+        assert_eq!(ClassifierActivation::for_scoring(&st, 1), Identity);
+        assert_eq!(ClassifierActivation::for_classification(&st, 1), Sigmoid);
+        assert_eq!(ClassifierActivation::for_scoring(&json!({}), 1), Sigmoid);
+    }
+
+    #[test]
+    fn activations_compute() {
+        let mut v = vec![0.0, 0.0];
+        ClassifierActivation::Softmax.apply(&mut v);
+        assert_eq!(v, vec![0.5, 0.5]);
+        let mut v = vec![0.0];
+        ClassifierActivation::Sigmoid.apply(&mut v);
+        assert_eq!(v, vec![0.5]);
+        let mut v = vec![1000.0, 0.0];
+        ClassifierActivation::Softmax.apply(&mut v);
+        assert!((v[0] - 1.0).abs() < 1e-6 && v[1].abs() < 1e-6);
+    }
+}

@@ -1,0 +1,205 @@
+//! `/classify`, `/score` and `/rerank` through the real router: response shapes, the values of
+//! the reference, and every error case of these endpoints.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use serde_json::{json, Value};
+
+fn router_for(name: &str) -> axum::Router {
+    router(engine(&fixture_model(name), |_| {}), 2_000_000)
+}
+
+fn assert_error(reply: &Reply, status: StatusCode, message_part: &str) {
+    assert_eq!(reply.status, status, "body: {}", reply.body);
+    let error = &reply.body["error"];
+    assert_eq!(error["code"].as_u64(), Some(status.as_u16() as u64), "body: {}", reply.body);
+    assert!(error["type"].is_string() && error.get("param").is_some(), "error shape: {}", reply.body);
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(message_part), "message {message:?} lacks {message_part:?}");
+}
+
+fn pair_text(expected: &Value, i: usize, side: &str) -> String {
+    expected["pairs"][i][side].as_str().unwrap().to_string()
+}
+
+fn reference_score(expected: &Value, i: usize) -> f64 {
+    expected["pairs"][i]["score"].as_f64().unwrap()
+}
+
+fn assert_score(value: &Value, want: f64, what: &str) {
+    let got = value.as_f64().unwrap_or(f64::NAN);
+    assert!((got - want).abs() <= 1e-4, "{what}: {got} vs reference {want}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classify_answers_labels_and_probabilities() {
+    let router = router_for("bert-seqcls");
+    let expected = expected("bert-seqcls");
+    let texts: Vec<Value> = expected["inputs"]["texts"].as_array().unwrap().clone();
+    let reply = send(&router, "POST", "/classify", Some(json!({"input": texts}).to_string()), &[("x-request-id", "r1")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let body = &reply.body;
+    assert_eq!(body["id"], "classify-r1");
+    assert_eq!(body["object"], "list");
+    let mut tokens = 0;
+    for (i, item) in body["data"].as_array().unwrap().iter().enumerate() {
+        let case = &expected["texts"][i];
+        assert_eq!(item["index"], i);
+        assert_eq!(item["label"], case["label"]);
+        assert_eq!(item["num_classes"], 3);
+        assert!(max_abs_diff(&floats(&item["probs"]), &floats(&case["softmax"])) <= 1e-4, "text {i}");
+        tokens += case["input_ids"].as_array().unwrap().len();
+    }
+    assert_eq!(body["usage"]["prompt_tokens"], tokens);
+
+    let raw = post(&router, "/classify", json!({"input": [texts[0].clone()], "use_activation": false})).await;
+    assert_eq!(raw.status, StatusCode::OK, "{}", raw.body);
+    assert!(max_abs_diff(&floats(&raw.body["data"][0]["probs"]), &floats(&expected["texts"][0]["logits"])) <= 1e-4);
+
+    // Token-id input works like text.
+    let ids = expected["texts"][0]["input_ids"].clone();
+    let by_ids = post(&router, "/classify", json!({"input": ids})).await;
+    assert_eq!(by_ids.body["data"][0]["label"], expected["texts"][0]["label"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classify_errors() {
+    let router = router_for("bert-seqcls");
+    let reply = post(&router, "/classify", json!({"input": "x", "dimensions": 8})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "Task classify only supports ['use_activation'] parameters, does not support ['dimensions'] parameters");
+    let reply = post(&router, "/classify", json!({"input": "x", "normalize": true})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "does not support ['normalize'] parameters");
+    assert_error(&post(&router, "/classify", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
+    assert_error(&post(&router, "/classify", json!({"input": 3})).await, StatusCode::BAD_REQUEST, "input must be");
+    assert_error(&post(&router, "/classify", json!({"input": "x", "model": "other"})).await, StatusCode::NOT_FOUND, "does not exist");
+    let long = "word ".repeat(200);
+    let reply = post(&router, "/classify", json!({"input": long})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "tokens in the input for classification. Please reduce the length of the input.");
+    // A classifier serves neither embeddings nor scores; an embedder does not classify.
+    assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "The model does not support Embeddings API");
+    assert_error(&post(&router, "/score", json!({"text_1": "a", "text_2": "b"})).await, StatusCode::BAD_REQUEST, "The model does not support Score API");
+    assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": ["b"]})).await, StatusCode::BAD_REQUEST, "The model does not support Rerank (Score) API");
+    let embedder = router_for("bert-embed-mean");
+    assert_error(&post(&embedder, "/classify", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "The model does not support Classification API");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_forms_and_pairings() {
+    let router = router_for("bert-reranker");
+    let expected = expected("bert-reranker");
+    let (q0, d0, d1) = (pair_text(&expected, 0, "query"), pair_text(&expected, 0, "document"), pair_text(&expected, 1, "document"));
+    let (q2, d2) = (pair_text(&expected, 2, "query"), pair_text(&expected, 2, "document"));
+
+    for route in ["/score", "/v1/score"] {
+        let reply = send(&router, "POST", route, Some(json!({"text_1": q0, "text_2": d0}).to_string()), &[("x-request-id", "s1")]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert_eq!(reply.body["id"], "score-s1");
+        assert_eq!(reply.body["object"], "list");
+        assert_eq!(reply.body["data"][0]["object"], "score");
+        assert_eq!(reply.body["data"][0]["index"], 0);
+        assert_score(&reply.body["data"][0]["score"], reference_score(&expected, 0), "1:1");
+        let tokens = expected["pairs"][0]["input_ids"].as_array().unwrap().len();
+        assert_eq!(reply.body["usage"]["prompt_tokens"], tokens);
+    }
+    // 1:N, in the queries/documents form with a text object.
+    let reply = post(&router, "/score", json!({"queries": [q0], "documents": [d0, {"text": d1}]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_score(&reply.body["data"][0]["score"], reference_score(&expected, 0), "1:N first");
+    assert_score(&reply.body["data"][1]["score"], reference_score(&expected, 1), "1:N second");
+    // N:N in the data_1/data_2 form.
+    let reply = post(&router, "/score", json!({"data_1": [q0, q2], "data_2": [d0, d2]})).await;
+    assert_score(&reply.body["data"][0]["score"], reference_score(&expected, 0), "N:N first");
+    assert_score(&reply.body["data"][1]["score"], reference_score(&expected, 2), "N:N second");
+    // use_activation false gives the raw logit.
+    let reply = post(&router, "/score", json!({"text_1": q0, "text_2": d0, "use_activation": false})).await;
+    assert_score(&reply.body["data"][0]["score"], expected["pairs"][0]["logit"].as_f64().unwrap(), "logit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_errors() {
+    let router = router_for("bert-reranker");
+    let bad = |body: Value| {
+        let router = router.clone();
+        async move { post(&router, "/score", body).await }
+    };
+    assert_error(&bad(json!({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})).await, StatusCode::BAD_REQUEST, "Input lengths must be either 1:1, 1:N or N:N");
+    assert_error(&bad(json!({"text_1": ["a", "b"], "text_2": "c"})).await, StatusCode::BAD_REQUEST, "Input lengths must be either 1:1, 1:N or N:N");
+    assert_error(&bad(json!({"text_1": [], "text_2": ["c"]})).await, StatusCode::BAD_REQUEST, "text_1 must not be empty");
+    assert_error(&bad(json!({"queries": "a", "documents": []})).await, StatusCode::BAD_REQUEST, "documents must not be empty");
+    assert_error(&bad(json!({"text_1": "a"})).await, StatusCode::BAD_REQUEST, "text_2 is required");
+    assert_error(&bad(json!({"text_1": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "exactly one of");
+    assert_error(&bad(json!({"input": "a"})).await, StatusCode::BAD_REQUEST, "exactly one of");
+    assert_error(&bad(json!({"text_1": 5, "text_2": "b"})).await, StatusCode::BAD_REQUEST, "text_1 must be a string");
+    assert_error(&bad(json!({"text_1": "a", "text_2": "b", "dimensions": 4})).await, StatusCode::BAD_REQUEST, "Task score only supports ['use_activation'] parameters");
+    assert_error(&bad(json!({"text_1": "a", "text_2": "b", "max_tokens_per_doc": 0})).await, StatusCode::BAD_REQUEST, "max_tokens_per_doc must be a positive integer");
+    assert_error(&bad(json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 1000})).await, StatusCode::BAD_REQUEST, "is greater than max_model_len");
+    let long = "word ".repeat(100);
+    assert_error(&bad(json!({"text_1": long, "text_2": long})).await, StatusCode::BAD_REQUEST, "tokens in the input for score. Please reduce the length of the input.");
+    // Truncation makes the same pair fit.
+    let reply = bad(json!({"text_1": long, "text_2": long, "truncate_prompt_tokens": -1})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body["usage"]["prompt_tokens"], 128);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bi_encoder_scores_are_embedding_cosines() {
+    let router = router_for("bert-embed-mean");
+    let expected = expected("bert-embed-mean");
+    let texts = expected["inputs"]["texts"].clone();
+    let reply = post(&router, "/score", json!({"text_1": texts[0], "text_2": [texts[2], texts[3]]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let reference = |i: usize| floats(&expected["texts"][i]["embedding"]);
+    for (k, j) in [2usize, 3].iter().enumerate() {
+        let want = cosine(&reference(0), &reference(*j));
+        assert_score(&reply.body["data"][k]["score"], want, &format!("cosine 0-{j}"));
+    }
+    // An embedding-only model does not rerank.
+    let reply = post(&router, "/rerank", json!({"query": "a", "documents": ["b"]})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "The model does not support Rerank (Score) API");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerank_sorts_cuts_and_shapes_like_cohere() {
+    let router = router_for("xlmr-reranker");
+    let expected = expected("xlmr-reranker");
+    let query = pair_text(&expected, 0, "query");
+    let documents = vec![pair_text(&expected, 1, "document"), pair_text(&expected, 0, "document")];
+    let want = [reference_score(&expected, 1), reference_score(&expected, 0)];
+    let best = if want[0] > want[1] { 0 } else { 1 };
+
+    for route in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        let body = json!({"model": fixture_model("xlmr-reranker").to_str().unwrap(), "query": query, "documents": documents});
+        let reply = send(&router, "POST", route, Some(body.to_string()), &[("x-request-id", "k1")]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{route}: {}", reply.body);
+        let body = &reply.body;
+        assert_eq!(body["id"], "rerank-k1");
+        let results = body["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0]["index"], best);
+        assert_eq!(results[1]["index"], 1 - best);
+        for r in results {
+            let i = r["index"].as_u64().unwrap() as usize;
+            assert_score(&r["relevance_score"], want[i], route);
+            assert_eq!(r["document"]["text"], documents[i].as_str());
+        }
+        assert!(body["usage"]["total_tokens"].as_u64().unwrap() > 0);
+    }
+
+    // Jina style, with text objects, top_n and no documents returned.
+    let reply = post(&router, "/v1/rerank", json!({"query": query, "documents": [{"text": documents[0]}, {"text": documents[1]}], "top_n": 1, "return_documents": false})).await;
+    let results = reply.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["index"], best);
+    assert!(results[0].get("document").is_none(), "{}", reply.body);
+    // top_n above the number of documents returns them all.
+    let reply = post(&router, "/rerank", json!({"query": query, "documents": documents, "top_n": 10})).await;
+    assert_eq!(reply.body["results"].as_array().unwrap().len(), 2);
+
+    assert_error(&post(&router, "/rerank", json!({"query": query, "documents": documents, "top_n": -1})).await, StatusCode::BAD_REQUEST, "top_n must be a non-negative integer");
+    assert_error(&post(&router, "/rerank", json!({"query": query, "documents": []})).await, StatusCode::BAD_REQUEST, "documents must not be empty");
+    assert_error(&post(&router, "/rerank", json!({"documents": ["a"]})).await, StatusCode::BAD_REQUEST, "query");
+    assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "documents must be");
+    assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": ["b"], "normalize": true})).await, StatusCode::BAD_REQUEST, "Task score only supports ['use_activation'] parameters");
+}
