@@ -43,8 +43,25 @@ fn main() -> ExitCode {
     match runtime.block_on(poolserve::server::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line. Each cause's text usually repeats inside its parent's
+/// (thiserror's `{0}`), so only new text is appended; candle's backtraces (RUST_BACKTRACE) are cut.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.lines().next().unwrap_or_default();
+        if !line.contains(text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(text);
+        }
+    }
+    line
 }

@@ -109,6 +109,10 @@ fn bad_flags_and_models_fail_with_one_line() {
     let fixture = fixture_model("bert-embed-mean");
     assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--max-model-len", "4096"], "larger than the model's limit");
     assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--pooler-config", r#"{"pooling_type": "ALL"}"#], "one vector per token");
+    assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--convert", "classify"], "--convert classify needs");
+    // A classifier whose config promises more labels than its weights have.
+    let seqcls = fixture_model("bert-seqcls");
+    assert_one_line_error(&["serve", seqcls.to_str().unwrap(), "--port", "0", "--hf-overrides", r#"{"id2label": {"0": "a", "1": "b"}}"#], "classifier");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -203,3 +203,28 @@ async fn rerank_sorts_cuts_and_shapes_like_cohere() {
     assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "documents must be");
     assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": ["b"], "normalize": true})).await, StatusCode::BAD_REQUEST, "Task score only supports ['use_activation'] parameters");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activation_fn_and_logit_bias_change_the_score() {
+    let expected = expected("bert-reranker");
+    let logit = expected["pairs"][0]["logit"].as_f64().unwrap();
+    let body = json!({"text_1": pair_text(&expected, 0, "query"), "text_2": pair_text(&expected, 0, "document")});
+    // sentence-transformers' activation_fn (here Identity, via --hf-overrides) decides /score's activation.
+    let identity = router(
+        engine(&fixture_model("bert-reranker"), |c| {
+            let overrides = json!({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}});
+            c.hf_overrides = overrides.as_object().unwrap().clone();
+        }),
+        2_000_000,
+    );
+    let reply = post(&identity, "/score", body.clone()).await;
+    assert_score(&reply.body["data"][0]["score"], logit, "identity activation");
+    // /classify keeps the classification rule (sigmoid for one label).
+    let reply = post(&identity, "/classify", json!({"input": "A man is eating food."})).await;
+    assert!(max_abs_diff(&floats(&reply.body["data"][0]["probs"]), &floats(&expected["texts"][0]["sigmoid"])) <= 1e-4);
+
+    // --pooler-config logit_bias is subtracted before the activation.
+    let biased = router(engine(&fixture_model("bert-reranker"), |c| c.pooler.logit_bias = Some(0.5)), 2_000_000);
+    let reply = post(&biased, "/score", body).await;
+    assert_score(&reply.body["data"][0]["score"], 1.0 / (1.0 + (-(logit - 0.5)).exp()), "logit bias");
+}

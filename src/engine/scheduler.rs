@@ -114,7 +114,7 @@ impl Runner {
             .and_then(|h| h.to_device(&Device::Cpu))
             .and_then(|h| h.flatten_all())
             .and_then(|h| h.to_vec1::<f32>())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| crate::models::describe(&e))?;
         let hidden_size = self.backbone.hidden_size();
         let states = HiddenStates { data: &hidden, hidden_size };
 
@@ -132,9 +132,9 @@ impl Runner {
             row_counts.push(pooled.len() / hidden_size);
             rows.extend(pooled);
         }
-        let (embeddings, width) = self.embedding_head.project(embedding_rows, hidden_size).map_err(|e| e.to_string())?;
+        let (embeddings, width) = self.embedding_head.project(embedding_rows, hidden_size).map_err(|e| crate::models::describe(&e))?;
         let logits = match &self.classifier {
-            Some(head) => head.logits(classifier_rows, hidden_size).map_err(|e| e.to_string())?,
+            Some(head) => head.logits(classifier_rows, hidden_size).map_err(|e| crate::models::describe(&e))?,
             None => Vec::new(),
         };
 

@@ -38,6 +38,12 @@ pub fn forward_chunked(backbone: &dyn Backbone, batch: &Batch, chunk_tokens: usi
     Tensor::cat(&parts, 0)
 }
 
+/// A candle error as one line: candle appends a backtrace when RUST_BACKTRACE is set, which
+/// must not reach clients or the one-line startup error.
+pub fn describe(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
 /// Errors raised while building a backbone from its files.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
