@@ -1,6 +1,7 @@
 //! The real all-MiniLM-L6-v2 (fetched by scripts/fetch-minilm.sh) against the embeddings
 //! sentence-transformers computes (tests/fixtures/expected/all-MiniLM-L6-v2.json), through the
-//! real router: parity, truncation at max_seq_length, the too-long error, and semantics.
+//! real router: parity, truncation at max_seq_length, the too-long error, and semantics; and a
+//! MiniLM-sized cross-encoder built from it against sentence-transformers' CrossEncoder.
 
 mod common;
 
@@ -51,4 +52,39 @@ async fn minilm_matches_sentence_transformers() {
         long.body["error"]["message"],
         "This model's maximum context length is 256 tokens. However, you requested 722 tokens in the input for embedding generation. Please reduce the length of the input."
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minilm_sized_cross_encoder_matches_sentence_transformers() {
+    let Some(dir) = minilm_dir() else { return };
+    let reference = expected("minilm-cross-encoder");
+    let folder = common::cross_encoder::minilm_cross_encoder(&dir, std::path::Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let engine = engine(&folder, |_| {});
+    assert_eq!(engine.spec().max_model_len, 512);
+    let query = reference["query"].as_str().unwrap();
+    let documents: Vec<&str> = reference["documents"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+
+    let pair = poolserve::engine::Prompt::Pair(query.into(), documents[0].into());
+    let params = poolserve::pooling::PoolingParams::default().verify(poolserve::pooling::Task::Score, engine.spec()).unwrap();
+    let tokenized = engine.prepare(vec![pair], &params).await.unwrap().remove(0);
+    assert_eq!(json!(tokenized.ids), reference["first_pair"]["input_ids"]);
+    assert_eq!(json!(tokenized.type_ids), reference["first_pair"]["token_type_ids"]);
+
+    // Every pair in one /score request; the last document needs truncation to 512 tokens.
+    let router = router(engine, 2_000_000);
+    let reply = post(&router, "/score", json!({"queries": query, "documents": documents, "truncate_prompt_tokens": -1})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let lengths: usize = reference["input_lengths"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap() as usize).sum();
+    assert_eq!(reply.body["usage"]["prompt_tokens"], lengths);
+    for (j, want) in reference["scores"].as_array().unwrap().iter().enumerate() {
+        let got = reply.body["data"][j]["score"].as_f64().unwrap();
+        assert!((got - want.as_f64().unwrap()).abs() <= 1e-4, "pair {j}: {got} vs reference {want}");
+    }
+    // /rerank orders the same scores.
+    let reply = post(&router, "/rerank", json!({"query": query, "documents": &documents[..32], "top_n": 3})).await;
+    let scores = reference["scores"].as_array().unwrap();
+    let mut order: Vec<usize> = (0..32).collect();
+    order.sort_by(|&a, &b| scores[b].as_f64().unwrap().total_cmp(&scores[a].as_f64().unwrap()));
+    let got: Vec<usize> = reply.body["results"].as_array().unwrap().iter().map(|r| r["index"].as_u64().unwrap() as usize).collect();
+    assert_eq!(got, order[..3].to_vec());
 }

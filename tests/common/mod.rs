@@ -2,6 +2,8 @@
 //! requests through the real router, and the comparison metrics of the parity contract.
 #![allow(dead_code)]
 
+pub mod cross_encoder;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
