@@ -49,7 +49,7 @@ fn main() {
         let engine = poolserve::server::start_engine(&ServerConfig::for_model(folder.to_str().expect("utf-8"))).expect("loads");
         let params = PoolingParams::default().verify(task, engine.spec()).expect("params");
         let (median, tokens) = median_of(20, || {
-            let (scores, tokens) = runtime.block_on(engine.score(&query, &documents, &params)).expect("scores");
+            let (scores, tokens) = runtime.block_on(engine.score(&query, &documents, &params, None)).expect("scores");
             assert_eq!(scores.len(), documents.len());
             tokens
         });

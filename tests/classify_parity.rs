@@ -90,7 +90,7 @@ async fn check_pairs(name: &str) {
     // The same pairs through the scoring path of /score and /rerank (1:N with the first query).
     let queries = vec![cases[0]["query"].as_str().unwrap().to_string()];
     let documents: Vec<String> = cases[..2].iter().map(|c| c["document"].as_str().unwrap().to_string()).collect();
-    let (scores, _) = engine.score(&queries, &documents, &score).await.unwrap();
+    let (scores, _) = engine.score(&queries, &documents, &score, None).await.unwrap();
     for (j, s) in scores.iter().enumerate() {
         assert_within(&[*s], &[cases[j]["score"].as_f64().unwrap() as f32], &format!("{name} 1:N score {j}"));
     }
@@ -134,4 +134,57 @@ async fn truncation_of_pairs_is_longest_first() {
     let capped = engine.prepare(pair, &p).await.unwrap().remove(0);
     assert_eq!(capped.len(), 3 + 2 + 3, "[CLS] q×3 [SEP] d×2 [SEP]");
     assert_eq!(capped.type_ids, vec![0, 0, 0, 0, 0, 1, 1, 1]);
+}
+
+/// Pairs of prompt-based rerankers: the rendered Qwen3-Reranker prompt, its tokens (no special
+/// tokens added) and the score, through the same path as `/score` and `/rerank`.
+async fn check_template_pairs(name: &str, engine: Engine) {
+    let expected = expected(name);
+    let template = engine.spec().rerank_template.clone().expect("a Qwen3 reranker gets the prompt template");
+    let cases = expected["pairs"].as_array().unwrap();
+    let score = params(&engine, Task::Score, None);
+    let raw = params(&engine, Task::Score, Some(false));
+    let mut plain = score.clone();
+    plain.add_special_tokens = false;
+    for (i, case) in cases.iter().enumerate() {
+        let (query, document) = (case["query"].as_str().unwrap(), case["document"].as_str().unwrap());
+        let prompt = template.render(query, document, None);
+        assert_eq!(prompt, case["prompt"].as_str().unwrap(), "{name} pair {i}: prompt");
+        let tokenized = engine.prepare(vec![Prompt::Text(prompt)], &plain).await.unwrap().remove(0);
+        assert_eq!(tokenized.ids, ids(&case["input_ids"]), "{name} pair {i}: token ids");
+    }
+    let queries: Vec<String> = cases.iter().map(|c| c["query"].as_str().unwrap().to_string()).collect();
+    let documents: Vec<String> = cases.iter().map(|c| c["document"].as_str().unwrap().to_string()).collect();
+    let (scores, _) = engine.score(&queries, &documents, &score, None).await.unwrap();
+    let (logits, _) = engine.score(&queries, &documents, &raw, None).await.unwrap();
+    for (i, case) in cases.iter().enumerate() {
+        assert_within(&[scores[i]], &[case["score"].as_f64().unwrap() as f32], &format!("{name} pair {i} score"));
+        let want_logit = match case.get("logit") {
+            Some(l) => l.as_f64().unwrap(),
+            None => case["logit_yes"].as_f64().unwrap() - case["logit_no"].as_f64().unwrap(),
+        };
+        assert_within(&[logits[i]], &[want_logit as f32], &format!("{name} pair {i} logit"));
+        let (single, _) = engine.score(&queries[i..=i], &documents[i..=i], &score, None).await.unwrap();
+        assert!((single[0] - scores[i]).abs() <= 1e-5, "{name} pair {i}: batched differs from single");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_sequence_classifier_matches_reference() {
+    check_texts("qwen3-seqcls", "sigmoid").await;
+    check_template_pairs("qwen3-seqcls", engine(&fixture_model("qwen3-seqcls"), |_| {})).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_causal_lm_converts_to_the_reranker() {
+    let engine = engine(&fixture_model("qwen3-causal-reranker"), |c| {
+        let overrides = serde_json::json!({
+            "architectures": ["Qwen3ForSequenceClassification"],
+            "classifier_from_token": ["no", "yes"],
+            "is_original_qwen3_reranker": true
+        });
+        c.hf_overrides = overrides.as_object().unwrap().clone();
+    });
+    assert!(engine.spec().supports(Task::Score));
+    check_template_pairs("qwen3-causal-reranker", engine).await;
 }

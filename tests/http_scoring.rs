@@ -228,3 +228,30 @@ async fn activation_fn_and_logit_bias_change_the_score() {
     let reply = post(&biased, "/score", body).await;
     assert_score(&reply.body["data"][0]["score"], 1.0 / (1.0 + (-(logit - 0.5)).exp()), "logit bias");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
+    let expected = expected("qwen3-causal-reranker");
+    let engine = engine(&fixture_model("qwen3-causal-reranker"), |c| {
+        let overrides = json!({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
+        c.hf_overrides = overrides.as_object().unwrap().clone();
+    });
+    let router = router(engine, 2_000_000);
+    let query = pair_text(&expected, 0, "query");
+    let documents = vec![pair_text(&expected, 0, "document"), pair_text(&expected, 1, "document")];
+    let reply = post(&router, "/v2/rerank", json!({"query": query, "documents": documents})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    for r in reply.body["results"].as_array().unwrap() {
+        let i = r["index"].as_u64().unwrap() as usize;
+        assert_score(&r["relevance_score"], reference_score(&expected, i), "qwen3 reranker");
+    }
+    let tokens: usize = (0..2).map(|i| expected["pairs"][i]["input_ids"].as_array().unwrap().len()).sum();
+    assert_eq!(reply.body["usage"]["total_tokens"], tokens);
+    // A custom instruction changes the prompt, hence the score.
+    let custom = post(&router, "/score", json!({"text_1": query, "text_2": documents[0], "instruction": "Find French cities"})).await;
+    let score = custom.body["data"][0]["score"].as_f64().unwrap();
+    assert!((score - reference_score(&expected, 0)).abs() > 1e-6, "instruction had no effect");
+    // The causal LM without the conversion is an embedding model: no rerank.
+    let plain = router_for("qwen3-causal-reranker");
+    assert_error(&post(&plain, "/rerank", json!({"query": "a", "documents": ["b"]})).await, StatusCode::BAD_REQUEST, "does not support Rerank");
+}

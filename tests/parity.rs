@@ -86,6 +86,28 @@ async fn xlm_roberta_cls_pooling_matches_reference() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_last_token_pooling_matches_reference() {
+    check_embedder("qwen3-embed-last").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen2_last_token_pooling_matches_reference() {
+    check_embedder("qwen2-embed-last").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_matryoshka_block_matches_reference() {
+    let expected = expected("qwen3-embed-last");
+    let engine = engine(&fixture_model("qwen3-embed-last"), |c| {
+        c.hf_overrides.insert("is_matryoshka".into(), Value::Bool(true));
+    });
+    let sliced = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |p| p.dimensions = Some(16))).await;
+    for (i, v) in sliced.iter().enumerate() {
+        assert_close(v, &floats(&expected["matryoshka"]["embeddings"][i]), &format!("qwen3 matryoshka text {i}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matryoshka_dimensions_match_sentence_transformers_truncate_dim() {
     let expected = expected("bert-embed-mean");
     let engine = engine(&fixture_model("bert-embed-mean"), |c| {

@@ -27,6 +27,9 @@ pub struct RerankRequest {
     pub top_n: Option<i64>,
     #[serde(default)]
     pub return_documents: Option<bool>,
+    /// Task description for prompt-based rerankers (Qwen3-Reranker); ignored by others.
+    #[serde(default)]
+    pub instruction: Option<String>,
     #[serde(flatten)]
     pub limits: PairLimitFields,
     #[serde(flatten)]
@@ -82,7 +85,7 @@ pub async fn create(
     }
     let documents = texts_of(&request.documents, "documents")?;
     let count = result_count(request.top_n, documents.len())?;
-    let (scores, tokens) = engine.score(&[request.query], &documents, &params).await?;
+    let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.instruction.as_deref()).await?;
 
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Highest first; equal scores keep document order (the sort is stable).

@@ -30,6 +30,9 @@ pub struct ScoreRequest {
     pub data_1: Option<Value>,
     #[serde(default)]
     pub data_2: Option<Value>,
+    /// Task description for prompt-based rerankers (Qwen3-Reranker); ignored by others.
+    #[serde(default)]
+    pub instruction: Option<String>,
     #[serde(flatten)]
     pub limits: PairLimitFields,
     #[serde(flatten)]
@@ -138,7 +141,7 @@ pub async fn create(
     let _permit = admit(engine)?;
     let params = score_params(engine, &request.params, &request.limits)?;
     let (queries, documents) = request.sides()?;
-    let (scores, tokens) = engine.score(&queries, &documents, &params).await?;
+    let (scores, tokens) = engine.score(&queries, &documents, &params, request.instruction.as_deref()).await?;
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
     Ok(Json(ScoreResponse {
         id: response_id("score", &headers),

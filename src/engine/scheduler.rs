@@ -116,7 +116,7 @@ impl Runner {
             .and_then(|h| h.to_vec1::<f32>())
             .map_err(|e| crate::models::describe(&e))?;
         let hidden_size = self.backbone.hidden_size();
-        let states = HiddenStates { data: &hidden, hidden_size };
+        let states = HiddenStates { data: &hidden, hidden_size, input_ids: &batch.input_ids };
 
         // Pool every job into its head's rows, then run each head once over all its rows.
         let mut embedding_rows = Vec::new();

@@ -59,18 +59,30 @@ impl Engine {
     }
 
     /// One score per pair of [`pair_up`], in pair order, and the tokens the model ran.
-    /// `params` are the request's, validated for the `score` task.
+    /// `params` are the request's, validated for the `score` task; `instruction` replaces the
+    /// task description of prompt-based rerankers (Qwen3-Reranker).
     pub async fn score(
         &self,
         queries: &[String],
         documents: &[String],
         params: &ResolvedParams,
+        instruction: Option<&str>,
     ) -> Result<(Vec<f32>, usize), EngineError> {
         let pairs = pair_up(queries.len(), documents.len())?;
         match self.score_mode() {
             Some(ScoreMode::CrossEncoder) => {
-                let prompts = pairs.iter().map(|&(i, j)| Prompt::Pair(queries[i].clone(), documents[j].clone())).collect();
-                let (outputs, tokens) = self.encode(prompts, params).await?;
+                let (prompts, params) = match &self.spec().rerank_template {
+                    // The rendered prompt is the whole input: the tokenizer adds nothing to it.
+                    Some(template) => (
+                        pairs.iter().map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction))).collect(),
+                        ResolvedParams { add_special_tokens: false, ..params.clone() },
+                    ),
+                    None => (
+                        pairs.iter().map(|&(i, j)| Prompt::Pair(queries[i].clone(), documents[j].clone())).collect(),
+                        params.clone(),
+                    ),
+                };
+                let (outputs, tokens) = self.encode(prompts, &params).await?;
                 let scores = outputs.into_iter().map(single_value).collect::<Result<_, _>>()?;
                 Ok((scores, tokens))
             }

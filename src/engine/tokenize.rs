@@ -126,6 +126,11 @@ impl TextTokenizer {
         ids.iter().map(|&id| self.inner.id_to_token(id).unwrap_or_default()).collect()
     }
 
+    /// The id of a token of the vocabulary (added tokens included).
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

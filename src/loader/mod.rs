@@ -11,14 +11,13 @@ use crate::engine::tokenize::TextTokenizer;
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::{ClassifierActivation, ClassifierHead};
 use crate::pooling::head::EmbeddingHead;
-use crate::pooling::method::Cls;
 use crate::pooling::Task;
 use crate::pooling::params::TruncationSide;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use hub::ModelSource;
 use sentence::SentenceTransformer;
-use spec::ModelSpec;
+use spec::{Family, ModelSpec, RerankTemplate};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +132,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         pooler_defaults: config.pooler.clone(),
         truncation_side,
         labels: Vec::new(),
+        rerank_template: None,
     };
     let backbone = models::load_backbone(&spec, vb.clone(), &device)?;
     spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
@@ -155,12 +155,19 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         )));
     }
     let classifier = if spec.supports(Task::Classify) {
-        spec.labels = spec::labels_of(&spec.config, num_labels);
-        let (pooler, classifier) = models::load_classifier(&spec, vb, num_labels)?;
+        spec.labels = match spec::classifier_tokens(&spec.config) {
+            Some(tokens) if num_labels == tokens.len() => tokens,
+            _ => spec::labels_of(&spec.config, num_labels),
+        };
+        let from_tokens = classifier_token_ids(&spec.config, &tokenizer)?;
+        let parts = models::load_classifier(&spec, vb, num_labels, from_tokens.as_deref())?;
+        if spec.family == Family::Qwen3 && num_labels == 1 {
+            spec.rerank_template = Some(RerankTemplate::default());
+        }
         Some(ClassifierHead {
-            pooling: &Cls,
-            pooler: Some(pooler),
-            classifier,
+            pooling: parts.pooling,
+            pooler: parts.pooler,
+            classifier: parts.classifier,
             logit_bias: config.pooler.logit_bias.map(|b| b as f32),
             classify_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
             score_activation: ClassifierActivation::for_scoring(&spec.config, num_labels),
@@ -171,6 +178,20 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     spec.embedding_size = embedding_head.output_size(spec.hidden_size);
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier })
+}
+
+/// The vocabulary ids of `classifier_from_token`; each must be a single token.
+fn classifier_token_ids(config: &serde_json::Value, tokenizer: &TextTokenizer) -> Result<Option<Vec<u32>>, LoadError> {
+    let Some(tokens) = spec::classifier_tokens(config) else { return Ok(None) };
+    let ids = tokens
+        .iter()
+        .map(|t| {
+            tokenizer
+                .token_id(t)
+                .ok_or_else(|| LoadError::Invalid(format!("classifier_from_token `{t}` is not a single token of the vocabulary")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(ids))
 }
 
 /// Whether pairs keep the tokenizer's segment ids (0/1): when `tokenizer_config.json` lists

@@ -14,6 +14,10 @@ pub enum Family {
     Bert,
     /// RoBERTa, XLM-RoBERTa, CamemBERT: BERT layers, positions after the padding index.
     Roberta,
+    /// Qwen2 decoders (gte-Qwen2, …): q/k/v biases.
+    Qwen2,
+    /// Qwen3 decoders (Qwen3-Embedding, Qwen3-Reranker): q/k norms.
+    Qwen3,
 }
 
 impl Family {
@@ -22,17 +26,29 @@ impl Family {
         match stem {
             "Bert" => Some(Family::Bert),
             "Roberta" | "XLMRoberta" | "Camembert" => Some(Family::Roberta),
+            "Qwen2" => Some(Family::Qwen2),
+            "Qwen3" => Some(Family::Qwen3),
             _ => match model_type {
                 "bert" => Some(Family::Bert),
                 "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
+                "qwen2" => Some(Family::Qwen2),
+                "qwen3" => Some(Family::Qwen3),
                 _ => None,
             },
         }
     }
 
-    /// Pooling when neither `--pooler-config` nor sentence-transformers files say.
+    /// Pooling when neither `--pooler-config` nor sentence-transformers files say: CLS for
+    /// encoders, the last token for decoders (the only one that has seen the whole input).
     fn default_pooling(self) -> PoolingType {
-        PoolingType::Cls
+        match self {
+            Family::Bert | Family::Roberta => PoolingType::Cls,
+            Family::Qwen2 | Family::Qwen3 => PoolingType::Last,
+        }
+    }
+
+    pub fn is_decoder(self) -> bool {
+        matches!(self, Family::Qwen2 | Family::Qwen3)
     }
 }
 
@@ -42,6 +58,37 @@ pub struct Matryoshka {
     pub enabled: bool,
     /// The only dimensions allowed, when the model lists them.
     pub dimensions: Option<Vec<usize>>,
+}
+
+/// The Qwen3-Reranker prompt: a (query, document) pair becomes one chat-formatted text whose
+/// last token the model judges ("yes" / "no"). Built for Qwen3 one-label classifiers, whose
+/// reference usage always wraps pairs this way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RerankTemplate {
+    pub system: String,
+    pub instruction: String,
+}
+
+impl Default for RerankTemplate {
+    fn default() -> Self {
+        RerankTemplate {
+            system: "Judge whether the Document meets the requirements based on the Query and the Instruct provided. \
+                     Note that the answer can only be \"yes\" or \"no\"."
+                .into(),
+            instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+        }
+    }
+}
+
+impl RerankTemplate {
+    /// The prompt for one pair; `instruction` replaces the default task description.
+    pub fn render(&self, query: &str, document: &str, instruction: Option<&str>) -> String {
+        format!(
+            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n<Instruct>: {}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            self.system,
+            instruction.unwrap_or(&self.instruction)
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +113,8 @@ pub struct ModelSpec {
     pub truncation_side: TruncationSide,
     /// Class names of a classifier, index = logit position; empty for other models.
     pub labels: Vec<String>,
+    /// How `/score` and `/rerank` turn a pair into model input when it is not text + text_pair.
+    pub rerank_template: Option<RerankTemplate>,
 }
 
 /// Shallow-merges `overrides` into config.json, as vLLM's `--hf-overrides` does.
@@ -96,9 +145,24 @@ pub fn architecture_of(config: &Value) -> Result<(String, Family), LoadError> {
     Ok((architecture, family))
 }
 
-/// Number of classifier outputs: `id2label`'s size, else `num_labels`, else transformers'
+/// `classifier_from_token` of a converted causal LM (`--hf-overrides`), e.g. `["no", "yes"]`.
+pub fn classifier_tokens(config: &Value) -> Option<Vec<String>> {
+    let tokens = config.get("classifier_from_token")?.as_array()?;
+    tokens.iter().map(|t| t.as_str().map(String::from)).collect()
+}
+
+/// Whether the config turns Qwen3-Reranker's yes/no logits into one score.
+pub fn is_original_qwen3_reranker(config: &Value) -> bool {
+    config.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// Number of classifier outputs: one per `classifier_from_token` token (one in all for
+/// Qwen3-Reranker's yes − no), else `id2label`'s size, else `num_labels`, else transformers'
 /// default of 2.
 pub fn num_labels_of(config: &Value) -> usize {
+    if let Some(tokens) = classifier_tokens(config) {
+        return if is_original_qwen3_reranker(config) && tokens.len() == 2 { 1 } else { tokens.len() };
+    }
     config
         .get("id2label")
         .and_then(Value::as_object)
@@ -195,6 +259,7 @@ impl ModelSpec {
             pooler_defaults: PoolerConfig::default(),
             truncation_side: TruncationSide::Right,
             labels: Vec::new(),
+            rerank_template: None,
         }
     }
 
@@ -213,6 +278,8 @@ mod tests {
         assert_eq!(architecture_of(&json!({"architectures": ["BertModel"]})).unwrap().1, Family::Bert);
         assert_eq!(architecture_of(&json!({"architectures": ["XLMRobertaModel"]})).unwrap().1, Family::Roberta);
         assert_eq!(architecture_of(&json!({"model_type": "roberta"})).unwrap().1, Family::Roberta);
+        assert_eq!(architecture_of(&json!({"architectures": ["Qwen3ForCausalLM"]})).unwrap().1, Family::Qwen3);
+        assert_eq!(architecture_of(&json!({"architectures": ["Qwen2Model"]})).unwrap().1, Family::Qwen2);
         let err = architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).unwrap_err();
         assert!(err.to_string().contains("LlamaForCausalLM"));
     }
@@ -252,6 +319,9 @@ mod tests {
         assert_eq!(num_labels_of(&json!({"id2label": {"0": "a", "1": "b", "2": "c"}})), 3);
         assert_eq!(num_labels_of(&json!({"num_labels": 1})), 1);
         assert_eq!(num_labels_of(&json!({})), 2);
+        let reranker = json!({"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
+        assert_eq!(num_labels_of(&reranker), 1);
+        assert_eq!(num_labels_of(&json!({"classifier_from_token": ["no", "yes"]})), 2);
         assert_eq!(labels_of(&json!({"id2label": {"0": "neg"}}), 2), vec!["neg".to_string(), "LABEL_1".to_string()]);
     }
 }

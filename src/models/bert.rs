@@ -48,7 +48,7 @@ impl BertConfig {
     pub fn position_offset(&self, family: Family) -> u32 {
         match family {
             Family::Roberta => self.pad_token_id.unwrap_or(1) + 1,
-            Family::Bert => 0,
+            _ => 0,
         }
     }
 }
@@ -112,8 +112,8 @@ pub fn load_classifier(
         Linear::new(vb.get((out, h), "weight")?.to_device(&cpu)?, Some(vb.get(out, "bias")?.to_device(&cpu)?))
     };
     let (pooler, classifier) = match family {
-        Family::Bert => (encoder_root(vb.clone()).pp("pooler.dense"), vb.pp("classifier")),
         Family::Roberta => (vb.pp("classifier.dense"), vb.pp("classifier.out_proj")),
+        _ => (encoder_root(vb.clone()).pp("pooler.dense"), vb.pp("classifier")),
     };
     Ok((on_cpu(pooler, h)?, on_cpu(classifier, num_labels)?))
 }
@@ -188,7 +188,13 @@ impl Bert {
 impl Backbone for Bert {
     fn forward(&self, batch: &Batch) -> Result<Tensor> {
         let mut hidden = self.embed(batch)?;
-        let attention = Attention { num_heads: self.num_heads, cu_seqlens: &batch.cu_seqlens, mask: AttentionMask::Bidirectional };
+        let attention = Attention {
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_heads,
+            head_dim: self.config.hidden_size / self.num_heads,
+            cu_seqlens: &batch.cu_seqlens,
+            mask: AttentionMask::Bidirectional,
+        };
         for layer in &self.layers {
             // Biases of QKV and of the intermediate layer are folded into attention and GELU.
             let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;

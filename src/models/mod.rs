@@ -5,9 +5,11 @@
 
 pub mod bert;
 pub mod ops;
+pub mod qwen;
 
 use crate::engine::batch::Batch;
 use crate::loader::spec::{Family, ModelSpec};
+use crate::pooling::method::{Cls, Last, LastNonPad, PoolingMethod};
 use ops::Linear;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
@@ -55,13 +57,41 @@ pub enum ModelError {
     Weights(#[from] candle_core::Error),
 }
 
-pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel (and their sentence-transformers \
-     folders), BertForSequenceClassification, RobertaForSequenceClassification, XLMRobertaForSequenceClassification";
+pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, Qwen2Model, Qwen3Model (and their \
+     sentence-transformers folders), Qwen2ForCausalLM, Qwen3ForCausalLM (as embedders), and the \
+     *ForSequenceClassification of each";
 
-/// The pooler and classifier layers of a `*ForSequenceClassification` checkpoint.
-pub fn load_classifier(spec: &ModelSpec, vb: VarBuilder, num_labels: usize) -> Result<(Linear, Linear), ModelError> {
+/// The architecture-specific part of a classification head.
+pub struct ClassifierParts {
+    /// A dense + tanh layer before the classifier (BERT's pooler, RoBERTa's `classifier.dense`).
+    pub pooler: Option<Linear>,
+    pub classifier: Linear,
+    /// The token the head reads.
+    pub pooling: Box<dyn PoolingMethod>,
+}
+
+/// The classifier layers of a `*ForSequenceClassification` checkpoint (or of a causal LM
+/// converted with `classifier_from_token`, whose token ids `from_tokens` gives).
+pub fn load_classifier(
+    spec: &ModelSpec,
+    vb: VarBuilder,
+    num_labels: usize,
+    from_tokens: Option<&[u32]>,
+) -> Result<ClassifierParts, ModelError> {
     match spec.family {
-        Family::Bert | Family::Roberta => bert::load_classifier(&spec.config, spec.family, vb, num_labels),
+        Family::Bert | Family::Roberta => {
+            let (pooler, classifier) = bert::load_classifier(&spec.config, spec.family, vb, num_labels)?;
+            Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling: Box::new(Cls) })
+        }
+        Family::Qwen2 | Family::Qwen3 => {
+            let classifier = qwen::load_classifier(&spec.config, vb, num_labels, from_tokens)?;
+            let pad = spec.config.get("pad_token_id").and_then(|v| v.as_u64());
+            let pooling: Box<dyn PoolingMethod> = match pad {
+                Some(pad) if from_tokens.is_none() => Box::new(LastNonPad { pad_token_id: pad as u32 }),
+                _ => Box::new(Last),
+            };
+            Ok(ClassifierParts { pooler: None, classifier, pooling })
+        }
     }
 }
 
@@ -70,5 +100,7 @@ pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Resul
     let _ = device;
     match spec.family {
         Family::Bert | Family::Roberta => Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?)),
+        Family::Qwen2 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen2, vb)?)),
+        Family::Qwen3 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen3, vb)?)),
     }
 }

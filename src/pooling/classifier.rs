@@ -67,8 +67,8 @@ impl ClassifierActivation {
 
 /// Pooled vectors → class logits → probabilities.
 pub struct ClassifierHead {
-    /// Which token(s) feed the head (CLS for BERT-style heads).
-    pub pooling: &'static dyn PoolingMethod,
+    /// Which token feeds the head (CLS for BERT-style heads, the last one for decoders).
+    pub pooling: Box<dyn PoolingMethod>,
     /// BERT's pooler / RoBERTa's `classifier.dense`: a linear layer followed by tanh.
     pub pooler: Option<Linear>,
     pub classifier: Linear,

@@ -6,10 +6,12 @@
 use serde::Deserialize;
 use std::str::FromStr;
 
-/// Hidden states of a whole flat batch on the host, `[tokens, hidden]` row-major.
+/// Hidden states of a whole flat batch on the host, `[tokens, hidden]` row-major, with the
+/// token ids they came from.
 pub struct HiddenStates<'a> {
     pub data: &'a [f32],
     pub hidden_size: usize,
+    pub input_ids: &'a [u32],
 }
 
 impl HiddenStates<'_> {
@@ -32,6 +34,12 @@ pub trait PoolingMethod: Send + Sync {
 pub struct Cls;
 /// The last token (decoders; the appended EOS).
 pub struct Last;
+/// The rightmost token whose id is not the padding id, else the first token: what transformers'
+/// `*ForSequenceClassification` decoders pool. It differs from [`Last`] only when the tokenizer
+/// appends the padding id itself (Qwen's `<|endoftext|>`).
+pub struct LastNonPad {
+    pub pad_token_id: u32,
+}
 /// The average of all tokens, special tokens included, as sentence-transformers does.
 pub struct Mean;
 /// Every token, unchanged.
@@ -46,6 +54,14 @@ impl PoolingMethod for Cls {
 impl PoolingMethod for Last {
     fn pool(&self, hidden: &HiddenStates, start: usize, len: usize) -> Vec<f32> {
         hidden.row(start + len.max(1) - 1).to_vec()
+    }
+}
+
+impl PoolingMethod for LastNonPad {
+    fn pool(&self, hidden: &HiddenStates, start: usize, len: usize) -> Vec<f32> {
+        let ids = &hidden.input_ids[start..start + len];
+        let index = ids.iter().rposition(|&id| id != self.pad_token_id).unwrap_or(0);
+        hidden.row(start + index).to_vec()
     }
 }
 
@@ -117,8 +133,12 @@ mod tests {
     fn methods_select_and_reduce_rows() {
         // Two sequences: tokens 0..2 and 2..5, hidden size 2.
         let data = [1.0, 2.0, 3.0, 4.0, 10.0, 0.0, 20.0, 0.0, 30.0, 3.0];
-        let hidden = HiddenStates { data: &data, hidden_size: 2 };
+        let ids = [5, 0, 7, 0, 0];
+        let hidden = HiddenStates { data: &data, hidden_size: 2, input_ids: &ids };
         assert_eq!(Cls.pool(&hidden, 2, 3), vec![10.0, 0.0]);
+        assert_eq!(LastNonPad { pad_token_id: 0 }.pool(&hidden, 2, 3), vec![10.0, 0.0]);
+        assert_eq!(LastNonPad { pad_token_id: 0 }.pool(&hidden, 0, 2), vec![1.0, 2.0]);
+        assert_eq!(LastNonPad { pad_token_id: 9 }.pool(&hidden, 0, 2), vec![3.0, 4.0]);
         assert_eq!(Last.pool(&hidden, 0, 2), vec![3.0, 4.0]);
         assert_eq!(Mean.pool(&hidden, 2, 3), vec![20.0, 1.0]);
         assert_eq!(All.pool(&hidden, 0, 2), vec![1.0, 2.0, 3.0, 4.0]);

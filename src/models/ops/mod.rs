@@ -45,6 +45,14 @@ macro_rules! multiversion {
     };
 }
 
+mod gated;
+mod rms_norm;
+mod rotary;
+
+pub use gated::GatedActivation;
+pub use rms_norm::RmsNorm;
+pub use rotary::{QkNorm, Rotary, RotaryTable};
+
 /// `a·b + c`, fused when the kernel was compiled with native FMA (a software fused
 /// multiply-add would be far slower than the two plain operations).
 #[inline(always)]
@@ -473,16 +481,35 @@ fn tanh(x: f32) -> f32 {
 pub enum AttentionMask {
     /// Every token sees every token of its own sequence (encoders).
     Bidirectional,
+    /// Token `i` sees tokens `0..=i` of its sequence (decoders).
+    Causal,
+    /// Token `i` sees tokens `j` with `|i − j| ≤ w` (local attention).
+    Window(usize),
 }
 
-/// Multi-head attention over a flat batch.
+impl AttentionMask {
+    /// The keys `lo..hi` query `i` of a `len`-token sequence attends to.
+    #[inline(always)]
+    fn keys(self, i: usize, len: usize) -> (usize, usize) {
+        match self {
+            Self::Bidirectional => (0, len),
+            Self::Causal => (0, i + 1),
+            Self::Window(w) => (i.saturating_sub(w), (i + w + 1).min(len)),
+        }
+    }
+}
+
+/// Multi-head (and grouped-query) attention over a flat batch.
 ///
-/// `qkv` is `[tokens, 3·hidden]` with the query, key and value projections side by side, and
-/// `bias` their bias (added here rather than in a separate pass over `qkv`);
-/// `cu_seqlens` holds the cumulative sequence lengths (`[0, l0, l0+l1, …]`). Tokens only
-/// attend within their own sequence, so no padding or mask tensor exists at all.
+/// `qkv` is `[tokens, (heads + 2·kv_heads)·head_dim]`: the query heads, then the key heads, then
+/// the value heads, side by side; query head `h` uses key/value head `h / (heads / kv_heads)`.
+/// `bias` is their bias (added here rather than in a separate pass over `qkv`); `cu_seqlens`
+/// holds the cumulative sequence lengths (`[0, l0, l0+l1, …]`). Tokens only attend within their
+/// own sequence, so no padding or mask tensor exists at all. Output: `[tokens, heads·head_dim]`.
 pub struct Attention<'a> {
     pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
     pub cu_seqlens: &'a [usize],
     pub mask: AttentionMask,
 }
@@ -492,7 +519,41 @@ struct AttentionOp<'a> {
     bias: Option<&'a [f32]>,
 }
 
+/// Where one head's query, key and value columns sit in a fused QKV row, and its output columns.
+#[derive(Clone, Copy)]
+struct HeadColumns {
+    /// Width of a QKV row.
+    width: usize,
+    q: usize,
+    k: usize,
+    v: usize,
+    head_dim: usize,
+    /// Width of an output row; this head writes columns `q..q + head_dim` of it.
+    out_width: usize,
+}
+
 impl<'a> Attention<'a> {
+    fn q_width(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    fn kv_width(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    fn columns(&self, head: usize) -> HeadColumns {
+        let (qw, kvw) = (self.q_width(), self.kv_width());
+        let kv_head = head / (self.num_heads / self.num_kv_heads);
+        HeadColumns {
+            width: qw + 2 * kvw,
+            q: head * self.head_dim,
+            k: qw + kv_head * self.head_dim,
+            v: qw + kvw + kv_head * self.head_dim,
+            head_dim: self.head_dim,
+            out_width: qw,
+        }
+    }
+
     pub fn forward(&self, qkv: &Tensor, bias: Option<&Bias>) -> Result<Tensor> {
         if qkv.device().is_cpu() {
             return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
@@ -506,22 +567,39 @@ impl<'a> Attention<'a> {
     /// Composite candle ops, one sequence at a time: the path for GPUs and the reference the
     /// CPU kernel is tested against.
     pub fn forward_generic(&self, qkv: &Tensor) -> Result<Tensor> {
-        let (_, three_h) = qkv.dims2()?;
-        let hidden = three_h / 3;
-        let head_dim = hidden / self.num_heads;
-        let scale = 1.0 / (head_dim as f64).sqrt();
+        let (qw, kvw, hd) = (self.q_width(), self.kv_width(), self.head_dim);
+        let group = self.num_heads / self.num_kv_heads;
+        let scale = 1.0 / (hd as f64).sqrt();
         let mut outputs = Vec::with_capacity(self.cu_seqlens.len().saturating_sub(1));
         for w in self.cu_seqlens.windows(2) {
             let (start, len) = (w[0], w[1] - w[0]);
             let seq = qkv.narrow(0, start, len)?;
-            let split = |i: usize| -> Result<Tensor> {
-                seq.narrow(1, i * hidden, hidden)?.reshape((len, self.num_heads, head_dim))?.transpose(0, 1)?.contiguous()
+            let heads = |offset: usize, n: usize| -> Result<Tensor> {
+                seq.narrow(1, offset, n * hd)?.reshape((len, n, hd))?.transpose(0, 1)?.contiguous()
             };
-            let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            let scores = (q.matmul(&k.t()?)? * scale)?;
+            let q = heads(0, self.num_heads)?;
+            // Repeat each key/value head for the query heads of its group.
+            let repeat = |t: Tensor| -> Result<Tensor> {
+                if group == 1 {
+                    return Ok(t);
+                }
+                t.unsqueeze(1)?.repeat((1, group, 1, 1))?.reshape((self.num_heads, len, hd))
+            };
+            let k = repeat(heads(qw, self.num_kv_heads)?)?;
+            let v = repeat(heads(qw + kvw, self.num_kv_heads)?)?;
+            let mut scores = (q.matmul(&k.t()?)? * scale)?;
+            if self.mask != AttentionMask::Bidirectional {
+                let mask: Vec<f32> = (0..len * len)
+                    .map(|x| {
+                        let (i, j) = (x / len, x % len);
+                        let (lo, hi) = self.mask.keys(i, len);
+                        if (lo..hi).contains(&j) { 0.0 } else { f32::NEG_INFINITY }
+                    })
+                    .collect();
+                scores = scores.broadcast_add(&Tensor::from_vec(mask, (len, len), qkv.device())?)?;
+            }
             let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-            let out = probs.matmul(&v)?.transpose(0, 1)?.reshape((len, hidden))?;
-            outputs.push(out);
+            outputs.push(probs.matmul(&v)?.transpose(0, 1)?.reshape((len, qw))?);
         }
         Tensor::cat(&outputs, 0)
     }
@@ -534,27 +612,29 @@ impl CustomOp1 for AttentionOp<'_> {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let this = self.attention;
         let qkv = contiguous(storage, layout)?;
-        let (tokens, three_h) = dims2(layout)?;
-        if three_h % 3 != 0 || (three_h / 3) % this.num_heads != 0 {
-            bail!("attention: {three_h} columns do not split into q, k, v of {} heads", this.num_heads);
+        let (tokens, width) = dims2(layout)?;
+        if this.num_kv_heads == 0 || this.num_heads % this.num_kv_heads != 0 {
+            bail!("attention: {} heads do not group over {} key/value heads", this.num_heads, this.num_kv_heads);
+        }
+        if width != this.q_width() + 2 * this.kv_width() {
+            bail!("attention: {width} columns do not split into q, k, v of {}+2×{} heads of {}", this.num_heads, this.num_kv_heads, this.head_dim);
         }
         if this.cu_seqlens.last().copied() != Some(tokens) {
             bail!("attention: cu_seqlens does not cover the {tokens} tokens");
         }
-        let hidden = three_h / 3;
         let heads = this.num_heads;
-        let head_dim = hidden / heads;
-        let scale = 1.0 / (head_dim as f32).sqrt();
+        let out_width = this.q_width();
+        let scale = 1.0 / (this.head_dim as f32).sqrt();
         let zeros;
         let bias = match self.bias {
-            Some(b) if b.len() == three_h => b,
-            Some(b) => bail!("attention: bias has {} elements for {three_h} columns", b.len()),
+            Some(b) if b.len() == width => b,
+            Some(b) => bail!("attention: bias has {} elements for {width} columns", b.len()),
             None => {
-                zeros = vec![0f32; three_h];
+                zeros = vec![0f32; width];
                 &zeros
             }
         };
-        let mut dst = vec![0f32; tokens * hidden];
+        let mut dst = vec![0f32; tokens * out_width];
         let out = SharedMut(dst.as_mut_ptr());
         let num_seqs = this.cu_seqlens.len() - 1;
         (0..num_seqs * heads).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, job| {
@@ -564,14 +644,14 @@ impl CustomOp1 for AttentionOp<'_> {
             if len == 0 {
                 return;
             }
-            let rows = &qkv[start * three_h..(start + len) * three_h];
+            let rows = &qkv[start * width..(start + len) * width];
             let dst = out;
-            // SAFETY: the pointer addresses row `start` of the tokens×hidden output; this job
-            // alone writes its rows' columns head·head_dim..(head+1)·head_dim.
-            let out_rows = unsafe { dst.0.add(start * hidden) };
-            attention_head(rows, bias, out_rows, head * head_dim, head_dim, hidden, scale, scratch);
+            // SAFETY: the pointer addresses row `start` of the tokens×out_width output; this job
+            // alone writes its rows' columns of this head.
+            let out_rows = unsafe { dst.0.add(start * out_width) };
+            attention_head(rows, bias, out_rows, this.columns(head), this.mask, scale, scratch);
         });
-        Ok((CpuStorage::F32(dst), Shape::from((tokens, hidden))))
+        Ok((CpuStorage::F32(dst), Shape::from((tokens, out_width))))
     }
 }
 
@@ -581,23 +661,22 @@ const TILE_Q: usize = 4;
 const TILE_K: usize = 16;
 
 multiversion! {
-    /// One head of one sequence. `rows` are the sequence's fused QKV rows (3·hidden wide); the
-    /// head's columns start at `col`; the output rows are `hidden` wide and start at `out`.
+    /// One head of one sequence. `rows` are the sequence's fused QKV rows; `cols` says where
+    /// the head's columns are; the output rows start at `out`.
     ///
     /// Q (biased, pre-scaled) and Kᵀ (biased) are packed into zero-padded tiles, scores are
-    /// computed tile by tile, softmaxed over the real keys, and multiplied into V straight from
-    /// the QKV rows.
+    /// computed tile by tile, softmaxed over the keys the mask allows (the others get weight
+    /// 0), and multiplied into V straight from the QKV rows.
     fn attention_head(
         rows: &[f32],
         bias: &[f32],
         out: *mut f32,
-        col: usize,
-        head_dim: usize,
-        hidden: usize,
+        cols: HeadColumns,
+        mask: AttentionMask,
         scale: f32,
         scratch: &mut Vec<f32>,
     ) {
-        let width = 3 * hidden;
+        let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, out_width } = cols;
         let len = rows.len() / width;
         let lq = len.div_ceil(TILE_Q) * TILE_Q;
         let lk = len.div_ceil(TILE_K) * TILE_K;
@@ -605,13 +684,12 @@ multiversion! {
         scratch.resize(lq * head_dim + head_dim * lk + lq * lk, 0.0);
         let (q, rest) = scratch.split_at_mut(lq * head_dim);
         let (kt, scores) = rest.split_at_mut(head_dim * lk);
-        let (q_bias, k_bias) = (&bias[col..col + head_dim], &bias[hidden + col..hidden + col + head_dim]);
-        let v_bias = &bias[2 * hidden + col..2 * hidden + col + head_dim];
+        let (q_bias, k_bias, v_bias) = (&bias[qc..qc + head_dim], &bias[kc..kc + head_dim], &bias[vc..vc + head_dim]);
         for i in 0..len {
-            let src = &rows[i * width + col..i * width + col + head_dim];
+            let src = &rows[i * width + qc..i * width + qc + head_dim];
             let dst = &mut q[i * head_dim..(i + 1) * head_dim];
             dst.iter_mut().zip(src).zip(q_bias).for_each(|((d, s), b)| *d = (s + b) * scale);
-            let k = &rows[i * width + hidden + col..i * width + hidden + col + head_dim];
+            let k = &rows[i * width + kc..i * width + kc + head_dim];
             for (d, (&value, b)) in k.iter().zip(k_bias).enumerate() {
                 kt[d * lk + i] = value + b;
             }
@@ -635,7 +713,11 @@ multiversion! {
             }
         }
         for i in 0..len {
-            softmax_in_place(&mut scores[i * lk..i * lk + len]);
+            let row = &mut scores[i * lk..i * lk + len];
+            let (lo, hi) = mask.keys(i, len);
+            softmax_in_place(&mut row[lo..hi]);
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
         }
         // out = P·V + v_bias (each row of P sums to 1, so V's bias passes through unchanged),
         // 4 queries × 16 head dims at a time (head_dim is a multiple of 16 for every model we
@@ -646,7 +728,7 @@ multiversion! {
                 let vb: &[f32; TILE_K] = v_bias[d0..d0 + TILE_K].try_into().unwrap();
                 let mut acc = [*vb; TILE_Q];
                 for j in 0..len {
-                    let base = j * width + 2 * hidden + col + d0;
+                    let base = j * width + vc + d0;
                     let vv: &[f32; TILE_K] = rows[base..base + TILE_K].try_into().unwrap();
                     for (r, acc_row) in acc.iter_mut().enumerate() {
                         let p = scores[(i0 + r) * lk + j];
@@ -656,15 +738,15 @@ multiversion! {
                     }
                 }
                 for (r, acc_row) in acc.iter().enumerate().take(len.saturating_sub(i0)) {
-                    // SAFETY: row i0+r < len, columns col+d0.. of this head, inside the output.
-                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((i0 + r) * hidden + col + d0), TILE_K) };
+                    // SAFETY: row i0+r < len, columns qc+d0.. of this head, inside the output.
+                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((i0 + r) * out_width + qc + d0), TILE_K) };
                 }
             }
             for i in i0..(i0 + TILE_Q).min(len) {
                 for d in dims_tiled..head_dim {
-                    let sum = v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + 2 * hidden + col + d]).sum::<f32>();
+                    let sum = v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
                     // SAFETY: as above.
-                    unsafe { *out.add(i * hidden + col + d) = sum };
+                    unsafe { *out.add(i * out_width + qc + d) = sum };
                 }
             }
         }
@@ -806,7 +888,7 @@ mod tests {
         for (hidden, heads) in [(8, 2), (64, 2)] {
             let qkv = (random((17, 3 * hidden), 9) * 3.0).unwrap();
             let bias = Bias::new((random((1, 3 * hidden), 10).flatten_all().unwrap() * 2.0).unwrap()).unwrap();
-            let att = Attention { num_heads: heads, cu_seqlens: &cu, mask: AttentionMask::Bidirectional };
+            let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim: hidden / heads, cu_seqlens: &cu, mask: AttentionMask::Bidirectional };
             let fast = att.forward(&qkv, None).unwrap();
             assert_eq!(fast.dims(), &[17, hidden]);
             assert_eq!(fast.dtype(), DType::F32);
@@ -814,6 +896,21 @@ mod tests {
             let biased = att.forward(&qkv, Some(&bias)).unwrap();
             let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
             assert!(max_diff(&biased, &reference) < 1e-5, "hidden {hidden}");
+        }
+    }
+
+    #[test]
+    fn grouped_query_and_masked_attention_match_composite() {
+        let cu = [0usize, 5, 6, 25];
+        // 4 query heads over 2 key/value heads of 16 dims: q 64 + k 32 + v 32 columns.
+        let qkv = (random((25, 128), 12) * 3.0).unwrap();
+        let bias = Bias::new(random((1, 128), 13).flatten_all().unwrap()).unwrap();
+        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(2)] {
+            let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask };
+            let fast = att.forward(&qkv, Some(&bias)).unwrap();
+            assert_eq!(fast.dims(), &[25, 64]);
+            let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
+            assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}");
         }
     }
 }

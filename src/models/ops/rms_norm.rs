@@ -1,0 +1,87 @@
+//! RMSNorm (`x / sqrt(mean(x²) + eps) · weight`), the normalization of decoder models.
+
+use super::{contiguous, dims2, fma};
+use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    weight_host: Vec<f32>,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f64) -> Result<Self> {
+        Ok(Self { weight_host: weight.to_vec1()?, weight, eps: eps as f32 })
+    }
+
+    /// The normalized rows as a new tensor (decoders keep `x` for the residual).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.device().is_cpu() {
+            return x.apply_op1_no_bwd(self);
+        }
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+
+    /// Normalizes one row in place (also used per attention head by [`super::Rotary`]).
+    pub(super) fn normalize_row(row: &mut [f32], weight: &[f32], eps: f32) {
+        rms_rows(row, weight, eps, None)
+    }
+}
+
+impl CustomOp1 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (rows, n) = dims2(layout)?;
+        if n != self.weight_host.len() {
+            bail!("rms_norm: {n} features, weight has {}", self.weight_host.len());
+        }
+        let x = contiguous(storage, layout)?;
+        let mut out = vec![0f32; rows * n];
+        const ROWS: usize = 16;
+        out.par_chunks_mut(n * ROWS)
+            .zip(x.par_chunks(n * ROWS))
+            .for_each(|(dst, src)| rms_rows(dst, &self.weight_host, self.eps, Some(src)));
+        Ok((CpuStorage::F32(out), Shape::from((rows, n))))
+    }
+}
+
+multiversion! {
+    /// Normalizes the rows of `src` into `dst` (or `dst` in place when `src` is `None`).
+    fn rms_rows(dst: &mut [f32], weight: &[f32], eps: f32, src: Option<&[f32]>) {
+        let n = weight.len();
+        for (r, row) in dst.chunks_exact_mut(n).enumerate() {
+            if let Some(src) = src {
+                row.copy_from_slice(&src[r * n..(r + 1) * n]);
+            }
+            let mut squares = [0f32; 8];
+            for c in row.chunks_exact(8) {
+                for l in 0..8 {
+                    squares[l] = fma::<FMA>(c[l], c[l], squares[l]);
+                }
+            }
+            let tail: f32 = row.chunks_exact(8).remainder().iter().map(|v| v * v).sum();
+            let inv = 1.0 / ((squares.iter().sum::<f32>() + tail) / n as f32 + eps).sqrt();
+            row.iter_mut().zip(weight).for_each(|(v, w)| *v = *v * inv * w);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn matches_candle_rms_norm() {
+        let x = Tensor::from_vec((0..60).map(|i| ((i * 37 % 23) as f32 - 11.0) / 3.0).collect::<Vec<_>>(), (3, 20), &Device::Cpu).unwrap();
+        let w = Tensor::from_vec((0..20).map(|i| 0.5 + i as f32 / 20.0).collect::<Vec<_>>(), 20, &Device::Cpu).unwrap();
+        let ours = RmsNorm::new(w.clone(), 1e-6).unwrap().forward(&x).unwrap();
+        let reference = candle_nn::ops::rms_norm_slow(&x, &w, 1e-6).unwrap();
+        let diff = (ours - reference).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "{diff}");
+    }
+}

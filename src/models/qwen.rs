@@ -1,0 +1,224 @@
+//! Qwen2 and Qwen3 decoders on the flat batch: RMSNorm, rotary positions, grouped-query causal
+//! attention (Qwen3 with per-head q/k RMSNorm, Qwen2 with q/k/v biases), SwiGLU MLP.
+//!
+//! Every sequence starts at position 0 at its first token, so left or right padding in the
+//! client's tokenizer cannot matter: there is no padding. Q, K and V are fused into one
+//! projection and gate/up into another at load time.
+
+use super::ops::{Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
+use super::{Backbone, ModelError};
+use crate::engine::batch::Batch;
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The fields of a Qwen2/Qwen3 `config.json` the forward pass needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct QwenConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    pub intermediate_size: usize,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    #[serde(default)]
+    pub use_sliding_window: bool,
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+
+/// Which generation: Qwen2 has q/k/v biases, Qwen3 per-head q/k norms (and biases only if
+/// `attention_bias`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QwenVersion {
+    Qwen2,
+    Qwen3,
+}
+
+/// RoPE theta from transformers 5's `rope_parameters` or the older top-level `rope_theta`;
+/// scaled RoPE variants are refused rather than silently computed wrong.
+pub fn rope_theta(raw: &Value) -> std::result::Result<f64, ModelError> {
+    if let Some(params) = raw.get("rope_parameters").or_else(|| raw.get("rope_scaling")).filter(|v| v.is_object()) {
+        let kind = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default");
+        if kind != "default" {
+            return Err(ModelError::Config(format!("rope_type `{kind}` is not supported")));
+        }
+        if let Some(theta) = params.get("rope_theta").and_then(Value::as_f64) {
+            return Ok(theta);
+        }
+    }
+    Ok(raw.get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0))
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    qkv: Linear,
+    qk_norm: Option<QkNorm>,
+    o_proj: Linear,
+    post_norm: RmsNorm,
+    gate_up: Linear,
+    down: Linear,
+}
+
+pub struct Qwen {
+    embed_tokens: Tensor,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    rotary: Rotary,
+    gated: GatedActivation,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    config: QwenConfig,
+}
+
+/// Task checkpoints (`*ForSequenceClassification`, `*ForCausalLM`) keep the decoder under `model.`.
+pub fn decoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
+    if vb.contains_tensor("model.embed_tokens.weight") {
+        vb.pp("model")
+    } else {
+        vb
+    }
+}
+
+impl Qwen {
+    pub fn load(raw: &Value, version: QwenVersion, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: QwenConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+        if config.use_sliding_window {
+            return Err(ModelError::Config("use_sliding_window is not supported".into()));
+        }
+        let activation = Activation::from_config(&config.hidden_act)
+            .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
+        let (h, heads) = (config.hidden_size, config.num_attention_heads);
+        let kv_heads = config.num_key_value_heads.unwrap_or(heads);
+        let head_dim = config.head_dim.unwrap_or(h / heads);
+        if kv_heads == 0 || heads % kv_heads != 0 || head_dim % 2 != 0 {
+            return Err(ModelError::Config(format!("{heads} heads over {kv_heads} key/value heads of {head_dim} dims")));
+        }
+        let qkv_bias = match version {
+            QwenVersion::Qwen2 => true,
+            QwenVersion::Qwen3 => config.attention_bias.unwrap_or(false),
+        };
+        let vb = decoder_root(vb);
+        let (q_out, kv_out) = (heads * head_dim, kv_heads * head_dim);
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let lv = vb.pp(format!("layers.{i}"));
+            let at = lv.pp("self_attn");
+            let weight = |name: &str, out: usize| at.pp(name).get((out, h), "weight");
+            let qkv_weight = Tensor::cat(&[weight("q_proj", q_out)?, weight("k_proj", kv_out)?, weight("v_proj", kv_out)?], 0)?;
+            let qkv_bias = if qkv_bias {
+                let bias = |name: &str, out: usize| at.pp(name).get(out, "bias");
+                Some(Tensor::cat(&[bias("q_proj", q_out)?, bias("k_proj", kv_out)?, bias("v_proj", kv_out)?], 0)?)
+            } else {
+                None
+            };
+            let qk_norm = match version {
+                QwenVersion::Qwen3 => Some(QkNorm {
+                    q: at.pp("q_norm").get(head_dim, "weight")?.to_vec1()?,
+                    k: at.pp("k_norm").get(head_dim, "weight")?.to_vec1()?,
+                    eps: config.rms_norm_eps as f32,
+                }),
+                QwenVersion::Qwen2 => None,
+            };
+            let mlp = lv.pp("mlp");
+            let inter = config.intermediate_size;
+            let gate_up = Tensor::cat(&[mlp.pp("gate_proj").get((inter, h), "weight")?, mlp.pp("up_proj").get((inter, h), "weight")?], 0)?;
+            layers.push(Layer {
+                input_norm: RmsNorm::new(lv.pp("input_layernorm").get(h, "weight")?, config.rms_norm_eps)?,
+                qkv: Linear::new(qkv_weight, qkv_bias)?,
+                qk_norm,
+                o_proj: Linear::new(at.pp("o_proj").get((h, q_out), "weight")?, None)?,
+                post_norm: RmsNorm::new(lv.pp("post_attention_layernorm").get(h, "weight")?, config.rms_norm_eps)?,
+                gate_up: Linear::new(gate_up, None)?,
+                down: Linear::new(mlp.pp("down_proj").get((h, inter), "weight")?, None)?,
+            });
+        }
+        Ok(Self {
+            embed_tokens: vb.get((config.vocab_size, h), "embed_tokens.weight")?,
+            norm: RmsNorm::new(vb.pp("norm").get(h, "weight")?, config.rms_norm_eps)?,
+            rotary: Rotary::new(head_dim, rope_theta(raw)?),
+            gated: GatedActivation { activation, act_on_first: true },
+            layers,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            config,
+        })
+    }
+}
+
+impl Backbone for Qwen {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let device = self.embed_tokens.device();
+        let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), device)?;
+        let mut hidden = self.embed_tokens.index_select(&ids, 0)?;
+        let table = self.rotary.table(&batch.positions(0));
+        let attention = Attention {
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            cu_seqlens: &batch.cu_seqlens,
+            mask: AttentionMask::Causal,
+        };
+        for layer in &self.layers {
+            let qkv = layer.qkv.forward(&layer.input_norm.forward(&hidden)?)?;
+            let qkv = table.apply(&qkv, self.num_heads, self.num_kv_heads, layer.qk_norm.as_ref())?;
+            hidden = layer.o_proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
+            let inner = self.gated.forward(&layer.gate_up.forward(&layer.post_norm.forward(&hidden)?)?)?;
+            hidden = layer.down.forward_add(&inner, &hidden)?;
+        }
+        self.norm.forward(&hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+}
+
+/// The classifier of a Qwen sequence classifier: `score` (no bias), or, for a causal LM
+/// converted with `classifier_from_token`, rows of the LM head (tied to the embeddings unless
+/// `lm_head.weight` exists): the difference `row(tokens[1]) − row(tokens[0])` for
+/// Qwen3-Reranker (`is_original_qwen3_reranker`), else one row per token. On the CPU.
+pub fn load_classifier(raw: &Value, vb: VarBuilder, num_labels: usize, from_tokens: Option<&[u32]>) -> std::result::Result<Linear, ModelError> {
+    let config: QwenConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+    let h = config.hidden_size;
+    let cpu = candle_core::Device::Cpu;
+    let Some(tokens) = from_tokens else {
+        return Ok(Linear::new(vb.pp("score").get((num_labels, h), "weight")?.to_device(&cpu)?, None)?);
+    };
+    let lm_head = if vb.contains_tensor("lm_head.weight") {
+        vb.get((config.vocab_size, h), "lm_head.weight")?
+    } else {
+        decoder_root(vb).get((config.vocab_size, h), "embed_tokens.weight")?
+    };
+    let ids = Tensor::from_slice(tokens, tokens.len(), lm_head.device())?;
+    let rows = lm_head.index_select(&ids, 0)?.to_device(&cpu)?;
+    let original_reranker = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false);
+    let weight = if original_reranker && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
+    Ok(Linear::new(weight, None)?)
+}
