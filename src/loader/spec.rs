@@ -14,6 +14,10 @@ pub enum Family {
     Bert,
     /// RoBERTa, XLM-RoBERTa, CamemBERT: BERT layers, positions after the padding index.
     Roberta,
+    /// DistilBERT: BERT layers under other names, no segment embeddings.
+    DistilBert,
+    /// MPNet: BERT layers with a relative position bias, RoBERTa-style positions.
+    Mpnet,
     /// Qwen2 decoders (gte-Qwen2, …): q/k/v biases.
     Qwen2,
     /// Qwen3 decoders (Qwen3-Embedding, Qwen3-Reranker): q/k norms.
@@ -28,11 +32,15 @@ impl Family {
             "Roberta" | "XLMRoberta" | "Camembert" => Some(Family::Roberta),
             "Qwen2" => Some(Family::Qwen2),
             "Qwen3" => Some(Family::Qwen3),
+            "DistilBert" => Some(Family::DistilBert),
+            "MPNet" => Some(Family::Mpnet),
             _ => match model_type {
                 "bert" => Some(Family::Bert),
                 "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
                 "qwen2" => Some(Family::Qwen2),
                 "qwen3" => Some(Family::Qwen3),
+                "distilbert" => Some(Family::DistilBert),
+                "mpnet" => Some(Family::Mpnet),
                 _ => None,
             },
         }
@@ -42,7 +50,7 @@ impl Family {
     /// encoders, the last token for decoders (the only one that has seen the whole input).
     fn default_pooling(self) -> PoolingType {
         match self {
-            Family::Bert | Family::Roberta => PoolingType::Cls,
+            Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet => PoolingType::Cls,
             Family::Qwen2 | Family::Qwen3 => PoolingType::Last,
         }
     }

@@ -1,4 +1,5 @@
-//! BERT and RoBERTa / XLM-RoBERTa encoders on the flat batch.
+//! BERT and RoBERTa / XLM-RoBERTa encoders on the flat batch, and the post-LayerNorm encoder
+//! they share with DistilBERT and MPNet (whose loaders live in their own files).
 //!
 //! The two share every layer; RoBERTa differs only in where positions start
 //! (`pad_token_id + 1`) and in having a one-row token-type table. Q, K and V are fused into one
@@ -53,37 +54,53 @@ impl BertConfig {
     }
 }
 
-struct Embeddings {
-    word: Tensor,
-    position: Tensor,
-    token_type: Tensor,
-    norm: LayerNorm,
+pub(super) struct Embeddings {
+    pub word: Tensor,
+    pub position: Tensor,
+    /// Segment embeddings; `None` for models without them (DistilBERT, MPNet).
+    pub token_type: Option<Tensor>,
+    pub norm: LayerNorm,
 }
 
-struct Layer {
-    qkv: Linear,
-    attention_out: Linear,
-    attention_norm: LayerNorm,
-    intermediate: Linear,
-    activation: Activation,
-    output: Linear,
-    output_norm: LayerNorm,
+/// One post-LayerNorm encoder layer: attention → add & norm → FFN → add & norm.
+pub(super) struct Layer {
+    pub qkv: Linear,
+    pub attention_out: Linear,
+    pub attention_norm: LayerNorm,
+    pub intermediate: Linear,
+    pub activation: Activation,
+    pub output: Linear,
+    pub output_norm: LayerNorm,
 }
 
+/// The BERT-shaped encoder that BERT, RoBERTa, DistilBERT and MPNet share; each has its own
+/// loader (its weight names and config fields) that fills this in.
 pub struct Bert {
-    embeddings: Embeddings,
-    layers: Vec<Layer>,
-    num_heads: usize,
-    position_offset: u32,
-    config: BertConfig,
+    pub(super) embeddings: Embeddings,
+    pub(super) layers: Vec<Layer>,
+    pub(super) num_heads: usize,
+    pub(super) hidden_size: usize,
+    pub(super) vocab_size: usize,
+    /// Positions the table allows after the offset.
+    pub(super) max_positions: usize,
+    pub(super) position_offset: u32,
+    /// MPNet's relative position buckets.
+    pub(super) relative: Option<super::mpnet::RelativePositions>,
 }
 
-fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
+pub(super) fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
     Linear::new(vb.get((out, inp), "weight")?, Some(vb.get(out, "bias")?))
 }
 
-fn layer_norm(vb: &VarBuilder, size: usize, eps: f64) -> Result<LayerNorm> {
+pub(super) fn layer_norm(vb: &VarBuilder, size: usize, eps: f64) -> Result<LayerNorm> {
     LayerNorm::new(vb.get(size, "weight")?, vb.get(size, "bias")?, eps)
+}
+
+/// Q, K and V projections fused into one `[3h, h]` layer.
+pub(super) fn fused_qkv(q: VarBuilder, k: VarBuilder, v: VarBuilder, h: usize) -> Result<Linear> {
+    let weight = Tensor::cat(&[q.get((h, h), "weight")?, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
+    let bias = Tensor::cat(&[q.get(h, "bias")?, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
+    Linear::new(weight, Some(bias))
 }
 
 /// Checkpoints store the encoder at the root (`BertModel`) or under the task model's prefix.
@@ -112,7 +129,7 @@ pub fn load_classifier(
         Linear::new(vb.get((out, h), "weight")?.to_device(&cpu)?, Some(vb.get(out, "bias")?.to_device(&cpu)?))
     };
     let (pooler, classifier) = match family {
-        Family::Roberta => (vb.pp("classifier.dense"), vb.pp("classifier.out_proj")),
+        Family::Roberta | Family::Mpnet => (vb.pp("classifier.dense"), vb.pp("classifier.out_proj")),
         _ => (encoder_root(vb.clone()).pp("pooler.dense"), vb.pp("classifier")),
     };
     Ok((on_cpu(pooler, h)?, on_cpu(classifier, num_labels)?))
@@ -138,18 +155,15 @@ impl Bert {
         let embeddings = Embeddings {
             word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
             position: emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?,
-            token_type: emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?,
+            token_type: Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?),
             norm: layer_norm(&emb.pp("LayerNorm"), h, config.layer_norm_eps)?,
         };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let lv = vb.pp(format!("encoder.layer.{i}"));
             let sa = lv.pp("attention.self");
-            let (q, k, v) = (sa.pp("query"), sa.pp("key"), sa.pp("value"));
-            let qkv_weight = Tensor::cat(&[q.get((h, h), "weight")?, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
-            let qkv_bias = Tensor::cat(&[q.get(h, "bias")?, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
             layers.push(Layer {
-                qkv: Linear::new(qkv_weight, Some(qkv_bias))?,
+                qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
                 attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
                 attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, config.layer_norm_eps)?,
                 intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
@@ -158,12 +172,16 @@ impl Bert {
                 output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, config.layer_norm_eps)?,
             });
         }
+        let position_offset = config.position_offset(family);
         Ok(Self {
             embeddings,
             layers,
             num_heads: config.num_attention_heads,
-            position_offset: config.position_offset(family),
-            config,
+            hidden_size: h,
+            vocab_size: config.vocab_size,
+            max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
+            position_offset,
+            relative: None,
         })
     }
 
@@ -174,12 +192,14 @@ impl Bert {
         let positions = Tensor::from_vec(batch.positions(self.position_offset), n, device)?;
         let word = self.embeddings.word.index_select(&ids, 0)?;
         let position = self.embeddings.position.index_select(&positions, 0)?;
-        let summed = if self.config.type_vocab_size > 1 && batch.token_type_ids.iter().any(|&t| t != 0) {
-            let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
-            ((word + position)? + self.embeddings.token_type.index_select(&types, 0)?)?
-        } else {
+        let summed = match &self.embeddings.token_type {
+            Some(table) if table.dim(0)? > 1 && batch.token_type_ids.iter().any(|&t| t != 0) => {
+                let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
+                ((word + position)? + table.index_select(&types, 0)?)?
+            }
             // All segment ids are 0: add row 0 once instead of gathering n copies of it.
-            (word + position)?.broadcast_add(&self.embeddings.token_type.get(0)?)?
+            Some(table) => (word + position)?.broadcast_add(&table.get(0)?)?,
+            None => (word + position)?,
         };
         self.embeddings.norm.forward(summed)
     }
@@ -188,12 +208,14 @@ impl Bert {
 impl Backbone for Bert {
     fn forward(&self, batch: &Batch) -> Result<Tensor> {
         let mut hidden = self.embed(batch)?;
+        let position_bias = self.relative.as_ref().map(|r| r.bias(batch.max_len));
         let attention = Attention {
             num_heads: self.num_heads,
             num_kv_heads: self.num_heads,
-            head_dim: self.config.hidden_size / self.num_heads,
+            head_dim: self.hidden_size / self.num_heads,
             cu_seqlens: &batch.cu_seqlens,
             mask: AttentionMask::Bidirectional,
+            position_bias: position_bias.as_ref(),
         };
         for layer in &self.layers {
             // Biases of QKV and of the intermediate layer are folded into attention and GELU.
@@ -206,14 +228,14 @@ impl Backbone for Bert {
     }
 
     fn hidden_size(&self) -> usize {
-        self.config.hidden_size
+        self.hidden_size
     }
 
     fn vocab_size(&self) -> usize {
-        self.config.vocab_size
+        self.vocab_size
     }
 
     fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings.saturating_sub(self.position_offset as usize)
+        self.max_positions
     }
 }

@@ -4,11 +4,14 @@
 //! Everything after that (pooling, heads) is architecture-independent and lives in `pooling/`.
 
 pub mod bert;
+pub mod distilbert;
+pub mod mpnet;
 pub mod ops;
 pub mod qwen;
 
 use crate::engine::batch::Batch;
 use crate::loader::spec::{Family, ModelSpec};
+use crate::pooling::classifier::PreClassifier;
 use crate::pooling::method::{Cls, Last, LastNonPad, PoolingMethod};
 use ops::Linear;
 use candle_core::{Device, Tensor};
@@ -57,14 +60,14 @@ pub enum ModelError {
     Weights(#[from] candle_core::Error),
 }
 
-pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, Qwen2Model, Qwen3Model (and their \
+pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, DistilBertModel, MPNetModel, Qwen2Model, Qwen3Model (and their \
      sentence-transformers folders), Qwen2ForCausalLM, Qwen3ForCausalLM (as embedders), and the \
      *ForSequenceClassification of each";
 
 /// The architecture-specific part of a classification head.
 pub struct ClassifierParts {
-    /// A dense + tanh layer before the classifier (BERT's pooler, RoBERTa's `classifier.dense`).
-    pub pooler: Option<Linear>,
+    /// The layer before the classifier (BERT's pooler, RoBERTa's `classifier.dense`, …).
+    pub pooler: Option<PreClassifier>,
     pub classifier: Linear,
     /// The token the head reads.
     pub pooling: Box<dyn PoolingMethod>,
@@ -79,8 +82,12 @@ pub fn load_classifier(
     from_tokens: Option<&[u32]>,
 ) -> Result<ClassifierParts, ModelError> {
     match spec.family {
-        Family::Bert | Family::Roberta => {
+        Family::Bert | Family::Roberta | Family::Mpnet => {
             let (pooler, classifier) = bert::load_classifier(&spec.config, spec.family, vb, num_labels)?;
+            Ok(ClassifierParts { pooler: Some(PreClassifier::tanh(pooler)), classifier, pooling: Box::new(Cls) })
+        }
+        Family::DistilBert => {
+            let (pooler, classifier) = distilbert::load_classifier(&spec.config, vb, num_labels)?;
             Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling: Box::new(Cls) })
         }
         Family::Qwen2 | Family::Qwen3 => {
@@ -100,6 +107,8 @@ pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Resul
     let _ = device;
     match spec.family {
         Family::Bert | Family::Roberta => Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?)),
+        Family::DistilBert => Ok(Box::new(distilbert::load(&spec.config, vb)?)),
+        Family::Mpnet => Ok(Box::new(mpnet::load(&spec.config, vb)?)),
         Family::Qwen2 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen2, vb)?)),
         Family::Qwen3 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen3, vb)?)),
     }

@@ -176,6 +176,7 @@ impl Backbone for Qwen {
             head_dim: self.head_dim,
             cu_seqlens: &batch.cu_seqlens,
             mask: AttentionMask::Causal,
+            position_bias: None,
         };
         for layer in &self.layers {
             let qkv = layer.qkv.forward(&layer.input_norm.forward(&hidden)?)?;

@@ -7,7 +7,7 @@
 
 use super::method::{HiddenStates, PoolingMethod};
 use super::task::Task;
-use crate::models::ops::Linear;
+use crate::models::ops::{Activation, LayerNorm, Linear};
 use candle_core::{Device, Result, Tensor};
 use serde_json::Value;
 
@@ -65,12 +65,39 @@ impl ClassifierActivation {
     }
 }
 
+/// The layer between the pooled token and the classifier: BERT's pooler and RoBERTa's
+/// `classifier.dense` (tanh), DistilBERT's `pre_classifier` (ReLU), ModernBERT's `head`
+/// (GELU, then LayerNorm).
+pub struct PreClassifier {
+    pub dense: Linear,
+    /// `None`: tanh.
+    pub activation: Option<Activation>,
+    pub norm: Option<LayerNorm>,
+}
+
+impl PreClassifier {
+    pub fn tanh(dense: Linear) -> Self {
+        PreClassifier { dense, activation: None, norm: None }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.dense.forward(x)?;
+        let x = match self.activation {
+            None => x.tanh()?,
+            Some(act) => act.forward_biased(x, None)?,
+        };
+        match &self.norm {
+            Some(norm) => norm.forward(x),
+            None => Ok(x),
+        }
+    }
+}
+
 /// Pooled vectors → class logits → probabilities.
 pub struct ClassifierHead {
     /// Which token feeds the head (CLS for BERT-style heads, the last one for decoders).
     pub pooling: Box<dyn PoolingMethod>,
-    /// BERT's pooler / RoBERTa's `classifier.dense`: a linear layer followed by tanh.
-    pub pooler: Option<Linear>,
+    pub pooler: Option<PreClassifier>,
     pub classifier: Linear,
     /// Subtracted from every logit before the activation (`--pooler-config logit_bias`).
     pub logit_bias: Option<f32>,
@@ -97,7 +124,7 @@ impl ClassifierHead {
         let n = rows.len() / width;
         let mut x = Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
         if let Some(pooler) = &self.pooler {
-            x = pooler.forward(&x)?.tanh()?;
+            x = pooler.forward(&x)?;
         }
         let mut logits = self.classifier.forward(&x)?.flatten_all()?.to_vec1::<f32>()?;
         if let Some(bias) = self.logit_bias {

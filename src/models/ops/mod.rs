@@ -512,6 +512,23 @@ pub struct Attention<'a> {
     pub head_dim: usize,
     pub cu_seqlens: &'a [usize],
     pub mask: AttentionMask,
+    /// Added to the scaled scores by relative distance (MPNet).
+    pub position_bias: Option<&'a PositionBias>,
+}
+
+/// A learned bias per head and relative distance `j − i`, for one batch: head `h`'s values are
+/// `values[h·(2·max_len − 1)..]`, distance `d` at index `max_len − 1 + d`.
+#[derive(Debug, Clone)]
+pub struct PositionBias {
+    pub values: Vec<f32>,
+    pub max_len: usize,
+}
+
+impl PositionBias {
+    fn head(&self, head: usize) -> &[f32] {
+        let span = 2 * self.max_len - 1;
+        &self.values[head * span..(head + 1) * span]
+    }
 }
 
 struct AttentionOp<'a> {
@@ -588,6 +605,16 @@ impl<'a> Attention<'a> {
             let k = repeat(heads(qw, self.num_kv_heads)?)?;
             let v = repeat(heads(qw + kvw, self.num_kv_heads)?)?;
             let mut scores = (q.matmul(&k.t()?)? * scale)?;
+            if let Some(bias) = self.position_bias {
+                let center = bias.max_len - 1;
+                let values: Vec<f32> = (0..self.num_heads * len * len)
+                    .map(|x| {
+                        let (h, i, j) = (x / (len * len), x / len % len, x % len);
+                        bias.head(h)[center + j - i]
+                    })
+                    .collect();
+                scores = (scores + Tensor::from_vec(values, (self.num_heads, len, len), qkv.device())?)?;
+            }
             if self.mask != AttentionMask::Bidirectional {
                 let mask: Vec<f32> = (0..len * len)
                     .map(|x| {
@@ -637,6 +664,12 @@ impl CustomOp1 for AttentionOp<'_> {
         let mut dst = vec![0f32; tokens * out_width];
         let out = SharedMut(dst.as_mut_ptr());
         let num_seqs = this.cu_seqlens.len() - 1;
+        if let Some(bias) = this.position_bias {
+            let longest = this.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            if bias.max_len < longest || bias.values.len() != heads * (2 * bias.max_len - 1) {
+                bail!("attention: position bias does not cover sequences of {longest} tokens");
+            }
+        }
         (0..num_seqs * heads).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, job| {
             let (seq, head) = (job / heads, job % heads);
             let start = this.cu_seqlens[seq];
@@ -649,7 +682,8 @@ impl CustomOp1 for AttentionOp<'_> {
             // SAFETY: the pointer addresses row `start` of the tokens×out_width output; this job
             // alone writes its rows' columns of this head.
             let out_rows = unsafe { dst.0.add(start * out_width) };
-            attention_head(rows, bias, out_rows, this.columns(head), this.mask, scale, scratch);
+            let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
+            attention_head(rows, bias, out_rows, this.columns(head), this.mask, relative, scale, scratch);
         });
         Ok((CpuStorage::F32(dst), Shape::from((tokens, out_width))))
     }
@@ -673,6 +707,7 @@ multiversion! {
         out: *mut f32,
         cols: HeadColumns,
         mask: AttentionMask,
+        relative: Option<(&[f32], usize)>,
         scale: f32,
         scratch: &mut Vec<f32>,
     ) {
@@ -714,6 +749,10 @@ multiversion! {
         }
         for i in 0..len {
             let row = &mut scores[i * lk..i * lk + len];
+            if let Some((bias, center)) = relative {
+                // Distance j − i of key j is at center + j − i.
+                row.iter_mut().zip(&bias[center - i..center - i + len]).for_each(|(s, b)| *s += b);
+            }
             let (lo, hi) = mask.keys(i, len);
             softmax_in_place(&mut row[lo..hi]);
             row[..lo].fill(0.0);
@@ -888,7 +927,7 @@ mod tests {
         for (hidden, heads) in [(8, 2), (64, 2)] {
             let qkv = (random((17, 3 * hidden), 9) * 3.0).unwrap();
             let bias = Bias::new((random((1, 3 * hidden), 10).flatten_all().unwrap() * 2.0).unwrap()).unwrap();
-            let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim: hidden / heads, cu_seqlens: &cu, mask: AttentionMask::Bidirectional };
+            let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim: hidden / heads, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: None };
             let fast = att.forward(&qkv, None).unwrap();
             assert_eq!(fast.dims(), &[17, hidden]);
             assert_eq!(fast.dtype(), DType::F32);
@@ -906,11 +945,18 @@ mod tests {
         let qkv = (random((25, 128), 12) * 3.0).unwrap();
         let bias = Bias::new(random((1, 128), 13).flatten_all().unwrap()).unwrap();
         for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(2)] {
-            let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask };
+            let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: None };
             let fast = att.forward(&qkv, Some(&bias)).unwrap();
             assert_eq!(fast.dims(), &[25, 64]);
             let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
             assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}");
         }
+        // A relative position bias (MPNet), longer than the longest sequence.
+        let max_len = 20;
+        let values = random((2, 2 * max_len - 1), 14).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let position_bias = PositionBias { values, max_len };
+        let qkv = random((25, 96), 15);
+        let att = Attention { num_heads: 2, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
+        assert!(max_diff(&att.forward(&qkv, None).unwrap(), &att.forward_generic(&qkv).unwrap()) < 1e-5, "position bias");
     }
 }
