@@ -102,6 +102,11 @@ async fn bert_sequence_classifier_matches_reference() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modernbert_sequence_classifier_matches_reference() {
+    check_texts("modernbert-seqcls", "softmax").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bert_cross_encoder_matches_reference() {
     check_texts("bert-reranker", "sigmoid").await;
     check_pairs("bert-reranker").await;

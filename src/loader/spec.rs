@@ -18,6 +18,8 @@ pub enum Family {
     DistilBert,
     /// MPNet: BERT layers with a relative position bias, RoBERTa-style positions.
     Mpnet,
+    /// ModernBERT: pre-LN, RoPE, alternating global/local attention, GeGLU.
+    ModernBert,
     /// Qwen2 decoders (gte-Qwen2, …): q/k/v biases.
     Qwen2,
     /// Qwen3 decoders (Qwen3-Embedding, Qwen3-Reranker): q/k norms.
@@ -34,6 +36,7 @@ impl Family {
             "Qwen3" => Some(Family::Qwen3),
             "DistilBert" => Some(Family::DistilBert),
             "MPNet" => Some(Family::Mpnet),
+            "ModernBert" => Some(Family::ModernBert),
             _ => match model_type {
                 "bert" => Some(Family::Bert),
                 "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
@@ -41,6 +44,7 @@ impl Family {
                 "qwen3" => Some(Family::Qwen3),
                 "distilbert" => Some(Family::DistilBert),
                 "mpnet" => Some(Family::Mpnet),
+                "modernbert" => Some(Family::ModernBert),
                 _ => None,
             },
         }
@@ -50,7 +54,7 @@ impl Family {
     /// encoders, the last token for decoders (the only one that has seen the whole input).
     fn default_pooling(self) -> PoolingType {
         match self {
-            Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet => PoolingType::Cls,
+            Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet | Family::ModernBert => PoolingType::Cls,
             Family::Qwen2 | Family::Qwen3 => PoolingType::Last,
         }
     }

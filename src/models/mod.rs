@@ -5,6 +5,7 @@
 
 pub mod bert;
 pub mod distilbert;
+pub mod modernbert;
 pub mod mpnet;
 pub mod ops;
 pub mod qwen;
@@ -60,7 +61,7 @@ pub enum ModelError {
     Weights(#[from] candle_core::Error),
 }
 
-pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, DistilBertModel, MPNetModel, Qwen2Model, Qwen3Model (and their \
+pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, DistilBertModel, MPNetModel, ModernBertModel, Qwen2Model, Qwen3Model (and their \
      sentence-transformers folders), Qwen2ForCausalLM, Qwen3ForCausalLM (as embedders), and the \
      *ForSequenceClassification of each";
 
@@ -90,6 +91,10 @@ pub fn load_classifier(
             let (pooler, classifier) = distilbert::load_classifier(&spec.config, vb, num_labels)?;
             Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling: Box::new(Cls) })
         }
+        Family::ModernBert => {
+            let (pooler, classifier, pooling) = modernbert::load_classifier(&spec.config, vb, num_labels)?;
+            Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling })
+        }
         Family::Qwen2 | Family::Qwen3 => {
             let classifier = qwen::load_classifier(&spec.config, vb, num_labels, from_tokens)?;
             let pad = spec.config.get("pad_token_id").and_then(|v| v.as_u64());
@@ -109,6 +114,7 @@ pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Resul
         Family::Bert | Family::Roberta => Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?)),
         Family::DistilBert => Ok(Box::new(distilbert::load(&spec.config, vb)?)),
         Family::Mpnet => Ok(Box::new(mpnet::load(&spec.config, vb)?)),
+        Family::ModernBert => Ok(Box::new(modernbert::ModernBert::load(&spec.config, vb)?)),
         Family::Qwen2 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen2, vb)?)),
         Family::Qwen3 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen3, vb)?)),
     }

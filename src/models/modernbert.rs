@@ -1,0 +1,240 @@
+//! ModernBERT: a pre-LayerNorm encoder with rotary positions, alternating global and local
+//! (sliding-window) attention layers with their own RoPE theta, a GeGLU MLP, and no biases by
+//! default. Local layers see `|i − j| ≤ local_attention / 2`.
+
+use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
+use super::{Backbone, ModelError};
+use crate::engine::batch::Batch;
+use crate::pooling::classifier::PreClassifier;
+use crate::pooling::method::{Cls, Mean, PoolingMethod};
+use candle_core::{Device, Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Deserialize)]
+struct ModernBertConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default = "default_eps")]
+    norm_eps: f64,
+    #[serde(default)]
+    norm_bias: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default = "default_act")]
+    hidden_activation: String,
+    #[serde(default = "default_every")]
+    global_attn_every_n_layers: usize,
+    #[serde(default = "default_window")]
+    local_attention: usize,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "default_positions")]
+    max_position_embeddings: usize,
+    #[serde(default = "default_act")]
+    classifier_activation: String,
+    #[serde(default)]
+    classifier_bias: bool,
+    #[serde(default = "default_pooling")]
+    classifier_pooling: String,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_every() -> usize {
+    3
+}
+fn default_window() -> usize {
+    128
+}
+fn default_positions() -> usize {
+    8192
+}
+fn default_pooling() -> String {
+    "cls".into()
+}
+
+fn parse(raw: &Value) -> std::result::Result<ModernBertConfig, ModelError> {
+    serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))
+}
+
+/// (global, local) RoPE thetas: transformers 5's `rope_parameters.{full,sliding}_attention`, or
+/// the older `global_rope_theta` / `local_rope_theta`.
+fn thetas(raw: &Value) -> (f64, f64) {
+    let nested = |kind: &str| raw.pointer(&format!("/rope_parameters/{kind}/rope_theta")).and_then(Value::as_f64);
+    let flat = |key: &str| raw.get(key).and_then(Value::as_f64);
+    (
+        nested("full_attention").or_else(|| flat("global_rope_theta")).unwrap_or(160_000.0),
+        nested("sliding_attention").or_else(|| flat("local_rope_theta")).unwrap_or(10_000.0),
+    )
+}
+
+/// A LayerNorm whose bias is zero unless the checkpoint has one (`norm_bias`).
+fn norm(vb: &VarBuilder, h: usize, config: &ModernBertConfig) -> Result<LayerNorm> {
+    let bias = if config.norm_bias { vb.get(h, "bias")? } else { Tensor::zeros(h, candle_core::DType::F32, vb.device())? };
+    LayerNorm::new(vb.get(h, "weight")?, bias, config.norm_eps)
+}
+
+fn linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })
+}
+
+struct Layer {
+    /// `None` for the first layer, whose input is the already normalized embedding.
+    attn_norm: Option<LayerNorm>,
+    wqkv: Linear,
+    wo: Linear,
+    mlp_norm: LayerNorm,
+    wi: Linear,
+    mlp_wo: Linear,
+    global: bool,
+}
+
+pub struct ModernBert {
+    tok_embeddings: Tensor,
+    embedding_norm: LayerNorm,
+    layers: Vec<Layer>,
+    final_norm: LayerNorm,
+    global_rotary: Rotary,
+    local_rotary: Rotary,
+    gated: GatedActivation,
+    num_heads: usize,
+    window: usize,
+    config: ModernBertConfig,
+}
+
+fn root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
+    if vb.contains_tensor("model.embeddings.tok_embeddings.weight") {
+        vb.pp("model")
+    } else {
+        vb
+    }
+}
+
+impl ModernBert {
+    pub fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config = parse(raw)?;
+        let (h, heads) = (config.hidden_size, config.num_attention_heads);
+        if h % heads != 0 || (h / heads) % 2 != 0 {
+            return Err(ModelError::Config("hidden_size does not split into even-sized heads".into()));
+        }
+        let activation = Activation::from_config(&config.hidden_activation)
+            .ok_or_else(|| ModelError::Config(format!("hidden_activation `{}` is not supported", config.hidden_activation)))?;
+        let vb = root(vb);
+        let inter = config.intermediate_size;
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let lv = vb.pp(format!("layers.{i}"));
+            let global = match &config.layer_types {
+                Some(types) => types.get(i).map(|t| t == "full_attention").unwrap_or(true),
+                None => i % config.global_attn_every_n_layers.max(1) == 0,
+            };
+            let attn_norm = if lv.contains_tensor("attn_norm.weight") { Some(norm(&lv.pp("attn_norm"), h, &config)?) } else { None };
+            layers.push(Layer {
+                attn_norm,
+                wqkv: linear(&lv.pp("attn.Wqkv"), 3 * h, h, config.attention_bias)?,
+                wo: linear(&lv.pp("attn.Wo"), h, h, config.attention_bias)?,
+                mlp_norm: norm(&lv.pp("mlp_norm"), h, &config)?,
+                wi: linear(&lv.pp("mlp.Wi"), 2 * inter, h, config.mlp_bias)?,
+                mlp_wo: linear(&lv.pp("mlp.Wo"), h, inter, config.mlp_bias)?,
+                global,
+            });
+        }
+        let (global_theta, local_theta) = thetas(raw);
+        Ok(Self {
+            tok_embeddings: vb.get((config.vocab_size, h), "embeddings.tok_embeddings.weight")?,
+            embedding_norm: norm(&vb.pp("embeddings.norm"), h, &config)?,
+            final_norm: norm(&vb.pp("final_norm"), h, &config)?,
+            global_rotary: Rotary::new(h / heads, global_theta),
+            local_rotary: Rotary::new(h / heads, local_theta),
+            gated: GatedActivation { activation, act_on_first: true },
+            layers,
+            num_heads: heads,
+            window: config.local_attention / 2,
+            config,
+        })
+    }
+}
+
+impl Backbone for ModernBert {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), self.tok_embeddings.device())?;
+        let mut hidden = self.embedding_norm.forward(self.tok_embeddings.index_select(&ids, 0)?)?;
+        let positions = batch.positions(0);
+        let (global_table, local_table) = (self.global_rotary.table(&positions), self.local_rotary.table(&positions));
+        let heads = self.num_heads;
+        let attention = |mask| Attention {
+            num_heads: heads,
+            num_kv_heads: heads,
+            head_dim: self.config.hidden_size / heads,
+            cu_seqlens: &batch.cu_seqlens,
+            mask,
+            position_bias: None,
+        };
+        let (global, local) = (attention(AttentionMask::Bidirectional), attention(AttentionMask::Window(self.window)));
+        for layer in &self.layers {
+            let normed = match &layer.attn_norm {
+                Some(n) => n.forward(hidden.copy()?)?,
+                None => hidden.clone(),
+            };
+            let (table, attention) = if layer.global { (&global_table, &global) } else { (&local_table, &local) };
+            let qkv = table.apply(&layer.wqkv.forward(&normed)?, heads, heads, None)?;
+            hidden = layer.wo.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
+            let inner = self.gated.forward(&layer.wi.forward(&layer.mlp_norm.forward(hidden.copy()?)?)?)?;
+            hidden = layer.mlp_wo.forward_add(&inner, &hidden)?;
+        }
+        self.final_norm.forward(hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+}
+
+/// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`, then
+/// `classifier`, on the token(s) `classifier_pooling` names; on the CPU.
+pub fn load_classifier(
+    raw: &Value,
+    vb: VarBuilder,
+    num_labels: usize,
+) -> std::result::Result<(PreClassifier, Linear, Box<dyn PoolingMethod>), ModelError> {
+    let config = parse(raw)?;
+    let h = config.hidden_size;
+    let cpu = Device::Cpu;
+    let activation = Activation::from_config(&config.classifier_activation)
+        .ok_or_else(|| ModelError::Config(format!("classifier_activation `{}` is not supported", config.classifier_activation)))?;
+    let head = vb.pp("head");
+    let dense = Linear::new(
+        head.pp("dense").get((h, h), "weight")?.to_device(&cpu)?,
+        if config.classifier_bias { Some(head.pp("dense").get(h, "bias")?.to_device(&cpu)?) } else { None },
+    )?;
+    let norm_bias = if config.norm_bias { head.pp("norm").get(h, "bias")?.to_device(&cpu)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
+    let head_norm = LayerNorm::new(head.pp("norm").get(h, "weight")?.to_device(&cpu)?, norm_bias, config.norm_eps)?;
+    let classifier = Linear::new(
+        vb.pp("classifier").get((num_labels, h), "weight")?.to_device(&cpu)?,
+        Some(vb.pp("classifier").get(num_labels, "bias")?.to_device(&cpu)?),
+    )?;
+    let pooling: Box<dyn PoolingMethod> = match config.classifier_pooling.as_str() {
+        "mean" => Box::new(Mean),
+        _ => Box::new(Cls),
+    };
+    Ok((PreClassifier { dense, activation: Some(activation), norm: Some(head_norm) }, classifier, pooling))
+}
