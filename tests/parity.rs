@@ -106,6 +106,11 @@ async fn modernbert_local_and_global_attention_match_reference() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gte_rotary_encoder_matches_reference() {
+    check_embedder("gte-embed-cls").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qwen3_last_token_pooling_matches_reference() {
     check_embedder("qwen3-embed-last").await;
 }

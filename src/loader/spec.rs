@@ -20,6 +20,8 @@ pub enum Family {
     Mpnet,
     /// ModernBERT: pre-LN, RoPE, alternating global/local attention, GeGLU.
     ModernBert,
+    /// Alibaba GTE (`GteModel`, hub `NewModel`): post-LN, RoPE, gated MLP.
+    Gte,
     /// Qwen2 decoders (gte-Qwen2, …): q/k/v biases.
     Qwen2,
     /// Qwen3 decoders (Qwen3-Embedding, Qwen3-Reranker): q/k norms.
@@ -37,6 +39,7 @@ impl Family {
             "DistilBert" => Some(Family::DistilBert),
             "MPNet" => Some(Family::Mpnet),
             "ModernBert" => Some(Family::ModernBert),
+            "Gte" | "New" => Some(Family::Gte),
             _ => match model_type {
                 "bert" => Some(Family::Bert),
                 "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
@@ -45,6 +48,7 @@ impl Family {
                 "distilbert" => Some(Family::DistilBert),
                 "mpnet" => Some(Family::Mpnet),
                 "modernbert" => Some(Family::ModernBert),
+                "gte" | "new" => Some(Family::Gte),
                 _ => None,
             },
         }
@@ -54,7 +58,7 @@ impl Family {
     /// encoders, the last token for decoders (the only one that has seen the whole input).
     fn default_pooling(self) -> PoolingType {
         match self {
-            Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet | Family::ModernBert => PoolingType::Cls,
+            Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet | Family::ModernBert | Family::Gte => PoolingType::Cls,
             Family::Qwen2 | Family::Qwen3 => PoolingType::Last,
         }
     }

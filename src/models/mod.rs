@@ -5,6 +5,7 @@
 
 pub mod bert;
 pub mod distilbert;
+pub mod gte;
 pub mod modernbert;
 pub mod mpnet;
 pub mod ops;
@@ -61,7 +62,7 @@ pub enum ModelError {
     Weights(#[from] candle_core::Error),
 }
 
-pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, DistilBertModel, MPNetModel, ModernBertModel, Qwen2Model, Qwen3Model (and their \
+pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, DistilBertModel, MPNetModel, ModernBertModel, GteModel/NewModel, Qwen2Model, Qwen3Model (and their \
      sentence-transformers folders), Qwen2ForCausalLM, Qwen3ForCausalLM (as embedders), and the \
      *ForSequenceClassification of each";
 
@@ -95,6 +96,7 @@ pub fn load_classifier(
             let (pooler, classifier, pooling) = modernbert::load_classifier(&spec.config, vb, num_labels)?;
             Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling })
         }
+        Family::Gte => Err(ModelError::Config("GTE classification heads are not supported yet".into())),
         Family::Qwen2 | Family::Qwen3 => {
             let classifier = qwen::load_classifier(&spec.config, vb, num_labels, from_tokens)?;
             let pad = spec.config.get("pad_token_id").and_then(|v| v.as_u64());
@@ -115,6 +117,7 @@ pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Resul
         Family::DistilBert => Ok(Box::new(distilbert::load(&spec.config, vb)?)),
         Family::Mpnet => Ok(Box::new(mpnet::load(&spec.config, vb)?)),
         Family::ModernBert => Ok(Box::new(modernbert::ModernBert::load(&spec.config, vb)?)),
+        Family::Gte => Ok(Box::new(gte::Gte::load(&spec.config, vb)?)),
         Family::Qwen2 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen2, vb)?)),
         Family::Qwen3 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen3, vb)?)),
     }
