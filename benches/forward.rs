@@ -4,7 +4,8 @@
 //! `cargo bench --bench forward [-- 32x128 1x16 8x128]` (model folder from `POOLSERVE_MINILM`, default
 //! `models/all-MiniLM-L6-v2`; fetch it with scripts/fetch-minilm.sh). Prints one line per
 //! shape: median and p90 time per forward, tokens/s. `benches/compare.py` runs the same shapes
-//! through PyTorch for the ratio.
+//! through PyTorch for the ratio. `POOLSERVE_DTYPE=bfloat16` (any serve flag's variable) measures
+//! another precision.
 
 use poolserve::config::ServerConfig;
 use poolserve::engine::batch::Batch;
@@ -62,7 +63,7 @@ fn main() {
         let batch = Batch::from_inputs(inputs(seqs, len, vocab).iter());
         let (median, p90) = measure("forward", iterations, || {
             let hidden = poolserve::models::forward_chunked(model.backbone.as_ref(), &batch, chunk).expect("forward");
-            let _ = hidden.to_vec2::<f32>().expect("to host");
+            let _ = hidden.to_dtype(candle_core::DType::F32).and_then(|h| h.to_vec2::<f32>()).expect("to host");
         });
         let tokens = (seqs * len) as f64;
         println!(

@@ -98,7 +98,6 @@ fn bad_flags_and_models_fail_with_one_line() {
     assert_one_line_error(&["serve", "m", "--max-batch-tokens", "0"], "--max-batch-tokens must be greater than 0");
     assert_one_line_error(&["serve", "m", "--pooler-config", "{nope"], "--pooler-config");
     assert_one_line_error(&["serve", "m", "--pooler-config", r#"{"pooling": "MEAN"}"#], "unknown field");
-    assert_one_line_error(&["serve", "m", "--dtype", "float16"], "only float32");
     assert_one_line_error(&["serve", "m", "--device", "cuda"], "cuda");
     assert_one_line_error(&["serve", "./no/such/folder", "--port", "0"], "does not exist");
 

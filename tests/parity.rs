@@ -186,3 +186,37 @@ fn chunked_forward_equals_one_pass() {
         .unwrap();
     assert!(max_abs_diff(&whole, &chunked) < 1e-5);
 }
+
+/// `--dtype float16|bfloat16`: the same models in half precision stay within the documented
+/// tolerance of the float32 reference (README, "Precision").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_precision_stays_within_tolerance() {
+    use poolserve::config::DTypeArg;
+    for (dtype, min_cosine, max_prob_diff) in [(DTypeArg::Float16, 0.9999, 1e-3), (DTypeArg::Bfloat16, 0.999, 1e-2)] {
+        for name in ["bert-embed-mean", "xlmr-embed-cls", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
+            let expected = expected(name);
+            let engine = engine(&fixture_model(name), |c| c.dtype = dtype);
+            let ours = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |_| {})).await;
+            let worst = ours
+                .iter()
+                .enumerate()
+                .map(|(i, v)| cosine(v, &floats(&expected["texts"][i]["embedding"])))
+                .fold(1.0, f64::min);
+            eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
+            assert!(worst >= min_cosine, "{name} {dtype:?}: cosine {worst}");
+        }
+        for name in ["bert-seqcls", "modernbert-seqcls", "qwen3-seqcls"] {
+            let expected = expected(name);
+            let engine = engine(&fixture_model(name), |c| c.dtype = dtype);
+            let probs = vectors(&engine, &texts(&expected), &params(&engine, Task::Classify, |_| {})).await;
+            let key = if expected["labels"]["num_labels"] == 1 { "sigmoid" } else { "softmax" };
+            let worst = probs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| max_abs_diff(p, &floats(&expected["texts"][i][key])))
+                .fold(0.0, f32::max);
+            eprintln!("{name} {dtype:?}: worst probability difference {worst:.2e}");
+            assert!(worst <= max_prob_diff, "{name} {dtype:?}: {worst}");
+        }
+    }
+}

@@ -112,6 +112,7 @@ impl Runner {
         let batch = Batch::from_inputs(jobs.iter().map(|j| &j.input));
         let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, crate::models::FORWARD_CHUNK_TOKENS)
             .and_then(|h| h.to_device(&Device::Cpu))
+            .and_then(|h| h.to_dtype(candle_core::DType::F32))
             .and_then(|h| h.flatten_all())
             .and_then(|h| h.to_vec1::<f32>())
             .map_err(|e| crate::models::describe(&e))?;

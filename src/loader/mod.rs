@@ -13,7 +13,7 @@ use crate::pooling::classifier::{ClassifierActivation, ClassifierHead};
 use crate::pooling::head::EmbeddingHead;
 use crate::pooling::Task;
 use crate::pooling::params::TruncationSide;
-use candle_core::{DType, Device};
+use candle_core::Device;
 use candle_nn::VarBuilder;
 use hub::ModelSource;
 use sentence::SentenceTransformer;
@@ -115,7 +115,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     let files = weight_files(&source)?;
     // SAFETY: the weight files are memory-mapped read-only and must not change while we run,
     // the same contract as every safetensors loader.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &device)? };
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, config.dtype.dtype(), &device)? };
 
     let mut spec = ModelSpec {
         served_name: config.served_model_name.clone(),

@@ -126,7 +126,7 @@ pub fn load_classifier(
     let h = config.hidden_size;
     let on_cpu = |vb: VarBuilder, out: usize| -> Result<Linear> {
         let cpu = candle_core::Device::Cpu;
-        Linear::new(vb.get((out, h), "weight")?.to_device(&cpu)?, Some(vb.get(out, "bias")?.to_device(&cpu)?))
+        Linear::new(vb.get((out, h), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?, Some(vb.get(out, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?))
     };
     let (pooler, classifier) = match family {
         Family::Roberta | Family::Mpnet => (vb.pp("classifier.dense"), vb.pp("classifier.out_proj")),

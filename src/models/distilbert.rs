@@ -74,7 +74,7 @@ pub fn load_classifier(raw: &serde_json::Value, vb: VarBuilder, num_labels: usiz
     let config: DistilBertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
     let cpu = candle_core::Device::Cpu;
     let on_cpu = |vb: VarBuilder, out: usize| -> candle_core::Result<Linear> {
-        Linear::new(vb.get((out, config.dim), "weight")?.to_device(&cpu)?, Some(vb.get(out, "bias")?.to_device(&cpu)?))
+        Linear::new(vb.get((out, config.dim), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?, Some(vb.get(out, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?))
     };
     let dense = on_cpu(vb.pp("pre_classifier"), config.dim)?;
     let pooler = PreClassifier { dense, activation: Some(Activation::Relu), norm: None };

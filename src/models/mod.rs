@@ -66,6 +66,11 @@ pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaMo
      sentence-transformers folders), Qwen2ForCausalLM, Qwen3ForCausalLM (as embedders), and the \
      *ForSequenceClassification of each";
 
+/// A head weight as the heads use it: on the CPU, in f32 (heads run on the host's f32 rows).
+pub(crate) fn on_host(t: Tensor) -> candle_core::Result<Tensor> {
+    t.to_device(&Device::Cpu)?.to_dtype(candle_core::DType::F32)
+}
+
 /// The architecture-specific part of a classification head.
 pub struct ClassifierParts {
     /// The layer before the classifier (BERT's pooler, RoBERTa's `classifier.dense`, …).

@@ -81,7 +81,7 @@ fn thetas(raw: &Value) -> (f64, f64) {
 
 /// A LayerNorm whose bias is zero unless the checkpoint has one (`norm_bias`).
 fn norm(vb: &VarBuilder, h: usize, config: &ModernBertConfig) -> Result<LayerNorm> {
-    let bias = if config.norm_bias { vb.get(h, "bias")? } else { Tensor::zeros(h, candle_core::DType::F32, vb.device())? };
+    let bias = if config.norm_bias { vb.get(h, "bias")? } else { Tensor::zeros(h, vb.dtype(), vb.device())? };
     LayerNorm::new(vb.get(h, "weight")?, bias, config.norm_eps)
 }
 
@@ -223,14 +223,14 @@ pub fn load_classifier(
         .ok_or_else(|| ModelError::Config(format!("classifier_activation `{}` is not supported", config.classifier_activation)))?;
     let head = vb.pp("head");
     let dense = Linear::new(
-        head.pp("dense").get((h, h), "weight")?.to_device(&cpu)?,
-        if config.classifier_bias { Some(head.pp("dense").get(h, "bias")?.to_device(&cpu)?) } else { None },
+        head.pp("dense").get((h, h), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?,
+        if config.classifier_bias { Some(head.pp("dense").get(h, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?) } else { None },
     )?;
-    let norm_bias = if config.norm_bias { head.pp("norm").get(h, "bias")?.to_device(&cpu)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
-    let head_norm = LayerNorm::new(head.pp("norm").get(h, "weight")?.to_device(&cpu)?, norm_bias, config.norm_eps)?;
+    let norm_bias = if config.norm_bias { head.pp("norm").get(h, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
+    let head_norm = LayerNorm::new(head.pp("norm").get(h, "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?, norm_bias, config.norm_eps)?;
     let classifier = Linear::new(
-        vb.pp("classifier").get((num_labels, h), "weight")?.to_device(&cpu)?,
-        Some(vb.pp("classifier").get(num_labels, "bias")?.to_device(&cpu)?),
+        vb.pp("classifier").get((num_labels, h), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?,
+        Some(vb.pp("classifier").get(num_labels, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?),
     )?;
     let pooling: Box<dyn PoolingMethod> = match config.classifier_pooling.as_str() {
         "mean" => Box::new(Mean),

@@ -112,7 +112,7 @@ pub fn load(raw: &serde_json::Value, vb: VarBuilder) -> Result<Bert, ModelError>
     }
     let heads = config.num_attention_heads;
     let buckets = config.relative_attention_num_buckets;
-    let table = vb.get((buckets, heads), "encoder.relative_attention_bias.weight")?.flatten_all()?.to_vec1()?;
+    let table = super::ops::host_f32(&vb.get((buckets, heads), "encoder.relative_attention_bias.weight")?)?;
     let position_offset = config.pad_token_id.unwrap_or(1) + 1;
     Ok(Bert {
         embeddings,

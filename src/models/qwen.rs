@@ -5,7 +5,7 @@
 //! client's tokenizer cannot matter: there is no padding. Q, K and V are fused into one
 //! projection and gate/up into another at load time.
 
-use super::ops::{Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
+use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{Backbone, ModelError};
 use crate::engine::batch::Batch;
 use candle_core::{Result, Tensor};
@@ -131,8 +131,8 @@ impl Qwen {
             };
             let qk_norm = match version {
                 QwenVersion::Qwen3 => Some(QkNorm {
-                    q: at.pp("q_norm").get(head_dim, "weight")?.to_vec1()?,
-                    k: at.pp("k_norm").get(head_dim, "weight")?.to_vec1()?,
+                    q: host_f32(&at.pp("q_norm").get(head_dim, "weight")?)?,
+                    k: host_f32(&at.pp("k_norm").get(head_dim, "weight")?)?,
                     eps: config.rms_norm_eps as f32,
                 }),
                 QwenVersion::Qwen2 => None,
@@ -208,9 +208,8 @@ impl Backbone for Qwen {
 pub fn load_classifier(raw: &Value, vb: VarBuilder, num_labels: usize, from_tokens: Option<&[u32]>) -> std::result::Result<Linear, ModelError> {
     let config: QwenConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
     let h = config.hidden_size;
-    let cpu = candle_core::Device::Cpu;
     let Some(tokens) = from_tokens else {
-        return Ok(Linear::new(vb.pp("score").get((num_labels, h), "weight")?.to_device(&cpu)?, None)?);
+        return Ok(Linear::new(super::on_host(vb.pp("score").get((num_labels, h), "weight")?)?, None)?);
     };
     let lm_head = if vb.contains_tensor("lm_head.weight") {
         vb.get((config.vocab_size, h), "lm_head.weight")?
@@ -218,7 +217,7 @@ pub fn load_classifier(raw: &Value, vb: VarBuilder, num_labels: usize, from_toke
         decoder_root(vb).get((config.vocab_size, h), "embed_tokens.weight")?
     };
     let ids = Tensor::from_slice(tokens, tokens.len(), lm_head.device())?;
-    let rows = lm_head.index_select(&ids, 0)?.to_device(&cpu)?;
+    let rows = super::on_host(lm_head.index_select(&ids, 0)?)?;
     let original_reranker = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false);
     let weight = if original_reranker && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
     Ok(Linear::new(weight, None)?)

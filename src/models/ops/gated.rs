@@ -1,7 +1,7 @@
 //! Gated linear units (SwiGLU, GeGLU): the fused gate/up projection's output `[tokens, 2·I]`
 //! becomes `act(first half) · second half`, `[tokens, I]`, in one pass.
 
-use super::{contiguous, dims2, Activation};
+use super::{contiguous, dims2, fused, Activation};
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -15,7 +15,7 @@ pub struct GatedActivation {
 
 impl GatedActivation {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(x) {
             return x.apply_op1_no_bwd(self);
         }
         let half = x.dim(1)? / 2;

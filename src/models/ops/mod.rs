@@ -64,6 +64,17 @@ fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// Whether `x` takes the fused CPU kernels (f32 on the CPU); anything else takes candle's
+/// composite ops (GPUs, and float16/bfloat16 on the CPU).
+pub(crate) fn fused(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == candle_core::DType::F32
+}
+
+/// A small parameter vector as host f32, whatever the checkpoint's dtype.
+pub(crate) fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1()
+}
+
 fn contiguous<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
     let data = storage.as_slice::<f32>()?;
     match layout.contiguous_offsets() {
@@ -147,7 +158,7 @@ pub struct Bias {
 
 impl Bias {
     pub fn new(tensor: Tensor) -> Result<Self> {
-        Ok(Self { host: tensor.to_vec1()?, tensor })
+        Ok(Self { host: host_f32(&tensor)?, tensor })
     }
 }
 
@@ -185,7 +196,7 @@ impl Linear {
 
     /// `x·Wᵀ + b` for `x` of shape `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(x) {
             return x.apply_op2_no_bwd(&self.weight_t, &self.op());
         }
         let y = x.matmul(&self.weight_t)?;
@@ -197,7 +208,7 @@ impl Linear {
 
     /// `x·Wᵀ` alone, for callers that fold the bias into their next pass.
     pub fn forward_unbiased(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(x) {
             return x.apply_op2_no_bwd(&self.weight_t, &LinearOp { bias: None });
         }
         x.matmul(&self.weight_t)
@@ -205,7 +216,7 @@ impl Linear {
 
     /// `x·Wᵀ + b + residual`: the residual connection costs no extra pass on CPU.
     pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(x) {
             return x.apply_op3_no_bwd(&self.weight_t, residual, &self.op());
         }
         self.forward(x)?.add(residual)
@@ -290,20 +301,24 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     pub fn new(weight: Tensor, bias: Tensor, eps: f64) -> Result<Self> {
-        Ok(Self { weight_host: weight.to_vec1()?, bias_host: bias.to_vec1()?, weight, bias, eps: eps as f32 })
+        Ok(Self { weight_host: host_f32(&weight)?, bias_host: host_f32(&bias)?, weight, bias, eps: eps as f32 })
     }
 
     /// Normalizes `x`, reusing its buffer on CPU (callers pass a tensor they own alone).
     pub fn forward(&self, x: Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(&x) {
             x.inplace_op1(self)?;
             return Ok(x);
         }
+        // In f32 whatever the model's dtype, as PyTorch accumulates half-precision norms.
+        let dtype = x.dtype();
+        let x = x.to_dtype(candle_core::DType::F32)?;
         let mean = x.mean_keepdim(1)?;
         let centered = x.broadcast_sub(&mean)?;
         let var = centered.sqr()?.mean_keepdim(1)?;
         let normed = centered.broadcast_div(&(var + self.eps as f64)?.sqrt()?)?;
-        normed.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)
+        let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
+        normed.broadcast_mul(&f32(&self.weight)?)?.broadcast_add(&f32(&self.bias)?)?.to_dtype(dtype)
     }
 }
 
@@ -373,7 +388,7 @@ impl Activation {
 
     /// `act(x + bias)`, reusing `x`'s buffer on CPU (callers pass a tensor they own alone).
     pub fn forward_biased(self, x: Tensor, bias: Option<&Bias>) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(&x) {
             x.inplace_op1(&BiasActivation { activation: self, bias: bias.map(|b| b.host.as_slice()) })?;
             return Ok(x);
         }
@@ -572,7 +587,7 @@ impl<'a> Attention<'a> {
     }
 
     pub fn forward(&self, qkv: &Tensor, bias: Option<&Bias>) -> Result<Tensor> {
-        if qkv.device().is_cpu() {
+        if fused(qkv) {
             return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
         }
         match bias {
@@ -604,7 +619,8 @@ impl<'a> Attention<'a> {
             };
             let k = repeat(heads(qw, self.num_kv_heads)?)?;
             let v = repeat(heads(qw + kvw, self.num_kv_heads)?)?;
-            let mut scores = (q.matmul(&k.t()?)? * scale)?;
+            // Scores and softmax in f32 (as transformers does for half-precision models).
+            let mut scores = (q.matmul(&k.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
             if let Some(bias) = self.position_bias {
                 let center = bias.max_len - 1;
                 let values: Vec<f32> = (0..self.num_heads * len * len)
@@ -625,7 +641,7 @@ impl<'a> Attention<'a> {
                     .collect();
                 scores = scores.broadcast_add(&Tensor::from_vec(mask, (len, len), qkv.device())?)?;
             }
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
             outputs.push(probs.matmul(&v)?.transpose(0, 1)?.reshape((len, qw))?);
         }
         Tensor::cat(&outputs, 0)

@@ -1,11 +1,12 @@
 //! RMSNorm (`x / sqrt(mean(x²) + eps) · weight`), the normalization of decoder models.
 
-use super::{contiguous, dims2, fma};
+use super::{contiguous, dims2, fma, fused, host_f32};
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
+    /// f32 copy for the composite path.
     weight: Tensor,
     weight_host: Vec<f32>,
     eps: f32,
@@ -13,15 +14,16 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(weight: Tensor, eps: f64) -> Result<Self> {
-        Ok(Self { weight_host: weight.to_vec1()?, weight, eps: eps as f32 })
+        Ok(Self { weight_host: host_f32(&weight)?, weight: weight.to_dtype(candle_core::DType::F32)?, eps: eps as f32 })
     }
 
     /// The normalized rows as a new tensor (decoders keep `x` for the residual).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.device().is_cpu() {
+        if fused(x) {
             return x.apply_op1_no_bwd(self);
         }
-        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+        // In f32, then back to the model's dtype, as transformers' RMSNorm does.
+        candle_nn::ops::rms_norm(&x.to_dtype(candle_core::DType::F32)?, &self.weight, self.eps)?.to_dtype(x.dtype())
     }
 
     /// Normalizes one row in place (also used per attention head by [`super::Rotary`]).

@@ -3,8 +3,8 @@
 //! pass over the rows.
 
 use super::rms_norm::RmsNorm;
-use super::{contiguous_mut, dims2};
-use candle_core::{bail, CpuStorage, Device, InplaceOp1, Layout, Result, Tensor};
+use super::{contiguous_mut, dims2, fused};
+use candle_core::{bail, CpuStorage, DType, Device, InplaceOp1, Layout, Result, Tensor};
 use rayon::prelude::*;
 
 /// The frequencies of one model (or one kind of layer: ModernBERT has two thetas).
@@ -56,14 +56,15 @@ impl RotaryTable {
     /// (values untouched), normalizing each head first when `norm` is given.
     pub fn apply(&self, qkv: &Tensor, num_heads: usize, num_kv_heads: usize, norm: Option<&QkNorm>) -> Result<Tensor> {
         let op = RopeOp { table: self, num_heads, num_kv_heads, norm };
-        if qkv.device().is_cpu() {
+        if fused(qkv) {
             qkv.inplace_op1(&op)?;
             return Ok(qkv.clone());
         }
-        // Other devices: on the host (GPU builds are not tuned yet).
-        let host = qkv.to_device(&Device::Cpu)?.copy()?;
+        // Other devices and dtypes: in f32 on the host (not tuned; rotation in f32 is also
+        // what transformers does for half-precision models).
+        let host = qkv.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.copy()?;
         host.inplace_op1(&op)?;
-        host.to_device(qkv.device())
+        host.to_dtype(qkv.dtype())?.to_device(qkv.device())
     }
 }
 
