@@ -96,6 +96,9 @@ pub struct ServeArgs {
     pub dtype: DTypeArg,
     #[arg(long, value_enum, default_value = "cpu", env = "POOLSERVE_DEVICE")]
     pub device: DeviceArg,
+    /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
+    #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
+    pub reranker_instruction: Option<String>,
     /// Token budget of one forward pass (sum of the batch's sequence lengths).
     #[arg(long, default_value_t = 4096, env = "POOLSERVE_MAX_BATCH_TOKENS")]
     pub max_batch_tokens: usize,
@@ -133,6 +136,7 @@ pub struct ServerConfig {
     pub max_concurrent_requests: usize,
     pub payload_limit: usize,
     pub tokenizer_workers: usize,
+    pub reranker_instruction: Option<String>,
 }
 
 /// A flag value that cannot be used; printed as one line before exiting.
@@ -196,6 +200,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,
             payload_limit: positive("payload-limit", args.payload_limit)?,
             tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
+            reranker_instruction: args.reranker_instruction,
         })
     }
 }

@@ -251,6 +251,17 @@ async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
     let custom = post(&router, "/score", json!({"text_1": query, "text_2": documents[0], "instruction": "Find French cities"})).await;
     let score = custom.body["data"][0]["score"].as_f64().unwrap();
     assert!((score - reference_score(&expected, 0)).abs() > 1e-6, "instruction had no effect");
+    // The same instruction as the server's default gives the same score.
+    let by_flag = common::router(
+        common::engine(&fixture_model("qwen3-causal-reranker"), |c| {
+            let overrides = json!({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
+            c.hf_overrides = overrides.as_object().unwrap().clone();
+            c.reranker_instruction = Some("Find French cities".into());
+        }),
+        2_000_000,
+    );
+    let flagged = post(&by_flag, "/score", json!({"text_1": query, "text_2": documents[0]})).await;
+    assert_score(&flagged.body["data"][0]["score"], score, "--reranker-instruction");
     // The causal LM without the conversion is an embedding model: no rerank.
     let plain = router_for("qwen3-causal-reranker");
     assert_error(&post(&plain, "/rerank", json!({"query": "a", "documents": ["b"]})).await, StatusCode::BAD_REQUEST, "does not support Rerank");

@@ -162,7 +162,11 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         let from_tokens = classifier_token_ids(&spec.config, &tokenizer)?;
         let parts = models::load_classifier(&spec, vb, num_labels, from_tokens.as_deref())?;
         if spec.family == Family::Qwen3 && num_labels == 1 {
-            spec.rerank_template = Some(RerankTemplate::default());
+            let mut template = RerankTemplate::default();
+            if let Some(instruction) = &config.reranker_instruction {
+                template.instruction = instruction.clone();
+            }
+            spec.rerank_template = Some(template);
         }
         Some(ClassifierHead {
             pooling: parts.pooling,
