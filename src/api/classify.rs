@@ -3,7 +3,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::{admit, parse_input, response_id, unix_now, AppState, Usage};
+use super::{admit, parse_input, AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -28,16 +28,6 @@ pub struct ClassifyData {
     pub num_classes: usize,
 }
 
-#[derive(Debug, Serialize)]
-pub struct ClassifyResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub data: Vec<ClassifyData>,
-    pub usage: Usage,
-}
-
 /// Index of the largest value (the first one on ties, as `argmax` does).
 fn argmax(values: &[f32]) -> usize {
     values.iter().enumerate().fold(0, |best, (i, v)| if *v > values[best] { i } else { best })
@@ -47,7 +37,7 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<ClassifyRequest>,
-) -> Result<Json<ClassifyResponse>, ApiError> {
+) -> Result<Json<ListResponse<ClassifyData>>, ApiError> {
     let engine = state.engine_for(request.model.as_deref(), Task::Classify, "Classification")?;
     let _permit = admit(engine)?;
     let params = request.params.verify(Task::Classify, engine.spec())?;
@@ -65,14 +55,7 @@ pub async fn create(
             Ok(ClassifyData { index, label, num_classes: probs.len(), probs })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(ClassifyResponse {
-        id: response_id("classify", &headers),
-        object: "list",
-        created: unix_now(),
-        model: state.served_name().to_string(),
-        data,
-        usage: Usage::new(tokens),
-    }))
+    Ok(Json(ListResponse::new("classify", &headers, &state, data, tokens)))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::{admit, parse_input, response_id, unix_now, AppState, Usage};
+use super::{admit, parse_input, AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -47,16 +47,6 @@ pub struct EmbeddingData {
     pub embedding: EmbeddingValue,
 }
 
-#[derive(Debug, Serialize)]
-pub struct EmbeddingResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub data: Vec<EmbeddingData>,
-    pub usage: Usage,
-}
-
 /// Little-endian f32 bytes, base64-encoded (what the OpenAI SDK decodes with numpy).
 pub fn encode_base64(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -67,7 +57,7 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
-) -> Result<Json<EmbeddingResponse>, ApiError> {
+) -> Result<Json<ListResponse<EmbeddingData>>, ApiError> {
     let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let _permit = admit(engine)?;
     let params = request.params.verify(Task::Embed, engine.spec())?;
@@ -88,14 +78,7 @@ pub async fn create(
             Ok(EmbeddingData { index, object: "embedding", embedding })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(EmbeddingResponse {
-        id: response_id("embd", &headers),
-        object: "list",
-        created: unix_now(),
-        model: state.served_name().to_string(),
-        data,
-        usage: Usage::new(tokens),
-    }))
+    Ok(Json(ListResponse::new("embd", &headers, &state, data, tokens)))
 }
 
 #[cfg(test)]

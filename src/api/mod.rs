@@ -103,6 +103,31 @@ impl Usage {
     }
 }
 
+/// The envelope of the OpenAI-style list responses (embeddings, classify, score):
+/// `{"id": "{prefix}-…", "object": "list", "created", "model", "data", "usage"}`.
+#[derive(Debug, Serialize)]
+pub struct ListResponse<T> {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub data: Vec<T>,
+    pub usage: Usage,
+}
+
+impl<T> ListResponse<T> {
+    pub fn new(prefix: &str, headers: &HeaderMap, state: &AppState, data: Vec<T>, tokens: usize) -> Self {
+        ListResponse {
+            id: response_id(prefix, headers),
+            object: "list",
+            created: unix_now(),
+            model: state.served_name().to_string(),
+            data,
+            usage: Usage::new(tokens),
+        }
+    }
+}
+
 /// `{prefix}-{X-Request-Id}` (set by the request-id layer when the client sent none).
 pub fn response_id(prefix: &str, headers: &HeaderMap) -> String {
     match headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {

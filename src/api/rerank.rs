@@ -8,7 +8,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::score::{score_params, texts_of, PairLimitFields};
+use super::score::{score_params, texts_of, PairFields};
 use super::{admit, response_id, AppState, Usage};
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -27,11 +27,8 @@ pub struct RerankRequest {
     pub top_n: Option<i64>,
     #[serde(default)]
     pub return_documents: Option<bool>,
-    /// Task description for prompt-based rerankers (Qwen3-Reranker); ignored by others.
-    #[serde(default)]
-    pub instruction: Option<String>,
     #[serde(flatten)]
-    pub limits: PairLimitFields,
+    pub pair: PairFields,
     #[serde(flatten)]
     pub params: PoolingParams,
 }
@@ -76,7 +73,7 @@ pub async fn create(
 ) -> Result<Json<RerankResponse>, ApiError> {
     let engine = state.engine_for(request.model.as_deref(), Task::Score, "Rerank (Score)")?;
     let _permit = admit(engine)?;
-    let params = score_params(engine, &request.params, &request.limits)?;
+    let params = score_params(engine, &request.params, &request.pair)?;
     if !request.documents.is_array() {
         return Err(ApiError::BadRequest {
             message: "documents must be a list of strings or of {\"text\": string} objects".into(),
@@ -85,7 +82,7 @@ pub async fn create(
     }
     let documents = texts_of(&request.documents, "documents")?;
     let count = result_count(request.top_n, documents.len())?;
-    let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.instruction.as_deref()).await?;
+    let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.pair.instruction.as_deref()).await?;
 
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Highest first; equal scores keep document order (the sort is stable).

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::{admit, response_id, unix_now, AppState, Usage};
+use super::{admit, AppState, ListResponse};
 use crate::engine::tokenize::PairLimits;
 use crate::engine::Engine;
 use crate::pooling::{PoolingParams, ResolvedParams, Task};
@@ -30,25 +30,26 @@ pub struct ScoreRequest {
     pub data_1: Option<Value>,
     #[serde(default)]
     pub data_2: Option<Value>,
-    /// Task description for prompt-based rerankers (Qwen3-Reranker); ignored by others.
-    #[serde(default)]
-    pub instruction: Option<String>,
     #[serde(flatten)]
-    pub limits: PairLimitFields,
+    pub pair: PairFields,
     #[serde(flatten)]
     pub params: PoolingParams,
 }
 
-/// `max_tokens_per_query` / `max_tokens_per_doc` (Cohere's names), on /score and /rerank.
+/// The pair options of /score and /rerank: `max_tokens_per_query` / `max_tokens_per_doc`
+/// (Cohere's names) and the `instruction` of prompt-based rerankers (Qwen3-Reranker; others
+/// ignore it).
 #[derive(Debug, Default, Deserialize)]
-pub struct PairLimitFields {
+pub struct PairFields {
+    #[serde(default)]
+    pub instruction: Option<String>,
     #[serde(default)]
     pub max_tokens_per_query: Option<i64>,
     #[serde(default)]
     pub max_tokens_per_doc: Option<i64>,
 }
 
-impl PairLimitFields {
+impl PairFields {
     pub fn resolve(&self) -> Result<PairLimits, ApiError> {
         let positive = |value: Option<i64>, param: &'static str| match value {
             None => Ok(None),
@@ -67,16 +68,6 @@ pub struct ScoreData {
     pub index: usize,
     pub object: &'static str,
     pub score: f32,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ScoreResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub data: Vec<ScoreData>,
-    pub usage: Usage,
 }
 
 /// One side of a pair request: a string, or a non-empty list of strings or `{"text": …}` objects.
@@ -101,9 +92,9 @@ pub fn texts_of(value: &Value, param: &'static str) -> Result<Vec<String>, ApiEr
 }
 
 /// Validates the pooling parameters for the `score` task and adds the per-side token caps.
-pub fn score_params(engine: &Engine, params: &PoolingParams, limits: &PairLimitFields) -> Result<ResolvedParams, ApiError> {
+pub fn score_params(engine: &Engine, params: &PoolingParams, pair: &PairFields) -> Result<ResolvedParams, ApiError> {
     let mut resolved = params.verify(Task::Score, engine.spec())?;
-    resolved.pair_limits = limits.resolve()?;
+    resolved.pair_limits = pair.resolve()?;
     Ok(resolved)
 }
 
@@ -132,25 +123,18 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<ScoreRequest>,
-) -> Result<Json<ScoreResponse>, ApiError> {
+) -> Result<Json<ListResponse<ScoreData>>, ApiError> {
     state.check_model(request.model.as_deref())?;
     let engine = state.engine()?;
     if engine.score_mode().is_none() {
         return Err(ApiError::bad_request("The model does not support Score API"));
     }
     let _permit = admit(engine)?;
-    let params = score_params(engine, &request.params, &request.limits)?;
+    let params = score_params(engine, &request.params, &request.pair)?;
     let (queries, documents) = request.sides()?;
-    let (scores, tokens) = engine.score(&queries, &documents, &params, request.instruction.as_deref()).await?;
+    let (scores, tokens) = engine.score(&queries, &documents, &params, request.pair.instruction.as_deref()).await?;
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
-    Ok(Json(ScoreResponse {
-        id: response_id("score", &headers),
-        object: "list",
-        created: unix_now(),
-        model: state.served_name().to_string(),
-        data,
-        usage: Usage::new(tokens),
-    }))
+    Ok(Json(ListResponse::new("score", &headers, &state, data, tokens)))
 }
 
 #[cfg(test)]
@@ -169,8 +153,8 @@ mod tests {
 
     #[test]
     fn pair_limits_must_be_positive() {
-        let fields = PairLimitFields { max_tokens_per_query: Some(4), max_tokens_per_doc: None };
+        let fields = PairFields { max_tokens_per_query: Some(4), ..Default::default() };
         assert_eq!(fields.resolve().unwrap(), PairLimits { query: Some(4), document: None });
-        assert!(PairLimitFields { max_tokens_per_query: None, max_tokens_per_doc: Some(0) }.resolve().is_err());
+        assert!(PairFields { max_tokens_per_doc: Some(0), ..Default::default() }.resolve().is_err());
     }
 }

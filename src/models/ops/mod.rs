@@ -344,14 +344,7 @@ multiversion! {
         for row in x.chunks_exact_mut(n) {
             let mean = sum_lanes(row) / n as f32;
             row.iter_mut().for_each(|v| *v -= mean);
-            let mut squares = [0f32; 8];
-            for c in row.chunks_exact(8) {
-                for l in 0..8 {
-                    squares[l] = fma::<FMA>(c[l], c[l], squares[l]);
-                }
-            }
-            let tail: f32 = row.chunks_exact(8).remainder().iter().map(|v| v * v).sum();
-            let inv = 1.0 / ((squares.iter().sum::<f32>() + tail) / n as f32 + eps).sqrt();
+            let inv = 1.0 / (sum_squares::<FMA>(row) / n as f32 + eps).sqrt();
             for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
                 *v = fma::<FMA>(*v * inv, *w, *b);
             }
@@ -830,6 +823,18 @@ fn sum_lanes(x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// Σ x² with eight independent accumulators (see [`sum_lanes`]).
+#[inline(always)]
+fn sum_squares<const FMA: bool>(x: &[f32]) -> f32 {
+    let mut squares = [0f32; 8];
+    for c in x.chunks_exact(8) {
+        for l in 0..8 {
+            squares[l] = fma::<FMA>(c[l], c[l], squares[l]);
+        }
+    }
+    squares.iter().sum::<f32>() + x.chunks_exact(8).remainder().iter().map(|v| v * v).sum::<f32>()
 }
 
 #[inline(always)]

@@ -1,6 +1,6 @@
 //! RMSNorm (`x / sqrt(mean(x²) + eps) · weight`), the normalization of decoder models.
 
-use super::{contiguous, dims2, fma, fused, host_f32};
+use super::{contiguous, dims2, fused, host_f32, sum_squares};
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -59,14 +59,7 @@ multiversion! {
             if let Some(src) = src {
                 row.copy_from_slice(&src[r * n..(r + 1) * n]);
             }
-            let mut squares = [0f32; 8];
-            for c in row.chunks_exact(8) {
-                for l in 0..8 {
-                    squares[l] = fma::<FMA>(c[l], c[l], squares[l]);
-                }
-            }
-            let tail: f32 = row.chunks_exact(8).remainder().iter().map(|v| v * v).sum();
-            let inv = 1.0 / ((squares.iter().sum::<f32>() + tail) / n as f32 + eps).sqrt();
+            let inv = 1.0 / (sum_squares::<FMA>(row) / n as f32 + eps).sqrt();
             row.iter_mut().zip(weight).for_each(|(v, w)| *v = *v * inv * w);
         }
     }
