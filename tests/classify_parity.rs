@@ -26,7 +26,7 @@ async fn outputs(engine: &Engine, prompts: Vec<Prompt>, params: &ResolvedParams)
         .into_iter()
         .map(|o| match o {
             PoolingOutput::Vector(v) => v,
-            PoolingOutput::Tokens(_) => panic!("expected one vector per input"),
+            _ => panic!("expected one vector per input"),
         })
         .collect()
 }

@@ -26,7 +26,7 @@ async fn vectors(engine: &Engine, texts: &[String], params: &ResolvedParams) -> 
         .into_iter()
         .map(|o| match o {
             PoolingOutput::Vector(v) => v,
-            PoolingOutput::Tokens(_) => panic!("expected one vector per input"),
+            _ => panic!("expected one vector per input"),
         })
         .collect()
 }
@@ -35,7 +35,7 @@ async fn token_vectors(engine: &Engine, text: &str, params: &ResolvedParams) -> 
     let (mut outputs, _) = engine.encode(vec![Prompt::Text(text.into())], params).await.unwrap();
     match outputs.remove(0) {
         PoolingOutput::Tokens(t) => t,
-        PoolingOutput::Vector(_) => panic!("expected per-token output"),
+        _ => panic!("expected per-token output"),
     }
 }
 

@@ -6,8 +6,10 @@ pub mod embeddings;
 pub mod error;
 pub mod json;
 pub mod meta;
+pub mod pooling;
 pub mod rerank;
 pub mod score;
+pub mod sparse;
 pub mod tokenize;
 
 use crate::engine::{Engine, EngineError, Prompt};
@@ -188,6 +190,8 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/v1/embeddings", post(embeddings::create))
         .route("/embeddings", post(embeddings::create))
         .route("/classify", post(classify::create))
+        .route("/pooling", post(pooling::create))
+        .route("/embed_sparse", post(sparse::create))
         .route("/score", post(score::create))
         .route("/v1/score", post(score::create))
         .route("/rerank", post(rerank::create))

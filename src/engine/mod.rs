@@ -11,7 +11,7 @@ use crate::config::ServerConfig;
 use crate::loader::spec::ModelSpec;
 use crate::loader::LoadedModel;
 use crate::pooling::params::ParamsError;
-use crate::pooling::ResolvedParams;
+use crate::pooling::{ResolvedParams, Task};
 use batch::TokenizedInput;
 use scheduler::{BatchLimits, Job, Runner};
 pub use scheduler::PoolingOutput;
@@ -67,7 +67,7 @@ pub struct Engine {
 impl Engine {
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, config: &ServerConfig) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier } = model;
+        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head } = model;
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
             max_tokens: config.max_batch_tokens.max(spec.max_model_len),
@@ -76,11 +76,14 @@ impl Engine {
         if limits.max_tokens > config.max_batch_tokens {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
         }
-        let pooling = spec.pooling.method().ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
-        })?;
+        let pooling = match spec.supports(Task::Embed) {
+            true => Some(spec.pooling.method().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
+            })?),
+            false => None,
+        };
         let vocab_size = backbone.vocab_size();
-        let runner = Runner { backbone, pooling, embedding_head, classifier, limits };
+        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits };
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
         let tokenizers = TokenizerPool::new(Arc::new(tokenizer), config.tokenizer_workers)?;

@@ -12,6 +12,7 @@ use super::EngineError;
 use crate::models::Backbone;
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::{finish_embedding, EmbeddingHead};
+use crate::pooling::sparse::SparseHead;
 use crate::pooling::method::{All, HiddenStates, PoolingMethod};
 use crate::pooling::{ResolvedParams, Task};
 use candle_core::Device;
@@ -24,8 +25,10 @@ use tokio::sync::{mpsc, oneshot};
 pub enum PoolingOutput {
     /// One vector (embed).
     Vector(Vec<f32>),
-    /// One vector per token (token_embed).
+    /// One vector per token (token_embed, token_classify).
     Tokens(Vec<Vec<f32>>),
+    /// Non-zero `(token id, weight)` pairs in id order (embed_sparse).
+    Sparse(Vec<(u32, f32)>),
 }
 
 pub struct Job {
@@ -43,9 +46,11 @@ pub struct BatchLimits {
 
 pub struct Runner {
     pub backbone: Box<dyn Backbone>,
-    pub pooling: &'static dyn PoolingMethod,
+    /// The sentence-level pooling of `embed` (absent for models that do not embed).
+    pub pooling: Option<&'static dyn PoolingMethod>,
     pub embedding_head: EmbeddingHead,
     pub classifier: Option<ClassifierHead>,
+    pub sparse_head: Option<SparseHead>,
     pub limits: BatchLimits,
 }
 
@@ -122,13 +127,23 @@ impl Runner {
         // Pool every job into its head's rows, then run each head once over all its rows.
         let mut embedding_rows = Vec::new();
         let mut classifier_rows = Vec::new();
+        let mut sparse = Vec::new();
         let mut row_counts = Vec::with_capacity(jobs.len());
         for (job, (start, len)) in jobs.iter().zip(batch.spans()) {
-            let (rows, pooled) = match job.params.task {
-                Task::Embed => (&mut embedding_rows, self.pooling.pool(&states, start, len)),
+            let task = job.params.task;
+            let (rows, pooled) = match task {
+                Task::Embed => (&mut embedding_rows, self.pooling()?.pool(&states, start, len)),
                 Task::TokenEmbed => (&mut embedding_rows, All.pool(&states, start, len)),
-                Task::Classify | Task::Score => (&mut classifier_rows, self.classifier(job.params.task)?.pool(&states, start, len)),
-                other => return Err(format!("task {other} is not served by this model")),
+                Task::Classify | Task::Score | Task::TokenClassify => {
+                    (&mut classifier_rows, self.classifier(task)?.pool(&states, start, len))
+                }
+                Task::EmbedSparse => {
+                    let head = self.sparse_head.as_ref().ok_or("SPLADE needs a masked-LM head, which this model lacks")?;
+                    let rows = All.pool(&states, start, len);
+                    sparse.push(head.weights(&rows, hidden_size).map_err(|e| crate::models::describe(&e))?);
+                    row_counts.push(0);
+                    continue;
+                }
             };
             row_counts.push(pooled.len() / hidden_size);
             rows.extend(pooled);
@@ -141,19 +156,28 @@ impl Runner {
 
         let mut outputs = Vec::with_capacity(jobs.len());
         let (mut embedding_offset, mut logit_offset) = (0, 0);
+        let mut sparse = sparse.into_iter();
         for (job, count) in jobs.iter().zip(row_counts) {
             let params = &job.params;
             outputs.push(match params.task {
-                Task::Classify | Task::Score => {
+                Task::Classify | Task::Score | Task::TokenClassify => {
                     let head = self.classifier(params.task)?;
                     let labels = head.num_labels();
-                    let mut values = logits[logit_offset..logit_offset + labels].to_vec();
-                    logit_offset += labels;
-                    if params.activation {
-                        head.activation(params.task).apply(&mut values);
+                    let block = &logits[logit_offset * labels..(logit_offset + count) * labels];
+                    logit_offset += count;
+                    let activate = |row: &[f32]| {
+                        let mut values = row.to_vec();
+                        if params.activation {
+                            head.activation(params.task).apply(&mut values);
+                        }
+                        values
+                    };
+                    match params.task {
+                        Task::TokenClassify => PoolingOutput::Tokens(block.chunks(labels).map(activate).collect()),
+                        _ => PoolingOutput::Vector(activate(block)),
                     }
-                    PoolingOutput::Vector(values)
                 }
+                Task::EmbedSparse => PoolingOutput::Sparse(sparse.next().ok_or("sparse output missing")?),
                 task => {
                     let block = &embeddings[embedding_offset * width..(embedding_offset + count) * width];
                     embedding_offset += count;
@@ -166,6 +190,10 @@ impl Runner {
             });
         }
         Ok(outputs)
+    }
+
+    fn pooling(&self) -> Result<&'static dyn PoolingMethod, String> {
+        self.pooling.ok_or_else(|| "this model has no sentence-level pooling".to_string())
     }
 
     fn classifier(&self, task: Task) -> Result<&ClassifierHead, String> {

@@ -2,7 +2,9 @@
 //!
 //! A cross-encoder (a classifier with one label) reads each pair as one sequence and its
 //! activated logit is the score. An embedding model (bi-encoder) embeds every distinct text once
-//! and scores the cosine of the two embeddings. All pairs of a request are queued together, so
+//! and scores the cosine of the two embeddings. A multi-vector model (ColBERT-style late
+//! interaction) embeds every token and scores MaxSim: the sum over query tokens of the largest
+//! dot product with any document token, on L2-normalized token vectors. All pairs of a request are queued together, so
 //! the scheduler batches them like any other inputs.
 
 use super::{Engine, EngineError, PoolingOutput, Prompt};
@@ -13,6 +15,7 @@ use crate::pooling::{ResolvedParams, Task};
 pub enum ScoreMode {
     CrossEncoder,
     BiEncoder,
+    LateInteraction,
 }
 
 /// The pairs `(i, j)` of query `i` and document `j`: 1:1, 1:N (the single query repeated) or N:N.
@@ -31,6 +34,21 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     (dot / (norm(a) * norm(b)).max(1e-12)) as f32
 }
 
+/// Σ over query tokens of the largest dot product with a document token.
+pub fn max_sim(query: &[Vec<f32>], document: &[Vec<f32>]) -> f32 {
+    query
+        .iter()
+        .map(|q| document.iter().map(|d| q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>()).fold(f32::NEG_INFINITY, f32::max))
+        .sum()
+}
+
+fn token_vectors(output: PoolingOutput) -> Result<Vec<Vec<f32>>, EngineError> {
+    match output {
+        PoolingOutput::Tokens(t) => Ok(t),
+        _ => Err(EngineError::Model("the token head did not return per-token vectors".into())),
+    }
+}
+
 fn single_value(output: PoolingOutput) -> Result<f32, EngineError> {
     match output {
         PoolingOutput::Vector(v) if !v.is_empty() => Ok(v[0]),
@@ -41,7 +59,7 @@ fn single_value(output: PoolingOutput) -> Result<f32, EngineError> {
 fn vector(output: PoolingOutput) -> Result<Vec<f32>, EngineError> {
     match output {
         PoolingOutput::Vector(v) => Ok(v),
-        PoolingOutput::Tokens(_) => Err(EngineError::Model("the embedding head returned per-token output".into())),
+        _ => Err(EngineError::Model("the embedding head did not return one vector".into())),
     }
 }
 
@@ -49,8 +67,10 @@ impl Engine {
     /// How this model scores pairs, if it can.
     pub fn score_mode(&self) -> Option<ScoreMode> {
         let spec = self.spec();
-        if spec.supports(Task::Score) {
+        if spec.supports(Task::Score) && spec.supports(Task::Classify) {
             Some(ScoreMode::CrossEncoder)
+        } else if spec.supports(Task::Score) && spec.supports(Task::TokenEmbed) {
+            Some(ScoreMode::LateInteraction)
         } else if spec.supports(Task::Embed) {
             Some(ScoreMode::BiEncoder)
         } else {
@@ -96,6 +116,15 @@ impl Engine {
                 let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
                 Ok((scores, tokens))
             }
+            Some(ScoreMode::LateInteraction) => {
+                let per_token = ResolvedParams { task: Task::TokenEmbed, dimensions: None, activation: true, ..params.clone() };
+                let query_count = queries.len();
+                let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
+                let (outputs, tokens) = self.encode(prompts, &per_token).await?;
+                let matrices = outputs.into_iter().map(token_vectors).collect::<Result<Vec<_>, _>>()?;
+                let scores = pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect();
+                Ok((scores, tokens))
+            }
             None => Err(EngineError::Model("this model cannot score pairs".into())),
         }
     }
@@ -113,6 +142,13 @@ mod tests {
         assert!(matches!(pair_up(2, 3), Err(EngineError::InvalidPairing)));
         assert!(matches!(pair_up(3, 1), Err(EngineError::InvalidPairing)));
         assert!(pair_up(0, 2).is_err());
+    }
+
+    #[test]
+    fn max_sim_sums_best_matches() {
+        let q = vec![vec![1.0, 0.0], vec![0.0, 1.0]];
+        let d = vec![vec![0.6, 0.8], vec![1.0, 0.0]];
+        assert!((max_sim(&q, &d) - (1.0 + 0.8)).abs() < 1e-6);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::engine::tokenize::TextTokenizer;
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::{ClassifierActivation, ClassifierHead};
 use crate::pooling::head::EmbeddingHead;
+use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
 use crate::pooling::params::TruncationSide;
 use candle_core::Device;
@@ -57,8 +58,11 @@ pub struct LoadedModel {
     pub backbone: Box<dyn Backbone>,
     pub tokenizer: TextTokenizer,
     pub embedding_head: EmbeddingHead,
-    /// Present when the model serves `classify` (and `score` as a cross-encoder).
+    /// Present when the model serves `classify` (and `score` as a cross-encoder) or
+    /// `token_classify`.
     pub classifier: Option<ClassifierHead>,
+    /// Present when the model serves `embed_sparse` (SPLADE).
+    pub sparse_head: Option<SparseHead>,
 }
 
 fn device(kind: DeviceArg) -> Result<Device, LoadError> {
@@ -94,8 +98,13 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     spec::apply_overrides(&mut raw, &config.hf_overrides);
     let (architecture, family) = spec::architecture_of(&raw)?;
     let num_labels = spec::num_labels_of(&raw);
-    let tasks = spec::tasks_for(&architecture, config.convert, num_labels)?;
     let sentence = SentenceTransformer::read(&source)?;
+    let hints = spec::TaskHints {
+        num_labels,
+        pooling: config.pooler.pooling_type.or(sentence.pooling),
+        multi_vector: sentence.multi_vector,
+    };
+    let tasks = spec::tasks_for(&architecture, config.convert, hints)?;
 
     let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
         Some(p) => read_json(&p)?,
@@ -160,7 +169,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
             _ => spec::labels_of(&spec.config, num_labels),
         };
         let from_tokens = classifier_token_ids(&spec.config, &tokenizer)?;
-        let parts = models::load_classifier(&spec, vb, num_labels, from_tokens.as_deref())?;
+        let parts = models::load_classifier(&spec, vb.clone(), num_labels, from_tokens.as_deref())?;
         if spec.family == Family::Qwen3 && num_labels == 1 {
             let mut template = RerankTemplate::default();
             if let Some(instruction) = &config.reranker_instruction {
@@ -176,12 +185,24 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
             classify_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
             score_activation: ClassifierActivation::for_scoring(&spec.config, num_labels),
         })
+    } else if spec.supports(Task::TokenClassify) {
+        spec.labels = spec::labels_of(&spec.config, num_labels);
+        let parts = models::load_token_classifier(&spec, vb.clone(), num_labels, spec.hidden_size)?;
+        Some(ClassifierHead {
+            pooling: parts.pooling,
+            pooler: parts.pooler,
+            classifier: parts.classifier,
+            logit_bias: config.pooler.logit_bias.map(|b| b as f32),
+            classify_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
+            score_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
+        })
     } else {
         None
     };
+    let sparse_head = if spec.supports(Task::EmbedSparse) { Some(models::load_sparse_head(&spec, vb)?) } else { None };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     spec.embedding_size = embedding_head.output_size(spec.hidden_size);
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier })
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head })
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.

@@ -17,6 +17,22 @@ pub struct SentenceTransformer {
     pub normalize: bool,
     pub max_seq_length: Option<usize>,
     pub do_lower_case: bool,
+    /// `config_sentence_transformers.json` says `MultiVectorEncoder` (ColBERT-style: one
+    /// vector per token, scored by MaxSim).
+    pub multi_vector: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SpladeConfig {
+    pooling_strategy: Option<String>,
+    activation_function: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StConfig {
+    model_type: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -121,6 +137,10 @@ impl SentenceTransformer {
             st.max_seq_length = config.max_seq_length;
             st.do_lower_case = config.do_lower_case;
         }
+        if let Some(path) = source.file("config_sentence_transformers.json")? {
+            let config: StConfig = read_json(&path)?;
+            st.multi_vector = config.model_type.as_deref() == Some("MultiVectorEncoder");
+        }
         let Some(modules_path) = source.file("modules.json")? else {
             return Ok(st);
         };
@@ -134,6 +154,18 @@ impl SentenceTransformer {
                     st.pooling = Some(pooling_type(&config, &module.path)?);
                 }
                 "Dense" => st.dense.push(load_dense(source, &module.path)?),
+                "SpladePooling" => {
+                    let config: SpladeConfig = read_json(&source.required(&format!("{}/config.json", module.path))?)?;
+                    let strategy = config.pooling_strategy.as_deref().unwrap_or("max");
+                    let activation = config.activation_function.as_deref().unwrap_or("relu");
+                    if strategy != "max" || activation != "relu" {
+                        return Err(LoadError::Unsupported(format!(
+                            "{}: SPLADE pooling `{strategy}` with `{activation}` (only max with relu)",
+                            module.path
+                        )));
+                    }
+                    st.pooling = Some(PoolingType::Splade);
+                }
                 // all-MiniLM-L6-v2 lists 2_Normalize without shipping a folder for it.
                 "Normalize" => st.normalize = true,
                 other => {

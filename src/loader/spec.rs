@@ -205,27 +205,48 @@ pub fn is_sequence_classifier(architecture: &str) -> bool {
     architecture.ends_with("ForSequenceClassification")
 }
 
-/// The tasks a checkpoint serves, from its architecture, `--convert` and its number of labels:
-/// classifiers serve `classify`, and one-label classifiers (cross-encoders) also `score`.
-pub fn tasks_for(architecture: &str, convert: Convert, num_labels: usize) -> Result<Vec<Task>, LoadError> {
+/// What decides a checkpoint's tasks besides its architecture.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TaskHints {
+    pub num_labels: usize,
+    /// The pooling `--pooler-config` or the sentence-transformers files ask for.
+    pub pooling: Option<PoolingType>,
+    /// A sentence-transformers MultiVectorEncoder (ColBERT-style).
+    pub multi_vector: bool,
+}
+
+/// The tasks a checkpoint serves, in preference order (the first is /pooling's default):
+/// classifiers serve `classify` (one-label ones also `score`), token classifiers
+/// `token_classify`, masked LMs with SPLADE pooling `embed_sparse`, multi-vector encoders
+/// `token_embed` and `score` (MaxSim), everything else `embed` and `token_embed`.
+pub fn tasks_for(architecture: &str, convert: Convert, hints: TaskHints) -> Result<Vec<Task>, LoadError> {
+    let embedder = || {
+        if hints.multi_vector {
+            vec![Task::TokenEmbed, Task::Score]
+        } else {
+            vec![Task::Embed, Task::TokenEmbed]
+        }
+    };
     let classifier_tasks = || {
         let mut tasks = vec![Task::Classify];
-        if num_labels == 1 {
+        if hints.num_labels == 1 {
             tasks.push(Task::Score);
         }
         tasks
     };
-    let not_yet = architecture.ends_with("ForTokenClassification") || architecture.ends_with("ForMaskedLM");
+    let masked_lm = architecture.ends_with("ForMaskedLM");
     match convert {
-        Convert::Embed => Ok(vec![Task::Embed, Task::TokenEmbed]),
+        Convert::Embed => Ok(embedder()),
         Convert::Auto | Convert::Classify if is_sequence_classifier(architecture) => Ok(classifier_tasks()),
+        Convert::Auto | Convert::Classify if architecture.ends_with("ForTokenClassification") => Ok(vec![Task::TokenClassify]),
         Convert::Classify => Err(LoadError::Unsupported(format!(
-            "--convert classify needs a `*ForSequenceClassification` checkpoint with classifier weights; `{architecture}` has none"
+            "--convert classify needs a `*ForSequenceClassification` or `*ForTokenClassification` checkpoint with classifier weights; `{architecture}` has none"
         ))),
-        Convert::Auto if not_yet => Err(LoadError::Unsupported(format!(
-            "`{architecture}` checkpoints are not served yet; `--convert embed` serves its encoder as an embedding model"
+        Convert::Auto if masked_lm && hints.pooling == Some(PoolingType::Splade) => Ok(vec![Task::EmbedSparse]),
+        Convert::Auto if masked_lm => Err(LoadError::Unsupported(format!(
+            "`{architecture}` is served as a SPLADE sparse encoder with --pooler-config '{{\"pooling_type\": \"SPLADE\"}}', or as an embedding model with --convert embed"
         ))),
-        Convert::Auto => Ok(vec![Task::Embed, Task::TokenEmbed]),
+        Convert::Auto => Ok(embedder()),
     }
 }
 
@@ -322,12 +343,18 @@ mod tests {
     #[test]
     fn tasks_follow_architecture_and_convert() {
         let embed = vec![Task::Embed, Task::TokenEmbed];
-        assert_eq!(tasks_for("BertModel", Convert::Auto, 2).unwrap(), embed);
-        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Auto, 3).unwrap(), vec![Task::Classify]);
-        assert_eq!(tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, 1).unwrap(), vec![Task::Classify, Task::Score]);
-        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Embed, 1).unwrap(), embed);
-        assert!(tasks_for("BertModel", Convert::Classify, 2).is_err());
-        assert!(tasks_for("BertForTokenClassification", Convert::Auto, 5).is_err());
+        let labels = |n| TaskHints { num_labels: n, ..Default::default() };
+        assert_eq!(tasks_for("BertModel", Convert::Auto, labels(2)).unwrap(), embed);
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Auto, labels(3)).unwrap(), vec![Task::Classify]);
+        assert_eq!(tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, labels(1)).unwrap(), vec![Task::Classify, Task::Score]);
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Embed, labels(1)).unwrap(), embed);
+        assert!(tasks_for("BertModel", Convert::Classify, labels(2)).is_err());
+        assert_eq!(tasks_for("BertForTokenClassification", Convert::Auto, labels(5)).unwrap(), vec![Task::TokenClassify]);
+        assert!(tasks_for("BertForMaskedLM", Convert::Auto, labels(2)).is_err());
+        let splade = TaskHints { pooling: Some(PoolingType::Splade), ..Default::default() };
+        assert_eq!(tasks_for("BertForMaskedLM", Convert::Auto, splade).unwrap(), vec![Task::EmbedSparse]);
+        let colbert = TaskHints { multi_vector: true, ..Default::default() };
+        assert_eq!(tasks_for("BertModel", Convert::Auto, colbert).unwrap(), vec![Task::TokenEmbed, Task::Score]);
     }
 
     #[test]

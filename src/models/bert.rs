@@ -9,6 +9,7 @@ use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
 use super::{Backbone, ModelError};
 use crate::engine::batch::Batch;
 use crate::loader::spec::Family;
+use crate::pooling::sparse::SparseHead;
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -238,4 +239,31 @@ impl Backbone for Bert {
     fn max_positions(&self) -> usize {
         self.max_positions
     }
+}
+
+/// The masked-LM head of `BertForMaskedLM` (`cls.predictions`) or `RobertaForMaskedLM`
+/// (`lm_head`), for SPLADE; the decoder falls back to the tied word embeddings. On the CPU in f32.
+pub fn load_mlm_head(raw: &serde_json::Value, family: Family, vb: VarBuilder) -> std::result::Result<SparseHead, ModelError> {
+    let config: BertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+    let (h, vocab) = (config.hidden_size, config.vocab_size);
+    let (head, dense, norm, activation) = match family {
+        Family::Roberta => (vb.pp("lm_head"), "dense", "layer_norm", Activation::Gelu),
+        _ => (
+            vb.pp("cls.predictions"),
+            "transform.dense",
+            "transform.LayerNorm",
+            Activation::from_config(&config.hidden_act)
+                .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?,
+        ),
+    };
+    let host = super::on_host;
+    let transform = Linear::new(host(head.pp(dense).get((h, h), "weight")?)?, Some(host(head.pp(dense).get(h, "bias")?)?))?;
+    let norm = LayerNorm::new(host(head.pp(norm).get(h, "weight")?)?, host(head.pp(norm).get(h, "bias")?)?, config.layer_norm_eps)?;
+    let decoder_weight = if head.contains_tensor("decoder.weight") {
+        head.get((vocab, h), "decoder.weight")?
+    } else {
+        encoder_root(vb.clone()).get((vocab, h), "embeddings.word_embeddings.weight")?
+    };
+    let bias = if head.contains_tensor("bias") { head.get(vocab, "bias")? } else { head.get(vocab, "decoder.bias")? };
+    Ok(SparseHead { transform, activation, norm, decoder: Linear::new(host(decoder_weight)?, Some(host(bias)?))? })
 }

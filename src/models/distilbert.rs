@@ -80,3 +80,23 @@ pub fn load_classifier(raw: &serde_json::Value, vb: VarBuilder, num_labels: usiz
     let pooler = PreClassifier { dense, activation: Some(Activation::Relu), norm: None };
     Ok((pooler, on_cpu(vb.pp("classifier"), num_labels)?))
 }
+
+/// `DistilBertForMaskedLM`'s head (`vocab_transform` → activation → `vocab_layer_norm` →
+/// `vocab_projector`, tied to the word embeddings), for SPLADE. On the CPU in f32.
+pub fn load_mlm_head(raw: &serde_json::Value, vb: VarBuilder) -> Result<crate::pooling::sparse::SparseHead, ModelError> {
+    let config: DistilBertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+    let (h, vocab) = (config.dim, config.vocab_size);
+    let activation = Activation::from_config(&config.activation)
+        .ok_or_else(|| ModelError::Config(format!("activation `{}` is not supported", config.activation)))?;
+    let host = super::on_host;
+    let transform = Linear::new(host(vb.pp("vocab_transform").get((h, h), "weight")?)?, Some(host(vb.pp("vocab_transform").get(h, "bias")?)?))?;
+    let ln = vb.pp("vocab_layer_norm");
+    let norm = super::ops::LayerNorm::new(host(ln.get(h, "weight")?)?, host(ln.get(h, "bias")?)?, EPS)?;
+    let weight = if vb.contains_tensor("vocab_projector.weight") {
+        vb.get((vocab, h), "vocab_projector.weight")?
+    } else {
+        vb.get((vocab, h), "distilbert.embeddings.word_embeddings.weight")?
+    };
+    let decoder = Linear::new(host(weight)?, Some(host(vb.get(vocab, "vocab_projector.bias")?)?))?;
+    Ok(crate::pooling::sparse::SparseHead { transform, activation, norm, decoder })
+}

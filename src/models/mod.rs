@@ -14,7 +14,8 @@ pub mod qwen;
 use crate::engine::batch::Batch;
 use crate::loader::spec::{Family, ModelSpec};
 use crate::pooling::classifier::PreClassifier;
-use crate::pooling::method::{Cls, Last, LastNonPad, PoolingMethod};
+use crate::pooling::method::{All, Cls, Last, LastNonPad, PoolingMethod};
+use crate::pooling::sparse::SparseHead;
 use ops::Linear;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
@@ -111,6 +112,28 @@ pub fn load_classifier(
             };
             Ok(ClassifierParts { pooler: None, classifier, pooling })
         }
+    }
+}
+
+/// The per-token classifier of a `*ForTokenClassification` checkpoint (`classifier`, applied to
+/// every token's final hidden state).
+pub fn load_token_classifier(spec: &ModelSpec, vb: VarBuilder, num_labels: usize, hidden: usize) -> Result<ClassifierParts, ModelError> {
+    match spec.family {
+        Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet => {
+            let head = vb.pp("classifier");
+            let classifier = Linear::new(on_host(head.get((num_labels, hidden), "weight")?)?, Some(on_host(head.get(num_labels, "bias")?)?))?;
+            Ok(ClassifierParts { pooler: None, classifier, pooling: Box::new(All) })
+        }
+        other => Err(ModelError::Config(format!("token classification heads for {other:?} are not supported yet"))),
+    }
+}
+
+/// The masked-LM head that SPLADE pooling needs.
+pub fn load_sparse_head(spec: &ModelSpec, vb: VarBuilder) -> Result<SparseHead, ModelError> {
+    match spec.family {
+        Family::Bert | Family::Roberta => bert::load_mlm_head(&spec.config, spec.family, vb),
+        Family::DistilBert => distilbert::load_mlm_head(&spec.config, vb),
+        other => Err(ModelError::Config(format!("SPLADE needs a masked-LM head; {other:?} models have none here"))),
     }
 }
 

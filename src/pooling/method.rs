@@ -92,6 +92,8 @@ pub enum PoolingType {
     Mean,
     All,
     Step,
+    /// SPLADE: max over tokens of log(1 + ReLU(MLM logits)); needs a masked-LM head.
+    Splade,
 }
 
 impl PoolingType {
@@ -102,12 +104,12 @@ impl PoolingType {
             PoolingType::Last => Some(&Last),
             PoolingType::Mean => Some(&Mean),
             PoolingType::All => Some(&All),
-            PoolingType::Step => None,
+            PoolingType::Step | PoolingType::Splade => None,
         }
     }
 
     pub fn is_token_level(self) -> bool {
-        matches!(self, PoolingType::All | PoolingType::Step)
+        matches!(self, PoolingType::All | PoolingType::Step | PoolingType::Splade)
     }
 }
 
@@ -120,6 +122,7 @@ impl FromStr for PoolingType {
             "MEAN" => Ok(Self::Mean),
             "ALL" => Ok(Self::All),
             "STEP" => Ok(Self::Step),
+            "SPLADE" => Ok(Self::Splade),
             other => Err(format!("unknown pooling type `{other}` (expected CLS, LAST, MEAN, ALL or STEP)")),
         }
     }

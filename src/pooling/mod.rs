@@ -6,6 +6,7 @@ pub mod classifier;
 pub mod head;
 pub mod method;
 pub mod params;
+pub mod sparse;
 pub mod task;
 
 pub use method::PoolingType;

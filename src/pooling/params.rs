@@ -72,7 +72,7 @@ const TASK_FIELDS: [&str; 3] = ["dimensions", "normalize", "use_activation"];
 fn valid_fields(task: Task) -> &'static [&'static str] {
     match task {
         Task::Embed | Task::TokenEmbed => &TASK_FIELDS,
-        Task::Classify | Task::Score | Task::TokenClassify => &TASK_FIELDS[2..],
+        Task::Classify | Task::Score | Task::TokenClassify | Task::EmbedSparse => &TASK_FIELDS[2..],
     }
 }
 

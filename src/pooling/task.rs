@@ -16,6 +16,8 @@ pub enum Task {
     TokenEmbed,
     /// Class probabilities per token.
     TokenClassify,
+    /// A sparse vocabulary-sized vector per input (SPLADE).
+    EmbedSparse,
 }
 
 impl Task {
@@ -26,13 +28,14 @@ impl Task {
             Task::Score => "score",
             Task::TokenEmbed => "token_embed",
             Task::TokenClassify => "token_classify",
+            Task::EmbedSparse => "embed_sparse",
         }
     }
 
     /// How vLLM names the work in its "maximum context length" message.
     pub fn purpose(self) -> &'static str {
         match self {
-            Task::Embed | Task::TokenEmbed => "embedding generation",
+            Task::Embed | Task::TokenEmbed | Task::EmbedSparse => "embedding generation",
             Task::Classify | Task::TokenClassify => "classification",
             Task::Score => "score",
         }
@@ -41,6 +44,16 @@ impl Task {
     /// Whether the output is per token rather than per input.
     pub fn is_token_level(self) -> bool {
         matches!(self, Task::TokenEmbed | Task::TokenClassify)
+    }
+}
+
+impl std::str::FromStr for Task {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        [Task::Embed, Task::Classify, Task::Score, Task::TokenEmbed, Task::TokenClassify, Task::EmbedSparse]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or(())
     }
 }
 

@@ -1,0 +1,108 @@
+//! `POST /pooling`: vLLM's task-generic endpoint. `task` picks embed, classify, token_embed,
+//! token_classify or embed_sparse (default: the model's first task); per-token tasks answer
+//! nested lists, embed_sparse lists of `{"index", "value"}`.
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::{admit, parse_input, AppState, ListResponse};
+use crate::engine::PoolingOutput;
+use crate::pooling::{PoolingParams, Task};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Deserialize)]
+pub struct PoolingRequest {
+    pub input: serde_json::Value,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub task: Option<String>,
+    #[serde(flatten)]
+    pub params: PoolingParams,
+}
+
+/// One non-zero weight of a sparse embedding (TEI's `SparseValue`).
+#[derive(Debug, Serialize)]
+pub struct SparseValue {
+    pub index: u32,
+    pub value: f32,
+}
+
+impl SparseValue {
+    pub fn list(weights: Vec<(u32, f32)>) -> Vec<SparseValue> {
+        weights.into_iter().map(|(index, value)| SparseValue { index, value }).collect()
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum PoolingValue {
+    Vector(Vec<f32>),
+    Tokens(Vec<Vec<f32>>),
+    Sparse(Vec<SparseValue>),
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolingData {
+    pub index: usize,
+    pub object: &'static str,
+    pub data: PoolingValue,
+}
+
+/// Python's repr of a tuple of strings, as vLLM prints the supported tasks.
+fn py_tuple(tasks: &[Task]) -> String {
+    let items: Vec<String> = tasks.iter().map(|t| format!("'{t}'")).collect();
+    match items.as_slice() {
+        [one] => format!("({one},)"),
+        _ => format!("({})", items.join(", ")),
+    }
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<PoolingRequest>,
+) -> Result<Json<ListResponse<PoolingData>>, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    let engine = state.engine()?;
+    let spec = engine.spec();
+    // `score` is a pair task: /score and /rerank serve it.
+    let poolable: Vec<Task> = spec.tasks.iter().copied().filter(|t| *t != Task::Score).collect();
+    let task = match request.task.as_deref() {
+        None => poolable.first().copied().ok_or_else(|| ApiError::bad_request("The model does not support Pooling API"))?,
+        Some(name) => name.parse::<Task>().ok().filter(|t| poolable.contains(t)).ok_or_else(|| ApiError::BadRequest {
+            message: format!("Unsupported task: '{name}' Supported tasks: {}", py_tuple(&poolable)),
+            param: Some("task"),
+        })?,
+    };
+    let _permit = admit(engine)?;
+    let params = request.params.verify(task, spec)?;
+    let prompts = parse_input(&request.input)?;
+    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let data = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let data = match output {
+                PoolingOutput::Vector(v) => PoolingValue::Vector(v),
+                PoolingOutput::Tokens(t) => PoolingValue::Tokens(t),
+                PoolingOutput::Sparse(s) => PoolingValue::Sparse(SparseValue::list(s)),
+            };
+            PoolingData { index, object: "pooling", data }
+        })
+        .collect();
+    Ok(Json(ListResponse::new("pool", &headers, &state, data, tokens)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_print_as_python_tuples() {
+        assert_eq!(py_tuple(&[Task::Embed, Task::TokenEmbed]), "('embed', 'token_embed')");
+        assert_eq!(py_tuple(&[Task::Classify]), "('classify',)");
+    }
+}

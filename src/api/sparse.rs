@@ -1,0 +1,67 @@
+//! `POST /embed_sparse`: TEI's sparse-embedding endpoint for SPLADE models.
+//! `{"inputs": str | [str], "truncate"?: bool, "truncation_direction"?: "Left" | "Right"}` →
+//! one list of non-zero `{"index", "value"}` per input, in token-id order.
+
+use super::error::ApiError;
+use super::json::ApiJson;
+use super::pooling::SparseValue;
+use super::{admit, AppState};
+use crate::engine::{PoolingOutput, Prompt};
+use crate::pooling::params::TruncationSide;
+use crate::pooling::{PoolingParams, Task};
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SparseInputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub enum TruncationDirection {
+    Left,
+    Right,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SparseRequest {
+    pub inputs: SparseInputs,
+    /// Cut inputs longer than the model's limit instead of refusing them (TEI's default: no).
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: Option<TruncationDirection>,
+}
+
+pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<SparseRequest>) -> Result<Json<Vec<Vec<SparseValue>>>, ApiError> {
+    let engine = state.engine_for(None, Task::EmbedSparse, "Sparse Embeddings")?;
+    let _permit = admit(engine)?;
+    let params = PoolingParams {
+        truncate_prompt_tokens: request.truncate.unwrap_or(false).then_some(-1),
+        truncation_side: request.truncation_direction.map(|d| match d {
+            TruncationDirection::Left => TruncationSide::Left,
+            TruncationDirection::Right => TruncationSide::Right,
+        }),
+        ..Default::default()
+    }
+    .verify(Task::EmbedSparse, engine.spec())?;
+    let texts = match request.inputs {
+        SparseInputs::One(text) => vec![text],
+        SparseInputs::Many(texts) if texts.is_empty() => {
+            return Err(ApiError::BadRequest { message: "inputs must not be empty".into(), param: Some("inputs") })
+        }
+        SparseInputs::Many(texts) => texts,
+    };
+    let (outputs, _) = engine.encode(texts.into_iter().map(Prompt::Text).collect(), &params).await?;
+    outputs
+        .into_iter()
+        .map(|output| match output {
+            PoolingOutput::Sparse(weights) => Ok(SparseValue::list(weights)),
+            _ => Err(ApiError::Internal("the sparse head returned dense output".into())),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Json)
+}
