@@ -159,8 +159,8 @@ impl TryFrom<ServeArgs> for ServerConfig {
             Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
             None => PoolerConfig::default(),
         };
-        if pooler.enable_chunked_processing == Some(true) || pooler.max_embed_len.is_some() {
-            return Err(ConfigError("--pooler-config: chunked processing of long inputs is not supported yet".into()));
+        if pooler.max_embed_len.is_some() && pooler.enable_chunked_processing != Some(true) {
+            return Err(ConfigError("--pooler-config: max_embed_len needs enable_chunked_processing: true".into()));
         }
         if pooler.pooling_type == Some(PoolingType::Step) {
             return Err(ConfigError("--pooler-config: STEP pooling is not supported yet".into()));

@@ -101,7 +101,9 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Params(p) => p.into(),
-            EngineError::InputTooLong { .. } => ApiError::BadRequest { message: e.to_string(), param: Some("input") },
+            EngineError::InputTooLong { .. } | EngineError::EmbedInputTooLong { .. } => {
+                ApiError::BadRequest { message: e.to_string(), param: Some("input") }
+            }
             EngineError::InvalidPairing => ApiError::bad_request(e.to_string()),
             EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }

@@ -23,6 +23,8 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 pub enum EngineError {
     #[error("This model's maximum context length is {max} tokens. However, you requested {got} tokens in the input for {purpose}. Please reduce the length of the input.")]
     InputTooLong { max: usize, got: usize, purpose: &'static str },
+    #[error("This model's maximum embedding input length is {max} tokens. However, you requested {got} tokens in the input for embedding generation. Please reduce the length of the input.")]
+    EmbedInputTooLong { max: usize, got: usize },
     #[error("Token id {id} is out of vocabulary (the vocabulary has {vocab} tokens)")]
     InvalidTokenId { id: u32, vocab: usize },
     #[error("The prompt cannot be empty")]
@@ -57,6 +59,9 @@ struct Inner {
     admission: Arc<Semaphore>,
     max_concurrent_requests: usize,
     vocab_size: usize,
+    /// `max_embed_len` when `enable_chunked_processing` is on: longer embedding inputs are
+    /// split into chunks of `max_model_len` instead of refused.
+    chunked_up_to: Option<usize>,
 }
 
 #[derive(Clone)]
@@ -95,6 +100,8 @@ impl Engine {
                 admission: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 max_concurrent_requests: config.max_concurrent_requests,
                 vocab_size,
+                chunked_up_to: (config.pooler.enable_chunked_processing == Some(true))
+                    .then(|| config.pooler.max_embed_len.unwrap_or(usize::MAX)),
             }),
         })
     }
@@ -162,7 +169,11 @@ impl Engine {
 
     fn check_length(&self, len: usize, params: &ResolvedParams) -> Result<(), EngineError> {
         let max = self.inner.spec.max_model_len;
-        if len > max {
+        if let (Task::Embed, Some(limit)) = (params.task, self.inner.chunked_up_to) {
+            if len > limit {
+                return Err(EngineError::EmbedInputTooLong { max: limit, got: len });
+            }
+        } else if len > max {
             return Err(EngineError::InputTooLong { max, got: len, purpose: params.task.purpose() });
         }
         if len == 0 {
@@ -194,6 +205,46 @@ impl Engine {
     pub async fn encode(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
         let inputs = self.prepare(prompts, params).await?;
         let tokens = inputs.iter().map(TokenizedInput::len).sum();
+        let max = self.inner.spec.max_model_len;
+        if inputs.iter().any(|i| i.len() > max) {
+            return Ok((self.run_chunked(inputs, params).await?, tokens));
+        }
         Ok((self.run(inputs, params).await?, tokens))
+    }
+
+    /// Chunked processing (api.md, "Long inputs"): every input is cut into consecutive chunks
+    /// of `max_model_len` tokens, all chunks run as ordinary inputs (so they batch with
+    /// everything else), and each input's embedding is the token-weighted mean of its chunks'
+    /// un-normalized embeddings, then sliced and normalized as requested.
+    async fn run_chunked(&self, inputs: Vec<TokenizedInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
+        let max = self.inner.spec.max_model_len;
+        let mut chunks = Vec::new();
+        let mut owners = Vec::new();
+        for (owner, input) in inputs.iter().enumerate() {
+            for (ids, types) in input.ids.chunks(max).zip(input.type_ids.chunks(max)) {
+                chunks.push(TokenizedInput { ids: ids.to_vec(), type_ids: types.to_vec() });
+                owners.push(owner);
+            }
+        }
+        let lengths: Vec<usize> = chunks.iter().map(TokenizedInput::len).collect();
+        let raw = ResolvedParams { dimensions: None, activation: false, ..params.clone() };
+        let outputs = self.run(chunks, &raw).await?;
+        let mut sums: Vec<Option<Vec<f32>>> = vec![None; inputs.len()];
+        for ((output, owner), len) in outputs.into_iter().zip(owners).zip(lengths) {
+            let PoolingOutput::Vector(v) = output else {
+                return Err(EngineError::Model("chunked processing applies to embeddings only".into()));
+            };
+            let sum = sums[owner].get_or_insert_with(|| vec![0.0; v.len()]);
+            sum.iter_mut().zip(&v).for_each(|(s, x)| *s += x * len as f32);
+        }
+        inputs
+            .iter()
+            .zip(sums)
+            .map(|(input, sum)| {
+                let mut mean = sum.ok_or(EngineError::Stopped)?;
+                mean.iter_mut().for_each(|x| *x /= input.len() as f32);
+                Ok(PoolingOutput::Vector(crate::pooling::head::finish_embedding(mean, params.dimensions, params.activation)))
+            })
+            .collect()
     }
 }
