@@ -162,8 +162,8 @@ impl TryFrom<ServeArgs> for ServerConfig {
         if pooler.max_embed_len.is_some() && pooler.enable_chunked_processing != Some(true) {
             return Err(ConfigError("--pooler-config: max_embed_len needs enable_chunked_processing: true".into()));
         }
-        if pooler.pooling_type == Some(PoolingType::Step) {
-            return Err(ConfigError("--pooler-config: STEP pooling is not supported yet".into()));
+        if pooler.pooling_type != Some(PoolingType::Step) && (pooler.step_tag_id.is_some() || pooler.returned_token_ids.is_some()) {
+            return Err(ConfigError("--pooler-config: step_tag_id and returned_token_ids need pooling_type STEP".into()));
         }
         let hf_overrides = match &args.hf_overrides {
             Some(json) => match serde_json::from_str(json) {

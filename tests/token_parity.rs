@@ -97,3 +97,28 @@ async fn splade_from_pooler_config_matches_reference() {
 async fn splade_from_sentence_transformers_files_matches_reference() {
     check_splade("bert-splade-st", |_| {}).await;
 }
+
+/// STEP pooling: only the tokens with `step_tag_id`, only the `returned_token_ids` label
+/// columns, softmax over those (vLLM's StepPooler), from the reference logits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_pooling_selects_tagged_tokens_and_columns() {
+    let expected = expected("bert-tokcls");
+    let case = &expected["texts"][0];
+    let ids: Vec<u32> = case["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let tag = ids[ids.len() - 2]; // the "." before [SEP]
+    let engine = engine(&fixture_model("bert-tokcls"), |c| {
+        c.pooler.pooling_type = Some(PoolingType::Step);
+        c.pooler.step_tag_id = Some(tag);
+        c.pooler.returned_token_ids = Some(vec![1, 3]);
+    });
+    let out = outputs(&engine, vec![Prompt::Text(case["text"].as_str().unwrap().into())], Task::TokenClassify).await.remove(0);
+    let PoolingOutput::Tokens(rows) = out else { panic!("per-token output expected") };
+    let tagged: Vec<usize> = ids.iter().enumerate().filter(|(_, id)| **id == tag).map(|(i, _)| i).collect();
+    assert_eq!(rows.len(), tagged.len());
+    for (row, &t) in rows.iter().zip(&tagged) {
+        let logits = floats(&case["logits"][t]);
+        let (a, b) = (logits[1], logits[3]);
+        let want = [1.0 / (1.0 + (b - a).exp()), 1.0 / (1.0 + (a - b).exp())];
+        assert!(max_abs_diff(row, &want) <= 1e-4, "token {t}: {row:?} vs {want:?}");
+    }
+}

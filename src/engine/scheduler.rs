@@ -172,8 +172,11 @@ impl Runner {
                         }
                         values
                     };
-                    match params.task {
-                        Task::TokenClassify => PoolingOutput::Tokens(block.chunks(labels).map(activate).collect()),
+                    match (params.task, &head.step) {
+                        (Task::TokenClassify, Some(step)) => {
+                            PoolingOutput::Tokens(step.apply(&job.input.ids, block, labels).iter().map(|r| activate(r)).collect())
+                        }
+                        (Task::TokenClassify, None) => PoolingOutput::Tokens(block.chunks(labels).map(activate).collect()),
                         _ => PoolingOutput::Vector(activate(block)),
                     }
                 }

@@ -9,7 +9,8 @@ pub mod spec;
 use crate::config::{DeviceArg, ServerConfig};
 use crate::engine::tokenize::TextTokenizer;
 use crate::models::{self, Backbone, ModelError};
-use crate::pooling::classifier::{ClassifierActivation, ClassifierHead};
+use crate::pooling::classifier::{ClassifierActivation, ClassifierHead, StepFilter};
+use crate::pooling::PoolingType;
 use crate::pooling::head::EmbeddingHead;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
@@ -157,6 +158,9 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         }
         width = dense.linear.out_features();
     }
+    if config.pooler.pooling_type == Some(PoolingType::Step) && !spec.supports(Task::TokenClassify) {
+        return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
+    }
     if spec.supports(Task::Embed) && spec.pooling.is_token_level() {
         return Err(LoadError::Unsupported(format!(
             "pooling_type {:?} gives one vector per token; embeddings need CLS, MEAN or LAST",
@@ -178,6 +182,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
             spec.rerank_template = Some(template);
         }
         Some(ClassifierHead {
+            step: None,
             pooling: parts.pooling,
             pooler: parts.pooler,
             classifier: parts.classifier,
@@ -188,7 +193,15 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     } else if spec.supports(Task::TokenClassify) {
         spec.labels = spec::labels_of(&spec.config, num_labels);
         let parts = models::load_token_classifier(&spec, vb.clone(), num_labels, spec.hidden_size)?;
+        let step = (config.pooler.pooling_type == Some(PoolingType::Step)).then(|| StepFilter {
+            step_tag_id: config.pooler.step_tag_id,
+            columns: config.pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
+        });
+        if let Some(bad) = step.as_ref().and_then(|s| s.columns.as_ref()).and_then(|c| c.iter().find(|&&c| c >= num_labels)) {
+            return Err(LoadError::Invalid(format!("returned_token_ids: {bad} is not one of the model's {num_labels} labels")));
+        }
         Some(ClassifierHead {
+            step,
             pooling: parts.pooling,
             pooler: parts.pooler,
             classifier: parts.classifier,

@@ -93,8 +93,33 @@ impl PreClassifier {
     }
 }
 
+/// STEP pooling of process reward models (vLLM's `StepPooler`): of a token classifier's
+/// per-token logits keep only the tokens whose id is `step_tag_id` and only the label columns
+/// `returned_token_ids`; the activation then runs over the kept columns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepFilter {
+    pub step_tag_id: Option<u32>,
+    pub columns: Option<Vec<usize>>,
+}
+
+impl StepFilter {
+    /// The kept rows (of `labels` logits each) of one sequence with token ids `ids`.
+    pub fn apply(&self, ids: &[u32], logits: &[f32], labels: usize) -> Vec<Vec<f32>> {
+        ids.iter()
+            .zip(logits.chunks(labels))
+            .filter(|(id, _)| self.step_tag_id.is_none_or(|tag| **id == tag))
+            .map(|(_, row)| match &self.columns {
+                Some(columns) => columns.iter().map(|&c| row[c]).collect(),
+                None => row.to_vec(),
+            })
+            .collect()
+    }
+}
+
 /// Pooled vectors → class logits → probabilities.
 pub struct ClassifierHead {
+    /// Token classifiers with STEP pooling.
+    pub step: Option<StepFilter>,
     /// Which token feeds the head (CLS for BERT-style heads, the last one for decoders).
     pub pooling: Box<dyn PoolingMethod>,
     pub pooler: Option<PreClassifier>,
@@ -159,6 +184,14 @@ mod tests {
         assert_eq!(ClassifierActivation::for_scoring(&st, 1), Identity);
         assert_eq!(ClassifierActivation::for_classification(&st, 1), Sigmoid);
         assert_eq!(ClassifierActivation::for_scoring(&json!({}), 1), Sigmoid);
+    }
+
+    #[test]
+    fn step_filter_keeps_tagged_rows_and_chosen_columns() {
+        let filter = StepFilter { step_tag_id: Some(7), columns: Some(vec![2, 0]) };
+        let logits = [0.0, 1.0, 2.0, 10.0, 11.0, 12.0, 20.0, 21.0, 22.0];
+        assert_eq!(filter.apply(&[7, 3, 7], &logits, 3), vec![vec![2.0, 0.0], vec![22.0, 20.0]]);
+        assert_eq!(StepFilter::default().apply(&[1], &logits[..3], 3), vec![vec![0.0, 1.0, 2.0]]);
     }
 
     #[test]

@@ -1,0 +1,98 @@
+//! `/pooling` and `/embed_sparse` through the real router: task selection, response shapes per
+//! task, late interaction on /rerank, and the error cases.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use poolserve::pooling::PoolingType;
+use serde_json::json;
+
+fn assert_error(reply: &Reply, status: StatusCode, message_part: &str) {
+    assert_eq!(reply.status, status, "body: {}", reply.body);
+    assert_eq!(reply.body["error"]["code"].as_u64(), Some(status.as_u16() as u64), "body: {}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(message_part), "message {message:?} lacks {message_part:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooling_answers_each_task_in_its_shape() {
+    let reference = expected("bert-embed-mean");
+    let router = router(engine(&fixture_model("bert-embed-mean"), |_| {}), 2_000_000);
+    let text = reference["texts"][0]["text"].as_str().unwrap();
+    let n = reference["texts"][0]["input_ids"].as_array().unwrap().len();
+
+    let reply = send(&router, "POST", "/pooling", Some(json!({"input": text}).to_string()), &[("x-request-id", "p1")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body["id"], "pool-p1");
+    assert_eq!(reply.body["object"], "list");
+    assert_eq!(reply.body["data"][0]["object"], "pooling");
+    assert_close(&floats(&reply.body["data"][0]["data"]), &floats(&reference["texts"][0]["embedding"]), "default task embed");
+    assert_eq!(reply.body["usage"]["prompt_tokens"], n);
+
+    let reply = post(&router, "/pooling", json!({"input": [text], "task": "token_embed", "normalize": false})).await;
+    let rows = reply.body["data"][0]["data"].as_array().unwrap();
+    assert_eq!(rows.len(), n);
+    assert_close(&floats(&rows[1]), &floats(&reference["texts"][0]["last_hidden_state"][1]), "token 1");
+
+    assert_error(
+        &post(&router, "/pooling", json!({"input": text, "task": "classify"})).await,
+        StatusCode::BAD_REQUEST,
+        "Unsupported task: 'classify' Supported tasks: ('embed', 'token_embed')",
+    );
+    assert_error(&post(&router, "/pooling", json!({"input": text, "task": "score"})).await, StatusCode::BAD_REQUEST, "Unsupported task: 'score'");
+    assert_error(&post(&router, "/pooling", json!({"input": text, "task": 3})).await, StatusCode::BAD_REQUEST, "expected a string");
+    assert_error(&post(&router, "/pooling", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
+    assert_error(&post(&router, "/embed_sparse", json!({"inputs": "x"})).await, StatusCode::BAD_REQUEST, "does not support Sparse Embeddings API");
+
+    // Classifiers: classify by default; token classifiers: token_classify, probabilities per token.
+    let classifier = router_for_fixture("bert-seqcls");
+    let reply = post(&classifier, "/pooling", json!({"input": text})).await;
+    assert_eq!(reply.body["data"][0]["data"].as_array().unwrap().len(), 3);
+    assert_error(&post(&classifier, "/pooling", json!({"input": text, "dimensions": 2})).await, StatusCode::BAD_REQUEST, "Task classify only supports");
+    let tagger = router_for_fixture("bert-tokcls");
+    let reply = post(&tagger, "/pooling", json!({"input": text})).await;
+    let rows = reply.body["data"][0]["data"].as_array().unwrap();
+    let tokcls = expected("bert-tokcls");
+    assert_eq!(rows.len(), tokcls["texts"][0]["input_ids"].as_array().unwrap().len());
+    assert!(max_abs_diff(&floats(&rows[0]), &floats(&tokcls["texts"][0]["softmax"][0])) <= 1e-4);
+    assert_error(&post(&tagger, "/classify", json!({"input": text})).await, StatusCode::BAD_REQUEST, "does not support Classification API");
+}
+
+fn router_for_fixture(name: &str) -> axum::Router {
+    router(engine(&fixture_model(name), |_| {}), 2_000_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embed_sparse_follows_tei() {
+    let reference = expected("bert-splade");
+    let router = router(engine(&fixture_model("bert-splade"), |c| c.pooler.pooling_type = Some(PoolingType::Splade)), 2_000_000);
+    let text = reference["texts"][0]["text"].as_str().unwrap();
+    let reply = post(&router, "/embed_sparse", json!({"inputs": text})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let list = reply.body[0].as_array().unwrap();
+    assert_eq!(list.len(), reference["texts"][0]["sparse"]["indices"].as_array().unwrap().len());
+    assert_eq!(list[0]["index"], reference["texts"][0]["sparse"]["indices"][0]);
+    assert!(list[0]["value"].is_number());
+
+    assert_error(&post(&router, "/embed_sparse", json!({"inputs": []})).await, StatusCode::BAD_REQUEST, "inputs must not be empty");
+    assert_error(&post(&router, "/embed_sparse", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "inputs");
+    let long = "word ".repeat(300);
+    assert_error(&post(&router, "/embed_sparse", json!({"inputs": long})).await, StatusCode::BAD_REQUEST, "maximum context length");
+    let reply = post(&router, "/embed_sparse", json!({"inputs": [long], "truncate": true})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "does not support Embeddings API");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_vector_models_rerank_by_maxsim() {
+    let reference = expected("bert-colbert");
+    let router = router_for_fixture("bert-colbert");
+    let pair = &reference["pairs"][0];
+    let reply = post(&router, "/rerank", json!({"query": pair["query"], "documents": [pair["document"]]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let score = reply.body["results"][0]["relevance_score"].as_f64().unwrap();
+    let query_tokens = pair["query_input_ids"].as_array().unwrap().len() as f64;
+    assert!((score - pair["maxsim"].as_f64().unwrap()).abs() / query_tokens <= 1e-4);
+    assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "does not support Embeddings API");
+}
