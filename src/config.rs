@@ -114,6 +114,24 @@ pub struct ServeArgs {
     /// Threads that tokenize (default: 1, so the model keeps the other cores).
     #[arg(long, default_value_t = 1, env = "POOLSERVE_TOKENIZER_WORKERS")]
     pub tokenizer_workers: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health, /metrics and /version.
+    #[arg(long, env = "POOLSERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Most inputs (texts, token lists, pairs, documents) in one request; more get 400.
+    #[arg(long, default_value_t = 1024, env = "POOLSERVE_MAX_CLIENT_BATCH_SIZE")]
+    pub max_client_batch_size: usize,
+    /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30, env = "POOLSERVE_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: u64,
+    #[arg(long, value_enum, default_value = "text", env = "POOLSERVE_LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`: human-readable lines, or one JSON object per event (log collectors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Everything the server needs, validated.
@@ -137,6 +155,10 @@ pub struct ServerConfig {
     pub payload_limit: usize,
     pub tokenizer_workers: usize,
     pub reranker_instruction: Option<String>,
+    pub api_key: Option<String>,
+    pub max_client_batch_size: usize,
+    pub shutdown_timeout: std::time::Duration,
+    pub log_format: LogFormat,
 }
 
 /// A flag value that cannot be used; printed as one line before exiting.
@@ -201,6 +223,13 @@ impl TryFrom<ServeArgs> for ServerConfig {
             payload_limit: positive("payload-limit", args.payload_limit)?,
             tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
             reranker_instruction: args.reranker_instruction,
+            api_key: match args.api_key {
+                Some(key) if key.is_empty() => return Err(ConfigError("--api-key must not be empty".into())),
+                key => key,
+            },
+            max_client_batch_size: positive("max-client-batch-size", args.max_client_batch_size)?,
+            shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
+            log_format: args.log_format,
         })
     }
 }

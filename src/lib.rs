@@ -9,6 +9,7 @@ pub mod api;
 pub mod config;
 pub mod engine;
 pub mod loader;
+pub mod metrics;
 pub mod models;
 pub mod pooling;
 pub mod server;

@@ -1,7 +1,7 @@
 //! The `poolserve` command: parses the command line into a `ServerConfig` and runs the server.
 
 use clap::{Parser, Subcommand};
-use poolserve::config::{ServeArgs, ServerConfig};
+use poolserve::config::{LogFormat, ServeArgs, ServerConfig};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -19,12 +19,6 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let Command::Serve(args) = cli.command;
     let config = match ServerConfig::try_from(args) {
         Ok(config) => config,
@@ -33,6 +27,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.init(),
+        // One JSON object per event, with the request span (method, path, request id).
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -14,6 +14,7 @@ pub fn start_engine(config: &ServerConfig) -> anyhow::Result<Engine> {
     let started = Instant::now();
     tracing::info!("loading {}", config.model);
     let model = loader::load(config)?;
+    crate::metrics::model_loaded(started.elapsed());
     tracing::info!(
         architecture = %model.spec.architecture,
         pooling = ?model.spec.pooling,
@@ -58,19 +59,45 @@ async fn shutdown_signal() {
 }
 
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
-    let state = AppState::new(config.served_model_name.clone());
+    let state = AppState::new(config.served_model_name.clone(), api::ApiOptions::from_config(&config));
     let app = api::router(state.clone(), config.payload_limit);
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", config.host, config.port))?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
-    let server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await });
+
+    // On SIGTERM/SIGINT: /health turns 503 and new model requests are refused at once, the
+    // listener closes, in-flight requests get `--shutdown-timeout` to finish.
+    let draining = state.clone();
+    let timeout = config.shutdown_timeout;
+    let stop = async move {
+        shutdown_signal().await;
+        draining.start_draining();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            tracing::warn!("shutdown timeout ({timeout:?}) reached with requests still running; exiting");
+            std::process::exit(0);
+        });
+    };
+    let mut server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
 
     let load_config = config.clone();
-    let engine = tokio::task::spawn_blocking(move || start_engine(&load_config)).await??;
-    warm_up(&engine).await?;
-    state.set_engine(engine);
-    tracing::info!("ready to serve {}", config.served_model_name);
+    let load = tokio::task::spawn_blocking(move || start_engine(&load_config));
+    tokio::select! {
+        engine = load => {
+            let engine = engine??;
+            warm_up(&engine).await?;
+            state.set_engine(engine);
+            tracing::info!("ready to serve {}", config.served_model_name);
+        }
+        // Stopped before the model was ready: nothing is in flight.
+        finished = &mut server => {
+            finished??;
+            tracing::info!("stopped while loading");
+            return Ok(());
+        }
+    }
     server.await??;
+    tracing::info!("stopped");
     Ok(())
 }

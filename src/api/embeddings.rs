@@ -3,7 +3,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::{admit, parse_input, AppState, ListResponse};
+use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -61,7 +61,7 @@ pub async fn create(
     let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let _permit = admit(engine)?;
     let params = request.params.verify(Task::Embed, engine.spec())?;
-    let prompts = parse_input(&request.input)?;
+    let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let format = request.encoding_format.unwrap_or_default();
     let data = outputs

@@ -14,6 +14,8 @@ pub enum ApiError {
     #[error("{message}")]
     BadRequest { message: String, param: Option<&'static str> },
     #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     MethodNotAllowed(String),
@@ -49,6 +51,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -61,6 +64,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self {
             ApiError::BadRequest { .. } => "BadRequestError",
+            ApiError::Unauthorized(_) => "AuthenticationError",
             ApiError::NotFound(_) => "NotFoundError",
             ApiError::MethodNotAllowed(_) => "MethodNotAllowedError",
             ApiError::PayloadTooLarge(_) => "PayloadTooLargeError",

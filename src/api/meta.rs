@@ -6,7 +6,8 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-/// 200 with an empty body once the model is loaded and warmed, 503 before.
+/// 200 with an empty body once the model is loaded and warmed, 503 before and while draining
+/// for shutdown.
 pub async fn health(State(state): State<AppState>) -> Result<(), ApiError> {
     state.engine().map(|_| ())
 }

@@ -1,11 +1,13 @@
 //! HTTP: the router, the shared state, and one file per endpoint family. Handlers stay thin:
 //! parse, resolve the model, validate parameters, call the engine, shape the response.
 
+pub mod auth;
 pub mod classify;
 pub mod embeddings;
 pub mod error;
 pub mod json;
 pub mod meta;
+pub mod observe;
 pub mod pooling;
 pub mod rerank;
 pub mod score;
@@ -16,13 +18,16 @@ use crate::engine::{Engine, EngineError, Prompt};
 use crate::pooling::Task;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, HeaderName};
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use error::ApiError;
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -37,6 +42,28 @@ struct StateInner {
     engine: OnceLock<Engine>,
     served_name: String,
     started: u64,
+    options: ApiOptions,
+    /// Set on SIGTERM/SIGINT: /health answers 503 and new model requests are refused.
+    draining: AtomicBool,
+}
+
+/// The HTTP layer's own settings (from `ServerConfig`).
+#[derive(Debug, Clone)]
+pub struct ApiOptions {
+    pub api_key: Option<String>,
+    pub max_client_batch_size: usize,
+}
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        ApiOptions { api_key: None, max_client_batch_size: 1024 }
+    }
+}
+
+impl ApiOptions {
+    pub fn from_config(config: &crate::config::ServerConfig) -> Self {
+        ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size }
+    }
 }
 
 pub fn unix_now() -> u64 {
@@ -44,15 +71,59 @@ pub fn unix_now() -> u64 {
 }
 
 impl AppState {
-    pub fn new(served_name: impl Into<String>) -> Self {
-        Self { inner: Arc::new(StateInner { engine: OnceLock::new(), served_name: served_name.into(), started: unix_now() }) }
+    pub fn new(served_name: impl Into<String>, options: ApiOptions) -> Self {
+        Self {
+            inner: Arc::new(StateInner {
+                engine: OnceLock::new(),
+                served_name: served_name.into(),
+                started: unix_now(),
+                options,
+                draining: AtomicBool::new(false),
+            }),
+        }
     }
 
     /// A state that is ready at once (tests, the library API).
     pub fn ready(engine: Engine) -> Self {
-        let state = Self::new(engine.spec().served_name.clone());
+        Self::ready_with(engine, ApiOptions::default())
+    }
+
+    pub fn ready_with(engine: Engine, options: ApiOptions) -> Self {
+        let state = Self::new(engine.spec().served_name.clone(), options);
         state.set_engine(engine);
         state
+    }
+
+    pub fn options(&self) -> &ApiOptions {
+        &self.inner.options
+    }
+
+    /// Stop taking new work (shutdown has begun).
+    pub fn start_draining(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// The `input` field of a request as prompts, within `--max-client-batch-size`.
+    pub fn prompts(&self, input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
+        let prompts = parse_input(input)?;
+        self.check_batch_size(prompts.len())?;
+        Ok(prompts)
+    }
+
+    /// `--max-client-batch-size`, checked in this one place for every endpoint.
+    pub fn check_batch_size(&self, inputs: usize) -> Result<(), ApiError> {
+        let max = self.inner.options.max_client_batch_size;
+        if inputs > max {
+            return Err(ApiError::BadRequest {
+                message: format!("Too many inputs in one request: {inputs}; the server accepts at most {max} (--max-client-batch-size)"),
+                param: Some("input"),
+            });
+        }
+        Ok(())
     }
 
     pub fn set_engine(&self, engine: Engine) {
@@ -60,6 +131,9 @@ impl AppState {
     }
 
     pub fn engine(&self) -> Result<&Engine, ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::Unavailable("The server is shutting down".into()));
+        }
         self.inner.engine.get().ok_or_else(|| ApiError::Unavailable("The model is still loading".into()))
     }
 
@@ -186,7 +260,8 @@ async fn method_not_allowed() -> ApiError {
 }
 
 pub fn router(state: AppState, payload_limit: usize) -> Router {
-    Router::new()
+    // Model routes sit behind the API key (when one is set); probes and /version do not.
+    let protected = Router::new()
         .route("/v1/embeddings", post(embeddings::create))
         .route("/embeddings", post(embeddings::create))
         .route("/classify", post(classify::create))
@@ -199,12 +274,21 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/v2/rerank", post(rerank::create))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
-        .route("/health", get(meta::health))
         .route("/v1/models", get(meta::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+    Router::new()
+        .merge(protected)
+        .route("/health", get(meta::health))
         .route("/version", get(meta::version))
+        .route("/metrics", get(observe::metrics_text))
+        .route_layer(middleware::from_fn(observe::track))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(payload_limit))
+        .layer(TraceLayer::new_for_http().make_span_with(|request: &axum::http::Request<_>| {
+            let id = request.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
+            tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
+        }))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
         .with_state(state)

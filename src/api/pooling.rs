@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::{admit, parse_input, AppState, ListResponse};
+use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -79,7 +79,7 @@ pub async fn create(
     };
     let _permit = admit(engine)?;
     let params = request.params.verify(task, spec)?;
-    let prompts = parse_input(&request.input)?;
+    let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let data = outputs
         .into_iter()

@@ -81,6 +81,7 @@ pub async fn create(
         });
     }
     let documents = texts_of(&request.documents, "documents")?;
+    state.check_batch_size(documents.len())?;
     let count = result_count(request.top_n, documents.len())?;
     let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.pair.instruction.as_deref()).await?;
 

@@ -132,6 +132,7 @@ pub async fn create(
     let _permit = admit(engine)?;
     let params = score_params(engine, &request.params, &request.pair)?;
     let (queries, documents) = request.sides()?;
+    state.check_batch_size(queries.len().max(documents.len()))?;
     let (scores, tokens) = engine.score(&queries, &documents, &params, request.pair.instruction.as_deref()).await?;
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
     Ok(Json(ListResponse::new("score", &headers, &state, data, tokens)))

@@ -55,6 +55,7 @@ pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<Spa
         }
         SparseInputs::Many(texts) => texts,
     };
+    state.check_batch_size(texts.len())?;
     let (outputs, _) = engine.encode(texts.into_iter().map(Prompt::Text).collect(), &params).await?;
     outputs
         .into_iter()

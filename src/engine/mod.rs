@@ -128,6 +128,15 @@ impl Engine {
 
     /// Tokenizes (or takes as given) every prompt and checks it against the model's limits.
     pub async fn prepare(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
+        let started = std::time::Instant::now();
+        let inputs = self.tokenize_and_check(prompts, params).await?;
+        let elapsed = started.elapsed();
+        crate::metrics::tokenized(elapsed, inputs.iter().map(TokenizedInput::len).sum());
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
+        Ok(inputs)
+    }
+
+    async fn tokenize_and_check(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
         let options = EncodeOptions {
             add_special_tokens: params.add_special_tokens,
             truncate_to: params.truncate_to,
@@ -190,14 +199,23 @@ impl Engine {
             let (reply, rx) = oneshot::channel();
             self.inner
                 .jobs
-                .send(Job { input, params: params.clone(), reply })
+                .send(Job { input, params: params.clone(), reply, enqueued: std::time::Instant::now() })
                 .map_err(|_| EngineError::Stopped)?;
             receivers.push(rx);
         }
         let mut outputs = Vec::with_capacity(receivers.len());
+        let mut slowest = scheduler::JobTiming::default();
         for rx in receivers {
-            outputs.push(rx.await.map_err(|_| EngineError::Stopped)??);
+            let (output, timing) = rx.await.map_err(|_| EngineError::Stopped)??;
+            slowest.queue = slowest.queue.max(timing.queue);
+            slowest.inference = slowest.inference.max(timing.inference);
+            outputs.push(output);
         }
+        // A request's inputs may run in several batches: report its longest wait and batch.
+        crate::metrics::note(|t| {
+            t.queue.set(t.queue.get().max(slowest.queue));
+            t.inference.set(t.inference.get().max(slowest.inference));
+        });
         Ok(outputs)
     }
 

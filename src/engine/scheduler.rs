@@ -16,7 +16,9 @@ use crate::pooling::sparse::SparseHead;
 use crate::pooling::method::{All, HiddenStates, PoolingMethod};
 use crate::pooling::{ResolvedParams, Task};
 use candle_core::Device;
+use crate::metrics;
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use tokio::sync::{mpsc, oneshot};
 
@@ -34,7 +36,17 @@ pub enum PoolingOutput {
 pub struct Job {
     pub input: TokenizedInput,
     pub params: ResolvedParams,
-    pub reply: oneshot::Sender<Result<PoolingOutput, EngineError>>,
+    pub reply: oneshot::Sender<Result<(PoolingOutput, JobTiming), EngineError>>,
+    /// When the job was queued (its queue time ends when its batch starts).
+    pub enqueued: Instant,
+}
+
+/// Where one input's time went on the model thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JobTiming {
+    pub queue: Duration,
+    /// The whole forward batch the input ran in.
+    pub inference: Duration,
 }
 
 /// Batch limits.
@@ -57,7 +69,11 @@ pub struct Runner {
 /// Removes the next batch from `pending`: the oldest live job, then every later job that still
 /// fits. Jobs whose client disconnected are dropped here.
 fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
+    let before = pending.len();
     pending.retain(|job| !job.reply.is_closed());
+    if pending.len() < before {
+        metrics::inputs_cancelled(before - pending.len());
+    }
     let mut batch = Vec::new();
     let mut tokens = 0;
     let mut i = 0;
@@ -90,16 +106,22 @@ impl Runner {
                 pending.push_back(job);
             }
             let batch = take_batch(&mut pending, self.limits);
+            metrics::queue_depth(pending.len());
             if batch.is_empty() {
                 continue;
             }
+            let started = Instant::now();
             // A bug in model code must fail this batch, not kill the thread and hang everyone.
             let outcome = catch_unwind(AssertUnwindSafe(|| self.execute(&batch)))
                 .unwrap_or_else(|_| Err("the model thread panicked while running a batch".to_string()));
             match outcome {
                 Ok(outputs) => {
+                    let inference = started.elapsed();
+                    let tokens = batch.iter().map(|j| j.input.len()).sum();
+                    metrics::batch_ran(batch.len(), tokens, inference, batch.iter().map(|j| started - j.enqueued));
                     for (job, out) in batch.into_iter().zip(outputs) {
-                        let _ = job.reply.send(Ok(out));
+                        let timing = JobTiming { queue: started - job.enqueued, inference };
+                        let _ = job.reply.send(Ok((out, timing)));
                     }
                 }
                 Err(message) => {
@@ -209,7 +231,7 @@ mod tests {
     use super::*;
     use crate::pooling::params::TruncationSide;
 
-    fn job(len: usize) -> (Job, oneshot::Receiver<Result<PoolingOutput, EngineError>>) {
+    fn job(len: usize) -> (Job, oneshot::Receiver<Result<(PoolingOutput, JobTiming), EngineError>>) {
         let (reply, rx) = oneshot::channel();
         let params = ResolvedParams {
             task: Task::Embed,
@@ -220,7 +242,8 @@ mod tests {
             add_special_tokens: true,
             pair_limits: Default::default(),
         };
-        (Job { input: TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] }, params, reply }, rx)
+        let input = TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] };
+        (Job { input, params, reply, enqueued: Instant::now() }, rx)
     }
 
     #[test]

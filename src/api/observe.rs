@@ -1,0 +1,44 @@
+//! What operators see: `GET /metrics` (Prometheus text), the per-request tracking that feeds it,
+//! and the timing headers every routed response carries: `x-total-time`,
+//! `x-tokenization-time`, `x-queue-time`, `x-inference-time`, in milliseconds (three decimals;
+//! queue and inference are the slowest of the request's inputs).
+
+use crate::metrics::{self, RequestTimings, TIMINGS};
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::time::{Duration, Instant};
+
+pub async fn metrics_text() -> impl IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render())
+}
+
+fn millis(d: Duration) -> HeaderValue {
+    HeaderValue::from_str(&format!("{:.3}", d.as_secs_f64() * 1e3)).unwrap_or(HeaderValue::from_static("0"))
+}
+
+pub async fn track(request: Request, next: Next) -> Response {
+    let endpoint = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
+    let started = Instant::now();
+    metrics::request_started();
+    let (mut response, tokenization, queue, inference) = TIMINGS
+        .scope(RequestTimings::default(), async {
+            let response = next.run(request).await;
+            let (t, q, i) = TIMINGS.with(|t| (t.tokenization.get(), t.queue.get(), t.inference.get()));
+            (response, t, q, i)
+        })
+        .await;
+    let total = started.elapsed();
+    metrics::request_finished(&endpoint, response.status().as_u16(), total);
+    let headers = response.headers_mut();
+    for (name, value) in [
+        ("x-total-time", total),
+        ("x-tokenization-time", tokenization),
+        ("x-queue-time", queue),
+        ("x-inference-time", inference),
+    ] {
+        headers.insert(HeaderName::from_static(name), millis(value));
+    }
+    response
+}
