@@ -143,6 +143,44 @@ fn serves_a_fixture_over_http_and_stops_on_sigterm() {
     }
 }
 
+#[test]
+fn sigterm_lets_in_flight_requests_finish_and_refuses_new_ones() {
+    let model = fixture_model("bert-embed-mean");
+    let mut server = start(&[model.to_str().unwrap(), "--shutdown-timeout", "60"], &[]);
+    wait_ready(&mut server);
+    let port = server.port;
+    // Four large requests (1,024 inputs of ~130 tokens each) keep the model busy for a while.
+    let body = json!({"input": vec!["word ".repeat(100); 1024]});
+    let started = Instant::now();
+    let in_flight: Vec<_> = (0..4)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || http(port, "POST", "/v1/embeddings", Some(&body)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(100));
+    // New work is refused: the listener is closed (or, racing it, 503).
+    let after = http(port, "POST", "/v1/embeddings", Some(&json!({"input": "a"})));
+    assert!(matches!(after, None | Some((503, _))), "a request after SIGTERM got {after:?}");
+    for request in in_flight {
+        let (status, body) = request.join().unwrap().expect("an in-flight request was cut off");
+        assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
+    }
+    eprintln!("in-flight requests answered {:?} after they were sent (SIGTERM at 300 ms)", started.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status after SIGTERM: {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no exit within the shutdown timeout");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {

@@ -87,7 +87,12 @@ pub async fn send(router: &axum::Router, method: &str, uri: &str, body: Option<S
     let status = response.status();
     let headers = response.headers().clone();
     let bytes = response.into_body().collect().await.expect("body").to_bytes();
-    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
+    // Non-JSON bodies (/metrics) come back as a string.
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+    };
     Reply { status, headers, body }
 }
 
