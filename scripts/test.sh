@@ -10,12 +10,13 @@
 #    router, the real-model tests, and the binary end to end;
 # 3. serves models with the built binary and runs the examples against them: the OpenAI SDK on
 #    MiniLM, the Cohere SDK (v1 and v2 clients) and examples/score.sh on the bert-reranker
-#    fixture, examples/classify.sh on the bert-seqcls fixture (SDKs installed into .venv/).
+#    fixture, examples/classify.sh on the bert-seqcls fixture (SDKs installed into .venv/);
+# 4. runs schemathesis against /openapi.json of a served fixture.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate
+.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate schemathesis
 # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
 .venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml
 
@@ -56,3 +57,13 @@ serve tests/fixtures/models/bert-seqcls --served-model-name bert-seqcls
 POOLSERVE_BASE="$base" examples/classify.sh | tee target/example-classify.json
 grep -q '"num_classes":3' target/example-classify.json
 echo "classify example: ok"
+
+# The OpenAPI description against the running server: every check but "schema-valid data must be
+# accepted" (the schema cannot say which parameters each model's task allows, so valid-looking
+# bodies are rightly refused with 400).
+serve tests/fixtures/models/bert-embed-mean
+.venv/bin/schemathesis run "$base/openapi.json" --max-examples 50 --checks all \
+  --exclude-checks positive_data_acceptance --no-color > target/schemathesis.log 2>&1 \
+  || { cat target/schemathesis.log; exit 1; }
+tail -3 target/schemathesis.log
+echo "schemathesis: ok"

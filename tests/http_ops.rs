@@ -282,3 +282,15 @@ async fn ten_thousand_random_bodies_never_break_the_server() {
     assert!(statuses.get(&200).copied().unwrap_or(0) >= 1000, "too few accepted bodies: {statuses:?}");
     assert_eq!(send(&router, "GET", "/health", None, &[]).await.status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_describes_every_primary_route() {
+    let router = router_with(ApiOptions::default());
+    let reply = send(&router, "GET", "/openapi.json", None, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let paths = reply.body["paths"].as_object().unwrap();
+    for route in ["/v1/embeddings", "/classify", "/pooling", "/score", "/rerank", "/embed_sparse", "/tokenize", "/detokenize", "/health", "/v1/models", "/version"] {
+        assert!(paths.contains_key(route), "/openapi.json lacks {route}");
+    }
+    assert!(reply.body["components"]["schemas"]["ErrorBody"].is_object());
+}

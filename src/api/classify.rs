@@ -1,7 +1,7 @@
 //! `POST /classify`: class probabilities (or raw logits with `use_activation: false`) and the
 //! winning label for every input, as vLLM answers it.
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ClassifyRequest {
     pub input: serde_json::Value,
     #[serde(default)]
@@ -20,7 +20,7 @@ pub struct ClassifyRequest {
     pub params: PoolingParams,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ClassifyData {
     pub index: usize,
     pub label: String,
@@ -33,6 +33,16 @@ fn argmax(values: &[f32]) -> usize {
     values.iter().enumerate().fold(0, |best, (i, v)| if *v > values[best] { i } else { best })
 }
 
+#[utoipa::path(post, path = "/classify", description = "Class probabilities per input.", request_body = ClassifyRequest,
+    responses(
+        (status = 200, body = ListResponse<ClassifyData>),
+        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
+        (status = 401, description = "missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "unknown model", body = ErrorBody),
+        (status = 413, description = "body over --payload-limit", body = ErrorBody),
+        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
+        (status = 503, description = "loading or shutting down", body = ErrorBody)
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,

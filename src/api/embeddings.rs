@@ -1,7 +1,7 @@
 //! `POST /v1/embeddings` (and `/embeddings`): the OpenAI embeddings API with vLLM's pooling
 //! parameters.
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
@@ -12,7 +12,7 @@ use axum::Json;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     #[default]
@@ -20,7 +20,7 @@ pub enum EncodingFormat {
     Base64,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
     pub input: serde_json::Value,
     #[serde(default)]
@@ -33,14 +33,14 @@ pub struct EmbeddingRequest {
     pub params: PoolingParams,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum EmbeddingValue {
     Float(Vec<f32>),
     Base64(String),
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingData {
     pub index: usize,
     pub object: &'static str,
@@ -53,6 +53,16 @@ pub fn encode_base64(v: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+#[utoipa::path(post, path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
+    responses(
+        (status = 200, body = ListResponse<EmbeddingData>),
+        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
+        (status = 401, description = "missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "unknown model", body = ErrorBody),
+        (status = 413, description = "body over --payload-limit", body = ErrorBody),
+        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
+        (status = 503, description = "loading or shutting down", body = ErrorBody)
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,

@@ -29,18 +29,21 @@ pub enum ApiError {
     Unavailable(String),
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorInfo<'a>,
+/// The body of every error response.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorInfo,
 }
 
-#[derive(Serialize)]
-struct ErrorInfo<'a> {
-    message: String,
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorInfo {
+    pub message: String,
+    /// `BadRequestError`, `AuthenticationError`, `NotFoundError`, … (api.md's table).
     #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: u16,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    /// The HTTP status.
+    pub code: u16,
 }
 
 impl ApiError {

@@ -1,6 +1,6 @@
 //! `GET /health`, `GET /v1/models`, `GET /version`.
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use axum::extract::State;
 use axum::Json;
@@ -8,11 +8,12 @@ use serde::Serialize;
 
 /// 200 with an empty body once the model is loaded and warmed, 503 before and while draining
 /// for shutdown.
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "ready"), (status = 503, description = "loading or shutting down", body = ErrorBody)))]
 pub async fn health(State(state): State<AppState>) -> Result<(), ApiError> {
     state.engine().map(|_| ())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: &'static str,
@@ -22,12 +23,13 @@ pub struct ModelCard {
     pub max_model_len: usize,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,
 }
 
+#[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
     let spec = state.engine()?.spec();
     Ok(Json(ModelList {
@@ -43,11 +45,12 @@ pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, Ap
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Version {
     pub version: &'static str,
 }
 
+#[utoipa::path(get, path = "/version", responses((status = 200, body = Version)))]
 pub async fn version() -> Json<Version> {
     Json(Version { version: env!("CARGO_PKG_VERSION") })
 }

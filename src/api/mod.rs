@@ -8,6 +8,7 @@ pub mod error;
 pub mod json;
 pub mod meta;
 pub mod observe;
+pub mod openapi;
 pub mod pooling;
 pub mod rerank;
 pub mod score;
@@ -167,7 +168,7 @@ impl AppState {
 }
 
 /// Token counts of a response: everything the model ran, special tokens included.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub total_tokens: usize,
@@ -181,7 +182,7 @@ impl Usage {
 
 /// The envelope of the OpenAI-style list responses (embeddings, classify, score):
 /// `{"id": "{prefix}-…", "object": "list", "created", "model", "data", "usage"}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ListResponse<T> {
     pub id: String,
     pub object: &'static str,
@@ -281,6 +282,7 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/health", get(meta::health))
         .route("/version", get(meta::version))
         .route("/metrics", get(observe::metrics_text))
+        .route("/openapi.json", get(openapi::openapi_json))
         .route_layer(middleware::from_fn(observe::track))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

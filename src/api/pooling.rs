@@ -2,7 +2,7 @@
 //! token_classify or embed_sparse (default: the model's first task); per-token tasks answer
 //! nested lists, embed_sparse lists of `{"index", "value"}`.
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
@@ -12,7 +12,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct PoolingRequest {
     pub input: serde_json::Value,
     #[serde(default)]
@@ -24,7 +24,7 @@ pub struct PoolingRequest {
 }
 
 /// One non-zero weight of a sparse embedding (TEI's `SparseValue`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SparseValue {
     pub index: u32,
     pub value: f32,
@@ -36,7 +36,7 @@ impl SparseValue {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PoolingValue {
     Vector(Vec<f32>),
@@ -44,7 +44,7 @@ pub enum PoolingValue {
     Sparse(Vec<SparseValue>),
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct PoolingData {
     pub index: usize,
     pub object: &'static str,
@@ -60,6 +60,16 @@ fn py_tuple(tasks: &[Task]) -> String {
     }
 }
 
+#[utoipa::path(post, path = "/pooling", description = "Any pooling task (vLLM).", request_body = PoolingRequest,
+    responses(
+        (status = 200, body = ListResponse<PoolingData>),
+        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
+        (status = 401, description = "missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "unknown model", body = ErrorBody),
+        (status = 413, description = "body over --payload-limit", body = ErrorBody),
+        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
+        (status = 503, description = "loading or shutting down", body = ErrorBody)
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,

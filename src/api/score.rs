@@ -2,7 +2,7 @@
 //! (`text_1`/`text_2`, `queries`/`documents`, `data_1`/`data_2`) and 1:1, 1:N, N:N pairing.
 //! The request helpers here are shared with `/rerank`.
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::tokenize::PairLimits;
@@ -14,7 +14,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ScoreRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -39,7 +39,7 @@ pub struct ScoreRequest {
 /// The pair options of /score and /rerank: `max_tokens_per_query` / `max_tokens_per_doc`
 /// (Cohere's names) and the `instruction` of prompt-based rerankers (Qwen3-Reranker; others
 /// ignore it).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct PairFields {
     #[serde(default)]
     pub instruction: Option<String>,
@@ -63,7 +63,7 @@ impl PairFields {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ScoreData {
     pub index: usize,
     pub object: &'static str,
@@ -119,6 +119,16 @@ impl ScoreRequest {
     }
 }
 
+#[utoipa::path(post, path = "/score", description = "Pair scores (also at /v1/score).", request_body = ScoreRequest,
+    responses(
+        (status = 200, body = ListResponse<ScoreData>),
+        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
+        (status = 401, description = "missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "unknown model", body = ErrorBody),
+        (status = 413, description = "body over --payload-limit", body = ErrorBody),
+        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
+        (status = 503, description = "loading or shutting down", body = ErrorBody)
+    ))]
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,

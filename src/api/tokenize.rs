@@ -1,6 +1,6 @@
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes).
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::json::ApiJson;
 use super::AppState;
 use crate::engine::tokenize::EncodeOptions;
@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeRequest {
     pub prompt: String,
     #[serde(default)]
@@ -24,7 +24,7 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TokenizeResponse {
     pub count: usize,
     pub max_model_len: usize,
@@ -32,18 +32,28 @@ pub struct TokenizeResponse {
     pub token_strs: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct DetokenizeRequest {
     pub tokens: Vec<u32>,
     #[serde(default)]
     pub model: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DetokenizeResponse {
     pub prompt: String,
 }
 
+#[utoipa::path(post, path = "/tokenize", description = "Tokenize a prompt.", request_body = TokenizeRequest,
+    responses(
+        (status = 200, body = TokenizeResponse),
+        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
+        (status = 401, description = "missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "unknown model", body = ErrorBody),
+        (status = 413, description = "body over --payload-limit", body = ErrorBody),
+        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
+        (status = 503, description = "loading or shutting down", body = ErrorBody)
+    ))]
 pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<TokenizeRequest>,
@@ -61,6 +71,16 @@ pub async fn tokenize(
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }))
 }
 
+#[utoipa::path(post, path = "/detokenize", description = "Token ids back to text.", request_body = DetokenizeRequest,
+    responses(
+        (status = 200, body = DetokenizeResponse),
+        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
+        (status = 401, description = "missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "unknown model", body = ErrorBody),
+        (status = 413, description = "body over --payload-limit", body = ErrorBody),
+        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
+        (status = 503, description = "loading or shutting down", body = ErrorBody)
+    ))]
 pub async fn detokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<DetokenizeRequest>,

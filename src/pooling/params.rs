@@ -11,7 +11,7 @@ use crate::loader::spec::ModelSpec;
 use serde::Deserialize;
 
 /// Which end of an over-long input is cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TruncationSide {
     Left,
@@ -20,7 +20,7 @@ pub enum TruncationSide {
 }
 
 /// The pooling fields of a request body, as sent.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 pub struct PoolingParams {
     #[serde(default)]
     pub truncate_prompt_tokens: Option<i64>,
