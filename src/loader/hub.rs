@@ -73,8 +73,14 @@ impl ModelSource {
                 if !files.contains(name) {
                     return Ok(None);
                 }
-                tracing::info!("downloading {name}");
-                repo.get(name).map(Some).map_err(|e| LoadError::Hub(format!("downloading {name}: {e}")))
+                // Progress in the logs, one line per file (a terminal progress bar would only
+                // garble a container's log stream).
+                tracing::info!("fetching {name} from the hub (or its cache)");
+                let started = std::time::Instant::now();
+                let path = repo.get(name).map_err(|e| LoadError::Hub(format!("downloading {name}: {e}")))?;
+                let mib = std::fs::metadata(&path).map(|m| m.len() as f64 / (1 << 20) as f64).unwrap_or(0.0);
+                tracing::info!("{name}: {mib:.1} MiB ready in {:.1?}", started.elapsed());
+                Ok(Some(path))
             }
         }
     }
