@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds the CPU image from the unchanged Dockerfile and runs it the way README's `docker run`
+# line does, without a Docker engine or registry access (../shared/docs/containers.md):
+#
+# 1. installs buildah, podman and debootstrap (Debian packages) if missing;
+# 2. makes the two base images the Dockerfile names from Debian's mirror, imported under their
+#    public tags: debian:bookworm-slim (debootstrap minbase) and rust:1-bookworm (the same plus
+#    build-essential, with this machine's Rust toolchain copied in);
+# 3. `buildah bud` the Dockerfile, with the host's cargo registry mounted so crates are not
+#    downloaded twice, and a persistent target folder (target/container) so a second run only
+#    rebuilds what changed; reports the image size;
+# 4. runs the image with models/all-MiniLM-L6-v2 mounted at /models, waits for /health, checks an
+#    embedding against the sentence-transformers reference, checks the server runs as uid 10001
+#    and has no compiler in its image, then SIGTERMs it and expects exit status 0.
+#
+# Needs root (buildah with chroot isolation) and models/all-MiniLM-L6-v2 (scripts/fetch-minilm.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+IMAGE=localhost/poolserve:test
+WORK=${POOLSERVE_CONTAINER_WORK:-/var/tmp/poolserve-container}
+mkdir -p "$WORK" target/container
+
+if ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman debootstrap >/dev/null
+fi
+mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+mirror=${mirror:-http://deb.debian.org/debian}
+
+image_exists() { buildah images --quiet "$1" >/dev/null 2>&1; }
+
+if ! image_exists docker.io/library/debian:bookworm-slim; then
+  echo "container: making debian:bookworm-slim with debootstrap"
+  rm -rf "$WORK/base" && debootstrap --variant=minbase bookworm "$WORK/base" "$mirror" >/dev/null
+  tar -C "$WORK/base" -c . | podman import - docker.io/library/debian:bookworm-slim >/dev/null
+fi
+if ! image_exists docker.io/library/rust:1-bookworm; then
+  echo "container: making rust:1-bookworm (debootstrap + build-essential + this machine's toolchain)"
+  rm -rf "$WORK/rust" && debootstrap --variant=minbase --include=build-essential,pkg-config,ca-certificates bookworm "$WORK/rust" "$mirror" >/dev/null
+  toolchain=$(rustc --print sysroot)
+  mkdir -p "$WORK/rust/usr/local/rustup/toolchains" "$WORK/rust/usr/local/cargo/bin"
+  name=$(basename "$toolchain")
+  # The toolchain without its documentation and sources (about a third of its size).
+  mkdir -p "$WORK/rust/usr/local/rustup/toolchains/$name"
+  tar -C "$toolchain" --exclude=./share/doc --exclude=./lib/rustlib/src -c . | tar -C "$WORK/rust/usr/local/rustup/toolchains/$name" -x
+  for tool in cargo rustc rustdoc; do ln -sf "/usr/local/rustup/toolchains/$name/bin/$tool" "$WORK/rust/usr/local/cargo/bin/$tool"; done
+  tar -C "$WORK/rust" -c . | podman import \
+    --change 'ENV PATH=/usr/local/cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV CARGO_HOME=/usr/local/cargo' \
+    - docker.io/library/rust:1-bookworm >/dev/null
+fi
+base_ready=$(date +%s)
+
+echo "container: building $IMAGE from Dockerfile"
+buildah bud --isolation chroot --pull=never --layers=false -q \
+  -v "${CARGO_HOME:-$HOME/.cargo}/registry:/usr/local/cargo/registry" \
+  -v "$PWD/target/container:/src/target" \
+  -t "$IMAGE" -f Dockerfile . >/dev/null
+built=$(date +%s)
+size=$(buildah images --format '{{.Size}}' "$IMAGE" | head -1)
+echo "container: image $IMAGE is $size"
+
+ctr=$(buildah from --pull=never "$IMAGE")
+cleanup() { [ -n "${server:-}" ] && kill "$server" 2>/dev/null; buildah rm "$ctr" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+# The final stage must not carry a build toolchain.
+for tool in cargo rustc gcc cc; do
+  if buildah run --isolation chroot "$ctr" -- sh -c "command -v $tool" >/dev/null 2>&1; then
+    echo "container: $tool found in the final image" >&2; exit 1
+  fi
+done
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# As README's `docker run -p 8000:8000 -v $PWD/models:/models poolserve /models/all-MiniLM-L6-v2`
+# (chroot isolation shares the host network, so the port is set instead of published).
+buildah run --isolation chroot -v "$PWD/models:/models:ro" -e POOLSERVE_PORT="$port" -e POOLSERVE_HOST=127.0.0.1 \
+  "$ctr" -- poolserve serve /models/all-MiniLM-L6-v2 > target/container/server.log 2>&1 &
+server=$!
+for _ in $(seq 1 300); do
+  curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+  kill -0 "$server" 2>/dev/null || { cat target/container/server.log; exit 1; }
+  sleep 0.2
+done
+curl -fs "http://127.0.0.1:$port/health" >/dev/null || { echo "container: never healthy" >&2; cat target/container/server.log; exit 1; }
+
+# Parity through the container: every reference text of all-MiniLM-L6-v2 (cosine >= 0.9999).
+python3 - "$port" <<'PY'
+import json, math, sys, urllib.request
+reference = json.load(open("tests/fixtures/expected/all-MiniLM-L6-v2.json"))
+texts = [t["text"] for t in reference["texts"]]
+body = json.dumps({"input": texts, "truncate_prompt_tokens": -1}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/embeddings", body, {"Content-Type": "application/json"})
+data = json.load(urllib.request.urlopen(request))["data"]
+worst = 1.0
+for item, case in zip(data, reference["texts"]):
+    a, b = item["embedding"], case["embedding"]
+    cos = sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    worst = min(worst, cos)
+print(f"container: {len(data)} embeddings, worst cosine against sentence-transformers {worst:.6f}")
+sys.exit(0 if worst >= 0.9999 else 1)
+PY
+
+# The server process runs as the image's non-root user.
+pid=$(pgrep -f "poolserve serve /models/all-MiniLM-L6-v2" | head -1)
+uid=$(awk '/^Uid:/{print $2}' "/proc/$pid/status")
+[ "$uid" = 10001 ] || { echo "container: server runs as uid $uid, not 10001" >&2; exit 1; }
+echo "container: server runs as uid $uid"
+
+kill -TERM "$pid"
+status=0
+wait "$server" || status=$?
+server=
+[ "$status" = 0 ] || { echo "container: exit status $status after SIGTERM" >&2; cat target/container/server.log; exit 1; }
+grep -q "stopped" target/container/server.log
+done_at=$(date +%s)
+echo "container: stopped cleanly on SIGTERM; base images $((base_ready - started)) s, image build $((built - base_ready)) s, run $((done_at - built)) s"
+echo "container: ok"
