@@ -73,7 +73,10 @@ done
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # As README's `docker run -p 8000:8000 -v $PWD/models:/models poolserve /models/all-MiniLM-L6-v2`
 # (chroot isolation shares the host network, so the port is set instead of published).
-buildah run --isolation chroot -v "$PWD/models:/models:ro" -e POOLSERVE_PORT="$port" -e POOLSERVE_HOST=127.0.0.1 \
+# `buildah run` does not apply the image's USER by itself; docker does, so pass it as docker would.
+user=$(buildah inspect --format '{{.OCIv1.Config.User}}' "$IMAGE")
+[ -n "$user" ] && [ "$user" != root ] && [ "$user" != 0 ] || { echo "container: the image's USER is '$user'" >&2; exit 1; }
+buildah run --isolation chroot --user "$user" -v "$PWD/models:/models:ro" -e POOLSERVE_PORT="$port" -e POOLSERVE_HOST=127.0.0.1 \
   "$ctr" -- poolserve serve /models/all-MiniLM-L6-v2 > target/container/server.log 2>&1 &
 server=$!
 for _ in $(seq 1 300); do
@@ -101,7 +104,8 @@ sys.exit(0 if worst >= 0.9999 else 1)
 PY
 
 # The server process runs as the image's non-root user.
-pid=$(pgrep -f "poolserve serve /models/all-MiniLM-L6-v2" | head -1)
+# The server itself (under buildah's chroot helpers), by process name.
+pid=$(pgrep -n -x poolserve)
 uid=$(awk '/^Uid:/{print $2}' "/proc/$pid/status")
 [ "$uid" = 10001 ] || { echo "container: server runs as uid $uid, not 10001" >&2; exit 1; }
 echo "container: server runs as uid $uid"

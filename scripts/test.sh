@@ -11,7 +11,9 @@
 # 3. serves models with the built binary and runs the examples against them: the OpenAI SDK on
 #    MiniLM, the Cohere SDK (v1 and v2 clients) and examples/score.sh on the bert-reranker
 #    fixture, examples/classify.sh on the bert-seqcls fixture (SDKs installed into .venv/);
-# 4. runs schemathesis against /openapi.json of a served fixture.
+# 4. runs schemathesis against /openapi.json of a served fixture;
+# 5. builds the container image from the unchanged Dockerfile and runs it
+#    (scripts/test-container.sh: buildah, no Docker engine needed; root only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,3 +69,7 @@ serve tests/fixtures/models/bert-embed-mean
   || { cat target/schemathesis.log; exit 1; }
 tail -3 target/schemathesis.log
 echo "schemathesis: ok"
+
+kill "${servers[@]}" 2>/dev/null || true
+servers=()
+scripts/test-container.sh
