@@ -48,6 +48,8 @@ serve() {
 serve "$POOLSERVE_MINILM" --served-model-name all-MiniLM-L6-v2
 POOLSERVE_URL="$base/v1" .venv/bin/python examples/openai_client.py
 echo "openai example: ok"
+cargo run --locked -q --example offline_embed -- "$POOLSERVE_MINILM"
+echo "library example: ok"
 
 serve tests/fixtures/models/bert-reranker --served-model-name bert-reranker
 POOLSERVE_BASE="$base" .venv/bin/python examples/cohere_rerank.py

@@ -1,0 +1,131 @@
+//! The library API: load a model once and run pooling tasks in-process, through the same
+//! engine as the HTTP server (tokenization workers, batching, the model thread) and the same
+//! parameter validation, with typed results.
+//!
+//! ```no_run
+//! use poolserve::pooler::{Pooler, PoolerOptions};
+//! use poolserve::pooling::PoolingParams;
+//!
+//! let pooler = Pooler::load(PoolerOptions::for_model("models/all-MiniLM-L6-v2"))?;
+//! let vectors = pooler.embed(&["A man is eating food.", "A man is riding a horse."], &PoolingParams::default())?;
+//! assert_eq!(vectors[0].len(), 384);
+//! # Ok::<(), poolserve::pooler::PoolerError>(())
+//! ```
+//!
+//! Every method blocks the calling thread; `*_async` variants return futures for callers that
+//! already run an async runtime.
+
+use crate::config::ServerConfig;
+use crate::engine::{Engine, EngineError, PoolingOutput, Prompt};
+use crate::loader::spec::ModelSpec;
+use crate::pooling::params::ParamsError;
+use crate::pooling::{PoolingParams, Task};
+
+/// How to load a model: the same settings as `poolserve serve` (pooler config, overrides,
+/// dtype, batching limits, …). Build one with [`PoolerOptions::for_model`] and adjust fields.
+pub type PoolerOptions = ServerConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolerError {
+    #[error("{0}")]
+    Load(String),
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("The model does not support the {0} task")]
+    Unsupported(Task),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// One input's classification: the winning label and every class's probability (or logit).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classification {
+    pub label: String,
+    pub probs: Vec<f32>,
+}
+
+/// A loaded model. Cheap to share across threads (`&Pooler` is `Sync`).
+pub struct Pooler {
+    engine: Engine,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Pooler {
+    /// Loads the model and starts its engine (no warm-up request is run).
+    pub fn load(options: PoolerOptions) -> Result<Self, PoolerError> {
+        let engine = crate::server::start_engine(&options).map_err(|e| PoolerError::Load(format!("{e:#}")))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        Ok(Pooler { engine, runtime })
+    }
+
+    /// What was decided about the model at load time (tasks, max length, sizes, labels).
+    pub fn spec(&self) -> &ModelSpec {
+        self.engine.spec()
+    }
+
+    /// The engine, for callers that drive it directly (the batch commands do).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Any task over text or token-id inputs; one output per input, in order.
+    pub async fn encode_async(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
+        if !self.engine.spec().supports(task) {
+            return Err(PoolerError::Unsupported(task));
+        }
+        let params = params.verify(task, self.engine.spec())?;
+        Ok(self.engine.encode(inputs, &params).await?.0)
+    }
+
+    pub fn encode(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
+        self.runtime.block_on(self.encode_async(task, inputs, params))
+    }
+
+    /// One embedding per text (normalized unless `params.normalize` is false).
+    pub fn embed(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
+        let outputs = self.encode(Task::Embed, texts_to_prompts(texts), params)?;
+        outputs.into_iter().map(vector).collect()
+    }
+
+    /// Label and probabilities per text.
+    pub fn classify(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Classification>, PoolerError> {
+        let outputs = self.encode(Task::Classify, texts_to_prompts(texts), params)?;
+        let labels = &self.engine.spec().labels;
+        outputs
+            .into_iter()
+            .map(|o| {
+                let probs = vector(o)?;
+                let best = probs.iter().enumerate().fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
+                Ok(Classification { label: labels.get(best).cloned().unwrap_or_default(), probs })
+            })
+            .collect()
+    }
+
+    /// Relevance of each (query, document) pair, paired 1:1, 1:N or N:N as `/score` does, by
+    /// whatever the model scores with (cross-encoder, bi-encoder cosine, MaxSim).
+    pub async fn score_async(&self, queries: &[String], documents: &[String], params: &PoolingParams) -> Result<Vec<f32>, PoolerError> {
+        if self.engine.score_mode().is_none() {
+            return Err(PoolerError::Unsupported(Task::Score));
+        }
+        let params = params.verify(Task::Score, self.engine.spec())?;
+        Ok(self.engine.score(queries, documents, &params, None).await?.0)
+    }
+
+    pub fn score(&self, queries: &[&str], documents: &[&str], params: &PoolingParams) -> Result<Vec<f32>, PoolerError> {
+        let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        self.runtime.block_on(self.score_async(&owned(queries), &owned(documents), params))
+    }
+}
+
+fn texts_to_prompts(texts: &[&str]) -> Vec<Prompt> {
+    texts.iter().map(|t| Prompt::Text(t.to_string())).collect()
+}
+
+fn vector(output: PoolingOutput) -> Result<Vec<f32>, PoolerError> {
+    match output {
+        PoolingOutput::Vector(v) => Ok(v),
+        _ => Err(PoolerError::Engine(EngineError::Model("expected one vector per input".into()))),
+    }
+}

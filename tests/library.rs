@@ -1,0 +1,52 @@
+//! The library API (`poolserve::pooler::Pooler`) against the same references as the HTTP path.
+
+mod common;
+
+use common::*;
+use poolserve::pooler::{Pooler, PoolerError, PoolerOptions};
+use poolserve::pooling::{PoolingParams, Task};
+
+fn load(name: &str) -> Pooler {
+    Pooler::load(PoolerOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")
+}
+
+#[test]
+fn embed_classify_and_score_match_the_references() {
+    let reference = expected("bert-embed-mean");
+    let texts: Vec<&str> = reference["texts"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap()).collect();
+    let embedder = load("bert-embed-mean");
+    let vectors = embedder.embed(&texts, &PoolingParams::default()).unwrap();
+    for (i, v) in vectors.iter().enumerate() {
+        assert_close(v, &floats(&reference["texts"][i]["embedding"]), &format!("library text {i}"));
+    }
+    let raw = embedder.embed(&texts[..1], &PoolingParams { normalize: Some(false), ..Default::default() }).unwrap();
+    assert_close(&raw[0], &floats(&reference["texts"][0]["embedding_unnormalized"]), "unnormalized");
+    // Bi-encoder scores are the cosines of the embeddings.
+    let scores = embedder.score(&texts[..1], &texts[2..4], &PoolingParams::default()).unwrap();
+    assert!((scores[0] as f64 - cosine(&vectors[0], &vectors[2])).abs() < 1e-5);
+
+    let classifier_ref = expected("bert-seqcls");
+    let classifier = load("bert-seqcls");
+    let results = classifier.classify(&texts, &PoolingParams::default()).unwrap();
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r.label, classifier_ref["texts"][i]["label"].as_str().unwrap());
+        assert!(max_abs_diff(&r.probs, &floats(&classifier_ref["texts"][i]["softmax"])) <= 1e-4);
+    }
+
+    let reranker_ref = expected("bert-reranker");
+    let reranker = load("bert-reranker");
+    let pair = &reranker_ref["pairs"][0];
+    let score = reranker.score(&[pair["query"].as_str().unwrap()], &[pair["document"].as_str().unwrap()], &PoolingParams::default()).unwrap();
+    assert!((score[0] as f64 - pair["score"].as_f64().unwrap()).abs() <= 1e-4);
+}
+
+#[test]
+fn errors_are_typed() {
+    let embedder = load("bert-embed-mean");
+    assert!(matches!(embedder.classify(&["a"], &PoolingParams::default()), Err(PoolerError::Unsupported(Task::Classify))));
+    let bad = PoolingParams { dimensions: Some(7), ..Default::default() };
+    assert!(matches!(embedder.embed(&["a"], &bad), Err(PoolerError::Params(_))));
+    let long = "word ".repeat(300);
+    assert!(matches!(embedder.embed(&[long.as_str()], &PoolingParams::default()), Err(PoolerError::Engine(_))));
+    assert!(matches!(Pooler::load(PoolerOptions::for_model("./no/such/model")), Err(PoolerError::Load(_))));
+}
