@@ -7,6 +7,7 @@
 //! [`pooler::Pooler`] is the in-process library API over the same engine.
 
 pub mod api;
+pub mod batch;
 pub mod config;
 pub mod engine;
 pub mod loader;

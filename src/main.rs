@@ -1,6 +1,7 @@
 //! The `poolserve` command: parses the command line into a `ServerConfig` and runs the server.
 
 use clap::{Parser, Subcommand};
+use poolserve::batch::{self, BatchArgs};
 use poolserve::config::{LogFormat, ServeArgs, ServerConfig};
 use std::process::ExitCode;
 
@@ -15,11 +16,25 @@ struct Cli {
 enum Command {
     /// Serve a model (vLLM-style flags).
     Serve(ServeArgs),
+    /// Embed every input of a file (JSON Lines or text) into a JSON Lines file.
+    Embed(BatchArgs),
+    /// Classify every input of a file.
+    Classify(BatchArgs),
+    /// Score every `text_1`/`text_2` pair of a JSON Lines file.
+    Score(BatchArgs),
+    /// Any pooling task (`--task`) over every input of a file.
+    Encode(BatchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let (batch, args) = match cli.command {
+        Command::Serve(args) => (None, args),
+        Command::Embed(b) => (Some((batch::Command::Embed, b.clone())), b.model),
+        Command::Classify(b) => (Some((batch::Command::Classify, b.clone())), b.model),
+        Command::Score(b) => (Some((batch::Command::Score, b.clone())), b.model),
+        Command::Encode(b) => (Some((batch::Command::Encode, b.clone())), b.model),
+    };
     let config = match ServerConfig::try_from(args) {
         Ok(config) => config,
         Err(e) => {
@@ -33,6 +48,21 @@ fn main() -> ExitCode {
         LogFormat::Text => logs.init(),
         // One JSON object per event, with the request span (method, path, request id).
         LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
+    if let Some((command, args)) = batch {
+        return match batch::run(command, args) {
+            Ok(summary) => {
+                eprintln!(
+                    "done: {} written, {} bad lines skipped, {} already in the output; {}",
+                    summary.written, summary.skipped_errors, summary.skipped_done, summary.message
+                );
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -1,0 +1,286 @@
+//! The batch commands: `poolserve embed|classify|score|encode MODEL --input FILE --output FILE`.
+//!
+//! The input is streamed: lines are read, parsed and sent to the engine a chunk at a time, with
+//! two chunks in flight so tokenization and the model overlap, and results are written in input
+//! order as JSON Lines with each input's id. Memory stays flat whatever the file size. A bad
+//! line (unparsable, wrong kind, too long, …) is reported with its line number and either
+//! skipped (`--skip-errors`) or ends the run with an error after everything before it is
+//! written. `--shard I/N` takes every N-th line starting at line I+1, so N workers (a
+//! Kubernetes Indexed Job) cover a file exactly once; `--resume` skips ids already in the output.
+
+pub mod input;
+pub mod progress;
+
+use crate::config::{ServeArgs, ServerConfig};
+use crate::engine::{Engine, PoolingOutput, Prompt};
+use crate::pooler::Pooler;
+use crate::pooling::{PoolingParams, ResolvedParams, Task};
+use input::{InputFormat, Payload, Record};
+use serde_json::{json, Value};
+use std::collections::{HashSet, VecDeque};
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+
+/// Flags of the batch commands (plus every `serve` flag that shapes the model).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BatchArgs {
+    #[command(flatten)]
+    pub model: ServeArgs,
+    /// Input file: JSON Lines (`{"id", "text"}`, or `{"id", "text_1", "text_2"}` for score) or
+    /// plain text, one input per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output file, JSON Lines in input order.
+    #[arg(long)]
+    pub output: PathBuf,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub format: InputFormat,
+    /// Report bad lines and go on (default: stop at the first one, exit status 1).
+    #[arg(long)]
+    pub skip_errors: bool,
+    /// Process only shard I of N (0-based): lines I+1, I+1+N, I+1+2N, …
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// Append to the output, skipping inputs whose id it already holds.
+    #[arg(long)]
+    pub resume: bool,
+    /// Inputs handed to the engine at a time (two such chunks are in flight).
+    #[arg(long, default_value_t = 256)]
+    pub chunk: usize,
+    /// `encode` only: the task (default: the model's first).
+    #[arg(long)]
+    pub task: Option<String>,
+}
+
+/// Which batch command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Embed,
+    Classify,
+    Score,
+    Encode,
+}
+
+/// How a run ended when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub written: usize,
+    pub skipped_errors: usize,
+    pub skipped_done: usize,
+    pub message: String,
+}
+
+struct Job {
+    engine: Engine,
+    params: ResolvedParams,
+    task: Task,
+    labels: Vec<String>,
+}
+
+/// One chunk's outcome per line (its output line, or why it failed) and the tokens it ran.
+type ChunkResult = (Vec<(usize, Result<String, String>)>, usize);
+
+impl Job {
+    fn line_of(&self, record: &Record, output: PoolingOutput) -> String {
+        let id = &record.id;
+        match (self.task, output) {
+            (Task::Embed, PoolingOutput::Vector(v)) => line(id, &[("embedding", json!(v))]),
+            (Task::Classify, PoolingOutput::Vector(probs)) => {
+                let best = probs.iter().enumerate().fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
+                line(id, &[("label", json!(self.labels.get(best))), ("probs", json!(probs))])
+            }
+            (_, PoolingOutput::Vector(v)) => line(id, &[("data", json!(v))]),
+            (_, PoolingOutput::Tokens(t)) => line(id, &[("data", json!(t))]),
+            (_, PoolingOutput::Sparse(s)) => {
+                let pairs: Vec<Value> = s.iter().map(|(i, w)| json!({"index": i, "value": w})).collect();
+                line(id, &[("data", json!(pairs))])
+            }
+        }
+    }
+
+    /// Runs records that all have the payload the task needs.
+    async fn run(&self, records: &[Record]) -> Result<(Vec<String>, usize), String> {
+        if self.task == Task::Score {
+            let (mut queries, mut documents) = (Vec::new(), Vec::new());
+            for r in records {
+                let Payload::Pair(q, d) = &r.payload else { return Err("score needs `text_1` and `text_2`".into()) };
+                queries.push(q.clone());
+                documents.push(d.clone());
+            }
+            let (scores, tokens) = self.engine.score(&queries, &documents, &self.params, None).await.map_err(|e| e.to_string())?;
+            return Ok((records.iter().zip(scores).map(|(r, s)| line(&r.id, &[("score", json!(s))])).collect(), tokens));
+        }
+        let prompts = records
+            .iter()
+            .map(|r| match &r.payload {
+                Payload::Text(t) => Ok(Prompt::Text(t.clone())),
+                Payload::Pair(..) => Err(format!("{} takes `text`, not a pair", self.task)),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (outputs, tokens) = self.engine.encode(prompts, &self.params).await.map_err(|e| e.to_string())?;
+        Ok((records.iter().zip(outputs).map(|(r, o)| self.line_of(r, o)).collect(), tokens))
+    }
+
+    /// A chunk at once; if it fails, record by record, to name the bad lines.
+    async fn run_chunk(&self, records: Vec<Record>) -> ChunkResult {
+        if let Ok((lines, tokens)) = self.run(&records).await {
+            return (records.iter().zip(lines).map(|(r, l)| (r.line, Ok(l))).collect(), tokens);
+        }
+        let (mut out, mut tokens) = (Vec::with_capacity(records.len()), 0);
+        for record in records {
+            let result = self.run(std::slice::from_ref(&record)).await.map(|(mut l, t)| {
+                tokens += t;
+                l.remove(0)
+            });
+            out.push((record.line, result));
+        }
+        (out, tokens)
+    }
+}
+
+/// One output line with `id` first (serde_json's maps would sort the keys).
+fn line(id: &Value, fields: &[(&str, Value)]) -> String {
+    let mut out = format!("{{\"id\":{id}");
+    for (key, value) in fields {
+        out.push_str(&format!(",\"{key}\":{value}"));
+    }
+    out.push('}');
+    out
+}
+
+fn ids_in(path: &PathBuf) -> Result<HashSet<String>, String> {
+    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut ids = HashSet::new();
+    for line in BufReader::new(file).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if let Ok(value) = serde_json::from_str::<Value>(&line) {
+            if let Some(id) = value.get("id") {
+                ids.insert(id.to_string());
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Runs one batch command to the end. Errors are one line each, for the command's exit.
+pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
+    let shard = args.shard.as_deref().map(input::parse_shard).transpose()?;
+    if args.chunk == 0 {
+        return Err("--chunk must be greater than 0".into());
+    }
+    let config = ServerConfig::try_from(args.model.clone()).map_err(|e| e.to_string())?;
+    let pooler = Pooler::load(config).map_err(|e| e.to_string())?;
+    let spec = pooler.spec();
+    let task = match command {
+        Command::Embed => Task::Embed,
+        Command::Classify => Task::Classify,
+        Command::Score => Task::Score,
+        Command::Encode => match &args.task {
+            Some(name) => name.parse().map_err(|_| format!("unknown task `{name}`"))?,
+            None => *spec.tasks.first().ok_or("the model serves no task")?,
+        },
+    };
+    let supported = if task == Task::Score { pooler.engine().score_mode().is_some() } else { spec.supports(task) };
+    if !supported {
+        return Err(format!("the model does not support the {task} task"));
+    }
+    let params = PoolingParams::default().verify(task, spec).map_err(|e| e.to_string())?;
+    let job = std::sync::Arc::new(Job { engine: pooler.engine().clone(), params, task, labels: spec.labels.clone() });
+
+    let done = if args.resume && args.output.exists() { ids_in(&args.output)? } else { HashSet::new() };
+    let output = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(args.resume)
+        .truncate(!args.resume)
+        .open(&args.output)
+        .map_err(|e| format!("{}: {e}", args.output.display()))?;
+    let mut output = BufWriter::new(output);
+    let input = File::open(&args.input).map_err(|e| format!("{}: {e}", args.input.display()))?;
+    let total_bytes = input.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut lines = BufReader::new(input).lines();
+    let mut progress = progress::Progress::new(total_bytes);
+    let mut summary = Summary { written: 0, skipped_errors: 0, skipped_done: 0, message: String::new() };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
+    let mut jsonl = match args.format {
+        InputFormat::Jsonl => Some(true),
+        InputFormat::Text => Some(false),
+        InputFormat::Auto => None,
+    };
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<ChunkResult>> = VecDeque::new();
+    let mut line_number = 0;
+    let mut failure: Option<String> = None;
+    let mut exhausted = false;
+    // Write one finished chunk; returns the first error when not skipping errors.
+    let mut write = |(results, tokens): ChunkResult, summary: &mut Summary, progress: &mut progress::Progress| -> Result<(), String> {
+        progress.tokens += tokens;
+        for (line, result) in results {
+            match result {
+                Ok(text) => {
+                    writeln!(output, "{text}").map_err(|e| e.to_string())?;
+                    summary.written += 1;
+                }
+                Err(message) if args.skip_errors => {
+                    eprintln!("line {line}: {message} (skipped)");
+                    summary.skipped_errors += 1;
+                }
+                Err(message) => return Err(format!("line {line}: {message}")),
+            }
+        }
+        output.flush().map_err(|e| e.to_string())?;
+        progress.inputs = summary.written;
+        progress.tick();
+        Ok(())
+    };
+    while !exhausted || !in_flight.is_empty() {
+        // Keep two chunks in flight while there is input.
+        while !exhausted && in_flight.len() < 2 && failure.is_none() {
+            let mut records = Vec::with_capacity(args.chunk);
+            let mut early_errors = Vec::new();
+            while records.len() < args.chunk {
+                let Some(line) = lines.next() else {
+                    exhausted = true;
+                    break;
+                };
+                let line = line.map_err(|e| format!("{}: {e}", args.input.display()))?;
+                line_number += 1;
+                progress.bytes += line.len() as u64 + 1;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                if let Some((i, n)) = shard {
+                    if input::shard_of(line_number, n) != i {
+                        continue;
+                    }
+                }
+                let is_jsonl = *jsonl.get_or_insert_with(|| line.trim_start().starts_with('{'));
+                match input::parse_line(line_number, &line, is_jsonl) {
+                    Ok(record) if done.contains(&record.id.to_string()) => summary.skipped_done += 1,
+                    Ok(record) => records.push(record),
+                    Err(message) => early_errors.push((line_number, Err(message))),
+                }
+            }
+            let job = job.clone();
+            in_flight.push_back(runtime.spawn(async move {
+                let (mut results, tokens) = job.run_chunk(records).await;
+                results.extend(early_errors);
+                results.sort_by_key(|(line, _)| *line);
+                (results, tokens)
+            }));
+        }
+        let Some(next) = in_flight.pop_front() else { break };
+        let results = runtime.block_on(next).map_err(|e| e.to_string())?;
+        if let Err(message) = write(results, &mut summary, &mut progress) {
+            failure = Some(message);
+            // Finish nothing more: chunks in flight are dropped with the runtime.
+            break;
+        }
+    }
+    if let Some(message) = failure {
+        return Err(message);
+    }
+    summary.message = progress.finish();
+    Ok(summary)
+}

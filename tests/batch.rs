@@ -1,0 +1,135 @@
+//! The batch commands through the real binary: order and ids, the bad-line report, skipping,
+//! shards covering every line once, resuming, plain-text input, classify and score.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_poolserve");
+
+fn workdir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("batch-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `poolserve ARGS`; returns (success, stderr).
+fn run(args: &[&str]) -> (bool, String) {
+    let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").output().expect("binary runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn read_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Ten texts from the fixture, as JSON Lines with ids t0..t9, and one bad line at line 5.
+fn write_input(dir: &Path) -> (PathBuf, Vec<String>) {
+    let reference = expected("bert-embed-mean");
+    let texts: Vec<String> = (0..10).map(|i| reference["texts"][i % 4]["text"].as_str().unwrap().to_string()).collect();
+    let mut lines: Vec<String> = texts.iter().enumerate().map(|(i, t)| serde_json::json!({"id": format!("t{i}"), "text": t}).to_string()).collect();
+    lines.insert(4, "{\"id\": \"bad\", \"text\": 42}".into());
+    let path = dir.join("input.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    (path, texts)
+}
+
+#[test]
+fn embed_writes_in_order_reports_bad_lines_and_shards_exactly() {
+    let dir = workdir("embed");
+    let model = fixture_model("bert-embed-mean");
+    let model = model.to_str().unwrap();
+    let (input, texts) = write_input(&dir);
+    let input = input.to_str().unwrap();
+    let out = dir.join("out.jsonl");
+    let out_s = out.to_str().unwrap();
+
+    // Without --skip-errors: stops at line 5 with its number, after writing lines 1-4.
+    let (ok, stderr) = run(&["embed", model, "--input", input, "--output", out_s, "--chunk", "2"]);
+    assert!(!ok, "a bad line must fail the run");
+    assert!(stderr.contains("error: line 5: `text` must be a string"), "{stderr}");
+    let written: Vec<String> = read_lines(&out).iter().map(|l| l["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(written, vec!["t0", "t1", "t2", "t3"]);
+
+    // With --skip-errors: every good line, in order, with the reference embeddings.
+    let (ok, stderr) = run(&["embed", model, "--input", input, "--output", out_s, "--skip-errors", "--chunk", "3"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("line 5: `text` must be a string (skipped)"), "{stderr}");
+    let reference = expected("bert-embed-mean");
+    let lines = read_lines(&out);
+    assert_eq!(lines.len(), 10);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["id"], format!("t{i}"));
+        assert_eq!(texts[i], reference["texts"][i % 4]["text"].as_str().unwrap());
+        assert_close(&floats(&line["embedding"]), &floats(&reference["texts"][i % 4]["embedding"]), &format!("line {i}"));
+    }
+
+    // Three shards cover every good line exactly once.
+    let mut seen = Vec::new();
+    for shard in 0..3 {
+        let part = dir.join(format!("shard{shard}.jsonl"));
+        let (ok, stderr) = run(&["embed", model, "--input", input, "--output", part.to_str().unwrap(), "--skip-errors", "--shard", &format!("{shard}/3")]);
+        assert!(ok, "{stderr}");
+        seen.extend(read_lines(&part).iter().map(|l| l["id"].as_str().unwrap().to_string()));
+    }
+    seen.sort();
+    let mut all: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    all.sort();
+    assert_eq!(seen, all);
+
+    // --resume after a partial run: each id once in the end.
+    let resumed = dir.join("resumed.jsonl");
+    let resumed_s = resumed.to_str().unwrap();
+    assert!(run(&["embed", model, "--input", input, "--output", resumed_s, "--skip-errors", "--shard", "0/2"]).0);
+    let first = read_lines(&resumed).len();
+    let (ok, stderr) = run(&["embed", model, "--input", input, "--output", resumed_s, "--skip-errors", "--resume"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains(&format!("{first} already in the output")), "{stderr}");
+    let mut ids: Vec<String> = read_lines(&resumed).iter().map(|l| l["id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, all);
+
+    assert!(!run(&["embed", model, "--input", input, "--output", out_s, "--shard", "3/3"]).0);
+}
+
+#[test]
+fn plain_text_classify_and_score() {
+    let dir = workdir("tasks");
+    let reference = expected("bert-seqcls");
+    let texts: Vec<&str> = (0..4).map(|i| reference["texts"][i]["text"].as_str().unwrap()).filter(|t| !t.is_empty()).collect();
+    let input = dir.join("texts.txt");
+    std::fs::write(&input, texts.join("\n") + "\n").unwrap();
+    let out = dir.join("labels.jsonl");
+    let model = fixture_model("bert-seqcls");
+    let (ok, stderr) = run(&["classify", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let lines = read_lines(&out);
+    let cases: Vec<&Value> = reference["texts"].as_array().unwrap().iter().filter(|c| !c["text"].as_str().unwrap().is_empty()).collect();
+    for (i, (line, case)) in lines.iter().zip(&cases).enumerate() {
+        assert_eq!(line["id"], i + 1, "plain text ids are line numbers");
+        assert_eq!(line["label"], case["label"]);
+        assert!(max_abs_diff(&floats(&line["probs"]), &floats(&case["softmax"])) <= 1e-4);
+    }
+
+    let pairs = expected("bert-reranker");
+    let input = dir.join("pairs.jsonl");
+    let body: Vec<String> = pairs["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| serde_json::json!({"id": i, "text_1": p["query"], "text_2": p["document"]}).to_string())
+        .collect();
+    std::fs::write(&input, body.join("\n")).unwrap();
+    let model = fixture_model("bert-reranker");
+    let (ok, stderr) = run(&["score", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    for (i, line) in read_lines(&out).iter().enumerate() {
+        assert_eq!(line["id"], i);
+        assert!((line["score"].as_f64().unwrap() - pairs["pairs"][i]["score"].as_f64().unwrap()).abs() <= 1e-4);
+    }
+}
