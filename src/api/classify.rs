@@ -1,7 +1,7 @@
 //! `POST /classify`: class probabilities (or raw logits with `use_activation: false`) and the
 //! winning label for every input, as vLLM answers it.
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
@@ -36,12 +36,7 @@ fn argmax(values: &[f32]) -> usize {
 #[utoipa::path(post, path = "/classify", description = "Class probabilities per input.", request_body = ClassifyRequest,
     responses(
         (status = 200, body = ListResponse<ClassifyData>),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn create(
     State(state): State<AppState>,

@@ -1,7 +1,7 @@
 //! `POST /v1/embeddings` (and `/embeddings`): the OpenAI embeddings API with vLLM's pooling
 //! parameters.
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
@@ -56,12 +56,7 @@ pub fn encode_base64(v: &[f32]) -> String {
 #[utoipa::path(post, path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
     responses(
         (status = 200, body = ListResponse<EmbeddingData>),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn create(
     State(state): State<AppState>,

@@ -35,6 +35,25 @@ pub struct ErrorBody {
     pub error: ErrorInfo,
 }
 
+/// The error responses of every model route, for the OpenAPI description (one list, used by
+/// each handler's annotation).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum ErrorResponses {
+    #[response(status = 400, description = "invalid request (api.md's messages)")]
+    BadRequest(ErrorBody),
+    #[response(status = 401, description = "missing or wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(status = 404, description = "unknown model")]
+    NotFound(ErrorBody),
+    #[response(status = 413, description = "body over --payload-limit")]
+    PayloadTooLarge(ErrorBody),
+    #[response(status = 429, description = "at --max-concurrent-requests")]
+    TooManyRequests(ErrorBody),
+    #[response(status = 503, description = "loading or shutting down")]
+    Unavailable(ErrorBody),
+}
+
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorInfo {
     pub message: String,

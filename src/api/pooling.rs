@@ -2,7 +2,7 @@
 //! token_classify or embed_sparse (default: the model's first task); per-token tasks answer
 //! nested lists, embed_sparse lists of `{"index", "value"}`.
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
@@ -63,12 +63,7 @@ fn py_tuple(tasks: &[Task]) -> String {
 #[utoipa::path(post, path = "/pooling", description = "Any pooling task (vLLM).", request_body = PoolingRequest,
     responses(
         (status = 200, body = ListResponse<PoolingData>),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn create(
     State(state): State<AppState>,

@@ -6,7 +6,7 @@
 //! cross-encoder: an embedding-only model answers "does not support Rerank (Score) API" (use
 //! `/score` for its cosine similarities).
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::score::{score_params, texts_of, PairFields};
 use super::{admit, response_id, AppState, Usage};
@@ -69,12 +69,7 @@ fn result_count(top_n: Option<i64>, documents: usize) -> Result<usize, ApiError>
 #[utoipa::path(post, path = "/rerank", description = "Cohere/Jina rerank (also at /v1/rerank and /v2/rerank).", request_body = RerankRequest,
     responses(
         (status = 200, body = RerankResponse),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn create(
     State(state): State<AppState>,

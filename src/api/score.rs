@@ -2,7 +2,7 @@
 //! (`text_1`/`text_2`, `queries`/`documents`, `data_1`/`data_2`) and 1:1, 1:N, N:N pairing.
 //! The request helpers here are shared with `/rerank`.
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{admit, AppState, ListResponse};
 use crate::engine::tokenize::PairLimits;
@@ -122,12 +122,7 @@ impl ScoreRequest {
 #[utoipa::path(post, path = "/score", description = "Pair scores (also at /v1/score).", request_body = ScoreRequest,
     responses(
         (status = 200, body = ListResponse<ScoreData>),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn create(
     State(state): State<AppState>,

@@ -2,7 +2,7 @@
 //! `{"inputs": str | [str], "truncate"?: bool, "truncation_direction"?: "Left" | "Right"}` →
 //! one list of non-zero `{"index", "value"}` per input, in token-id order.
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::pooling::SparseValue;
 use super::{admit, AppState};
@@ -39,12 +39,7 @@ pub struct SparseRequest {
 #[utoipa::path(post, path = "/embed_sparse", description = "SPLADE sparse embeddings (TEI).", request_body = SparseRequest,
     responses(
         (status = 200, body = Vec<Vec<SparseValue>>),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<SparseRequest>) -> Result<Json<Vec<Vec<SparseValue>>>, ApiError> {
     let engine = state.engine_for(None, Task::EmbedSparse, "Sparse Embeddings")?;

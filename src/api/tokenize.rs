@@ -1,6 +1,6 @@
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes).
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::AppState;
 use crate::engine::tokenize::EncodeOptions;
@@ -47,12 +47,7 @@ pub struct DetokenizeResponse {
 #[utoipa::path(post, path = "/tokenize", description = "Tokenize a prompt.", request_body = TokenizeRequest,
     responses(
         (status = 200, body = TokenizeResponse),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn tokenize(
     State(state): State<AppState>,
@@ -74,12 +69,7 @@ pub async fn tokenize(
 #[utoipa::path(post, path = "/detokenize", description = "Token ids back to text.", request_body = DetokenizeRequest,
     responses(
         (status = 200, body = DetokenizeResponse),
-        (status = 400, description = "invalid request (api.md's messages)", body = ErrorBody),
-        (status = 401, description = "missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "unknown model", body = ErrorBody),
-        (status = 413, description = "body over --payload-limit", body = ErrorBody),
-        (status = 429, description = "at --max-concurrent-requests", body = ErrorBody),
-        (status = 503, description = "loading or shutting down", body = ErrorBody)
+        ErrorResponses
     ))]
 pub async fn detokenize(
     State(state): State<AppState>,
