@@ -26,6 +26,8 @@ scripts/fetch-minilm.sh models
 PYTHON=.venv/bin/python scripts/fetch-models.sh models splade rampart
 export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2" POOLSERVE_MODELS="$PWD/models"
 
+# Benches and examples are not built by `cargo test`; check that they still compile.
+cargo check --locked --benches --examples
 cargo test --locked
 
 servers=()
