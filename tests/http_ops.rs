@@ -166,20 +166,23 @@ async fn a_disconnected_clients_queued_work_is_dropped() {
     });
     let router = router(engine, 2_000_000);
     let before = cancelled_inputs(&router).await;
-    let long = "word ".repeat(120);
-    // One busy request keeps the model thread occupied, one input per batch.
+    // One busy request keeps the model thread occupied, one input per batch, for far longer
+    // (over a second) than the victim needs to be queued. Its inputs are token ids, so it is
+    // queued at once and surely ahead of the victim.
+    let ids: Vec<u32> = (0..120).map(|i| 100 + i % 600).collect();
     let busy = {
         let router = router.clone();
-        let body = json!({"input": vec![long.clone(); 64]});
+        let body = json!({"input": vec![ids.clone(); 1000]});
         tokio::spawn(async move { post(&router, "/v1/embeddings", body).await })
     };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     // The victim queues 64 inputs behind it and then hangs up.
     let victim = {
         let router = router.clone();
-        let body = json!({"input": vec![long; 64]});
+        let body = json!({"input": vec![ids; 64]});
         tokio::spawn(async move { post(&router, "/v1/embeddings", body).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     victim.abort();
     assert_eq!(busy.await.unwrap().status, StatusCode::OK);
     let after = cancelled_inputs(&router).await;
