@@ -4,8 +4,8 @@
 //! `cargo bench --bench forward [-- 32x128 1x16 8x128]` (model folder from `POOLSERVE_MINILM`, default
 //! `models/all-MiniLM-L6-v2`; fetch it with scripts/fetch-minilm.sh). Prints one line per
 //! shape: median and p90 time per forward, tokens/s. `benches/compare.py` runs the same shapes
-//! through PyTorch for the ratio. `POOLSERVE_DTYPE=bfloat16` (any serve flag's variable) measures
-//! another precision.
+//! through PyTorch for the ratio. `POOLSERVE_DTYPE=bfloat16` or `POOLSERVE_QUANTIZATION=int8` (any
+//! serve flag's variable) measures another precision.
 
 use poolserve::config::ServerConfig;
 use poolserve::engine::batch::Batch;
@@ -49,9 +49,14 @@ fn main() {
         eprintln!("{dir} is missing: run scripts/fetch-minilm.sh models (or set POOLSERVE_MINILM)");
         std::process::exit(1);
     }
-    let model = loader::load(&ServerConfig::for_model(dir.clone())).expect("model loads");
+    let config = ServerConfig::for_model(dir.clone());
+    let model = loader::load(&config).expect("model loads");
     let vocab = model.backbone.vocab_size() as u32;
-    println!("all-MiniLM-L6-v2 forward (backbone + mean pooling), {} rayon threads", rayon::current_num_threads());
+    let precision = match config.quantization {
+        Some(q) => format!("{q:?}").to_lowercase(),
+        None => format!("{:?}", config.dtype.dtype()).to_lowercase(),
+    };
+    println!("all-MiniLM-L6-v2 forward (backbone + mean pooling), {precision}, {} rayon threads", rayon::current_num_threads());
     let chunk: usize = std::env::var("POOLSERVE_FORWARD_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(poolserve::models::FORWARD_CHUNK_TOKENS);
     println!("forward chunk: {chunk} tokens");
     // `cargo bench --bench forward -- 1x16` runs only the shapes named.

@@ -54,6 +54,15 @@ impl DTypeArg {
     }
 }
 
+/// `--quantization`: weight/activation quantization of the transformer blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Quantization {
+    /// Int8 weights (per output channel) and activations (per token, at run time) in every
+    /// dense layer of the transformer blocks; embeddings, attention, norms and heads stay f32.
+    /// CPU and float32 only; fast on CPUs with AVX-512 VNNI.
+    Int8,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
     Cpu,
@@ -96,6 +105,9 @@ pub struct ServeArgs {
     pub dtype: DTypeArg,
     #[arg(long, value_enum, default_value = "cpu", env = "POOLSERVE_DEVICE")]
     pub device: DeviceArg,
+    /// Quantize the transformer blocks (off by default; see README "Precision").
+    #[arg(long, short = 'q', value_enum, env = "POOLSERVE_QUANTIZATION")]
+    pub quantization: Option<Quantization>,
     /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
     #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
     pub reranker_instruction: Option<String>,
@@ -149,6 +161,7 @@ pub struct ServerConfig {
     pub device: DeviceArg,
     /// Precision of the weights and activations; `auto` is float32.
     pub dtype: DTypeArg,
+    pub quantization: Option<Quantization>,
     pub max_batch_tokens: usize,
     pub max_num_seqs: usize,
     pub max_concurrent_requests: usize,
@@ -205,6 +218,9 @@ impl TryFrom<ServeArgs> for ServerConfig {
         if let Some(n) = args.max_model_len {
             positive("max-model-len", n)?;
         }
+        if args.quantization.is_some() && (args.device != DeviceArg::Cpu || args.dtype.dtype() != candle_core::DType::F32) {
+            return Err(ConfigError("--quantization int8 runs on --device cpu with --dtype float32 only".into()));
+        }
         Ok(ServerConfig {
             served_model_name: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
             model: args.model,
@@ -217,6 +233,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             port: args.port,
             device: args.device,
             dtype: args.dtype,
+            quantization: args.quantization,
             max_batch_tokens: positive("max-batch-tokens", args.max_batch_tokens)?,
             max_num_seqs: positive("max-num-seqs", args.max_num_seqs)?,
             max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,

@@ -20,6 +20,8 @@ pub fn start_engine(config: &ServerConfig) -> anyhow::Result<Engine> {
         pooling = ?model.spec.pooling,
         max_model_len = model.spec.max_model_len,
         embedding_size = model.spec.embedding_size,
+        dtype = ?config.dtype,
+        quantization = ?config.quantization,
         "model loaded in {:.2?}",
         started.elapsed()
     );

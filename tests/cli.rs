@@ -99,6 +99,7 @@ fn bad_flags_and_models_fail_with_one_line() {
     assert_one_line_error(&["serve", "m", "--pooler-config", "{nope"], "--pooler-config");
     assert_one_line_error(&["serve", "m", "--pooler-config", r#"{"pooling": "MEAN"}"#], "unknown field");
     assert_one_line_error(&["serve", "m", "--device", "cuda"], "cuda");
+    assert_one_line_error(&["serve", "m", "--quantization", "int8", "--dtype", "float16"], "--quantization int8 runs on --device cpu with --dtype float32 only");
     assert_one_line_error(&["serve", "./no/such/folder", "--port", "0"], "does not exist");
 
     let dir = std::env::temp_dir().join(format!("poolserve-cli-llama-{}", std::process::id()));

@@ -88,3 +88,41 @@ async fn minilm_sized_cross_encoder_matches_sentence_transformers() {
     let got: Vec<usize> = reply.body["results"].as_array().unwrap().iter().map(|r| r["index"].as_u64().unwrap() as usize).collect();
     assert_eq!(got, order[..3].to_vec());
 }
+
+/// `--quantization int8` on the real model: every embedding within cosine 0.999 of float32
+/// (issue 6's bar) and of sentence-transformers, on the reference texts and the 33 documents of
+/// the cross-encoder fixture (8 to 512+ tokens), and the neighbours of text 0 keep their order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minilm_int8_stays_within_cosine_0_999_of_f32() {
+    let Some(dir) = minilm_dir() else { return };
+    let reference = expected("all-MiniLM-L6-v2");
+    let documents = expected("minilm-cross-encoder");
+    let mut texts: Vec<&str> = reference["texts"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap()).collect();
+    let fixture_texts = texts.len();
+    texts.extend(documents["documents"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()));
+    let request = json!({"input": texts, "truncate_prompt_tokens": -1});
+    let embed = |router: axum::Router| {
+        let request = request.clone();
+        async move {
+            let reply = post(&router, "/v1/embeddings", request).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            reply.body["data"].as_array().unwrap().iter().map(|d| floats(&d["embedding"])).collect::<Vec<_>>()
+        }
+    };
+    let f32s = embed(router(engine(&dir, |_| {}), 2_000_000)).await;
+    let int8 = embed(router(engine(&dir, |c| c.quantization = Some(poolserve::config::Quantization::Int8)), 2_000_000)).await;
+    for (i, (q, f)) in int8.iter().zip(&f32s).enumerate() {
+        let similarity = cosine(q, f);
+        assert!(similarity >= 0.999, "text {i}: int8 vs f32 cosine {similarity}");
+        if i < fixture_texts {
+            let want = floats(&reference["texts"][i]["embedding"]);
+            assert!(cosine(q, &want) >= 0.999, "text {i}: int8 vs sentence-transformers cosine {}", cosine(q, &want));
+        }
+    }
+    let ranking = |e: &[Vec<f32>]| {
+        let mut order: Vec<usize> = (1..fixture_texts).collect();
+        order.sort_by(|&a, &b| cosine(&e[0], &e[b]).total_cmp(&cosine(&e[0], &e[a])));
+        order
+    };
+    assert_eq!(ranking(&int8), ranking(&f32s));
+}

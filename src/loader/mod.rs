@@ -144,7 +144,13 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         labels: Vec::new(),
         rerank_template: None,
     };
-    let backbone = models::load_backbone(&spec, vb.clone(), &device)?;
+    let mut backbone = models::load_backbone(&spec, vb.clone(), &device)?;
+    if config.quantization.is_some() {
+        models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
+        if !models::ops::int8::accelerated() {
+            tracing::warn!("--quantization int8: this CPU has no AVX-512 VNNI; the portable int8 kernel is slower than float32");
+        }
+    }
     spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
     spec.hidden_size = backbone.hidden_size();
     // Dense layers must chain from the hidden size; a mismatch would only surface per request.

@@ -249,6 +249,10 @@ impl Backbone for Bert {
     fn max_positions(&self) -> usize {
         self.max_positions
     }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.intermediate, &mut l.output]).collect()
+    }
 }
 
 /// The masked-LM head of `BertForMaskedLM` (`cls.predictions`) or `RobertaForMaskedLM`

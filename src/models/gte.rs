@@ -137,4 +137,8 @@ impl Backbone for Gte {
     fn max_positions(&self) -> usize {
         self.config.max_position_embeddings
     }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.o_proj, &mut l.up_gate, &mut l.down]).collect()
+    }
 }

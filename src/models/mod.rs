@@ -29,6 +29,17 @@ pub trait Backbone: Send {
     fn vocab_size(&self) -> usize;
     /// Longest sequence the position table allows.
     fn max_positions(&self) -> usize;
+    /// What `--quantization int8` converts: the attention output projection and the
+    /// feed-forward layers of every block (three quarters of the matrix work). The fused Q/K/V
+    /// projection stays float32: its errors are amplified by the softmax, and on
+    /// all-MiniLM-L6-v2 quantizing it too took the worst cosine to float32 from 0.9991 to 0.9980
+    /// for 10% more speed. Embeddings, norms, attention itself and the heads stay float32.
+    fn int8_linears(&mut self) -> Vec<&mut Linear>;
+}
+
+/// Quantizes the layers [`Backbone::int8_linears`] names (`--quantization int8`).
+pub fn quantize_int8(backbone: &mut dyn Backbone) -> candle_core::Result<()> {
+    backbone.int8_linears().into_iter().try_for_each(Linear::quantize_int8)
 }
 
 /// Tokens per forward pass that keep a layer's activations (the intermediate layer is

@@ -207,6 +207,10 @@ impl Backbone for ModernBert {
     fn max_positions(&self) -> usize {
         self.config.max_position_embeddings
     }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.wo, &mut l.wi, &mut l.mlp_wo]).collect()
+    }
 }
 
 /// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`, then

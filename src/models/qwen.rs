@@ -199,6 +199,10 @@ impl Backbone for Qwen {
     fn max_positions(&self) -> usize {
         self.config.max_position_embeddings
     }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.o_proj, &mut l.gate_up, &mut l.down]).collect()
+    }
 }
 
 /// The classifier of a Qwen sequence classifier: `score` (no bias), or, for a causal LM

@@ -25,14 +25,14 @@ const SPLIT_ROWS_MIN: usize = 256;
 /// what lets LLVM turn them into 8-wide code, with `floor` as one instruction. Inside the body,
 /// the const `FMA` says whether fused multiply-add is native (use [`fma`]).
 macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block) => {
-        $(#[$m])* $vis fn $name($($arg: $ty),*) {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])* $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn portable<const FMA: bool>($($arg: $ty),*) $body
+            fn portable<const FMA: bool>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) {
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     portable::<true>($($arg),*)
                 }
                 if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -46,10 +46,12 @@ macro_rules! multiversion {
 }
 
 mod gated;
+pub mod int8;
 mod rms_norm;
 mod rotary;
 
 pub use gated::GatedActivation;
+pub use int8::Int8Weight;
 pub use rms_norm::RmsNorm;
 pub use rotary::{QkNorm, Rotary, RotaryTable};
 
@@ -163,74 +165,118 @@ impl Bias {
 }
 
 /// A dense layer `y = x·Wᵀ + b`. Checkpoints store `W` as `[out, in]`; it is kept transposed,
-/// `[in, out]` row-major, the layout gemm packs fastest.
+/// `[in, out]` row-major, the layout gemm packs fastest, or quantized to int8
+/// ([`Linear::quantize_int8`]).
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `Wᵀ`, `[in, out]`.
-    weight_t: Tensor,
+    weight: Weight,
     bias: Option<Bias>,
+}
+
+#[derive(Debug, Clone)]
+enum Weight {
+    /// `Wᵀ`, `[in, out]`.
+    Transposed(Tensor),
+    Int8(std::sync::Arc<Int8Weight>),
 }
 
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
         let weight_t = weight.t()?.contiguous()?;
         let bias = bias.map(Bias::new).transpose()?;
-        Ok(Self { weight_t, bias })
+        Ok(Self { weight: Weight::Transposed(weight_t), bias })
     }
 
     pub fn out_features(&self) -> usize {
-        self.weight_t.dims()[1]
+        match &self.weight {
+            Weight::Transposed(w) => w.dims()[1],
+            Weight::Int8(w) => w.out_features(),
+        }
     }
 
     pub fn in_features(&self) -> usize {
-        self.weight_t.dims()[0]
+        match &self.weight {
+            Weight::Transposed(w) => w.dims()[0],
+            Weight::Int8(w) => w.in_features(),
+        }
     }
 
     pub fn bias(&self) -> Option<&Bias> {
         self.bias.as_ref()
     }
 
-    fn op(&self) -> LinearOp<'_> {
-        LinearOp { bias: self.bias.as_ref().map(|b| b.host.as_slice()) }
+    /// Replaces the f32 weight by its int8 quantization (CPU, f32 activations only). The f32
+    /// copy is dropped: quantized layers keep a quarter of the memory.
+    pub fn quantize_int8(&mut self) -> Result<()> {
+        if let Weight::Transposed(w) = &self.weight {
+            if !fused(w) {
+                bail!("int8 quantization needs f32 weights on the CPU");
+            }
+            let (k, n) = w.dims2()?;
+            let host = w.flatten_all()?.to_vec1::<f32>()?;
+            self.weight = Weight::Int8(std::sync::Arc::new(Int8Weight::quantize(&host, k, n)));
+        }
+        Ok(())
+    }
+
+    /// `x·Wᵀ (+ b) (+ residual)`, one kernel on CPU f32, candle's ops elsewhere.
+    fn apply(&self, x: &Tensor, bias: Option<&Bias>, residual: Option<&Tensor>) -> Result<Tensor> {
+        let op = LinearOp { bias: bias.map(|b| b.host.as_slice()), int8: None };
+        match (&self.weight, residual) {
+            (Weight::Transposed(w), _) if !fused(x) => {
+                let mut y = x.matmul(w)?;
+                if let Some(b) = bias {
+                    y = y.broadcast_add(&b.tensor)?;
+                }
+                match residual {
+                    Some(r) => y.add(r),
+                    None => Ok(y),
+                }
+            }
+            (Weight::Transposed(w), None) => x.apply_op2_no_bwd(w, &op),
+            (Weight::Transposed(w), Some(r)) => x.apply_op3_no_bwd(w, r, &op),
+            (Weight::Int8(_), _) if !fused(x) => bail!("int8 layers run on the CPU in f32 only"),
+            (Weight::Int8(w), None) => x.apply_op1_no_bwd(&LinearOp { int8: Some(w), ..op }),
+            (Weight::Int8(w), Some(r)) => x.apply_op2_no_bwd(r, &LinearOp { int8: Some(w), ..op }),
+        }
     }
 
     /// `x·Wᵀ + b` for `x` of shape `[tokens, in]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if fused(x) {
-            return x.apply_op2_no_bwd(&self.weight_t, &self.op());
-        }
-        let y = x.matmul(&self.weight_t)?;
-        match &self.bias {
-            Some(b) => y.broadcast_add(&b.tensor),
-            None => Ok(y),
-        }
+        self.apply(x, self.bias.as_ref(), None)
     }
 
     /// `x·Wᵀ` alone, for callers that fold the bias into their next pass.
     pub fn forward_unbiased(&self, x: &Tensor) -> Result<Tensor> {
-        if fused(x) {
-            return x.apply_op2_no_bwd(&self.weight_t, &LinearOp { bias: None });
-        }
-        x.matmul(&self.weight_t)
+        self.apply(x, None, None)
     }
 
     /// `x·Wᵀ + b + residual`: the residual connection costs no extra pass on CPU.
     pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        if fused(x) {
-            return x.apply_op3_no_bwd(&self.weight_t, residual, &self.op());
-        }
-        self.forward(x)?.add(residual)
+        self.apply(x, self.bias.as_ref(), Some(residual))
     }
 }
 
+/// The CPU kernel of [`Linear`]: f32 gemm with the weight as second operand, or the int8
+/// product with the weight held here; an optional residual is the last operand either way.
 struct LinearOp<'a> {
     bias: Option<&'a [f32]>,
+    int8: Option<&'a Int8Weight>,
+}
+
+#[derive(Clone, Copy)]
+enum WeightRef<'a> {
+    F32(&'a [f32], &'a Layout),
+    Int8(&'a Int8Weight),
 }
 
 impl LinearOp<'_> {
-    fn run(&self, x: &[f32], x_l: &Layout, w: &[f32], w_l: &Layout, residual: Option<&[f32]>) -> Result<(CpuStorage, Shape)> {
+    fn run(&self, x: &[f32], x_l: &Layout, w: WeightRef<'_>, residual: Option<&[f32]>) -> Result<(CpuStorage, Shape)> {
         let (m, k) = dims2(x_l)?;
-        let (k2, n) = dims2(w_l)?;
+        let (k2, n) = match w {
+            WeightRef::F32(_, w_l) => dims2(w_l)?,
+            WeightRef::Int8(q) => (q.in_features(), q.out_features()),
+        };
         if k != k2 {
             bail!("linear: input has {k} features, weight expects {k2}");
         }
@@ -258,20 +304,40 @@ impl LinearOp<'_> {
                 false
             }
         };
-        gemm_parallel(&mut dst, x, w, m, n, k, read_dst);
+        match w {
+            WeightRef::F32(w, _) => gemm_parallel(&mut dst, x, w, m, n, k, read_dst),
+            WeightRef::Int8(q) => q.matmul(&mut dst, x, m, read_dst),
+        }
         Ok((CpuStorage::F32(dst), Shape::from((m, n))))
     }
 }
 
+/// Int8: `x`.
+impl CustomOp1 for LinearOp<'_> {
+    fn name(&self) -> &'static str {
+        "linear_int8"
+    }
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        let Some(q) = self.int8 else { bail!("linear: no weight") };
+        self.run(contiguous(s1, l1)?, l1, WeightRef::Int8(q), None)
+    }
+}
+
+/// F32: `x`, `Wᵀ`. Int8: `x`, residual.
 impl CustomOp2 for LinearOp<'_> {
     fn name(&self) -> &'static str {
         "linear"
     }
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.run(contiguous(s1, l1)?, l1, contiguous(s2, l2)?, l2, None)
+        let (x, second) = (contiguous(s1, l1)?, contiguous(s2, l2)?);
+        match self.int8 {
+            Some(q) => self.run(x, l1, WeightRef::Int8(q), Some(second)),
+            None => self.run(x, l1, WeightRef::F32(second, l2), None),
+        }
     }
 }
 
+/// F32: `x`, `Wᵀ`, residual.
 impl CustomOp3 for LinearOp<'_> {
     fn name(&self) -> &'static str {
         "linear_add"
@@ -285,7 +351,7 @@ impl CustomOp3 for LinearOp<'_> {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        self.run(contiguous(s1, l1)?, l1, contiguous(s2, l2)?, l2, Some(contiguous(s3, l3)?))
+        self.run(contiguous(s1, l1)?, l1, WeightRef::F32(contiguous(s2, l2)?, l2), Some(contiguous(s3, l3)?))
     }
 }
 
