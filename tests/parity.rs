@@ -220,3 +220,24 @@ async fn half_precision_stays_within_tolerance() {
         }
     }
 }
+
+/// `--quantization int8` on every backbone family: the quantized layers are wired into each
+/// architecture (attention output, plain and gated feed-forward layers) and stay close to the
+/// float32 reference. The tiny random fixtures are no accuracy benchmark (the real-model bar,
+/// cosine ≥ 0.999, is in tests/minilm.rs); this catches a wrong layer or layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn int8_quantization_runs_every_backbone_close_to_reference() {
+    use poolserve::config::Quantization;
+    for name in ["bert-embed-mean", "xlmr-embed-cls", "distilbert-embed-mean-dense", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
+        let expected = expected(name);
+        let engine = engine(&fixture_model(name), |c| c.quantization = Some(Quantization::Int8));
+        let ours = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |_| {})).await;
+        let worst = ours
+            .iter()
+            .enumerate()
+            .map(|(i, v)| cosine(v, &floats(&expected["texts"][i]["embedding"])))
+            .fold(1.0, f64::min);
+        eprintln!("{name} int8: worst cosine {worst:.6}");
+        assert!(worst >= 0.999, "{name} int8: cosine {worst}");
+    }
+}
