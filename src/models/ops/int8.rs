@@ -106,14 +106,17 @@ impl Int8Weight {
     }
 
     /// `dst (+)= x·W` for row-major `x` (`m × k`) and `dst` (`m × n`).
-    pub fn matmul(&self, dst: &mut [f32], x: &[f32], m: usize, read_dst: bool) {
-        debug_assert_eq!(x.len(), m * self.k);
-        debug_assert_eq!(dst.len(), m * self.n);
+    ///
+    /// # Safety
+    /// `dst` points to `m × n` writable floats, initialized when `read_dst`; otherwise every one
+    /// is written (for `k > 0`) and none is read.
+    pub unsafe fn matmul(&self, dst: *mut f32, x: &[f32], m: usize, read_dst: bool) {
+        assert_eq!(x.len(), m * self.k, "int8: input is not m×k");
         let kernel = Kernel::detect();
         let rows = Activations::quantize(kernel, x, m, self.k, self.groups, self.segments);
         let threads = rayon::current_num_threads();
         let tiles = rows.tiles();
-        let out = Out { ptr: dst.as_mut_ptr(), rows: m, cols: self.n, read: read_dst };
+        let out = Out { ptr: dst, rows: m, cols: self.n, read: read_dst };
         let run = |tiles: std::ops::Range<usize>, panels: std::ops::Range<usize>| {
             for tile in tiles {
                 for p0 in panels.clone().step_by(TILE_PANELS) {
@@ -135,7 +138,14 @@ impl Int8Weight {
                 run(0..tiles, (t * per).min(steps) * TILE_PANELS..((t + 1) * per).min(steps) * TILE_PANELS)
             });
         }
+        SCRATCH.set(rows.data);
     }
+}
+
+thread_local! {
+    /// The previous product's activation bytes, reused: a fresh buffer of several MB per
+    /// product costs a page fault per 4 KiB (2% of an int8 forward pass, measured).
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Activations quantized per row and segment, padded to whole tiles of rows and groups of 4.
@@ -154,7 +164,10 @@ impl Activations {
     fn quantize(kernel: Kernel, x: &[f32], m: usize, k: usize, groups: usize, segments: usize) -> Self {
         let stride = groups * 4;
         let padded = m.div_ceil(TILE_ROWS) * TILE_ROWS;
-        let mut data = vec![0u8; padded * stride];
+        // Bytes past a row's k inputs and the padded rows keep whatever they held: the weights
+        // there are 0 and padded rows are never stored.
+        let mut data = SCRATCH.take();
+        data.resize(padded * stride, 0);
         let mut params = vec![(0.0f32, 0i32); padded * segments];
         let work = |(row, (out, params)): (&[f32], (&mut [u8], &mut [(f32, i32)]))| {
             for ((x, out), p) in row.chunks(SEGMENT).zip(out.chunks_mut(SEGMENT)).zip(params) {
@@ -438,7 +451,7 @@ mod tests {
             }
             // The threaded driver gives the same result as the tile loop.
             let mut threaded = prior.clone();
-            q.matmul(&mut threaded, &x, m, true);
+            unsafe { q.matmul(threaded.as_mut_ptr(), &x, m, true) };
             for i in 0..m * n {
                 assert!((threaded[i] - fast[i]).abs() <= 1e-5 * (1.0 + fast[i].abs()), "{m}×{k}×{n} threaded at {i}");
             }
@@ -465,8 +478,11 @@ mod tests {
         let mut w = pseudo_random(k * n, 5);
         (0..k).for_each(|r| w[r * n + 2] = 0.0);
         let q = Int8Weight::quantize(&w, k, n);
-        let mut y = vec![0.0; m * n];
-        q.matmul(&mut y, &x, m, false);
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        unsafe {
+            q.matmul(y.as_mut_ptr(), &x, m, false);
+            y.set_len(m * n);
+        }
         assert!(y[n..2 * n].iter().all(|&v| v == 0.0));
         assert!((0..m).all(|i| y[i * n + 2] == 0.0));
     }

@@ -113,7 +113,11 @@ unsafe impl Sync for SharedConst {}
 /// copy of `w`, which costs less than gemm's own fine-grained synchronization (measured ~105 →
 /// ~112 GFLOP/s on two cores at BERT shapes). Short ones (a few queries) are split by columns,
 /// so that each thread streams only its share of the weights, which dominate the traffic there.
-fn gemm_parallel(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, read_dst: bool) {
+///
+/// # Safety
+/// `dst` points to m×n writable floats, initialized when `read_dst` (gemm reads `dst` only
+/// then, so a fresh output is never zeroed first).
+unsafe fn gemm_parallel(dst: *mut f32, x: &[f32], w: &[f32], m: usize, n: usize, k: usize, read_dst: bool) {
     let threads = rayon::current_num_threads();
     let big = m * n * k >= PARALLEL_GEMM_MIN_WORK && threads > 1;
     // SAFETY (every call): dst is m×n row-major, x is m×k row-major, w is k×n row-major; each
@@ -128,25 +132,28 @@ fn gemm_parallel(dst: &mut [f32], x: &[f32], w: &[f32], m: usize, n: usize, k: u
             Parallelism::None,
         );
     };
+    let (out, input, weights) = (SharedMut(dst), SharedConst(x.as_ptr()), SharedConst(w.as_ptr()));
     if !big {
-        block(dst.as_mut_ptr(), x.as_ptr(), w.as_ptr(), m, n);
+        block(dst, x.as_ptr(), w.as_ptr(), m, n);
     } else if m >= SPLIT_ROWS_MIN {
         let rows_per_part = m.div_ceil(threads);
-        dst.par_chunks_mut(rows_per_part * n)
-            .zip(x.par_chunks(rows_per_part * k))
-            .for_each(|(d, x)| block(d.as_mut_ptr(), x.as_ptr(), w.as_ptr(), d.len() / n, n));
+        (0..m.div_ceil(rows_per_part)).into_par_iter().for_each(|part| {
+            let (out, input, weights) = (out, input, weights);
+            let r0 = part * rows_per_part;
+            // SAFETY: rows r0..r0+rows of dst and of x.
+            let (d, x) = unsafe { (out.0.add(r0 * n), input.0.add(r0 * k)) };
+            block(d, x, weights.0, rows_per_part.min(m - r0), n);
+        });
     } else {
         // Column blocks of a multiple of 16 (gemm's register tile width).
         let cols_per_part = n.div_ceil(threads).div_ceil(16) * 16;
-        let out = SharedMut(dst.as_mut_ptr());
-        let weights = SharedConst(w.as_ptr());
         (0..n.div_ceil(cols_per_part)).into_par_iter().for_each(|part| {
-            let (out, weights) = (out, weights);
+            let (out, input, weights) = (out, input, weights);
             let c0 = part * cols_per_part;
             let cols = cols_per_part.min(n - c0);
             // SAFETY: column block c0..c0+cols of dst and of w.
             let (d, w) = unsafe { (out.0.add(c0), weights.0.add(c0)) };
-            block(d, x.as_ptr(), w, m, cols);
+            block(d, input.0, w, m, cols);
         });
     }
 }
@@ -299,14 +306,22 @@ impl LinearOp<'_> {
                 }
                 true
             }
-            (None, None) => {
+            // No input features: nothing would write the output.
+            (None, None) if k == 0 => {
                 dst.resize(m * n, 0.0);
-                false
+                true
             }
+            // A fresh output: the kernels write every element, so it is not zeroed first.
+            (None, None) => false,
         };
-        match w {
-            WeightRef::F32(w, _) => gemm_parallel(&mut dst, x, w, m, n, k, read_dst),
-            WeightRef::Int8(q) => q.matmul(&mut dst, x, m, read_dst),
+        // SAFETY: dst has room for m×n floats, all initialized when read_dst; otherwise both
+        // kernels write every one of them before the length is set.
+        unsafe {
+            match w {
+                WeightRef::F32(w, _) => gemm_parallel(dst.as_mut_ptr(), x, w, m, n, k, read_dst),
+                WeightRef::Int8(q) => q.matmul(dst.as_mut_ptr(), x, m, read_dst),
+            }
+            dst.set_len(m * n);
         }
         Ok((CpuStorage::F32(dst), Shape::from((m, n))))
     }
@@ -736,7 +751,9 @@ impl CustomOp1 for AttentionOp<'_> {
                 &zeros
             }
         };
-        let mut dst = vec![0f32; tokens * out_width];
+        // Every head of every sequence writes its columns of its rows, so the output is not
+        // zeroed first; its length is set once they all have.
+        let mut dst: Vec<f32> = Vec::with_capacity(tokens * out_width);
         let out = SharedMut(dst.as_mut_ptr());
         let num_seqs = this.cu_seqlens.len() - 1;
         if let Some(bias) = this.position_bias {
@@ -760,6 +777,8 @@ impl CustomOp1 for AttentionOp<'_> {
             let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
             attention_head(rows, bias, out_rows, this.columns(head), this.mask, relative, scale, scratch);
         });
+        // SAFETY: the cu_seqlens checked above cover all tokens, so the jobs wrote every row.
+        unsafe { dst.set_len(tokens * out_width) };
         Ok((CpuStorage::F32(dst), Shape::from((tokens, out_width))))
     }
 }
