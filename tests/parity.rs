@@ -187,6 +187,14 @@ fn chunked_forward_equals_one_pass() {
     assert!(max_abs_diff(&whole, &chunked) < 1e-5);
 }
 
+/// The lowest cosine between fixture `name`'s embeddings, served with `tweak`, and the reference.
+async fn worst_embedding_cosine(name: &str, tweak: impl FnOnce(&mut poolserve::config::ServerConfig)) -> f64 {
+    let expected = expected(name);
+    let engine = engine(&fixture_model(name), tweak);
+    let ours = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |_| {})).await;
+    ours.iter().enumerate().map(|(i, v)| cosine(v, &floats(&expected["texts"][i]["embedding"]))).fold(1.0, f64::min)
+}
+
 /// `--dtype float16|bfloat16`: the same models in half precision stay within the documented
 /// tolerance of the float32 reference (README, "Precision").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,14 +202,7 @@ async fn half_precision_stays_within_tolerance() {
     use poolserve::config::DTypeArg;
     for (dtype, min_cosine, max_prob_diff) in [(DTypeArg::Float16, 0.9999, 1e-3), (DTypeArg::Bfloat16, 0.999, 1e-2)] {
         for name in ["bert-embed-mean", "xlmr-embed-cls", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
-            let expected = expected(name);
-            let engine = engine(&fixture_model(name), |c| c.dtype = dtype);
-            let ours = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |_| {})).await;
-            let worst = ours
-                .iter()
-                .enumerate()
-                .map(|(i, v)| cosine(v, &floats(&expected["texts"][i]["embedding"])))
-                .fold(1.0, f64::min);
+            let worst = worst_embedding_cosine(name, |c| c.dtype = dtype).await;
             eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
             assert!(worst >= min_cosine, "{name} {dtype:?}: cosine {worst}");
         }
@@ -229,14 +230,7 @@ async fn half_precision_stays_within_tolerance() {
 async fn int8_quantization_runs_every_backbone_close_to_reference() {
     use poolserve::config::Quantization;
     for name in ["bert-embed-mean", "xlmr-embed-cls", "distilbert-embed-mean-dense", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
-        let expected = expected(name);
-        let engine = engine(&fixture_model(name), |c| c.quantization = Some(Quantization::Int8));
-        let ours = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |_| {})).await;
-        let worst = ours
-            .iter()
-            .enumerate()
-            .map(|(i, v)| cosine(v, &floats(&expected["texts"][i]["embedding"])))
-            .fold(1.0, f64::min);
+        let worst = worst_embedding_cosine(name, |c| c.quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");
         assert!(worst >= 0.999, "{name} int8: cosine {worst}");
     }
