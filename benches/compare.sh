@@ -22,10 +22,15 @@ cargo build --release --quiet
 cargo bench --bench loadgen --no-run 2>/dev/null
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-./target/release/poolserve serve "$MODEL" --host 127.0.0.1 --port "$port" > target/compare/server.log 2>&1 &
-server=$!
+# serve LOG [FLAGS...]: starts the release server in the background ($server) and waits until ready.
+serve() {
+  local log=$1; shift
+  ./target/release/poolserve serve "$MODEL" --host 127.0.0.1 --port "$port" "$@" > "target/compare/$log" 2>&1 &
+  server=$!
+  until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do sleep 0.2; done
+}
 trap 'kill $server 2>/dev/null || true' EXIT
-until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do sleep 0.2; done
+serve server.log
 loadgen() { cargo bench --bench loadgen -- --url "http://127.0.0.1:$port" --server-pid "$server" "$@" 2>/dev/null; }
 loadgen --concurrency 1 --requests 300 --min-tokens 16 --max-tokens 16 | tee target/compare/single.txt
 loadgen --concurrency 32 --requests 2000 --dump-corpus target/compare/corpus.json | tee target/compare/load.txt
@@ -33,8 +38,6 @@ loadgen --concurrency 32 --requests 2000 --dump-corpus target/compare/corpus.jso
 kill $server; wait $server 2>/dev/null || true
 
 # The same corpus against the int8 server (--quantization int8).
-./target/release/poolserve serve "$MODEL" --host 127.0.0.1 --port "$port" --quantization int8 > target/compare/server-int8.log 2>&1 &
-server=$!
-until curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; do sleep 0.2; done
+serve server-int8.log --quantization int8
 loadgen --concurrency 32 --requests 2000 | tee target/compare/load-int8.txt
 python3 benches/compare_table.py target/compare "$(du -m "$MODEL/model.safetensors" | cut -f1)"

@@ -133,15 +133,7 @@ fn serves_a_fixture_over_http_and_stops_on_sigterm() {
 
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            assert!(status.success(), "exit status after SIGTERM: {status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no exit within 20 s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert_clean_exit(&mut server, Duration::from_secs(20));
 }
 
 #[test]
@@ -171,13 +163,18 @@ fn sigterm_lets_in_flight_requests_finish_and_refuses_new_ones() {
         assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
     }
     eprintln!("in-flight requests answered {:?} after they were sent (SIGTERM at 300 ms)", started.elapsed());
-    let deadline = Instant::now() + Duration::from_secs(60);
+    assert_clean_exit(&mut server, Duration::from_secs(60));
+}
+
+/// Waits (at most `timeout`) for the server to exit after SIGTERM, and checks it exited 0.
+fn assert_clean_exit(server: &mut Server, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = server.child.try_wait().unwrap() {
             assert!(status.success(), "exit status after SIGTERM: {status}");
-            break;
+            return;
         }
-        assert!(Instant::now() < deadline, "no exit within the shutdown timeout");
+        assert!(Instant::now() < deadline, "no exit within {timeout:?} of SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -69,20 +69,22 @@ impl Int8Weight {
         let mut scale = vec![0.0f32; segments * width];
         let mut column_sum = vec![0i32; segments * width];
         let mut packed = vec![0i8; panels * groups * GROUP_BYTES];
-        for c in 0..n {
-            let (panel, lane) = (c / PANEL, c % PANEL);
-            for segment in 0..segments {
-                let rows = segment * SEGMENT..((segment + 1) * SEGMENT).min(k);
-                let max = rows.clone().map(|r| w_t[r * n + c].abs()).fold(0.0f32, f32::max);
-                let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-                let mut sum = 0i32;
-                for r in rows {
-                    let q = (w_t[r * n + c] / s).round_ties_even().clamp(-127.0, 127.0) as i8;
-                    sum += q as i32;
-                    packed[((panel * groups + r / 4) * PANEL + lane) * 4 + r % 4] = q;
+        // Row by row (`w_t` is row-major): a column-wise walk misses the cache on every element,
+        // which adds seconds to the start-up of a large model.
+        for segment in 0..segments {
+            let rows = segment * SEGMENT..((segment + 1) * SEGMENT).min(k);
+            let scale = &mut scale[segment * width..segment * width + n];
+            let column_sum = &mut column_sum[segment * width..segment * width + n];
+            for r in rows.clone() {
+                scale.iter_mut().zip(&w_t[r * n..(r + 1) * n]).for_each(|(m, w)| *m = m.max(w.abs()));
+            }
+            scale.iter_mut().for_each(|m| *m = if *m > 0.0 { *m / 127.0 } else { 1.0 });
+            for r in rows {
+                for (c, (&w, (&s, sum))) in w_t[r * n..(r + 1) * n].iter().zip(scale.iter().zip(column_sum.iter_mut())).enumerate() {
+                    let q = (w / s).round_ties_even().clamp(-127.0, 127.0) as i8;
+                    *sum += q as i32;
+                    packed[(((c / PANEL) * groups + r / 4) * PANEL + c % PANEL) * 4 + r % 4] = q;
                 }
-                scale[segment * width + c] = s;
-                column_sum[segment * width + c] = sum;
             }
         }
         Self { k, n, groups, segments, panels, packed, scale, column_sum }
