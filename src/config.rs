@@ -108,6 +108,13 @@ pub struct ServeArgs {
     /// Quantize the transformer blocks (off by default; see README "Precision").
     #[arg(long, short = 'q', value_enum, env = "POOLSERVE_QUANTIZATION")]
     pub quantization: Option<Quantization>,
+    /// Name of the sentence-transformers prompt (config_sentence_transformers.json `prompts`)
+    /// applied when a request names none; overrides the folder's `default_prompt_name`.
+    #[arg(long, env = "POOLSERVE_DEFAULT_PROMPT_NAME", conflicts_with = "default_prompt")]
+    pub default_prompt_name: Option<String>,
+    /// Text prepended to every text input when a request names no prompt (instead of a named one).
+    #[arg(long, env = "POOLSERVE_DEFAULT_PROMPT")]
+    pub default_prompt: Option<String>,
     /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
     #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
     pub reranker_instruction: Option<String>,
@@ -168,6 +175,10 @@ pub struct ServerConfig {
     pub payload_limit: usize,
     pub tokenizer_workers: usize,
     pub reranker_instruction: Option<String>,
+    /// `--default-prompt-name`: a prompt of the folder's, used when a request names none.
+    pub default_prompt_name: Option<String>,
+    /// `--default-prompt`: a literal prompt text, used when a request names none.
+    pub default_prompt: Option<String>,
     pub api_key: Option<String>,
     pub max_client_batch_size: usize,
     pub shutdown_timeout: std::time::Duration,
@@ -240,6 +251,8 @@ impl TryFrom<ServeArgs> for ServerConfig {
             payload_limit: positive("payload-limit", args.payload_limit)?,
             tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
             reranker_instruction: args.reranker_instruction,
+            default_prompt_name: args.default_prompt_name,
+            default_prompt: args.default_prompt,
             api_key: match args.api_key {
                 Some(key) if key.is_empty() => return Err(ConfigError("--api-key must not be empty".into())),
                 key => key,

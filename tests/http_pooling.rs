@@ -88,11 +88,16 @@ async fn embed_sparse_follows_tei() {
 async fn multi_vector_models_rerank_by_maxsim() {
     let reference = expected("bert-colbert");
     let router = router_for_fixture("bert-colbert");
-    let pair = &reference["pairs"][0];
-    let reply = post(&router, "/rerank", json!({"query": pair["query"], "documents": [pair["document"]]})).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-    let score = reply.body["results"][0]["relevance_score"].as_f64().unwrap();
-    let query_tokens = pair["query_input_ids"].as_array().unwrap().len() as f64;
-    assert!((score - pair["maxsim"].as_f64().unwrap()).abs() / query_tokens <= 1e-4);
+    for route in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        for pair in reference["pairs"].as_array().unwrap() {
+            let reply = post(&router, route, json!({"query": pair["query"], "documents": [pair["document"]]})).await;
+            assert_eq!(reply.status, StatusCode::OK, "{route}: {}", reply.body);
+            let score = reply.body["results"][0]["relevance_score"].as_f64().unwrap();
+            let query_tokens = pair["query_input_ids"].as_array().unwrap().len() as f64;
+            assert!((score - pair["maxsim"].as_f64().unwrap()).abs() / query_tokens <= 1e-4, "{route}: {score} vs {}", pair["maxsim"]);
+            let scored = post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["document"]})).await;
+            assert_eq!(scored.body["data"][0]["score"], reply.body["results"][0]["relevance_score"], "{route}: /score differs");
+        }
+    }
     assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "does not support Embeddings API");
 }

@@ -155,9 +155,40 @@ async fn bi_encoder_scores_are_embedding_cosines() {
         let want = cosine(&reference(0), &reference(*j));
         assert_score(&reply.body["data"][k]["score"], want, &format!("cosine 0-{j}"));
     }
-    // An embedding-only model does not rerank.
-    let reply = post(&router, "/rerank", json!({"query": "a", "documents": ["b"]})).await;
-    assert_error(&reply, StatusCode::BAD_REQUEST, "The model does not support Rerank (Score) API");
+    // An embedding model reranks by the same cosines (vLLM), on all three routes, sorted.
+    for route in ["/rerank", "/v1/rerank", "/v2/rerank"] {
+        let reply = post(&router, route, json!({"query": texts[0], "documents": [texts[1], texts[2], texts[3]], "top_n": 3})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{route}: {}", reply.body);
+        let results = reply.body["results"].as_array().unwrap();
+        assert_eq!(results.len(), 3);
+        let mut previous = f64::INFINITY;
+        for result in results {
+            let j = result["index"].as_u64().unwrap() as usize + 1;
+            assert_score(&result["relevance_score"], cosine(&reference(0), &reference(j)), &format!("{route} cosine 0-{j}"));
+            assert_eq!(result["document"]["text"], texts[j]);
+            let score = result["relevance_score"].as_f64().unwrap();
+            assert!(score <= previous, "{route}: results not sorted");
+            previous = score;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_embedding_fixture_reranks_by_its_score() {
+    // relevance_score equals /score's score for the same pair, whatever the architecture.
+    for name in ["bert-embed-cls", "xlmr-embed-cls", "mpnet-embed-mean", "distilbert-embed-mean-dense", "qwen3-embed-last"] {
+        let router = router_for(name);
+        let texts = expected(name)["inputs"]["texts"].clone();
+        let documents = json!([texts[1], texts[2], texts[3]]);
+        let scores = post(&router, "/score", json!({"text_1": texts[0], "text_2": documents})).await;
+        assert_eq!(scores.status, StatusCode::OK, "{name}: {}", scores.body);
+        let reranked = post(&router, "/v2/rerank", json!({"query": texts[0], "documents": documents})).await;
+        assert_eq!(reranked.status, StatusCode::OK, "{name}: {}", reranked.body);
+        for result in reranked.body["results"].as_array().unwrap() {
+            let index = result["index"].as_u64().unwrap() as usize;
+            assert_eq!(result["relevance_score"], scores.body["data"][index]["score"], "{name} document {index}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! `POST /v1/embeddings` (and `/embeddings`): the OpenAI embeddings API with vLLM's pooling
-//! parameters.
+//! parameters, sentence-transformers' `prompt_name`, and vLLM's `embed_dtype` / `endianness`
+//! for base64 (see [`super::encoding`]).
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
@@ -9,7 +10,7 @@ use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use base64::Engine as _;
+use super::encoding::{self, EmbedDtype, Endianness};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -29,6 +30,16 @@ pub struct EmbeddingRequest {
     pub encoding_format: Option<EncodingFormat>,
     #[serde(default)]
     pub user: Option<String>,
+    /// A sentence-transformers prompt of the model (`config_sentence_transformers.json`),
+    /// prepended to every text input; default: the model's default prompt, if any.
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+    /// vLLM: element type of base64 embeddings (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2).
+    #[serde(default)]
+    pub embed_dtype: Option<EmbedDtype>,
+    /// vLLM: byte order of base64 embeddings (native, little, big).
+    #[serde(default)]
+    pub endianness: Option<Endianness>,
     #[serde(flatten)]
     pub params: PoolingParams,
 }
@@ -47,12 +58,6 @@ pub struct EmbeddingData {
     pub embedding: EmbeddingValue,
 }
 
-/// Little-endian f32 bytes, base64-encoded (what the OpenAI SDK decodes with numpy).
-pub fn encode_base64(v: &[f32]) -> String {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
 #[utoipa::path(post, path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
     responses(
         (status = 200, body = ListResponse<EmbeddingData>),
@@ -65,10 +70,11 @@ pub async fn create(
 ) -> Result<Json<ListResponse<EmbeddingData>>, ApiError> {
     let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let _permit = admit(engine)?;
-    let params = request.params.verify(Task::Embed, engine.spec())?;
+    let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
     let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let format = request.encoding_format.unwrap_or_default();
+    let (dtype, endianness) = (request.embed_dtype.unwrap_or_default(), request.endianness.unwrap_or_default());
     let data = outputs
         .into_iter()
         .enumerate()
@@ -78,7 +84,7 @@ pub async fn create(
             };
             let embedding = match format {
                 EncodingFormat::Float => EmbeddingValue::Float(v),
-                EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
+                EncodingFormat::Base64 => EmbeddingValue::Base64(encoding::base64_as(&v, dtype, endianness)),
             };
             Ok(EmbeddingData { index, object: "embedding", embedding })
         })
@@ -86,12 +92,3 @@ pub async fn create(
     Ok(Json(ListResponse::new("embd", &headers, &state, data, tokens)))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_is_little_endian_f32() {
-        assert_eq!(encode_base64(&[1.0]), "AACAPw==");
-    }
-}

@@ -104,16 +104,19 @@ impl ApiError {
     }
 }
 
+/// The message of an error response, carried to the request's log line
+/// ([`super::observe::log_response`]) so each request is logged once, with its cause.
+#[derive(Debug, Clone)]
+pub struct ErrorNote(pub String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
-            tracing::error!("{self}");
-        }
-        let body = ErrorBody {
-            error: ErrorInfo { message: self.to_string(), kind: self.kind(), param: self.param(), code: status.as_u16() },
-        };
-        (status, Json(body)).into_response()
+        let message = self.to_string();
+        let body = ErrorBody { error: ErrorInfo { message: message.clone(), kind: self.kind(), param: self.param(), code: status.as_u16() } };
+        let mut response = (status, Json(body)).into_response();
+        response.extensions_mut().insert(ErrorNote(message));
+        response
     }
 }
 

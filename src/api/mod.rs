@@ -3,7 +3,9 @@
 
 pub mod auth;
 pub mod classify;
+pub mod cohere;
 pub mod embeddings;
+pub mod encoding;
 pub mod error;
 pub mod json;
 pub mod meta;
@@ -28,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tower_http::trace::TraceLayer;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -144,6 +146,17 @@ impl AppState {
         self.check_model(model)?;
         let engine = self.engine()?;
         if !engine.spec().supports(task) {
+            return Err(ApiError::bad_request(format!("The model does not support {api} API")));
+        }
+        Ok(engine)
+    }
+
+    /// The engine for a pair-scoring request (`/score`, `/rerank`): any model with a
+    /// [`crate::engine::score::ScoreMode`] (cross-encoder, bi-encoder or late interaction).
+    pub fn scoring_engine(&self, model: Option<&str>, api: &str) -> Result<&Engine, ApiError> {
+        self.check_model(model)?;
+        let engine = self.engine()?;
+        if engine.score_mode().is_none() {
             return Err(ApiError::bad_request(format!("The model does not support {api} API")));
         }
         Ok(engine)
@@ -273,6 +286,8 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/rerank", post(rerank::create))
         .route("/v1/rerank", post(rerank::create))
         .route("/v2/rerank", post(rerank::create))
+        .route("/v2/embed", post(cohere::create_v2))
+        .route("/v1/embed", post(cohere::create_v1))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/models", get(meta::models))
@@ -283,18 +298,21 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/version", get(meta::version))
         .route("/metrics", get(observe::metrics_text))
         .route("/openapi.json", get(openapi::openapi_json))
+        .merge(openapi::docs())
         .route_layer(middleware::from_fn(observe::track))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(payload_limit))
-        // One span per request carrying its id; one INFO line per response (status, latency).
+        // One span per request carrying its id, and one line per response (observe::log_response).
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|request: &axum::http::Request<_>| {
                     let id = request.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or("");
                     tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
                 })
-                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+                .on_response(observe::log_response)
+                // A 5xx is already the response line's business: no second line.
+                .on_failure(()),
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))

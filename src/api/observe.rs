@@ -3,12 +3,27 @@
 //! `x-tokenization-time`, `x-queue-time`, `x-inference-time`, in milliseconds (three decimals;
 //! queue and inference are the slowest of the request's inputs).
 
+use super::error::ErrorNote;
 use crate::metrics::{self, RequestTimings, TIMINGS};
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::time::{Duration, Instant};
+
+/// The one log line of every response, inside the request's span (method, path, request id).
+/// Levels say who must act: a 500 (a bug) is an ERROR; everything else is INFO, client errors
+/// (4xx) and 503 (loading, draining: expected states that probes poll) included, with the
+/// error message when there is one.
+pub fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
+    let status = response.status().as_u16();
+    let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
+    match response.extensions().get::<ErrorNote>() {
+        Some(ErrorNote(error)) if status == 500 => tracing::error!(status, latency_ms, error = %error, "request failed"),
+        Some(ErrorNote(error)) => tracing::info!(status, latency_ms, error = %error, "request refused"),
+        None => tracing::info!(status, latency_ms, "request done"),
+    }
+}
 
 pub async fn metrics_text() -> impl IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render())

@@ -1,7 +1,8 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 description of the HTTP API, generated from the request
 //! and response types and the handlers' annotations (utoipa), so it cannot drift from the code.
 //! Aliases (`/embeddings`, `/v1/score`, `/v1/rerank`, `/v2/rerank`) share their primary
-//! route's operation and are named in its description.
+//! route's operation and are named in its description. `GET /docs` is Swagger UI over it, its
+//! assets compiled into the binary (the crate's `vendored` feature): the page works offline.
 
 use axum::Json;
 use utoipa::OpenApi;
@@ -15,6 +16,8 @@ use utoipa::OpenApi;
         super::pooling::create,
         super::score::create,
         super::rerank::create,
+        super::cohere::create_v2,
+        super::cohere::create_v1,
         super::sparse::create,
         super::tokenize::tokenize,
         super::tokenize::detokenize,
@@ -27,4 +30,9 @@ pub struct ApiDoc;
 
 pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+/// `/docs`: the interactive API page, reading `/openapi.json`.
+pub fn docs<S: Clone + Send + Sync + 'static>() -> axum::Router<S> {
+    utoipa_swagger_ui::SwaggerUi::new("/docs").config(utoipa_swagger_ui::Config::from("/openapi.json")).into()
 }

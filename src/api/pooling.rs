@@ -19,6 +19,9 @@ pub struct PoolingRequest {
     pub model: Option<String>,
     #[serde(default)]
     pub task: Option<String>,
+    /// A sentence-transformers prompt of the model, prepended to every text input.
+    #[serde(default)]
+    pub prompt_name: Option<String>,
     #[serde(flatten)]
     pub params: PoolingParams,
 }
@@ -83,7 +86,7 @@ pub async fn create(
         })?,
     };
     let _permit = admit(engine)?;
-    let params = request.params.verify(task, spec)?;
+    let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let data = outputs

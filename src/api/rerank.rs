@@ -1,16 +1,18 @@
 //! `POST /rerank`, `/v1/rerank`, `/v2/rerank`: one query against many documents, sorted by
 //! relevance, in the body Jina's and Cohere's clients (v1 and v2 SDKs) parse.
 //!
+//! Any model `/score` serves reranks, as in vLLM: a cross-encoder by its activated logit, an
+//! embedding model (bi-encoder) by the cosine of the two embeddings, a late-interaction model by
+//! MaxSim; `relevance_score` is always what `/score` gives for the same pair.
+//!
 //! Decisions: `top_n` absent or 0 returns every document, a `top_n` above the number of
-//! documents also returns them all (as Cohere does), a negative one is a 400. Reranking needs a
-//! cross-encoder: an embedding-only model answers "does not support Rerank (Score) API" (use
-//! `/score` for its cosine similarities).
+//! documents also returns them all (as Cohere does), a negative one is a 400.
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::score::{score_params, texts_of, PairFields};
 use super::{admit, response_id, AppState, Usage};
-use crate::pooling::{PoolingParams, Task};
+use crate::pooling::PoolingParams;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -76,7 +78,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<RerankRequest>,
 ) -> Result<Json<RerankResponse>, ApiError> {
-    let engine = state.engine_for(request.model.as_deref(), Task::Score, "Rerank (Score)")?;
+    let engine = state.scoring_engine(request.model.as_deref(), "Rerank (Score)")?;
     let _permit = admit(engine)?;
     let params = score_params(engine, &request.params, &request.pair)?;
     if !request.documents.is_array() {

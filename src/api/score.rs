@@ -129,11 +129,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<ScoreRequest>,
 ) -> Result<Json<ListResponse<ScoreData>>, ApiError> {
-    state.check_model(request.model.as_deref())?;
-    let engine = state.engine()?;
-    if engine.score_mode().is_none() {
-        return Err(ApiError::bad_request("The model does not support Score API"));
-    }
+    let engine = state.scoring_engine(request.model.as_deref(), "Score")?;
     let _permit = admit(engine)?;
     let params = score_params(engine, &request.params, &request.pair)?;
     let (queries, documents) = request.sides()?;

@@ -34,6 +34,9 @@ pub struct SparseRequest {
     pub truncate: Option<bool>,
     #[serde(default)]
     pub truncation_direction: Option<TruncationDirection>,
+    /// A sentence-transformers prompt of the model, prepended to every input (TEI's field).
+    #[serde(default)]
+    pub prompt_name: Option<String>,
 }
 
 #[utoipa::path(post, path = "/embed_sparse", description = "SPLADE sparse embeddings (TEI).", request_body = SparseRequest,
@@ -52,7 +55,8 @@ pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<Spa
         }),
         ..Default::default()
     }
-    .verify(Task::EmbedSparse, engine.spec())?;
+    .verify(Task::EmbedSparse, engine.spec())?
+    .with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
     let texts = match request.inputs {
         SparseInputs::One(text) => vec![text],
         SparseInputs::Many(texts) if texts.is_empty() => {

@@ -18,6 +18,10 @@ pub struct TokenizeRequest {
     pub add_special_tokens: bool,
     #[serde(default)]
     pub return_token_strs: bool,
+    /// A sentence-transformers prompt of the model, prepended as the embedding routes do (the
+    /// model's default prompt applies when none is named).
+    #[serde(default)]
+    pub prompt_name: Option<String>,
 }
 
 fn yes() -> bool {
@@ -61,7 +65,11 @@ pub async fn tokenize(
         side: engine.spec().truncation_side,
         pair_limits: Default::default(),
     };
-    let tokens = engine.tokenize(request.prompt, options).await?.ids;
+    let text = match engine.spec().prompts.resolve(request.prompt_name.as_deref())? {
+        Some(prompt) => prompt + &request.prompt,
+        None => request.prompt,
+    };
+    let tokens = engine.tokenize(text, options).await?.ids;
     let token_strs = request.return_token_strs.then(|| engine.tokenizer().token_strings(&tokens));
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }))
 }

@@ -51,6 +51,10 @@ pub struct BatchArgs {
     /// `encode` only: the task (default: the model's first).
     #[arg(long)]
     pub task: Option<String>,
+    /// A sentence-transformers prompt of the model, prepended to every text input (default:
+    /// the model's default prompt, if any).
+    #[arg(long)]
+    pub prompt_name: Option<String>,
 }
 
 /// Which batch command runs.
@@ -185,7 +189,10 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
     if !supported {
         return Err(format!("the model does not support the {task} task"));
     }
-    let params = PoolingParams::default().verify(task, spec).map_err(|e| e.to_string())?;
+    let params = PoolingParams::default()
+        .verify(task, spec)
+        .and_then(|p| p.with_prompt_name(args.prompt_name.as_deref(), spec))
+        .map_err(|e| e.to_string())?;
     let job = std::sync::Arc::new(Job { engine: pooler.engine().clone(), params, task, labels: spec.labels.clone() });
 
     let done = if args.resume && args.output.exists() { ids_in(&args.output)? } else { HashSet::new() };

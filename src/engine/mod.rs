@@ -143,10 +143,15 @@ impl Engine {
             side: params.truncation_side,
             pair_limits: params.pair_limits,
         };
+        // A sentence-transformers prompt is prepended to text inputs, as `encode` does.
+        let with_prompt = |text: &str| match params.prompt.as_deref() {
+            Some(prompt) => format!("{prompt}{text}"),
+            None => text.to_string(),
+        };
         let texts: Vec<TextInput> = prompts
             .iter()
             .filter_map(|p| match p {
-                Prompt::Text(t) => Some(TextInput::Single(t.clone())),
+                Prompt::Text(t) => Some(TextInput::Single(with_prompt(t))),
                 Prompt::Pair(q, d) => Some(TextInput::Pair(q.clone(), d.clone())),
                 Prompt::Tokens(_) => None,
             })

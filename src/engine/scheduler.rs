@@ -241,6 +241,7 @@ mod tests {
             activation: true,
             add_special_tokens: true,
             pair_limits: Default::default(),
+            prompt: None,
         };
         let input = TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] };
         (Job { input, params, reply, enqueued: Instant::now() }, rx)

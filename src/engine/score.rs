@@ -91,6 +91,8 @@ impl Engine {
         let pairs = pair_up(queries.len(), documents.len())?;
         match self.score_mode() {
             Some(ScoreMode::CrossEncoder) => {
+                // Embedding prompts do not apply to a cross-encoder's pairs or to its template.
+                let params = &ResolvedParams { prompt: None, ..params.clone() };
                 let (prompts, params) = match &self.spec().rerank_template {
                     // The rendered prompt is the whole input: the tokenizer adds nothing to it.
                     Some(template) => (

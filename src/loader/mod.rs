@@ -104,6 +104,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         num_labels,
         pooling: config.pooler.pooling_type.or(sentence.pooling),
         multi_vector: sentence.multi_vector,
+        sentence_pooling: sentence.pooling_module,
     };
     let tasks = spec::tasks_for(&architecture, config.convert, hints)?;
 
@@ -143,6 +144,12 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
         truncation_side,
         labels: Vec::new(),
         rerank_template: None,
+        prompts: spec::Prompts::new(
+            sentence.prompts.clone(),
+            sentence.default_prompt_name.as_deref(),
+            config.default_prompt_name.as_deref(),
+            config.default_prompt.as_deref(),
+        )?,
     };
     let mut backbone = models::load_backbone(&spec, vb.clone(), &device)?;
     if config.quantization.is_some() {

@@ -20,6 +20,12 @@ pub struct SentenceTransformer {
     /// `config_sentence_transformers.json` says `MultiVectorEncoder` (ColBERT-style: one
     /// vector per token, scored by MaxSim).
     pub multi_vector: bool,
+    /// modules.json has a Transformer followed by a Pooling module.
+    pub pooling_module: bool,
+    /// `prompts` of `config_sentence_transformers.json`: name → text prepended to an input.
+    pub prompts: std::collections::BTreeMap<String, String>,
+    /// `default_prompt_name` of `config_sentence_transformers.json`.
+    pub default_prompt_name: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -33,6 +39,8 @@ struct SpladeConfig {
 #[serde(default)]
 struct StConfig {
     model_type: Option<String>,
+    prompts: std::collections::BTreeMap<String, String>,
+    default_prompt_name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -52,6 +60,9 @@ struct PoolingConfig {
     pooling_mode_weightedmean_tokens: bool,
     pooling_mode_lasttoken: bool,
     pooling_mode: Option<String>,
+    /// sentence-transformers' default: prompt tokens are pooled like the rest.
+    #[serde(default = "yes")]
+    include_prompt: bool,
 }
 
 #[derive(Deserialize)]
@@ -140,18 +151,27 @@ impl SentenceTransformer {
         if let Some(path) = source.file("config_sentence_transformers.json")? {
             let config: StConfig = read_json(&path)?;
             st.multi_vector = config.model_type.as_deref() == Some("MultiVectorEncoder");
+            st.prompts = config.prompts;
+            st.default_prompt_name = config.default_prompt_name.filter(|name| !name.is_empty());
         }
         let Some(modules_path) = source.file("modules.json")? else {
             return Ok(st);
         };
         let modules: Vec<Module> = read_json(&modules_path)?;
+        let mut after_transformer = false;
         for module in modules {
             let kind = module.kind.rsplit('.').next().unwrap_or(&module.kind);
             match kind {
-                "Transformer" => {}
+                "Transformer" => after_transformer = true,
                 "Pooling" => {
+                    st.pooling_module = after_transformer;
                     let config: PoolingConfig = read_json(&source.required(&format!("{}/config.json", module.path))?)?;
                     st.pooling = Some(pooling_type(&config, &module.path)?);
+                    // Pooling that skips the prompt's tokens (INSTRUCTOR-style) is not built yet:
+                    // serving it with the prompt pooled in would silently change the vectors.
+                    if !config.include_prompt {
+                        return Err(LoadError::Unsupported(format!("{}: include_prompt: false (pooling without the prompt's tokens)", module.path)));
+                    }
                 }
                 "Dense" => st.dense.push(load_dense(source, &module.path)?),
                 "SpladePooling" => {

@@ -107,6 +107,78 @@ impl RerankTemplate {
     }
 }
 
+/// sentence-transformers prompts (`config_sentence_transformers.json`): a prompt's text is
+/// prepended to a text input before tokenization, exactly as `SentenceTransformer.encode`
+/// does, so its tokens are embedded, pooled and counted in usage like the rest. Token-id inputs
+/// are taken as given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompts {
+    /// Name → text.
+    pub named: std::collections::BTreeMap<String, String>,
+    /// The text used when a request names no prompt: the folder's `default_prompt_name`, or the
+    /// `--default-prompt-name` / `--default-prompt` flags.
+    pub default: Option<String>,
+}
+
+impl Prompts {
+    /// Decides the default: `--default-prompt` (a text) or `--default-prompt-name` (a name the
+    /// folder defines) win over the folder's `default_prompt_name`. A default name the folder
+    /// does not define is an error, as sentence-transformers refuses to load such a folder.
+    pub fn new(
+        named: std::collections::BTreeMap<String, String>,
+        folder_default: Option<&str>,
+        flag_name: Option<&str>,
+        flag_text: Option<&str>,
+    ) -> Result<Self, LoadError> {
+        let mut prompts = Prompts { named, default: None };
+        prompts.default = match (flag_text, flag_name, folder_default) {
+            (Some(text), _, _) => Some(text.to_string()),
+            (None, Some(name), _) => Some(prompts.text(name).ok_or_else(|| {
+                LoadError::Invalid(format!("--default-prompt-name `{name}`: the model's prompts are {}", prompts.names()))
+            })?),
+            (None, None, Some(name)) => Some(prompts.text(name).ok_or_else(|| {
+                LoadError::Invalid(format!(
+                    "config_sentence_transformers.json: default_prompt_name `{name}` is not among its prompts {}",
+                    prompts.names()
+                ))
+            })?),
+            (None, None, None) => None,
+        };
+        Ok(prompts)
+    }
+
+    fn text(&self, name: &str) -> Option<String> {
+        self.named.get(name).cloned()
+    }
+
+    /// The names as a Python list, for messages.
+    pub fn names(&self) -> String {
+        let quoted: Vec<String> = self.named.keys().map(|k| format!("'{k}'")).collect();
+        format!("[{}]", quoted.join(", "))
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.named.contains_key(name)
+    }
+
+    /// The prompt a request gets: the one it names, else the default.
+    pub fn resolve(&self, name: Option<&str>) -> Result<Option<String>, crate::pooling::params::ParamsError> {
+        match name {
+            None => Ok(self.default.clone()),
+            Some(name) => self.text(name).map(Some).ok_or_else(|| {
+                crate::pooling::params::ParamsError::new(
+                    if self.named.is_empty() {
+                        format!("Unknown prompt_name '{name}': the model defines no prompts")
+                    } else {
+                        format!("Unknown prompt_name '{name}'; the model's prompts are {}", self.names())
+                    },
+                    "prompt_name",
+                )
+            }),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
     /// The name clients send as `model`.
@@ -131,6 +203,8 @@ pub struct ModelSpec {
     pub labels: Vec<String>,
     /// How `/score` and `/rerank` turn a pair into model input when it is not text + text_pair.
     pub rerank_template: Option<RerankTemplate>,
+    /// sentence-transformers prompts and the default one.
+    pub prompts: Prompts,
 }
 
 /// Shallow-merges `overrides` into config.json, as vLLM's `--hf-overrides` does.
@@ -213,10 +287,16 @@ pub struct TaskHints {
     pub pooling: Option<PoolingType>,
     /// A sentence-transformers MultiVectorEncoder (ColBERT-style).
     pub multi_vector: bool,
+    /// modules.json runs the Transformer into a Pooling module: the folder is an embedding
+    /// model whatever head its config.json's `architectures` names.
+    pub sentence_pooling: bool,
 }
 
 /// The tasks a checkpoint serves, in preference order (the first is /pooling's default):
-/// classifiers serve `classify` (one-label ones also `score`), token classifiers
+/// a sentence-transformers folder with a Pooling module is an embedder, whatever head
+/// `architectures` names (published folders keep the architecture they were trained from:
+/// all-mpnet-base-v2 says `MPNetForMaskedLM`; sentence-transformers loads the bare backbone and
+/// so do we); otherwise classifiers serve `classify` (one-label ones also `score`), token classifiers
 /// `token_classify`, masked LMs with SPLADE pooling `embed_sparse`, multi-vector encoders
 /// `token_embed` and `score` (MaxSim), everything else `embed` and `token_embed`.
 pub fn tasks_for(architecture: &str, convert: Convert, hints: TaskHints) -> Result<Vec<Task>, LoadError> {
@@ -237,6 +317,7 @@ pub fn tasks_for(architecture: &str, convert: Convert, hints: TaskHints) -> Resu
     let masked_lm = architecture.ends_with("ForMaskedLM");
     match convert {
         Convert::Embed => Ok(embedder()),
+        Convert::Auto if hints.sentence_pooling => Ok(embedder()),
         Convert::Auto | Convert::Classify if is_sequence_classifier(architecture) => Ok(classifier_tasks()),
         Convert::Auto | Convert::Classify if architecture.ends_with("ForTokenClassification") => Ok(vec![Task::TokenClassify]),
         Convert::Classify => Err(LoadError::Unsupported(format!(
@@ -297,6 +378,7 @@ impl ModelSpec {
             truncation_side: TruncationSide::Right,
             labels: Vec::new(),
             rerank_template: None,
+            prompts: Prompts::default(),
         }
     }
 
@@ -355,6 +437,29 @@ mod tests {
         assert_eq!(tasks_for("BertForMaskedLM", Convert::Auto, splade).unwrap(), vec![Task::EmbedSparse]);
         let colbert = TaskHints { multi_vector: true, ..Default::default() };
         assert_eq!(tasks_for("BertModel", Convert::Auto, colbert).unwrap(), vec![Task::TokenEmbed, Task::Score]);
+        // A sentence-transformers folder (Transformer → Pooling) that kept its training head.
+        let st = TaskHints { sentence_pooling: true, pooling: Some(PoolingType::Mean), ..Default::default() };
+        for architecture in ["MPNetForMaskedLM", "BertForPreTraining", "RobertaForCausalLM", "Qwen3ForCausalLM", "BertForSequenceClassification"] {
+            assert_eq!(tasks_for(architecture, Convert::Auto, st).unwrap(), embed, "{architecture}");
+        }
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Classify, TaskHints { sentence_pooling: true, num_labels: 1, ..Default::default() }).unwrap(), vec![Task::Classify, Task::Score]);
+    }
+
+    #[test]
+    fn prompt_defaults_and_lookup() {
+        let named: std::collections::BTreeMap<String, String> =
+            [("query".to_string(), "query: ".to_string()), ("passage".to_string(), "passage: ".to_string())].into();
+        let folder = Prompts::new(named.clone(), Some("query"), None, None).unwrap();
+        assert_eq!(folder.default.as_deref(), Some("query: "));
+        assert_eq!(folder.resolve(None).unwrap().as_deref(), Some("query: "));
+        assert_eq!(folder.resolve(Some("passage")).unwrap().as_deref(), Some("passage: "));
+        let err = folder.resolve(Some("doc")).unwrap_err();
+        assert_eq!(err.message, "Unknown prompt_name 'doc'; the model's prompts are ['passage', 'query']");
+        assert_eq!(Prompts::new(named.clone(), Some("query"), Some("passage"), None).unwrap().default.as_deref(), Some("passage: "));
+        assert_eq!(Prompts::new(named.clone(), Some("query"), None, Some("x: ")).unwrap().default.as_deref(), Some("x: "));
+        assert!(Prompts::new(named.clone(), None, Some("nope"), None).unwrap_err().to_string().contains("['passage', 'query']"));
+        assert!(Prompts::new(named, Some("nope"), None, None).is_err());
+        assert_eq!(Prompts::new(Default::default(), None, None, None).unwrap().resolve(None).unwrap(), None);
     }
 
     #[test]

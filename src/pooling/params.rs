@@ -50,6 +50,19 @@ pub struct ResolvedParams {
     pub add_special_tokens: bool,
     /// Per-side token caps of cross-encoder pairs (set by the score and rerank endpoints).
     pub pair_limits: PairLimits,
+    /// Text prepended to every text input before tokenization (a sentence-transformers prompt):
+    /// the model's default unless the request names one ([`ResolvedParams::with_prompt_name`]).
+    pub prompt: Option<std::sync::Arc<str>>,
+}
+
+impl ResolvedParams {
+    /// Uses the prompt the request names (`prompt_name`), or keeps the model's default.
+    pub fn with_prompt_name(mut self, name: Option<&str>, spec: &ModelSpec) -> Result<Self, ParamsError> {
+        if name.is_some() {
+            self.prompt = spec.prompts.resolve(name)?.map(Into::into);
+        }
+        Ok(self)
+    }
 }
 
 /// A rejected parameter; the message is part of the API contract.
@@ -147,6 +160,7 @@ impl PoolingParams {
             activation,
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
             pair_limits: PairLimits::default(),
+            prompt: spec.prompts.default.as_deref().map(Into::into),
         })
     }
 }

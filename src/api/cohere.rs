@@ -1,0 +1,342 @@
+//! `POST /v2/embed` and `/v1/embed`: Cohere's embed API, so `cohere.ClientV2(...).embed(...)`
+//! and the v1 `cohere.Client(...).embed(...)` work unchanged against any embedding model.
+//!
+//! Decisions where Cohere's API assumes its own models:
+//! - `input_type` picks a sentence-transformers prompt of the model: search_query → the prompt
+//!   named `search_query`, else `query`; search_document → `search_document`, else `document`,
+//!   else `passage`; classification and clustering → the prompt of that name. When the model has
+//!   none of those names, no prompt is used (not even the default); without `input_type` the
+//!   model's default prompt applies, as on every other route.
+//! - `truncate`: END (the default) keeps the first `max_model_len` tokens, START the last,
+//!   NONE refuses longer inputs with vLLM's 400. `max_tokens` lowers the kept length (at most
+//!   `max_model_len`) and needs START or END.
+//! - `inputs`: the text parts of one input are joined with a newline; image parts (and
+//!   `images`, `input_type: image`) need an image model and are refused for text models.
+//! - `embedding_types` (default `float`) are encoded as [`super::encoding`] documents;
+//!   `meta.billed_units.input_tokens` counts the tokens run through the model, prompts and
+//!   special tokens included.
+//! - v1 without `embedding_types` answers `response_type: embeddings_floats` (a plain list of
+//!   float vectors), as Cohere's v1 does; v2 always answers `embeddings_by_type`.
+
+use super::encoding;
+use super::error::{ApiError, ErrorResponses};
+use super::json::ApiJson;
+use super::{admit, response_id, AppState};
+use crate::engine::{PoolingOutput, Prompt};
+use crate::loader::spec::Prompts;
+use crate::pooling::params::TruncationSide;
+use crate::pooling::{PoolingParams, Task};
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InputType {
+    SearchQuery,
+    SearchDocument,
+    Classification,
+    Clustering,
+    Image,
+}
+
+impl InputType {
+    /// The prompt names this input type selects, in order of preference.
+    fn prompt_names(self) -> &'static [&'static str] {
+        match self {
+            InputType::SearchQuery => &["search_query", "query"],
+            InputType::SearchDocument => &["search_document", "document", "passage"],
+            InputType::Classification => &["classification"],
+            InputType::Clustering => &["clustering"],
+            InputType::Image => &[],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddingType {
+    Float,
+    Int8,
+    Uint8,
+    Binary,
+    Ubinary,
+    Base64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Truncate {
+    None,
+    Start,
+    End,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub struct CohereEmbedRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub texts: Option<Vec<String>>,
+    /// Image data URLs (image models only).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<String>>)]
+    pub images: Option<Value>,
+    /// `[{"content": [{"type": "text", "text": …}, {"type": "image_url", …}]}]`.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub inputs: Option<Vec<Value>>,
+    #[serde(default)]
+    pub input_type: Option<InputType>,
+    #[serde(default)]
+    pub embedding_types: Option<Vec<EmbeddingType>>,
+    /// Matryoshka size, with the rules of `dimensions`.
+    #[serde(default)]
+    pub output_dimension: Option<i64>,
+    #[serde(default)]
+    pub truncate: Option<Truncate>,
+    /// Keep at most this many tokens of each input (needs `truncate` START or END).
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+}
+
+/// One list per requested type, each with one entry per input.
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+pub struct EmbeddingsByType {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub float: Option<Vec<Vec<f32>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub int8: Option<Vec<Vec<i8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uint8: Option<Vec<Vec<u8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary: Option<Vec<Vec<i8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ubinary: Option<Vec<Vec<u8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<Vec<String>>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum CohereEmbeddings {
+    ByType(EmbeddingsByType),
+    Floats(Vec<Vec<f32>>),
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ApiVersion {
+    pub version: &'static str,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BilledUnits {
+    pub input_tokens: usize,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CohereMeta {
+    pub api_version: ApiVersion,
+    pub billed_units: BilledUnits,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CohereEmbedResponse {
+    pub id: String,
+    /// `embeddings_by_type`, or `embeddings_floats` (v1 without `embedding_types`).
+    pub response_type: &'static str,
+    pub embeddings: CohereEmbeddings,
+    pub texts: Vec<String>,
+    pub meta: CohereMeta,
+}
+
+fn no_images() -> ApiError {
+    ApiError::BadRequest {
+        message: "This model embeds text only: images need an image model (such as CLIP or SigLIP)".into(),
+        param: Some("images"),
+    }
+}
+
+impl CohereEmbedRequest {
+    /// The texts to embed, from `texts` or the text parts of `inputs`.
+    fn texts(&self) -> Result<Vec<String>, ApiError> {
+        if self.images.is_some() || self.input_type == Some(InputType::Image) {
+            return Err(no_images());
+        }
+        let texts = match (&self.texts, &self.inputs) {
+            (Some(texts), None) => texts.clone(),
+            (None, Some(inputs)) => inputs.iter().map(input_text).collect::<Result<_, _>>()?,
+            _ => return Err(ApiError::bad_request("An embed request needs exactly one of texts, images or inputs")),
+        };
+        if texts.is_empty() {
+            return Err(ApiError::BadRequest { message: "texts must not be empty".into(), param: Some("texts") });
+        }
+        Ok(texts)
+    }
+
+    /// `truncate_prompt_tokens` and side from `truncate` and `max_tokens`.
+    fn truncation(&self, max_model_len: usize) -> Result<(Option<i64>, Option<TruncationSide>), ApiError> {
+        let keep = match self.max_tokens {
+            None => -1,
+            Some(n) if n >= 1 => n.min(max_model_len as i64),
+            Some(n) => {
+                return Err(ApiError::BadRequest { message: format!("max_tokens must be a positive integer, got {n}"), param: Some("max_tokens") })
+            }
+        };
+        match self.truncate.unwrap_or(Truncate::End) {
+            Truncate::None if self.max_tokens.is_some() => Err(ApiError::BadRequest {
+                message: "max_tokens needs truncate START or END".into(),
+                param: Some("max_tokens"),
+            }),
+            Truncate::None => Ok((None, None)),
+            Truncate::Start => Ok((Some(keep), Some(TruncationSide::Left))),
+            Truncate::End => Ok((Some(keep), Some(TruncationSide::Right))),
+        }
+    }
+}
+
+/// The text of one `inputs` entry: its text parts joined with a newline.
+fn input_text(input: &Value) -> Result<String, ApiError> {
+    let shape = || ApiError::BadRequest {
+        message: "each input must be {\"content\": [{\"type\": \"text\", \"text\": string}, ...]}".into(),
+        param: Some("inputs"),
+    };
+    let parts = input.get("content").and_then(Value::as_array).filter(|p| !p.is_empty()).ok_or_else(shape)?;
+    let mut texts = Vec::with_capacity(parts.len());
+    for part in parts {
+        match part.get("type").and_then(Value::as_str) {
+            Some("text") => texts.push(part.get("text").and_then(Value::as_str).ok_or_else(shape)?),
+            Some("image_url") => return Err(no_images()),
+            _ => return Err(shape()),
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+/// The prompt an `input_type` selects (module docs), or the default without one.
+fn prompt_for(input_type: Option<InputType>, prompts: &Prompts) -> Option<String> {
+    match input_type {
+        None => prompts.default.clone(),
+        Some(kind) => kind.prompt_names().iter().find(|name| prompts.has(name)).and_then(|name| prompts.resolve(Some(name)).ok().flatten()),
+    }
+}
+
+/// Every requested encoding of the float vectors.
+fn by_type(vectors: &[Vec<f32>], types: &[EmbeddingType]) -> EmbeddingsByType {
+    let mut out = EmbeddingsByType::default();
+    for kind in types {
+        match kind {
+            EmbeddingType::Float => out.float = Some(vectors.to_vec()),
+            EmbeddingType::Int8 => out.int8 = Some(vectors.iter().map(|v| encoding::int8(v)).collect()),
+            EmbeddingType::Uint8 => out.uint8 = Some(vectors.iter().map(|v| encoding::uint8(v)).collect()),
+            EmbeddingType::Binary => out.binary = Some(vectors.iter().map(|v| encoding::binary(v)).collect()),
+            EmbeddingType::Ubinary => out.ubinary = Some(vectors.iter().map(|v| encoding::ubinary(v)).collect()),
+            EmbeddingType::Base64 => out.base64 = Some(vectors.iter().map(|v| encoding::base64_f32(v)).collect()),
+        }
+    }
+    out
+}
+
+async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest, version: &'static str) -> Result<Json<CohereEmbedResponse>, ApiError> {
+    let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embed")?;
+    let _permit = admit(engine)?;
+    let spec = engine.spec();
+    let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
+    let pooling = PoolingParams { truncate_prompt_tokens, truncation_side, dimensions: request.output_dimension, ..Default::default() };
+    let mut params = pooling.verify(Task::Embed, spec).map_err(|mut e| {
+        if e.param == Some("pooling_params") || e.message.contains("imensions") {
+            e.param = Some("output_dimension");
+        }
+        e
+    })?;
+    params.prompt = prompt_for(request.input_type, &spec.prompts).map(Into::into);
+    let texts = request.texts()?;
+    state.check_batch_size(texts.len())?;
+    let (outputs, tokens) = engine.encode(texts.iter().cloned().map(Prompt::Text).collect(), &params).await?;
+    let vectors = outputs
+        .into_iter()
+        .map(|o| match o {
+            PoolingOutput::Vector(v) => Ok(v),
+            _ => Err(ApiError::Internal("embedding task returned per-token output".into())),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (response_type, embeddings) = match (&request.embedding_types, version) {
+        (None, "1") => ("embeddings_floats", CohereEmbeddings::Floats(vectors)),
+        (types, _) => {
+            let types = types.as_deref().filter(|t| !t.is_empty()).unwrap_or(&[EmbeddingType::Float]);
+            ("embeddings_by_type", CohereEmbeddings::ByType(by_type(&vectors, types)))
+        }
+    };
+    Ok(Json(CohereEmbedResponse {
+        id: response_id("embed", &headers),
+        response_type,
+        embeddings,
+        texts,
+        meta: CohereMeta { api_version: ApiVersion { version }, billed_units: BilledUnits { input_tokens: tokens } },
+    }))
+}
+
+#[utoipa::path(post, path = "/v2/embed", description = "Cohere embed v2 (embeddings by type).", request_body = CohereEmbedRequest,
+    responses(
+        (status = 200, body = CohereEmbedResponse),
+        ErrorResponses
+    ))]
+pub async fn create_v2(State(state): State<AppState>, headers: HeaderMap, ApiJson(request): ApiJson<CohereEmbedRequest>) -> Result<Json<CohereEmbedResponse>, ApiError> {
+    embed(state, headers, request, "2").await
+}
+
+#[utoipa::path(post, path = "/v1/embed", description = "Cohere embed v1 (float list without embedding_types).", request_body = CohereEmbedRequest,
+    responses(
+        (status = 200, body = CohereEmbedResponse),
+        ErrorResponses
+    ))]
+pub async fn create_v1(State(state): State<AppState>, headers: HeaderMap, ApiJson(request): ApiJson<CohereEmbedRequest>) -> Result<Json<CohereEmbedResponse>, ApiError> {
+    embed(state, headers, request, "1").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(body: Value) -> CohereEmbedRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn input_types_pick_prompts_by_alias() {
+        let named = [("query", "q: "), ("passage", "p: "), ("clustering", "c: ")].map(|(k, v)| (k.to_string(), v.to_string())).into();
+        let prompts = Prompts::new(named, Some("query"), None, None).unwrap();
+        assert_eq!(prompt_for(Some(InputType::SearchQuery), &prompts).as_deref(), Some("q: "));
+        assert_eq!(prompt_for(Some(InputType::SearchDocument), &prompts).as_deref(), Some("p: "));
+        assert_eq!(prompt_for(Some(InputType::Clustering), &prompts).as_deref(), Some("c: "));
+        assert_eq!(prompt_for(Some(InputType::Classification), &prompts), None);
+        assert_eq!(prompt_for(None, &prompts).as_deref(), Some("q: "));
+    }
+
+    #[test]
+    fn texts_come_from_texts_or_input_parts() {
+        assert_eq!(request(json!({"texts": ["a", "b"]})).texts().unwrap(), vec!["a", "b"]);
+        let parts = json!({"inputs": [{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]});
+        assert_eq!(request(parts).texts().unwrap(), vec!["a\nb"]);
+        assert!(request(json!({"texts": []})).texts().is_err());
+        assert!(request(json!({})).texts().is_err());
+        assert!(request(json!({"images": ["data:image/png;base64,AAAA"]})).texts().unwrap_err().to_string().contains("image model"));
+        let image_part = json!({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]});
+        assert!(request(image_part).texts().is_err());
+        assert!(request(json!({"texts": ["a"], "input_type": "image"})).texts().is_err());
+    }
+
+    #[test]
+    fn truncate_modes() {
+        assert_eq!(request(json!({})).truncation(128).unwrap(), (Some(-1), Some(TruncationSide::Right)));
+        assert_eq!(request(json!({"truncate": "START"})).truncation(128).unwrap(), (Some(-1), Some(TruncationSide::Left)));
+        assert_eq!(request(json!({"truncate": "NONE"})).truncation(128).unwrap(), (None, None));
+        assert_eq!(request(json!({"max_tokens": 5})).truncation(128).unwrap(), (Some(5), Some(TruncationSide::Right)));
+        assert_eq!(request(json!({"max_tokens": 500})).truncation(128).unwrap(), (Some(128), Some(TruncationSide::Right)));
+        assert!(request(json!({"truncate": "NONE", "max_tokens": 5})).truncation(128).is_err());
+        assert!(request(json!({"max_tokens": 0})).truncation(128).is_err());
+    }
+}
