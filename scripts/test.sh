@@ -8,9 +8,11 @@
 #    configs/kubernetes/ with kubernetes-validate;
 # 2. runs every Rust test: unit tests, parity against tests/fixtures, HTTP tests through the
 #    router, the real-model tests, and the binary end to end;
-# 3. serves models with the built binary and runs the examples against them: the OpenAI SDK on
-#    MiniLM, the Cohere SDK (v1 and v2 clients) and examples/score.sh on the bert-reranker
-#    fixture, examples/classify.sh on the bert-seqcls fixture (SDKs installed into .venv/);
+# 3. serves models with the built binary and runs the examples against them: the OpenAI SDK and
+#    the Cohere embed SDK (v1 and v2 clients, every embedding type) on MiniLM, the /docs page
+#    rendered in headless Chromium (installed from Debian when missing), the Cohere rerank SDK
+#    and examples/score.sh on the bert-reranker fixture, examples/classify.sh on the bert-seqcls
+#    fixture (SDKs installed into .venv/);
 # 4. runs schemathesis against /openapi.json of a served fixture;
 # 5. builds the container image from the unchanged Dockerfile and runs it
 #    (scripts/test-container.sh: buildah, no Docker engine needed; root only).
@@ -50,6 +52,8 @@ serve() {
 serve "$POOLSERVE_MINILM" --served-model-name all-MiniLM-L6-v2
 POOLSERVE_URL="$base/v1" .venv/bin/python examples/openai_client.py
 echo "openai example: ok"
+POOLSERVE_BASE="$base" .venv/bin/python examples/cohere_embed.py
+scripts/check-docs-page.sh "$base" target/docs-page.png
 cargo run --locked -q --example offline_embed -- "$POOLSERVE_MINILM"
 echo "library example: ok"
 

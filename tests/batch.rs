@@ -133,3 +133,25 @@ fn plain_text_classify_and_score() {
         assert!((line["score"].as_f64().unwrap() - pairs["pairs"][i]["score"].as_f64().unwrap()).abs() <= 1e-4);
     }
 }
+
+#[test]
+fn embed_takes_a_prompt_name() {
+    let dir = workdir("prompts");
+    let reference = expected("bert-embed-prompts");
+    let model = fixture_model("bert-embed-prompts");
+    let text = reference["inputs"]["texts"][0].as_str().unwrap();
+    let input = dir.join("input.txt");
+    std::fs::write(&input, format!("{text}\n")).unwrap();
+    let out = dir.join("out.jsonl");
+    for (flag, case) in [(None, "default"), (Some("passage"), "passage")] {
+        let mut args = vec!["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap()];
+        if let Some(name) = flag {
+            args.extend(["--prompt-name", name]);
+        }
+        let (ok, stderr) = run(&args);
+        assert!(ok, "{stderr}");
+        assert_close(&floats(&read_lines(&out)[0]["embedding"]), &floats(&reference["cases"][case][0]["embedding"]), case);
+    }
+    let (ok, stderr) = run(&["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--prompt-name", "nope"]);
+    assert!(!ok && stderr.contains("Unknown prompt_name 'nope'"), "{stderr}");
+}

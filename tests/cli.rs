@@ -117,6 +117,31 @@ fn bad_flags_and_models_fail_with_one_line() {
 }
 
 #[test]
+fn serves_published_sentence_transformers_folders_without_flags() {
+    // config.json names MPNetForMaskedLM (as all-mpnet-base-v2's does); modules.json pools.
+    let model = fixture_model("mpnet-embed-masked-lm");
+    let mut server = start(&[model.to_str().unwrap()], &[]);
+    wait_ready(&mut server);
+    let reference = expected("mpnet-embed-masked-lm");
+    let body = embed(server.port, json!({"input": reference["texts"][3]["text"]}));
+    assert_close(&floats(&body["data"][0]["embedding"]), &floats(&reference["texts"][3]["embedding"]), "masked-LM folder");
+    drop(server);
+
+    // Prompts: --default-prompt-name replaces the folder's default.
+    let model = fixture_model("bert-embed-prompts");
+    let mut server = start(&[model.to_str().unwrap(), "--default-prompt-name", "passage"], &[]);
+    wait_ready(&mut server);
+    let reference = expected("bert-embed-prompts");
+    let body = embed(server.port, json!({"input": reference["inputs"]["texts"][0]}));
+    assert_close(&floats(&body["data"][0]["embedding"]), &floats(&reference["cases"]["passage"][0]["embedding"]), "--default-prompt-name");
+    drop(server);
+    let model = model.to_str().unwrap();
+    assert_one_line_error(&["serve", model, "--port", "0", "--default-prompt-name", "nope"], "--default-prompt-name `nope`");
+    let (ok, stderr) = run_to_exit(&["serve", model, "--default-prompt-name", "query", "--default-prompt", "x"]);
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[test]
 fn serves_a_fixture_over_http_and_stops_on_sigterm() {
     let model = fixture_model("xlmr-embed-cls");
     let mut server = start(&[model.to_str().unwrap()], &[("POOLSERVE_SERVED_MODEL_NAME", "tiny-xlmr")]);

@@ -33,7 +33,7 @@ fn argmax(values: &[f32]) -> usize {
     values.iter().enumerate().fold(0, |best, (i, v)| if *v > values[best] { i } else { best })
 }
 
-#[utoipa::path(post, path = "/classify", description = "Class probabilities per input.", request_body = ClassifyRequest,
+#[utoipa::path(post, tag = "Classification", path = "/classify", description = "Class probabilities per input.", request_body = ClassifyRequest,
     responses(
         (status = 200, body = ListResponse<ClassifyData>),
         ErrorResponses

@@ -278,7 +278,7 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
     }))
 }
 
-#[utoipa::path(post, path = "/v2/embed", description = "Cohere embed v2 (embeddings by type).", request_body = CohereEmbedRequest,
+#[utoipa::path(post, tag = "Embed (Cohere)", path = "/v2/embed", description = "Cohere embed v2 (embeddings by type).", request_body = CohereEmbedRequest,
     responses(
         (status = 200, body = CohereEmbedResponse),
         ErrorResponses
@@ -287,7 +287,7 @@ pub async fn create_v2(State(state): State<AppState>, headers: HeaderMap, ApiJso
     embed(state, headers, request, "2").await
 }
 
-#[utoipa::path(post, path = "/v1/embed", description = "Cohere embed v1 (float list without embedding_types).", request_body = CohereEmbedRequest,
+#[utoipa::path(post, tag = "Embed (Cohere)", path = "/v1/embed", description = "Cohere embed v1 (float list without embedding_types).", request_body = CohereEmbedRequest,
     responses(
         (status = 200, body = CohereEmbedResponse),
         ErrorResponses

@@ -58,7 +58,7 @@ pub struct EmbeddingData {
     pub embedding: EmbeddingValue,
 }
 
-#[utoipa::path(post, path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
+#[utoipa::path(post, tag = "Embeddings (OpenAI)", path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
     responses(
         (status = 200, body = ListResponse<EmbeddingData>),
         ErrorResponses

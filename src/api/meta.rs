@@ -8,7 +8,7 @@ use serde::Serialize;
 
 /// 200 with an empty body once the model is loaded and warmed, 503 before and while draining
 /// for shutdown.
-#[utoipa::path(get, path = "/health", responses((status = 200, description = "ready"), (status = 503, description = "loading or shutting down", body = ErrorBody)))]
+#[utoipa::path(get, tag = "Server", path = "/health", responses((status = 200, description = "ready"), (status = 503, description = "loading or shutting down", body = ErrorBody)))]
 pub async fn health(State(state): State<AppState>) -> Result<(), ApiError> {
     state.engine().map(|_| ())
 }
@@ -29,7 +29,7 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
-#[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
+#[utoipa::path(get, tag = "Server", path = "/v1/models", responses((status = 200, body = ModelList), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
     let spec = state.engine()?.spec();
     Ok(Json(ModelList {
@@ -50,7 +50,7 @@ pub struct Version {
     pub version: &'static str,
 }
 
-#[utoipa::path(get, path = "/version", responses((status = 200, body = Version)))]
+#[utoipa::path(get, tag = "Server", path = "/version", responses((status = 200, body = Version)))]
 pub async fn version() -> Json<Version> {
     Json(Version { version: env!("CARGO_PKG_VERSION") })
 }

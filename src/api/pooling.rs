@@ -63,7 +63,7 @@ fn py_tuple(tasks: &[Task]) -> String {
     }
 }
 
-#[utoipa::path(post, path = "/pooling", description = "Any pooling task (vLLM).", request_body = PoolingRequest,
+#[utoipa::path(post, tag = "Pooling (vLLM)", path = "/pooling", description = "Any pooling task (vLLM).", request_body = PoolingRequest,
     responses(
         (status = 200, body = ListResponse<PoolingData>),
         ErrorResponses

@@ -68,7 +68,7 @@ fn result_count(top_n: Option<i64>, documents: usize) -> Result<usize, ApiError>
     }
 }
 
-#[utoipa::path(post, path = "/rerank", description = "Cohere/Jina rerank (also at /v1/rerank and /v2/rerank).", request_body = RerankRequest,
+#[utoipa::path(post, tag = "Scoring and reranking", path = "/rerank", description = "Cohere/Jina rerank (also at /v1/rerank and /v2/rerank).", request_body = RerankRequest,
     responses(
         (status = 200, body = RerankResponse),
         ErrorResponses

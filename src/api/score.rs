@@ -119,7 +119,7 @@ impl ScoreRequest {
     }
 }
 
-#[utoipa::path(post, path = "/score", description = "Pair scores (also at /v1/score).", request_body = ScoreRequest,
+#[utoipa::path(post, tag = "Scoring and reranking", path = "/score", description = "Pair scores (also at /v1/score).", request_body = ScoreRequest,
     responses(
         (status = 200, body = ListResponse<ScoreData>),
         ErrorResponses

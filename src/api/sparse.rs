@@ -39,7 +39,7 @@ pub struct SparseRequest {
     pub prompt_name: Option<String>,
 }
 
-#[utoipa::path(post, path = "/embed_sparse", description = "SPLADE sparse embeddings (TEI).", request_body = SparseRequest,
+#[utoipa::path(post, tag = "Sparse embeddings (TEI)", path = "/embed_sparse", description = "SPLADE sparse embeddings (TEI).", request_body = SparseRequest,
     responses(
         (status = 200, body = Vec<Vec<SparseValue>>),
         ErrorResponses

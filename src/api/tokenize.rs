@@ -48,7 +48,7 @@ pub struct DetokenizeResponse {
     pub prompt: String,
 }
 
-#[utoipa::path(post, path = "/tokenize", description = "Tokenize a prompt.", request_body = TokenizeRequest,
+#[utoipa::path(post, tag = "Tokens", path = "/tokenize", description = "Tokenize a prompt.", request_body = TokenizeRequest,
     responses(
         (status = 200, body = TokenizeResponse),
         ErrorResponses
@@ -74,7 +74,7 @@ pub async fn tokenize(
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }))
 }
 
-#[utoipa::path(post, path = "/detokenize", description = "Token ids back to text.", request_body = DetokenizeRequest,
+#[utoipa::path(post, tag = "Tokens", path = "/detokenize", description = "Token ids back to text.", request_body = DetokenizeRequest,
     responses(
         (status = 200, body = DetokenizeResponse),
         ErrorResponses

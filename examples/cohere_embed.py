@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Embed texts through poolserve with the official Cohere SDK (ClientV2 and the v1 Client), and
+rerank with an embedding model, against all-MiniLM-L6-v2.
+
+    pip install cohere numpy
+    poolserve serve sentence-transformers/all-MiniLM-L6-v2
+    python3 examples/cohere_embed.py                     # server at http://localhost:8000
+    POOLSERVE_BASE=http://host:port python3 examples/cohere_embed.py
+
+Asks for all five embedding types (float, int8, uint8, binary, ubinary) plus base64 and checks
+them: float against sentence-transformers' embeddings, binary / ubinary against its
+`quantize_embeddings` (both from tests/fixtures/expected/all-MiniLM-L6-v2-quantized.json, made
+by tests/fixtures/make_minilm_quantized.py), int8 / uint8 by their cosine to the float vector.
+Exits non-zero on any mismatch, so the test command runs it.
+"""
+import base64
+import json
+import os
+import sys
+import urllib.request
+
+import cohere
+import numpy as np
+
+base = os.environ.get("POOLSERVE_BASE", "http://localhost:8000")
+api_key = os.environ.get("POOLSERVE_API_KEY", "none")
+here = os.path.dirname(os.path.abspath(__file__))
+reference = json.load(open(os.path.join(here, "..", "tests", "fixtures", "expected", "all-MiniLM-L6-v2-quantized.json")))
+with urllib.request.urlopen(f"{base}/v1/models") as answer:
+    model = json.load(answer)["data"][0]["id"]
+
+texts = reference["texts"]
+types = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
+v2 = cohere.ClientV2(api_key=api_key, base_url=base)
+response = v2.embed(model=model, texts=texts, input_type="search_document", embedding_types=types)
+e = response.embeddings
+print(f"v2: {len(e.float_)} texts, {len(e.float_[0])} dims, billed {response.meta.billed_units.input_tokens} tokens")
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+failures = []
+for i, text in enumerate(texts):
+    want = np.asarray(reference["float"][i])
+    got = np.asarray(e.float_[i])
+    if cosine(got, want) < 0.9999:
+        failures.append(f"float {i}: cosine {cosine(got, want)}")
+    if e.ubinary[i] != reference["ubinary"][i]:
+        failures.append(f"ubinary {i} differs from quantize_embeddings")
+    if e.binary[i] != reference["binary"][i]:
+        failures.append(f"binary {i} differs from quantize_embeddings")
+    for name, values, offset in [("int8", e.int8[i], 0.0), ("uint8", e.uint8[i], 127.5)]:
+        c = cosine(np.asarray(values) - offset, got)
+        if c < 0.999:
+            failures.append(f"{name} {i}: cosine to float {c}")
+    decoded = np.frombuffer(base64.b64decode(e.base64[i]), dtype="<f4")
+    if not np.array_equal(decoded, np.asarray(got, dtype=np.float32)):
+        failures.append(f"base64 {i} differs from float")
+    print(f"  [{i}] {text!r}: ubinary {e.ubinary[i][:4]}…, int8 {e.int8[i][:4]}…")
+
+# The v1 client: a plain float list without embedding_types.
+v1 = cohere.Client(api_key=api_key, base_url=base).embed(model=model, texts=texts[:1], input_type="search_query")
+if cosine(v1.embeddings[0], reference["float"][0]) < 0.9999:
+    failures.append("v1 float differs")
+
+# An embedding model reranks by cosine through the Cohere rerank client.
+ranked = v2.rerank(model=model, query="What is the capital of France?", documents=texts, top_n=1)
+if ranked.results[0].index != 3:
+    failures.append(f"rerank picked {ranked.results[0].index}, not the Paris sentence")
+print(f"v2 rerank: best [{ranked.results[0].index}] {ranked.results[0].relevance_score:.4f}")
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("cohere embed example: ok")
