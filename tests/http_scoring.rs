@@ -293,7 +293,12 @@ async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
     );
     let flagged = post(&by_flag, "/score", json!({"text_1": query, "text_2": documents[0]})).await;
     assert_score(&flagged.body["data"][0]["score"], score, "--reranker-instruction");
-    // The causal LM without the conversion is an embedding model: no rerank.
+    // The causal LM without the conversion is an embedding model: it reranks by cosine, with
+    // the raw texts (no reranker prompt), exactly as its /score does.
     let plain = router_for("qwen3-causal-reranker");
-    assert_error(&post(&plain, "/rerank", json!({"query": "a", "documents": ["b"]})).await, StatusCode::BAD_REQUEST, "does not support Rerank");
+    let reranked = post(&plain, "/rerank", json!({"query": "a", "documents": ["b"]})).await;
+    let scored = post(&plain, "/score", json!({"text_1": "a", "text_2": "b"})).await;
+    assert_eq!(reranked.status, StatusCode::OK, "{}", reranked.body);
+    assert_eq!(reranked.body["results"][0]["relevance_score"], scored.body["data"][0]["score"]);
+    assert_eq!(reranked.body["usage"]["prompt_tokens"], 2, "no reranker prompt around the texts");
 }
