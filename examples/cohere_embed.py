@@ -66,11 +66,15 @@ v1 = cohere.Client(api_key=api_key, base_url=base).embed(model=model, texts=text
 if cosine(v1.embeddings[0], reference["float"][0]) < 0.9999:
     failures.append("v1 float differs")
 
-# An embedding model reranks by cosine through the Cohere rerank client.
-ranked = v2.rerank(model=model, query="What is the capital of France?", documents=texts, top_n=1)
-if ranked.results[0].index != 3:
-    failures.append(f"rerank picked {ranked.results[0].index}, not the Paris sentence")
-print(f"v2 rerank: best [{ranked.results[0].index}] {ranked.results[0].relevance_score:.4f}")
+# An embedding model reranks by cosine through both Cohere rerank clients.
+query = "What is the capital of France?"
+ranked = v2.rerank(model=model, query=query, documents=texts, top_n=1)
+ranked_v1 = cohere.Client(api_key=api_key, base_url=base).rerank(model=model, query=query, documents=texts, top_n=2)
+if ranked.results[0].index != 3 or ranked_v1.results[0].index != 3:
+    failures.append(f"rerank picked {ranked.results[0].index} / {ranked_v1.results[0].index}, not the Paris sentence")
+if abs(ranked.results[0].relevance_score - ranked_v1.results[0].relevance_score) > 1e-6:
+    failures.append("v1 and v2 rerank disagree")
+print(f"v2 rerank: best [{ranked.results[0].index}] {ranked.results[0].relevance_score:.4f}; v1 agrees")
 
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))

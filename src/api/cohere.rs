@@ -245,8 +245,9 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
     let spec = engine.spec();
     let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
     let pooling = PoolingParams { truncate_prompt_tokens, truncation_side, dimensions: request.output_dimension, ..Default::default() };
+    // Matryoshka refusals name the field this API calls `output_dimension`.
     let mut params = pooling.verify(Task::Embed, spec).map_err(|mut e| {
-        if e.param == Some("pooling_params") || e.message.contains("imensions") {
+        if e.param == Some("dimensions") {
             e.param = Some("output_dimension");
         }
         e
