@@ -96,7 +96,9 @@ async fn multi_vector_models_rerank_by_maxsim() {
             let query_tokens = pair["query_input_ids"].as_array().unwrap().len() as f64;
             assert!((score - pair["maxsim"].as_f64().unwrap()).abs() / query_tokens <= 1e-4, "{route}: {score} vs {}", pair["maxsim"]);
             let scored = post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["document"]})).await;
-            assert_eq!(scored.body["data"][0]["score"], reply.body["results"][0]["relevance_score"], "{route}: /score differs");
+            // Equal up to float rounding: the two requests may batch their texts differently.
+            let scored = scored.body["data"][0]["score"].as_f64().unwrap();
+            assert!((scored - score).abs() <= 1e-5, "{route}: /score gives {scored}, /rerank {score}");
         }
     }
     assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "does not support Embeddings API");

@@ -186,7 +186,8 @@ async fn every_embedding_fixture_reranks_by_its_score() {
         assert_eq!(reranked.status, StatusCode::OK, "{name}: {}", reranked.body);
         for result in reranked.body["results"].as_array().unwrap() {
             let index = result["index"].as_u64().unwrap() as usize;
-            assert_eq!(result["relevance_score"], scores.body["data"][index]["score"], "{name} document {index}");
+            // Equal up to float rounding: the two requests may batch their texts differently.
+            assert_score(&result["relevance_score"], scores.body["data"][index]["score"].as_f64().unwrap(), &format!("{name} document {index}"));
         }
     }
 }
@@ -299,6 +300,6 @@ async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
     let reranked = post(&plain, "/rerank", json!({"query": "a", "documents": ["b"]})).await;
     let scored = post(&plain, "/score", json!({"text_1": "a", "text_2": "b"})).await;
     assert_eq!(reranked.status, StatusCode::OK, "{}", reranked.body);
-    assert_eq!(reranked.body["results"][0]["relevance_score"], scored.body["data"][0]["score"]);
+    assert_score(&reranked.body["results"][0]["relevance_score"], scored.body["data"][0]["score"].as_f64().unwrap(), "unconverted causal LM");
     assert_eq!(reranked.body["usage"]["prompt_tokens"], 2, "no reranker prompt around the texts");
 }

@@ -1,0 +1,386 @@
+//! Multi-head and grouped-query attention over the flat batch: one job per (sequence, head),
+//! Q and Kᵀ packed into register tiles, causal / windowed masks and relative position bias;
+//! the composite candle path for other devices is also the kernel's test reference.
+
+use super::dispatch::{contiguous, dims2, fma, fused, SharedMut};
+use super::linear::Bias;
+use super::math::{exp, max_lanes, sum_lanes};
+use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Which key positions a query may attend to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionMask {
+    /// Every token sees every token of its own sequence (encoders).
+    Bidirectional,
+    /// Token `i` sees tokens `0..=i` of its sequence (decoders).
+    Causal,
+    /// Token `i` sees tokens `j` with `|i − j| ≤ w` (local attention).
+    Window(usize),
+}
+
+impl AttentionMask {
+    /// The keys `lo..hi` query `i` of a `len`-token sequence attends to.
+    #[inline(always)]
+    fn keys(self, i: usize, len: usize) -> (usize, usize) {
+        match self {
+            Self::Bidirectional => (0, len),
+            Self::Causal => (0, i + 1),
+            Self::Window(w) => (i.saturating_sub(w), (i + w + 1).min(len)),
+        }
+    }
+}
+
+/// Multi-head (and grouped-query) attention over a flat batch.
+///
+/// `qkv` is `[tokens, (heads + 2·kv_heads)·head_dim]`: the query heads, then the key heads, then
+/// the value heads, side by side; query head `h` uses key/value head `h / (heads / kv_heads)`.
+/// `bias` is their bias (added here rather than in a separate pass over `qkv`); `cu_seqlens`
+/// holds the cumulative sequence lengths (`[0, l0, l0+l1, …]`). Tokens only attend within their
+/// own sequence, so no padding or mask tensor exists at all. Output: `[tokens, heads·head_dim]`.
+pub struct Attention<'a> {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub cu_seqlens: &'a [usize],
+    pub mask: AttentionMask,
+    /// Added to the scaled scores by relative distance (MPNet).
+    pub position_bias: Option<&'a PositionBias>,
+}
+
+/// A learned bias per head and relative distance `j − i`, for one batch: head `h`'s values are
+/// `values[h·(2·max_len − 1)..]`, distance `d` at index `max_len − 1 + d`.
+#[derive(Debug, Clone)]
+pub struct PositionBias {
+    pub values: Vec<f32>,
+    pub max_len: usize,
+}
+
+impl PositionBias {
+    fn head(&self, head: usize) -> &[f32] {
+        let span = 2 * self.max_len - 1;
+        &self.values[head * span..(head + 1) * span]
+    }
+}
+
+struct AttentionOp<'a> {
+    attention: &'a Attention<'a>,
+    bias: Option<&'a [f32]>,
+}
+
+/// Where one head's query, key and value columns sit in a fused QKV row, and its output columns.
+#[derive(Clone, Copy)]
+struct HeadColumns {
+    /// Width of a QKV row.
+    width: usize,
+    q: usize,
+    k: usize,
+    v: usize,
+    head_dim: usize,
+    /// Width of an output row; this head writes columns `q..q + head_dim` of it.
+    out_width: usize,
+}
+
+impl<'a> Attention<'a> {
+    fn q_width(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    fn kv_width(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    fn columns(&self, head: usize) -> HeadColumns {
+        let (qw, kvw) = (self.q_width(), self.kv_width());
+        let kv_head = head / (self.num_heads / self.num_kv_heads);
+        HeadColumns {
+            width: qw + 2 * kvw,
+            q: head * self.head_dim,
+            k: qw + kv_head * self.head_dim,
+            v: qw + kvw + kv_head * self.head_dim,
+            head_dim: self.head_dim,
+            out_width: qw,
+        }
+    }
+
+    pub fn forward(&self, qkv: &Tensor, bias: Option<&Bias>) -> Result<Tensor> {
+        if fused(qkv) {
+            return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
+        }
+        match bias {
+            Some(b) => self.forward_generic(&qkv.broadcast_add(&b.tensor)?),
+            None => self.forward_generic(qkv),
+        }
+    }
+
+    /// Composite candle ops, one sequence at a time: the path for GPUs and the reference the
+    /// CPU kernel is tested against.
+    pub fn forward_generic(&self, qkv: &Tensor) -> Result<Tensor> {
+        let (qw, kvw, hd) = (self.q_width(), self.kv_width(), self.head_dim);
+        let group = self.num_heads / self.num_kv_heads;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut outputs = Vec::with_capacity(self.cu_seqlens.len().saturating_sub(1));
+        for w in self.cu_seqlens.windows(2) {
+            let (start, len) = (w[0], w[1] - w[0]);
+            let seq = qkv.narrow(0, start, len)?;
+            let heads = |offset: usize, n: usize| -> Result<Tensor> {
+                seq.narrow(1, offset, n * hd)?.reshape((len, n, hd))?.transpose(0, 1)?.contiguous()
+            };
+            let q = heads(0, self.num_heads)?;
+            // Repeat each key/value head for the query heads of its group.
+            let repeat = |t: Tensor| -> Result<Tensor> {
+                if group == 1 {
+                    return Ok(t);
+                }
+                t.unsqueeze(1)?.repeat((1, group, 1, 1))?.reshape((self.num_heads, len, hd))
+            };
+            let k = repeat(heads(qw, self.num_kv_heads)?)?;
+            let v = repeat(heads(qw + kvw, self.num_kv_heads)?)?;
+            // Scores and softmax in f32 (as transformers does for half-precision models).
+            let mut scores = (q.matmul(&k.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
+            if let Some(bias) = self.position_bias {
+                let center = bias.max_len - 1;
+                let values: Vec<f32> = (0..self.num_heads * len * len)
+                    .map(|x| {
+                        let (h, i, j) = (x / (len * len), x / len % len, x % len);
+                        bias.head(h)[center + j - i]
+                    })
+                    .collect();
+                scores = (scores + Tensor::from_vec(values, (self.num_heads, len, len), qkv.device())?)?;
+            }
+            if self.mask != AttentionMask::Bidirectional {
+                let mask: Vec<f32> = (0..len * len)
+                    .map(|x| {
+                        let (i, j) = (x / len, x % len);
+                        let (lo, hi) = self.mask.keys(i, len);
+                        if (lo..hi).contains(&j) { 0.0 } else { f32::NEG_INFINITY }
+                    })
+                    .collect();
+                scores = scores.broadcast_add(&Tensor::from_vec(mask, (len, len), qkv.device())?)?;
+            }
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+            outputs.push(probs.matmul(&v)?.transpose(0, 1)?.reshape((len, qw))?);
+        }
+        Tensor::cat(&outputs, 0)
+    }
+}
+
+impl CustomOp1 for AttentionOp<'_> {
+    fn name(&self) -> &'static str {
+        "flat_attention"
+    }
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let this = self.attention;
+        let qkv = contiguous(storage, layout)?;
+        let (tokens, width) = dims2(layout)?;
+        if this.num_kv_heads == 0 || this.num_heads % this.num_kv_heads != 0 {
+            bail!("attention: {} heads do not group over {} key/value heads", this.num_heads, this.num_kv_heads);
+        }
+        if width != this.q_width() + 2 * this.kv_width() {
+            bail!("attention: {width} columns do not split into q, k, v of {}+2×{} heads of {}", this.num_heads, this.num_kv_heads, this.head_dim);
+        }
+        if this.cu_seqlens.last().copied() != Some(tokens) {
+            bail!("attention: cu_seqlens does not cover the {tokens} tokens");
+        }
+        let heads = this.num_heads;
+        let out_width = this.q_width();
+        let scale = 1.0 / (this.head_dim as f32).sqrt();
+        let zeros;
+        let bias = match self.bias {
+            Some(b) if b.len() == width => b,
+            Some(b) => bail!("attention: bias has {} elements for {width} columns", b.len()),
+            None => {
+                zeros = vec![0f32; width];
+                &zeros
+            }
+        };
+        // Every head of every sequence writes its columns of its rows, so the output is not
+        // zeroed first; its length is set once they all have.
+        let mut dst: Vec<f32> = Vec::with_capacity(tokens * out_width);
+        let out = SharedMut(dst.as_mut_ptr());
+        let num_seqs = this.cu_seqlens.len() - 1;
+        if let Some(bias) = this.position_bias {
+            let longest = this.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            if bias.max_len < longest || bias.values.len() != heads * (2 * bias.max_len - 1) {
+                bail!("attention: position bias does not cover sequences of {longest} tokens");
+            }
+        }
+        (0..num_seqs * heads).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, job| {
+            let (seq, head) = (job / heads, job % heads);
+            let start = this.cu_seqlens[seq];
+            let len = this.cu_seqlens[seq + 1] - start;
+            if len == 0 {
+                return;
+            }
+            let rows = &qkv[start * width..(start + len) * width];
+            let dst = out;
+            // SAFETY: the pointer addresses row `start` of the tokens×out_width output; this job
+            // alone writes its rows' columns of this head.
+            let out_rows = unsafe { dst.0.add(start * out_width) };
+            let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
+            attention_head(rows, bias, out_rows, this.columns(head), this.mask, relative, scale, scratch);
+        });
+        // SAFETY: the cu_seqlens checked above cover all tokens, so the jobs wrote every row.
+        unsafe { dst.set_len(tokens * out_width) };
+        Ok((CpuStorage::F32(dst), Shape::from((tokens, out_width))))
+    }
+}
+
+/// Query rows and key columns of one score tile; the tile's 4×16 accumulators (and the 4×16
+/// output tile of P·V) stay in eight AVX registers.
+const TILE_Q: usize = 4;
+const TILE_K: usize = 16;
+
+multiversion! {
+    /// One head of one sequence. `rows` are the sequence's fused QKV rows; `cols` says where
+    /// the head's columns are; the output rows start at `out`.
+    ///
+    /// Q (biased, pre-scaled) and Kᵀ (biased) are packed into zero-padded tiles, scores are
+    /// computed tile by tile, softmaxed over the keys the mask allows (the others get weight
+    /// 0), and multiplied into V straight from the QKV rows.
+    fn attention_head(
+        rows: &[f32],
+        bias: &[f32],
+        out: *mut f32,
+        cols: HeadColumns,
+        mask: AttentionMask,
+        relative: Option<(&[f32], usize)>,
+        scale: f32,
+        scratch: &mut Vec<f32>,
+    ) {
+        let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, out_width } = cols;
+        let len = rows.len() / width;
+        let lq = len.div_ceil(TILE_Q) * TILE_Q;
+        let lk = len.div_ceil(TILE_K) * TILE_K;
+        scratch.clear();
+        scratch.resize(lq * head_dim + head_dim * lk + lq * lk, 0.0);
+        let (q, rest) = scratch.split_at_mut(lq * head_dim);
+        let (kt, scores) = rest.split_at_mut(head_dim * lk);
+        let (q_bias, k_bias, v_bias) = (&bias[qc..qc + head_dim], &bias[kc..kc + head_dim], &bias[vc..vc + head_dim]);
+        for i in 0..len {
+            let src = &rows[i * width + qc..i * width + qc + head_dim];
+            let dst = &mut q[i * head_dim..(i + 1) * head_dim];
+            dst.iter_mut().zip(src).zip(q_bias).for_each(|((d, s), b)| *d = (s + b) * scale);
+            let k = &rows[i * width + kc..i * width + kc + head_dim];
+            for (d, (&value, b)) in k.iter().zip(k_bias).enumerate() {
+                kt[d * lk + i] = value + b;
+            }
+        }
+        // scores = (scale·Q)·Kᵀ, tile by tile.
+        for i0 in (0..lq).step_by(TILE_Q) {
+            for j0 in (0..lk).step_by(TILE_K) {
+                let mut acc = [[0f32; TILE_K]; TILE_Q];
+                for d in 0..head_dim {
+                    let kv: &[f32; TILE_K] = kt[d * lk + j0..d * lk + j0 + TILE_K].try_into().unwrap();
+                    for (r, acc_row) in acc.iter_mut().enumerate() {
+                        let qv = q[(i0 + r) * head_dim + d];
+                        for c in 0..TILE_K {
+                            acc_row[c] = fma::<FMA>(qv, kv[c], acc_row[c]);
+                        }
+                    }
+                }
+                for (r, acc_row) in acc.iter().enumerate() {
+                    scores[(i0 + r) * lk + j0..(i0 + r) * lk + j0 + TILE_K].copy_from_slice(acc_row);
+                }
+            }
+        }
+        for i in 0..len {
+            let row = &mut scores[i * lk..i * lk + len];
+            if let Some((bias, center)) = relative {
+                // Distance j − i of key j is at center + j − i.
+                row.iter_mut().zip(&bias[center - i..center - i + len]).for_each(|(s, b)| *s += b);
+            }
+            let (lo, hi) = mask.keys(i, len);
+            softmax_in_place(&mut row[lo..hi]);
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
+        }
+        // out = P·V + v_bias (each row of P sums to 1, so V's bias passes through unchanged),
+        // 4 queries × 16 head dims at a time (head_dim is a multiple of 16 for every model we
+        // serve; the remainder loop below keeps other sizes correct).
+        let dims_tiled = head_dim / TILE_K * TILE_K;
+        for i0 in (0..lq).step_by(TILE_Q) {
+            for d0 in (0..dims_tiled).step_by(TILE_K) {
+                let vb: &[f32; TILE_K] = v_bias[d0..d0 + TILE_K].try_into().unwrap();
+                let mut acc = [*vb; TILE_Q];
+                for j in 0..len {
+                    let base = j * width + vc + d0;
+                    let vv: &[f32; TILE_K] = rows[base..base + TILE_K].try_into().unwrap();
+                    for (r, acc_row) in acc.iter_mut().enumerate() {
+                        let p = scores[(i0 + r) * lk + j];
+                        for c in 0..TILE_K {
+                            acc_row[c] = fma::<FMA>(p, vv[c], acc_row[c]);
+                        }
+                    }
+                }
+                for (r, acc_row) in acc.iter().enumerate().take(len.saturating_sub(i0)) {
+                    // SAFETY: row i0+r < len, columns qc+d0.. of this head, inside the output.
+                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((i0 + r) * out_width + qc + d0), TILE_K) };
+                }
+            }
+            for i in i0..(i0 + TILE_Q).min(len) {
+                for d in dims_tiled..head_dim {
+                    let sum = v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
+                    // SAFETY: as above.
+                    unsafe { *out.add(i * out_width + qc + d) = sum };
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn softmax_in_place(row: &mut [f32]) {
+    let max = max_lanes(row);
+    // Separate passes: a loop that both exponentiates and sums would not vectorize.
+    row.iter_mut().for_each(|v| *v = exp(*v - max));
+    let inv = 1.0 / sum_lanes(row);
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::ops::test_util::{max_diff, random};
+    use candle_core::DType;
+
+    #[test]
+    fn attention_kernel_matches_composite_per_sequence() {
+        let cu = [0usize, 5, 6, 17];
+        // head_dim 4 exercises the remainder path, 32 the register tiles; with and without bias.
+        for (hidden, heads) in [(8, 2), (64, 2)] {
+            let qkv = (random((17, 3 * hidden), 9) * 3.0).unwrap();
+            let bias = Bias::new((random((1, 3 * hidden), 10).flatten_all().unwrap() * 2.0).unwrap()).unwrap();
+            let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim: hidden / heads, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: None };
+            let fast = att.forward(&qkv, None).unwrap();
+            assert_eq!(fast.dims(), &[17, hidden]);
+            assert_eq!(fast.dtype(), DType::F32);
+            assert!(max_diff(&fast, &att.forward_generic(&qkv).unwrap()) < 1e-5);
+            let biased = att.forward(&qkv, Some(&bias)).unwrap();
+            let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
+            assert!(max_diff(&biased, &reference) < 1e-5, "hidden {hidden}");
+        }
+    }
+
+    #[test]
+    fn grouped_query_and_masked_attention_match_composite() {
+        let cu = [0usize, 5, 6, 25];
+        // 4 query heads over 2 key/value heads of 16 dims: q 64 + k 32 + v 32 columns.
+        let qkv = (random((25, 128), 12) * 3.0).unwrap();
+        let bias = Bias::new(random((1, 128), 13).flatten_all().unwrap()).unwrap();
+        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(2)] {
+            let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: None };
+            let fast = att.forward(&qkv, Some(&bias)).unwrap();
+            assert_eq!(fast.dims(), &[25, 64]);
+            let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
+            assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}");
+        }
+        // A relative position bias (MPNet), longer than the longest sequence.
+        let max_len = 20;
+        let values = random((2, 2 * max_len - 1), 14).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let position_bias = PositionBias { values, max_len };
+        let qkv = random((25, 96), 15);
+        let att = Attention { num_heads: 2, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
+        assert!(max_diff(&att.forward(&qkv, None).unwrap(), &att.forward_generic(&qkv).unwrap()) < 1e-5, "position bias");
+    }
+}

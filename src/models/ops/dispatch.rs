@@ -1,0 +1,83 @@
+//! Run-time kernel dispatch and the plumbing every CPU kernel shares: the `multiversion!`
+//! macro (AVX2+FMA or portable, chosen per CPU), fused multiply-add, the test for "this
+//! tensor takes the fused kernels", and raw access to candle's CPU storage.
+
+use candle_core::{bail, CpuStorage, Layout, Result, Tensor};
+
+/// Defines `fn $name` twice: as written, and compiled with AVX2+FMA for CPUs that have them
+/// (chosen at run time, so one binary stays portable). The kernels are plain loops; this is
+/// what lets LLVM turn them into 8-wide code, with `floor` as one instruction. Inside the body,
+/// the const `FMA` says whether fused multiply-add is native (use [`fma`]).
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$m])* $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn portable<const FMA: bool>($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    portable::<true>($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the running CPU has the features `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            portable::<{ cfg!(target_arch = "aarch64") }>($($arg),*)
+        }
+    };
+}
+
+/// `a·b + c`, fused when the kernel was compiled with native FMA (a software fused
+/// multiply-add would be far slower than the two plain operations).
+#[inline(always)]
+pub(crate) fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Whether `x` takes the fused CPU kernels (f32 on the CPU); anything else takes candle's
+/// composite ops (GPUs, and float16/bfloat16 on the CPU).
+pub(crate) fn fused(x: &Tensor) -> bool {
+    x.device().is_cpu() && x.dtype() == candle_core::DType::F32
+}
+
+/// A small parameter vector as host f32, whatever the checkpoint's dtype.
+pub(crate) fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1()
+}
+
+pub(crate) fn contiguous<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
+    let data = storage.as_slice::<f32>()?;
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => bail!("fused op expects a contiguous f32 tensor"),
+    }
+}
+
+pub(crate) fn contiguous_mut<'a>(storage: &'a mut CpuStorage, layout: &Layout) -> Result<&'a mut [f32]> {
+    let CpuStorage::F32(data) = storage else { bail!("fused op expects an f32 tensor") };
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(&mut data[start..end]),
+        None => bail!("fused op expects a contiguous f32 tensor"),
+    }
+}
+
+pub(crate) fn dims2(layout: &Layout) -> Result<(usize, usize)> {
+    layout.shape().dims2()
+}
+
+/// Raw output pointers that rayon tasks may share because each writes a disjoint region.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedMut(pub(crate) *mut f32);
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+#[derive(Clone, Copy)]
+pub(crate) struct SharedConst(pub(crate) *const f32);
+unsafe impl Send for SharedConst {}
+unsafe impl Sync for SharedConst {}
