@@ -52,4 +52,13 @@ fn main() {
     let mut activated = inter.copy().expect("copy");
     time("bias + gelu (in place)", 0.0, || activated = Activation::Gelu.forward_biased(activated.clone(), up.bias()).expect("gelu"));
     time("down linear + residual", 2.0 * (t * h * i) as f64, || drop(down.forward_add(&inter, &x)));
+
+    // A 16-token query: the weights dominate the traffic, the arithmetic is small.
+    let q = 16usize;
+    let (xq, interq) = (tensor(q, h), tensor(q, i));
+    println!("linears at 1x16 tokens");
+    time("qkv linear 384->1152", 2.0 * (q * h * 3 * h) as f64, || drop(qkv.forward_unbiased(&xq)));
+    time("out linear + residual", 2.0 * (q * h * h) as f64, || drop(out.forward_add(&xq, &xq)));
+    time("up linear 384->1536", 2.0 * (q * h * i) as f64, || drop(up.forward_unbiased(&xq)));
+    time("down linear + residual", 2.0 * (q * h * i) as f64, || drop(down.forward_add(&interq, &xq)));
 }

@@ -1,69 +1,13 @@
 //! Dense layers: `y = x·Wᵀ + b (+ residual)` as one kernel on the CPU, the bias and the
-//! residual folded into the gemm's accumulation, split over the pool by rows or by columns;
-//! int8 weights take [`super::int8`]'s kernel through the same op.
+//! residual folded into the product's accumulation. f32 weights are packed once at load for
+//! [`super::sgemm`]; int8 weights take [`super::int8`]'s kernel through the same op. Other
+//! devices and dtypes keep the weight as a tensor and use candle's ops.
 
-use super::dispatch::{contiguous, dims2, fused, host_f32, SharedConst, SharedMut};
+use super::dispatch::{contiguous, dims2, fused, host_f32};
 use super::int8::Int8Weight;
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
-use gemm::Parallelism;
-use rayon::prelude::*;
-
-/// Below this many multiply-adds a gemm call runs on the calling thread: spreading a tiny
-/// product over the pool costs more than it saves.
-const PARALLEL_GEMM_MIN_WORK: usize = 1 << 18;
-
-/// Below this many rows a product is split by output columns rather than by rows.
-const SPLIT_ROWS_MIN: usize = 256;
-
-/// `dst (+)= x·w` for row-major `x` (m×k), `w` (k×n), `dst` (m×n), one single-threaded gemm
-/// per pool thread. Tall products (many tokens) are split by rows: each thread packs its own
-/// copy of `w`, which costs less than gemm's own fine-grained synchronization (measured ~105 →
-/// ~112 GFLOP/s on two cores at BERT shapes). Short ones (a few queries) are split by columns,
-/// so that each thread streams only its share of the weights, which dominate the traffic there.
-///
-/// # Safety
-/// `dst` points to m×n writable floats, initialized when `read_dst` (gemm reads `dst` only
-/// then, so a fresh output is never zeroed first).
-unsafe fn gemm_parallel(dst: *mut f32, x: &[f32], w: &[f32], m: usize, n: usize, k: usize, read_dst: bool) {
-    let threads = rayon::current_num_threads();
-    let big = m * n * k >= PARALLEL_GEMM_MIN_WORK && threads > 1;
-    // SAFETY (every call): dst is m×n row-major, x is m×k row-major, w is k×n row-major; each
-    // block handed to gemm lies inside them and no two blocks overlap.
-    let block = |dst: *mut f32, x: *const f32, w: *const f32, rows: usize, cols: usize| unsafe {
-        gemm::gemm(
-            rows, cols, k,
-            dst, 1, n as isize, read_dst,
-            x, 1, k as isize,
-            w, 1, n as isize,
-            1.0, 1.0, false, false, false,
-            Parallelism::None,
-        );
-    };
-    let (out, input, weights) = (SharedMut(dst), SharedConst(x.as_ptr()), SharedConst(w.as_ptr()));
-    if !big {
-        block(dst, x.as_ptr(), w.as_ptr(), m, n);
-    } else if m >= SPLIT_ROWS_MIN {
-        let rows_per_part = m.div_ceil(threads);
-        (0..m.div_ceil(rows_per_part)).into_par_iter().for_each(|part| {
-            let (out, input, weights) = (out, input, weights);
-            let r0 = part * rows_per_part;
-            // SAFETY: rows r0..r0+rows of dst and of x.
-            let (d, x) = unsafe { (out.0.add(r0 * n), input.0.add(r0 * k)) };
-            block(d, x, weights.0, rows_per_part.min(m - r0), n);
-        });
-    } else {
-        // Column blocks of a multiple of 16 (gemm's register tile width).
-        let cols_per_part = n.div_ceil(threads).div_ceil(16) * 16;
-        (0..n.div_ceil(cols_per_part)).into_par_iter().for_each(|part| {
-            let (out, input, weights) = (out, input, weights);
-            let c0 = part * cols_per_part;
-            let cols = cols_per_part.min(n - c0);
-            // SAFETY: column block c0..c0+cols of dst and of w.
-            let (d, w) = unsafe { (out.0.add(c0), weights.0.add(c0)) };
-            block(d, input.0, w, m, cols);
-        });
-    }
-}
+use super::sgemm::PackedMatrix;
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
 
 /// A bias vector, on the device for the composite path and on the host for the CPU kernels.
 #[derive(Debug, Clone)]
@@ -78,9 +22,9 @@ impl Bias {
     }
 }
 
-/// A dense layer `y = x·Wᵀ + b`. Checkpoints store `W` as `[out, in]`; it is kept transposed,
-/// `[in, out]` row-major, the layout gemm packs fastest, or quantized to int8
-/// ([`Linear::quantize_int8`]).
+/// A dense layer `y = x·Wᵀ + b`. Checkpoints store `W` as `[out, in]`. On the CPU in f32 it is
+/// packed for [`super::sgemm`] at load, or quantized to int8 ([`Linear::quantize_int8`]);
+/// elsewhere it is kept transposed, `[in, out]`, for candle's matmul.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: Weight,
@@ -89,21 +33,36 @@ pub struct Linear {
 
 #[derive(Debug, Clone)]
 enum Weight {
-    /// `Wᵀ`, `[in, out]`.
+    /// `Wᵀ`, `[in, out]`, on a device or in a dtype the CPU kernels do not take.
     Transposed(Tensor),
-    Int8(std::sync::Arc<Int8Weight>),
+    Packed(Arc<PackedMatrix>),
+    Int8(Arc<Int8Weight>),
 }
 
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        let weight_t = weight.t()?.contiguous()?;
         let bias = bias.map(Bias::new).transpose()?;
-        Ok(Self { weight: Weight::Transposed(weight_t), bias })
+        let weight = if fused(&weight) {
+            let (n, k) = weight.dims2()?;
+            let w = weight.flatten_all()?.to_vec1::<f32>()?;
+            // Wᵀ row-major, then panels: a transpose on the host is one pass at load.
+            let mut w_t = vec![0.0f32; k * n];
+            for (o, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+                for (i, &v) in row.iter().enumerate() {
+                    w_t[i * n + o] = v;
+                }
+            }
+            Weight::Packed(Arc::new(PackedMatrix::pack(&w_t, k, n)))
+        } else {
+            Weight::Transposed(weight.t()?.contiguous()?)
+        };
+        Ok(Self { weight, bias })
     }
 
     pub fn out_features(&self) -> usize {
         match &self.weight {
             Weight::Transposed(w) => w.dims()[1],
+            Weight::Packed(w) => w.out_features(),
             Weight::Int8(w) => w.out_features(),
         }
     }
@@ -111,6 +70,7 @@ impl Linear {
     pub fn in_features(&self) -> usize {
         match &self.weight {
             Weight::Transposed(w) => w.dims()[0],
+            Weight::Packed(w) => w.in_features(),
             Weight::Int8(w) => w.in_features(),
         }
     }
@@ -122,36 +82,45 @@ impl Linear {
     /// Replaces the f32 weight by its int8 quantization (CPU, f32 activations only). The f32
     /// copy is dropped: quantized layers keep a quarter of the memory.
     pub fn quantize_int8(&mut self) -> Result<()> {
-        if let Weight::Transposed(w) = &self.weight {
-            if !fused(w) {
-                bail!("int8 quantization needs f32 weights on the CPU");
+        match &self.weight {
+            Weight::Packed(w) => {
+                let q = Int8Weight::quantize(&w.unpack(), w.in_features(), w.out_features());
+                self.weight = Weight::Int8(Arc::new(q));
+                Ok(())
             }
-            let (k, n) = w.dims2()?;
-            let host = w.flatten_all()?.to_vec1::<f32>()?;
-            self.weight = Weight::Int8(std::sync::Arc::new(Int8Weight::quantize(&host, k, n)));
+            Weight::Transposed(_) => bail!("int8 quantization needs f32 weights on the CPU"),
+            Weight::Int8(_) => Ok(()),
         }
-        Ok(())
     }
 
     /// `x·Wᵀ (+ b) (+ residual)`, one kernel on CPU f32, candle's ops elsewhere.
     fn apply(&self, x: &Tensor, bias: Option<&Bias>, residual: Option<&Tensor>) -> Result<Tensor> {
-        let op = LinearOp { bias: bias.map(|b| b.host.as_slice()), int8: None };
-        match (&self.weight, residual) {
-            (Weight::Transposed(w), _) if !fused(x) => {
+        let kernel = match &self.weight {
+            Weight::Transposed(w) => {
                 let mut y = x.matmul(w)?;
                 if let Some(b) = bias {
                     y = y.broadcast_add(&b.tensor)?;
                 }
-                match residual {
+                return match residual {
                     Some(r) => y.add(r),
                     None => Ok(y),
-                }
+                };
             }
-            (Weight::Transposed(w), None) => x.apply_op2_no_bwd(w, &op),
-            (Weight::Transposed(w), Some(r)) => x.apply_op3_no_bwd(w, r, &op),
-            (Weight::Int8(_), _) if !fused(x) => bail!("int8 layers run on the CPU in f32 only"),
-            (Weight::Int8(w), None) => x.apply_op1_no_bwd(&LinearOp { int8: Some(w), ..op }),
-            (Weight::Int8(w), Some(r)) => x.apply_op2_no_bwd(r, &LinearOp { int8: Some(w), ..op }),
+            Weight::Packed(w) => Kernel::F32(w),
+            Weight::Int8(w) => Kernel::Int8(w),
+        };
+        if !fused(x) {
+            // A host-f32 head under a model run in another dtype: compute in f32, hand back the
+            // caller's dtype.
+            let as_f32 = |t: &Tensor| t.to_device(&candle_core::Device::Cpu)?.to_dtype(candle_core::DType::F32);
+            let residual = residual.map(as_f32).transpose()?;
+            let y = self.apply(&as_f32(x)?, bias, residual.as_ref())?;
+            return y.to_dtype(x.dtype())?.to_device(x.device());
+        }
+        let op = LinearOp { bias: bias.map(|b| b.host.as_slice()), kernel };
+        match residual {
+            None => x.apply_op1_no_bwd(&op),
+            Some(r) => x.apply_op2_no_bwd(r, &op),
         }
     }
 
@@ -171,30 +140,31 @@ impl Linear {
     }
 }
 
-/// The CPU kernel of [`Linear`]: f32 gemm with the weight as second operand, or the int8
-/// product with the weight held here; an optional residual is the last operand either way.
-struct LinearOp<'a> {
-    bias: Option<&'a [f32]>,
-    int8: Option<&'a Int8Weight>,
-}
-
+/// The weight a CPU product runs on.
 #[derive(Clone, Copy)]
-enum WeightRef<'a> {
-    F32(&'a [f32], &'a Layout),
+enum Kernel<'a> {
+    F32(&'a PackedMatrix),
     Int8(&'a Int8Weight),
 }
 
+/// The CPU kernel of [`Linear`]: `x`, and optionally the residual as second operand.
+struct LinearOp<'a> {
+    bias: Option<&'a [f32]>,
+    kernel: Kernel<'a>,
+}
+
 impl LinearOp<'_> {
-    fn run(&self, x: &[f32], x_l: &Layout, w: WeightRef<'_>, residual: Option<&[f32]>) -> Result<(CpuStorage, Shape)> {
+    fn run(&self, x: &[f32], x_l: &Layout, residual: Option<&[f32]>) -> Result<(CpuStorage, Shape)> {
         let (m, k) = dims2(x_l)?;
-        let (k2, n) = match w {
-            WeightRef::F32(_, w_l) => dims2(w_l)?,
-            WeightRef::Int8(q) => (q.in_features(), q.out_features()),
+        let (k2, n) = match self.kernel {
+            Kernel::F32(w) => (w.in_features(), w.out_features()),
+            Kernel::Int8(q) => (q.in_features(), q.out_features()),
         };
         if k != k2 {
             bail!("linear: input has {k} features, weight expects {k2}");
         }
-        // Pre-fill the output with residual + bias (or the bias alone), then let gemm accumulate.
+        // Pre-fill the output with residual + bias (or the bias alone), then let the kernel
+        // accumulate.
         let mut dst: Vec<f32> = Vec::with_capacity(m * n);
         let read_dst = match (residual, self.bias) {
             (Some(r), bias) => {
@@ -224,9 +194,9 @@ impl LinearOp<'_> {
         // SAFETY: dst has room for m×n floats, all initialized when read_dst; otherwise both
         // kernels write every one of them before the length is set.
         unsafe {
-            match w {
-                WeightRef::F32(w, _) => gemm_parallel(dst.as_mut_ptr(), x, w, m, n, k, read_dst),
-                WeightRef::Int8(q) => q.matmul(dst.as_mut_ptr(), x, m, read_dst),
+            match self.kernel {
+                Kernel::F32(w) => w.matmul(dst.as_mut_ptr(), x, m, read_dst),
+                Kernel::Int8(q) => q.matmul(dst.as_mut_ptr(), x, m, read_dst),
             }
             dst.set_len(m * n);
         }
@@ -234,46 +204,23 @@ impl LinearOp<'_> {
     }
 }
 
-/// Int8: `x`.
+/// `x`.
 impl CustomOp1 for LinearOp<'_> {
-    fn name(&self) -> &'static str {
-        "linear_int8"
-    }
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
-        let Some(q) = self.int8 else { bail!("linear: no weight") };
-        self.run(contiguous(s1, l1)?, l1, WeightRef::Int8(q), None)
-    }
-}
-
-/// F32: `x`, `Wᵀ`. Int8: `x`, residual.
-impl CustomOp2 for LinearOp<'_> {
     fn name(&self) -> &'static str {
         "linear"
     }
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (x, second) = (contiguous(s1, l1)?, contiguous(s2, l2)?);
-        match self.int8 {
-            Some(q) => self.run(x, l1, WeightRef::Int8(q), Some(second)),
-            None => self.run(x, l1, WeightRef::F32(second, l2), None),
-        }
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.run(contiguous(s1, l1)?, l1, None)
     }
 }
 
-/// F32: `x`, `Wᵀ`, residual.
-impl CustomOp3 for LinearOp<'_> {
+/// `x`, residual.
+impl CustomOp2 for LinearOp<'_> {
     fn name(&self) -> &'static str {
         "linear_add"
     }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.run(contiguous(s1, l1)?, l1, WeightRef::F32(contiguous(s2, l2)?, l2), Some(contiguous(s3, l3)?))
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.run(contiguous(s1, l1)?, l1, Some(contiguous(s2, l2)?))
     }
 }
 

@@ -10,7 +10,8 @@
 //! there.
 //!
 //! One subject a file: [`dispatch`] (run-time kernel choice, storage access), [`math`]
-//! (approximations, reductions), [`linear`] (gemm with folded bias and residual), [`layer_norm`],
+//! (approximations, reductions), [`sgemm`] (f32 products on packed weights), [`linear`] (dense
+//! layers with folded bias and residual), [`layer_norm`],
 //! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`] and [`int8`].
 
 #[macro_use]
@@ -22,6 +23,7 @@ pub mod int8;
 mod layer_norm;
 mod linear;
 mod math;
+mod sgemm;
 mod rms_norm;
 mod rotary;
 
@@ -33,6 +35,7 @@ pub use int8::Int8Weight;
 pub use layer_norm::LayerNorm;
 pub use linear::{Bias, Linear};
 pub use math::{erf, exp};
+pub use sgemm::PackedMatrix;
 pub(crate) use math::sum_squares;
 pub use rms_norm::RmsNorm;
 pub use rotary::{QkNorm, Rotary, RotaryTable};
