@@ -155,7 +155,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     if config.quantization.is_some() {
         models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
         if !models::ops::int8::accelerated() {
-            tracing::warn!("--quantization int8: this CPU has no AVX-512 VNNI; the portable int8 kernel is slower than float32");
+            tracing::warn!("--quantization int8: this CPU has no AVX2; the portable int8 kernel is slower than float32");
         }
     }
     spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
