@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch / sentence-transformers side of the forward benchmark, on the same machine and shapes
-as `cargo bench --bench forward` (all-MiniLM-L6-v2, f32, 2 threads).
+as `cargo bench --bench forward` (all-MiniLM-L6-v2 unless MODEL_DIR is given, f32, 2 threads).
 
     python3 benches/compare.py [MODEL_DIR]     # default models/all-MiniLM-L6-v2
 
@@ -44,7 +44,8 @@ def measure(fn, iterations):
     return statistics.median(times), times[int(len(times) * 0.9)]
 
 
-print(f"PyTorch {torch.__version__}, {THREADS} threads, all-MiniLM-L6-v2 forward (transformers, mean pooling)")
+name = os.path.basename(os.path.normpath(model_dir))
+print(f"PyTorch {torch.__version__}, {THREADS} threads, {name} forward (transformers, mean pooling)")
 for seqs, length, iterations in [(32, 128, 20), (1, 16, 200), (8, 128, 40)]:
     input_ids = ids(seqs, length)
     mask = torch.ones_like(input_ids)

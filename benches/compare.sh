@@ -5,19 +5,47 @@
 #      (concurrency 32, one input per request) vs sentence-transformers `encode` on the same
 #      texts (benches/compare_server.py); peak RSS of the server;
 #   3. a single 16-token request on the idle server (concurrency 1), p50/p99;
-#   4. the int8 option: forward and end to end with --quantization int8.
-# Needs a Python with torch, transformers and sentence-transformers (PYTHON, default python3) and
-# models/all-MiniLM-L6-v2 (scripts/fetch-minilm.sh models).
+#   4. the int8 option: forward and end to end with --quantization int8;
+#   5. ONNX Runtime (benches/compare_ort.py), float32 optimized graph and int8 dynamic
+#      quantization: the forward pass (in the rounds of step 1) and the end-to-end pipeline on
+#      the same corpus;
+#   6. base size: a random-weight BERT-base (benches/make_base_model.py, made once into
+#      target/compare/bert-base-random), forward pass of PyTorch, ours (float32, int8) and ORT.
+# REPEAT=N (default 1) runs the forward comparisons of steps 1 and 6 round-robin N times
+# (PyTorch, ours f32, ours int8, ORT, PyTorch, ...), appending to the same files; the table takes
+# the median per shape, which evens out the drift of a shared machine.
+# Needs a Python with torch, transformers, sentence-transformers, onnx and onnxruntime (PYTHON,
+# default python3) and models/all-MiniLM-L6-v2 (scripts/fetch-minilm.sh models). Outputs:
+# target/compare/*.txt (the *-base*.txt files are the base-size model's), ORT's log in ort.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+REPEAT=${REPEAT:-1}
 MODEL=models/all-MiniLM-L6-v2
-mkdir -p target/compare
+BASE=target/compare/bert-base-random
+OUT=target/compare
+mkdir -p "$OUT"
+: > "$OUT/ort.log"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo 'no avx512')"
 
-"$PYTHON" benches/compare.py "$MODEL" 2>/dev/null | tee target/compare/torch.txt
-cargo bench --bench forward 2>/dev/null | tee target/compare/forward.txt
-POOLSERVE_QUANTIZATION=int8 cargo bench --bench forward 2>/dev/null | tee target/compare/forward-int8.txt
+# forward_rounds DIR SUFFIX: the forward benchmarks of the model in DIR, REPEAT rounds of PyTorch,
+# ours float32, ours int8, ORT (float32 and int8), appended to $OUT/torchSUFFIX.txt,
+# forwardSUFFIX.txt, forwardSUFFIX-int8.txt and ortSUFFIX.txt (emptied first).
+ort_failed() { echo "benches/compare_ort.py failed: see $OUT/ort.log" >&2; exit 1; }
+forward_rounds() {
+  local dir=$1 suffix=$2 round
+  local torch="$OUT/torch$suffix.txt" ours="$OUT/forward$suffix.txt" int8="$OUT/forward$suffix-int8.txt" ort="$OUT/ort$suffix.txt"
+  : > "$torch"; : > "$ours"; : > "$int8"; : > "$ort"
+  for ((round = 1; round <= REPEAT; round++)); do
+    if [ "$REPEAT" -gt 1 ]; then echo "== forward round $round of $REPEAT: $dir"; fi
+    "$PYTHON" benches/compare.py "$dir" 2>/dev/null | tee -a "$torch"
+    POOLSERVE_MINILM="$dir" cargo bench --bench forward 2>/dev/null | tee -a "$ours"
+    POOLSERVE_MINILM="$dir" POOLSERVE_QUANTIZATION=int8 cargo bench --bench forward 2>/dev/null | tee -a "$int8"
+    "$PYTHON" benches/compare_ort.py "$dir" 2>>"$OUT/ort.log" | tee -a "$ort" || ort_failed
+  done
+}
+
+forward_rounds "$MODEL" ""
 cargo build --release --quiet
 cargo bench --bench loadgen --no-run 2>/dev/null
 
@@ -36,8 +64,15 @@ loadgen --concurrency 1 --requests 300 --min-tokens 16 --max-tokens 16 | tee tar
 loadgen --concurrency 32 --requests 2000 --dump-corpus target/compare/corpus.json | tee target/compare/load.txt
 "$PYTHON" benches/compare_server.py target/compare/corpus.json "$MODEL" 2>/dev/null | tee target/compare/st.txt
 kill $server; wait $server 2>/dev/null || true
+# ORT's pipeline (tokenize, sort, batches of 32, mean pooling, normalization) on the same texts.
+"$PYTHON" benches/compare_ort.py "$MODEL" --corpus target/compare/corpus.json --no-forward 2>>"$OUT/ort.log" | tee target/compare/ort-e2e.txt || ort_failed
 
 # The same corpus against the int8 server (--quantization int8).
 serve server-int8.log --quantization int8
 loadgen --concurrency 32 --requests 2000 | tee target/compare/load-int8.txt
+kill $server; wait $server 2>/dev/null || true
+
+# Base size: BERT-base shapes (random weights; speed does not depend on them).
+[ -f "$BASE/model.safetensors" ] || "$PYTHON" benches/make_base_model.py "$BASE" "$MODEL"
+forward_rounds "$BASE" "-base"
 python3 benches/compare_table.py target/compare "$(du -m "$MODEL/model.safetensors" | cut -f1)"
