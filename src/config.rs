@@ -59,7 +59,7 @@ impl DTypeArg {
 pub enum Quantization {
     /// Int8 weights (per output channel) and activations (per token, at run time) in every
     /// dense layer of the transformer blocks; embeddings, attention, norms and heads stay f32.
-    /// CPU and float32 only; fast on CPUs with AVX-512 VNNI.
+    /// CPU and float32 only; needs AVX2 (AVX-VNNI and AVX-512 VNNI are used where present).
     Int8,
 }
 
