@@ -56,7 +56,8 @@ fn main() {
         Some(q) => format!("{q:?}").to_lowercase(),
         None => format!("{:?}", config.dtype.dtype()).to_lowercase(),
     };
-    println!("all-MiniLM-L6-v2 forward (backbone + mean pooling), {precision}, {} rayon threads", rayon::current_num_threads());
+    let name = std::path::Path::new(&dir).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.clone());
+    println!("{name} forward (backbone + mean pooling), {precision}, {} rayon threads", rayon::current_num_threads());
     let chunk: usize = std::env::var("POOLSERVE_FORWARD_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(poolserve::models::FORWARD_CHUNK_TOKENS);
     println!("forward chunk: {chunk} tokens");
     // `cargo bench --bench forward -- 1x16` runs only the shapes named.
