@@ -218,22 +218,22 @@ impl Activations {
 
 /// A segment's range, which includes 0 so that the zero point is a byte: `(scale, 1/scale,
 /// zero point)`, or `None` for an all-zero segment.
-fn segment_scale(min: f32, max: f32, levels: f32) -> Option<(f32, f32, f32)> {
+fn segment_scale(min: f32, max: f32) -> Option<(f32, f32, f32)> {
     if max == min {
         return None;
     }
-    let scale = (max - min) / levels;
+    let scale = (max - min) / 255.0;
     let inv = 1.0 / scale;
     Some((scale, inv, (-min * inv).round_ties_even()))
 }
 
 multiversion! {
-    /// Writes `round(x/s) + z` for `s = (max − min)/levels` and returns `(s, z)`.
-    fn quantize_segment_portable(x: &[f32], out: &mut [u8], levels: f32) -> (f32, i32) {
+    /// Writes `round(x/s) + z` for `s = (max − min)/255` and returns `(s, z)`.
+    fn quantize_segment_portable(x: &[f32], out: &mut [u8]) -> (f32, i32) {
         let (min, max) = x.iter().fold((0.0f32, 0.0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let Some((scale, inv, zero)) = segment_scale(min, max, levels) else { return (0.0, 0) };
+        let Some((scale, inv, zero)) = segment_scale(min, max) else { return (0.0, 0) };
         for (o, v) in out.iter_mut().zip(x) {
-            *o = (v * inv + zero).round_ties_even().clamp(0.0, levels) as u8;
+            *o = (v * inv + zero).round_ties_even().clamp(0.0, 255.0) as u8;
         }
         (scale, zero as i32)
     }
@@ -313,11 +313,6 @@ impl Kernel {
         all
     }
 
-    /// The largest activation byte.
-    fn max_activation(self) -> f32 {
-        255.0
-    }
-
     /// Inputs per quantization segment.
     fn segment_len(self) -> usize {
         if self.sums_byte_pairs() {
@@ -342,7 +337,7 @@ impl Kernel {
             // SAFETY: `Vnni` is only detected on CPUs with avx512f and avx512bw.
             #[cfg(target_arch = "x86_64")]
             Kernel::Vnni => unsafe { vnni::quantize_segment(x, out) },
-            _ => quantize_segment_portable(x, out, self.max_activation()),
+            _ => quantize_segment_portable(x, out),
         }
     }
 
@@ -420,7 +415,7 @@ mod vnni {
             lo = _mm512_min_ps(lo, v);
             hi = _mm512_max_ps(hi, v);
         }
-        let Some((scale, inv, zero)) = segment_scale(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi), 255.0) else {
+        let Some((scale, inv, zero)) = segment_scale(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi)) else {
             return (0.0, 0);
         };
         let (inv_v, zero_v) = (_mm512_set1_ps(inv), _mm512_set1_ps(zero));
@@ -683,10 +678,9 @@ mod tests {
             for len in [1, 15, 16, 17, 128, 200] {
                 let (mut fast, mut portable) = (vec![0u8; len], vec![0u8; len]);
                 let a = kernel.quantize_segment(&x[..len], &mut fast);
-                let b = quantize_segment_portable(&x[..len], &mut portable, kernel.max_activation());
+                let b = quantize_segment_portable(&x[..len], &mut portable);
                 assert_eq!(a, b, "{kernel:?} len {len}");
                 assert_eq!(fast, portable, "{kernel:?} len {len}");
-                assert!(fast.iter().all(|&v| v as f32 <= kernel.max_activation()));
             }
         }
     }

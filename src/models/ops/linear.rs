@@ -44,15 +44,7 @@ impl Linear {
         let bias = bias.map(Bias::new).transpose()?;
         let weight = if fused(&weight) {
             let (n, k) = weight.dims2()?;
-            let w = weight.flatten_all()?.to_vec1::<f32>()?;
-            // Wᵀ row-major, then panels: a transpose on the host is one pass at load.
-            let mut w_t = vec![0.0f32; k * n];
-            for (o, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
-                for (i, &v) in row.iter().enumerate() {
-                    w_t[i * n + o] = v;
-                }
-            }
-            Weight::Packed(Arc::new(PackedMatrix::pack(&w_t, k, n)))
+            Weight::Packed(Arc::new(PackedMatrix::pack_out_in(&weight.flatten_all()?.to_vec1::<f32>()?, n, k)))
         } else {
             Weight::Transposed(weight.t()?.contiguous()?)
         };

@@ -45,16 +45,20 @@ pub use rotary::{QkNorm, Rotary, RotaryTable};
 pub(crate) mod test_util {
     use candle_core::{Device, Tensor};
 
-    pub(crate) fn random(shape: (usize, usize), seed: u64) -> Tensor {
-        // A small LCG keeps the test deterministic without a rand dependency.
+    /// `len` values in [-1, 1): a small LCG keeps the tests deterministic without a rand
+    /// dependency.
+    pub(crate) fn random_values(len: usize, seed: u64) -> Vec<f32> {
         let mut state = seed;
-        let data: Vec<f32> = (0..shape.0 * shape.1)
+        (0..len)
             .map(|_| {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
             })
-            .collect();
-        Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+            .collect()
+    }
+
+    pub(crate) fn random(shape: (usize, usize), seed: u64) -> Tensor {
+        Tensor::from_vec(random_values(shape.0 * shape.1, seed), shape, &Device::Cpu).unwrap()
     }
 
     pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -58,6 +58,20 @@ impl PackedMatrix {
         Self { k, n, rows }
     }
 
+    /// Packs a checkpoint's `W` (`n` rows of `k` inputs, `[out, in]`) directly, without a
+    /// transposed copy.
+    pub fn pack_out_in(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), k * n, "sgemm: weight is not n×k");
+        let mut rows = vec![PanelRow([0.0; PANEL]); n.div_ceil(PANEL) * k];
+        for (o, src) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+            let (p, c) = (o / PANEL, o % PANEL);
+            for (i, &v) in src.iter().enumerate() {
+                rows[p * k + i].0[c] = v;
+            }
+        }
+        Self { k, n, rows }
+    }
+
     pub fn in_features(&self) -> usize {
         self.k
     }
@@ -391,16 +405,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::models::ops::test_util::random_values as pseudo_random;
 
     fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, prior: &[f32]) -> Vec<f32> {
         let mut y = prior.to_vec();
@@ -417,7 +422,11 @@ mod tests {
     #[test]
     fn packing_round_trips() {
         let w = pseudo_random(37 * 50, 1);
-        assert_eq!(PackedMatrix::pack(&w, 37, 50).unpack(), w);
+        let packed = PackedMatrix::pack(&w, 37, 50);
+        assert_eq!(packed.unpack(), w);
+        // The same panels from the checkpoint's [out, in] layout.
+        let w_out_in: Vec<f32> = (0..50).flat_map(|o| (0..37).map(move |i| (i, o))).map(|(i, o)| w[i * 50 + o]).collect();
+        assert_eq!(PackedMatrix::pack_out_in(&w_out_in, 50, 37).unpack(), w);
     }
 
     #[test]
