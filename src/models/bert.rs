@@ -253,6 +253,10 @@ impl Backbone for Bert {
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
         self.layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.intermediate, &mut l.output]).collect()
     }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
 }
 
 /// The masked-LM head of `BertForMaskedLM` (`cls.predictions`) or `RobertaForMaskedLM`

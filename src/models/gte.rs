@@ -141,4 +141,8 @@ impl Backbone for Gte {
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
         self.layers.iter_mut().flat_map(|l| [&mut l.o_proj, &mut l.up_gate, &mut l.down]).collect()
     }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
 }

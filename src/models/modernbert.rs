@@ -211,6 +211,10 @@ impl Backbone for ModernBert {
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
         self.layers.iter_mut().flat_map(|l| [&mut l.wo, &mut l.wi, &mut l.mlp_wo]).collect()
     }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.wqkv).collect()
+    }
 }
 
 /// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`, then

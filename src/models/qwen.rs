@@ -203,6 +203,10 @@ impl Backbone for Qwen {
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
         self.layers.iter_mut().flat_map(|l| [&mut l.o_proj, &mut l.gate_up, &mut l.down]).collect()
     }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
 }
 
 /// The classifier of a Qwen sequence classifier: `score` (no bias), or, for a causal LM
