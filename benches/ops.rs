@@ -53,12 +53,27 @@ fn main() {
     time("bias + gelu (in place)", 0.0, || activated = Activation::Gelu.forward_biased(activated.clone(), up.bias()).expect("gelu"));
     time("down linear + residual", 2.0 * (t * h * i) as f64, || drop(down.forward_add(&inter, &x)));
 
+    // `--quantization int8`: the same products on this CPU's int8 kernel (ops counted as if f32).
+    let int8 = |l: &Linear| {
+        let mut q = l.clone();
+        q.quantize_int8().expect("int8");
+        q
+    };
+    let (qkv8, out8, up8, down8) = (int8(&qkv), int8(&out), int8(&up), int8(&down));
+    println!("int8 linears at 32x128 tokens");
+    time("qkv linear 384->1152", 2.0 * (t * h * 3 * h) as f64, || drop(qkv8.forward_unbiased(&x)));
+    time("out linear + residual", 2.0 * (t * h * h) as f64, || drop(out8.forward_add(&x, &x)));
+    time("up linear 384->1536", 2.0 * (t * h * i) as f64, || drop(up8.forward_unbiased(&x)));
+    time("down linear + residual", 2.0 * (t * h * i) as f64, || drop(down8.forward_add(&inter, &x)));
+
     // A 16-token query: the weights dominate the traffic, the arithmetic is small.
     let q = 16usize;
     let (xq, interq) = (tensor(q, h), tensor(q, i));
-    println!("linears at 1x16 tokens");
-    time("qkv linear 384->1152", 2.0 * (q * h * 3 * h) as f64, || drop(qkv.forward_unbiased(&xq)));
-    time("out linear + residual", 2.0 * (q * h * h) as f64, || drop(out.forward_add(&xq, &xq)));
-    time("up linear 384->1536", 2.0 * (q * h * i) as f64, || drop(up.forward_unbiased(&xq)));
-    time("down linear + residual", 2.0 * (q * h * i) as f64, || drop(down.forward_add(&interq, &xq)));
+    for (precision, [qkv, out, up, down]) in [("f32", [&qkv, &out, &up, &down]), ("int8", [&qkv8, &out8, &up8, &down8])] {
+        println!("{precision} linears at 1x16 tokens");
+        time("qkv linear 384->1152", 2.0 * (q * h * 3 * h) as f64, || drop(qkv.forward_unbiased(&xq)));
+        time("out linear + residual", 2.0 * (q * h * h) as f64, || drop(out.forward_add(&xq, &xq)));
+        time("up linear 384->1536", 2.0 * (q * h * i) as f64, || drop(up.forward_unbiased(&xq)));
+        time("down linear + residual", 2.0 * (q * h * i) as f64, || drop(down.forward_add(&interq, &xq)));
+    }
 }

@@ -2,13 +2,13 @@
 //! CPUs without AVX2, and the reference the AVX2 kernel is tested against.
 
 use super::activations::WideRows;
-use super::{Int8Weight, Out, PANEL};
+use super::{Int8Weight, Out, Segments, PANEL};
 
-/// Rows `tile·6..+6` × the 16 columns of panel `p`, every segment.
+/// Rows `tile·6..+6` × the 16 columns of panel `p`, over `segments`.
 ///
 /// # Safety
 /// The caller's contract of [`super::Kernel::tile_wide`].
-pub(super) unsafe fn tile_wide(a: &WideRows, tile: usize, w: &Int8Weight, p: usize, out: Out) {
+pub(super) unsafe fn tile_wide(a: &WideRows, tile: usize, w: &Int8Weight, p: usize, segments: Segments, out: Out) {
     let c0 = p * PANEL;
     if c0 >= out.cols {
         return;
@@ -17,7 +17,7 @@ pub(super) unsafe fn tile_wide(a: &WideRows, tile: usize, w: &Int8Weight, p: usi
     let rows = super::Kernel::Portable.tile_shape().0;
     for row in tile * rows..((tile + 1) * rows).min(out.rows) {
         let x = &a.data[row * a.stride..(row + 1) * a.stride];
-        for segment in 0..w.segments {
+        for segment in segments.clone() {
             let mut acc = [0i32; PANEL];
             for g in w.segment_groups(segment) {
                 let (x0, x1) = (x[2 * g] as i32, x[2 * g + 1] as i32);

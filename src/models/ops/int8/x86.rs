@@ -3,7 +3,7 @@
 //! 16-bit activations, and the activation quantizers that go with them.
 
 use super::activations::{segment_scale, wide_scale, ByteRows, WideRows};
-use super::{Int8Weight, Out, PANEL};
+use super::{Int8Weight, Out, Segments, PANEL};
 use std::arch::x86_64::*;
 
 /// Rows × panels of a [`super::Scheme::Bytes`] tile.
@@ -76,17 +76,17 @@ pub(super) unsafe fn quantize_wide(x: &[f32], out: &mut [i16]) -> f32 {
     }
 }
 
-/// AVX-512 VNNI: rows `tile·8..+8` × panels `p0..p0+3`, every segment.
+/// AVX-512 VNNI: rows `tile·8..+8` × panels `p0..p0+3`, over `segments`.
 ///
 /// # Safety
 /// The CPU has avx512f, avx512bw and avx512vnni; the caller's contract of
 /// [`super::Kernel::tile_bytes`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn tile_vnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, out: Out) {
+pub(super) unsafe fn tile_vnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out) {
     let panel_bytes = w.panel_bytes();
     let b = w.packed.as_ptr().add(p0 * panel_bytes);
     let x = a.data.as_ptr().add(tile * BYTE_ROWS * a.stride);
-    for segment in 0..w.segments {
+    for segment in segments.clone() {
         let mut acc = [[_mm512_setzero_si512(); BYTE_PANELS]; BYTE_ROWS];
         for g in w.segment_groups(segment) {
             let mut wv = [_mm512_setzero_si512(); BYTE_PANELS];
@@ -150,7 +150,7 @@ unsafe fn store8(d: *mut f32, y: __m256, s: __m256, read: bool, valid: usize) {
 /// # Safety
 /// The CPU has avx2, fma and avxvnni; the caller's contract of [`super::Kernel::tile_bytes`].
 #[target_feature(enable = "avx2,fma,avxvnni")]
-pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, out: Out) {
+pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out) {
     const ROWS: usize = 4;
     unsafe {
         let panel_bytes = w.panel_bytes();
@@ -166,7 +166,7 @@ pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0:
                     break;
                 }
                 let b = w.packed.as_ptr().add(p * panel_bytes);
-                for segment in 0..w.segments {
+                for segment in segments.clone() {
                     let mut acc = [[_mm256_setzero_si256(); 2]; ROWS];
                     for g in w.segment_groups(segment) {
                         let w0 = _mm256_loadu_si256(b.add(g * GROUP_BYTES) as *const _);
@@ -201,14 +201,14 @@ pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0:
 /// the two weight vectors and the broadcast activations.
 const WIDE_ROWS: usize = 6;
 
-/// AVX2: rows `tile·6..+6` × the 16 columns of panel `p`, every segment. Per pair of inputs,
+/// AVX2: rows `tile·6..+6` × the 16 columns of panel `p`, over `segments`. Per pair of inputs,
 /// the panel's 32 weight bytes are sign-extended into two vectors of 8 columns × 2 inputs, and
 /// each row's two 16-bit activations, broadcast, multiply them with `vpmaddwd`.
 ///
 /// # Safety
 /// The CPU has avx2 and fma; the caller's contract of [`super::Kernel::tile_wide`].
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tile_avx2(a: &WideRows, tile: usize, w: &Int8Weight, p: usize, out: Out) {
+pub(super) unsafe fn tile_avx2(a: &WideRows, tile: usize, w: &Int8Weight, p: usize, segments: Segments, out: Out) {
     unsafe {
         let c0 = p * PANEL;
         if c0 >= out.cols {
@@ -218,7 +218,7 @@ pub(super) unsafe fn tile_avx2(a: &WideRows, tile: usize, w: &Int8Weight, p: usi
         let b = w.packed.as_ptr().add(p * w.panel_bytes());
         let x = a.data.as_ptr().add(row0 * a.stride);
         let valid_rows = (out.rows - row0).min(WIDE_ROWS);
-        for segment in 0..w.segments {
+        for segment in segments.clone() {
             let mut acc = [[_mm256_setzero_si256(); 2]; WIDE_ROWS];
             for g in w.segment_groups(segment) {
                 let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(g * 32) as *const _));
