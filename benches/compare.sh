@@ -4,7 +4,7 @@
 #   2. end to end: our release server under the load generator on a mixed 8–300-token corpus
 #      (concurrency 32, one input per request) vs sentence-transformers `encode` on the same
 #      texts (benches/compare_server.py); peak RSS of the server;
-#   3. a single 16-token request on the idle server (concurrency 1), p50/p99;
+#   3. a single 16-token request on the idle server (concurrency 1), p50/p99 (float32 and int8);
 #   4. the int8 option: forward and end to end with --quantization int8;
 #   5. ONNX Runtime (benches/compare_ort.py), float32 optimized graph and int8 dynamic
 #      quantization: the forward pass (in the rounds of step 1) and the end-to-end pipeline on
@@ -69,6 +69,7 @@ kill $server; wait $server 2>/dev/null || true
 
 # The same corpus against the int8 server (--quantization int8).
 serve server-int8.log --quantization int8
+loadgen --concurrency 1 --requests 300 --min-tokens 16 --max-tokens 16 | tee target/compare/single-int8.txt
 loadgen --concurrency 32 --requests 2000 | tee target/compare/load-int8.txt
 kill $server; wait $server 2>/dev/null || true
 

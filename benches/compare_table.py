@@ -99,6 +99,9 @@ for name, a, b, target in rows:
 single = read("single.txt")
 p50, p99 = (float(x) for x in re.search(r"p50 ([\d.]+) ms, p90 [\d.]+ ms, p99 ([\d.]+) ms", single).groups())
 print(f"single 16-token request, idle server: p50 {p50:.2f} ms (target <= 5), p99 {p99:.2f} ms (target <= 10)")
+if optional("single-int8.txt"):
+    p50, p99 = (float(x) for x in re.search(r"p50 ([\d.]+) ms, p90 [\d.]+ ms, p99 ([\d.]+) ms", read("single-int8.txt")).groups())
+    print(f"single 16-token request, idle server, int8: p50 {p50:.2f} ms (target <= 3), p99 {p99:.2f} ms")
 rss = re.search(r"peak RSS (\d+) MiB", load)
 if rss:
     print(f"server peak RSS under load: {rss.group(1)} MiB (weights {weights_mib:.0f} MiB; target <= weights + 300)")
