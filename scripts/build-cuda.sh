@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the release binary with `--features cuda` on a machine without a CUDA toolkit, from
+# PyPI's CUDA 13.0 wheels, and prints the binary's path as its last line.
+#
+#   scripts/build-cuda.sh            # → target/cuda/release/poolserve
+#
+# CUDA_COMPUTE_CAP (default 90: H100/H200) picks the GPU generation candle's kernels are
+# compiled for; candle's build turns 90 into sm_90a, which runs on compute capability 9.0 only.
+#
+# Why 13.0 exactly: the PTX embedded in the binary is JIT-compiled by the driver when a module
+# is first used, and nvcc 13.0 writes PTX ISA 9.0, which drivers from 580 (CUDA 13.0) load;
+# a newer nvcc writes PTX that those drivers refuse.
+#
+# What it does:
+# 1. installs nvcc, cicc/libdevice, the CRT and CCCL headers and the CUDA runtime from PyPI into
+#    target/cuda-toolkit/ (about 270 MB; once);
+# 2. gives the linker what candle's cudarc links against: `libcudart.so` (the wheel's), and
+#    link-only stubs of the driver (`libcuda.so`, which no wheel ships), cuBLAS, cuBLASLt, cuRAND
+#    and NVRTC, generated from the functions cudarc declares, with the real libraries' sonames.
+#    The stubs are never loaded: the binary needs the real `libcuda.so.1` (the driver),
+#    `libcublas.so.13` and `libcurand.so.10` at run time, e.g. from PyTorch's nvidia wheels:
+#    LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib;
+# 3. builds into target/cuda/ (not target/, so the CPU build is left alone).
+# Needs python3 (with venv), gcc and cargo; about 8 minutes on 2 cores from a warm registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLKIT="$PWD/target/cuda-toolkit"
+CU13="$TOOLKIT/site-packages/nvidia/cu13"
+WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
+        nvidia-cuda-cccl==13.0.85 nvidia-cuda-runtime==13.0.96)
+
+if [ ! -x "$CU13/bin/nvcc" ] || [ "$(cat "$TOOLKIT/wheels.txt" 2>/dev/null)" != "${WHEELS[*]}" ]; then
+  rm -rf "$TOOLKIT"
+  python3 -m venv "$TOOLKIT/venv"
+  "$TOOLKIT/venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps \
+    --target "$TOOLKIT/site-packages" "${WHEELS[@]}"
+  # Wheels do not keep the executable bit on every tool.
+  chmod +x "$CU13"/bin/* "$CU13"/nvvm/bin/*
+  echo "${WHEELS[*]}" > "$TOOLKIT/wheels.txt"
+fi
+"$CU13/bin/nvcc" --version | grep -q "release 13.0" || { echo "build-cuda: nvcc is not 13.0" >&2; exit 1; }
+
+# Link-time names. cudarc's build script searches $CUDA_HOME/lib and $CUDA_HOME/lib/stubs.
+ln -sf libcudart.so.13 "$CU13/lib/libcudart.so"
+cudarc=$(cargo metadata --locked --format-version 1 --features cuda |
+  python3 -c 'import json, sys, os; print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))')
+mkdir -p "$CU13/lib/stubs" "$TOOLKIT/stub-src"
+# stub MODULE LIBRARY SONAME: an empty function for every `fn` cudarc declares in MODULE's bindings.
+stub() {
+  local src="$TOOLKIT/stub-src/$2.c"
+  grep -hoE '^ {12}fn [A-Za-z0-9_]+\(' "$cudarc/src/$1/sys/mod.rs" |
+    sed -E 's/^ +fn ([A-Za-z0-9_]+)\(/void \1(void) {}/' | sort -u > "$src"
+  [ -s "$src" ] || { echo "build-cuda: no $2 functions found in $cudarc/src/$1/sys/mod.rs" >&2; exit 1; }
+  gcc -shared -fPIC -o "$CU13/lib/stubs/lib$2.so" -Wl,-soname,"$3" "$src"
+}
+stub driver cuda libcuda.so.1
+stub cublas cublas libcublas.so.13
+stub cublaslt cublasLt libcublasLt.so.13
+stub curand curand libcurand.so.10
+stub nvrtc nvrtc libnvrtc.so.13
+
+export PATH="$CU13/bin:$CU13/nvvm/bin:$PATH" CUDA_HOME="$CU13"
+export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}" CUDARC_CUDA_VERSION=13000
+export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}" CARGO_TARGET_DIR="$PWD/target/cuda"
+cargo build --release --locked --features cuda --bin poolserve >&2
+echo "$PWD/target/cuda/release/poolserve"
