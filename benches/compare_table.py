@@ -96,11 +96,14 @@ print(f"\n{'measure':<42} {'poolserve':>12} {'reference':>12} {'ratio':>7}  targ
 for name, a, b, target in rows:
     ratio = b / a if "lower" in name else a / b
     print(f"{name:<42} {a:>12.1f} {b:>12.1f} {ratio:>6.2f}x  {target}")
-single = read("single.txt")
-p50, p99 = (float(x) for x in re.search(r"p50 ([\d.]+) ms, p90 [\d.]+ ms, p99 ([\d.]+) ms", single).groups())
+def latency(text):
+    return (float(x) for x in re.search(r"p50 ([\d.]+) ms, p90 [\d.]+ ms, p99 ([\d.]+) ms", text).groups())
+
+
+p50, p99 = latency(read("single.txt"))
 print(f"single 16-token request, idle server: p50 {p50:.2f} ms (target <= 5), p99 {p99:.2f} ms (target <= 10)")
 if optional("single-int8.txt"):
-    p50, p99 = (float(x) for x in re.search(r"p50 ([\d.]+) ms, p90 [\d.]+ ms, p99 ([\d.]+) ms", read("single-int8.txt")).groups())
+    p50, p99 = latency(read("single-int8.txt"))
     print(f"single 16-token request, idle server, int8: p50 {p50:.2f} ms (target <= 3), p99 {p99:.2f} ms")
 rss = re.search(r"peak RSS (\d+) MiB", load)
 if rss:

@@ -38,6 +38,11 @@ use rayon::prelude::*;
 
 /// Output columns per packed panel: the i32 lanes of one zmm register, two ymm.
 const PANEL: usize = 16;
+/// Register tiles, rows × panels: [`Scheme::Bytes`] 8 × 3 (24 zmm accumulators for AVX-512
+/// VNNI), [`Scheme::Wide`] 6 × 1 (12 ymm accumulators for AVX2).
+const BYTES_TILE_ROWS: usize = 8;
+const BYTES_TILE_PANELS: usize = 3;
+const WIDE_TILE_ROWS: usize = 6;
 /// Input features per quantization segment (a multiple of 4).
 const SEGMENT: usize = 128;
 /// Below this many tokens a product is split over threads by columns, not rows.
@@ -67,6 +72,14 @@ impl Scheme {
         match self {
             Scheme::Bytes => 4,
             Scheme::Wide => 2,
+        }
+    }
+
+    /// A register tile: rows × panels of 16 columns.
+    fn tile_shape(self) -> (usize, usize) {
+        match self {
+            Scheme::Bytes => (BYTES_TILE_ROWS, BYTES_TILE_PANELS),
+            Scheme::Wide => (WIDE_TILE_ROWS, 1),
         }
     }
 }
@@ -105,7 +118,7 @@ impl Int8Weight {
         let group = scheme.group();
         let groups = k.div_ceil(group);
         let segments = k.div_ceil(SEGMENT);
-        let tile_panels = kernel.tile_shape().1;
+        let tile_panels = kernel.scheme().tile_shape().1;
         let panels = n.div_ceil(PANEL).div_ceil(tile_panels) * tile_panels;
         let width = panels * PANEL;
         let mut scale = vec![0.0f32; segments * width];
@@ -188,7 +201,7 @@ impl Int8Weight {
     /// block's tiles and the block's activations (`bytes_per_input` each) in the L2 cache over
     /// the panels.
     fn run_tiles(&self, m: usize, bytes_per_input: usize, tile: impl Fn(usize, usize, std::ops::Range<usize>) + Sync) {
-        let (tile_rows, tile_panels) = self.kernel.tile_shape();
+        let (tile_rows, tile_panels) = self.kernel.scheme().tile_shape();
         let tiles = m.div_ceil(tile_rows);
         let steps = self.panels / tile_panels;
         let block = (ROW_BLOCK_BYTES / (bytes_per_input * SEGMENT * BLOCK_SEGMENTS * tile_rows)).max(1);
@@ -298,14 +311,6 @@ impl Kernel {
         }
     }
 
-    /// A register tile: rows × panels of 16 columns.
-    fn tile_shape(self) -> (usize, usize) {
-        match self.scheme() {
-            Scheme::Bytes => (8, 3),
-            Scheme::Wide => (6, 1),
-        }
-    }
-
     /// One [`Scheme::Bytes`] register tile: rows `tile·8..+8` × panels `p0..p0+3`, over
     /// `segments` (writing the output at segment 0 unless it is read, adding to it after).
     ///
@@ -371,7 +376,7 @@ mod tests {
     fn run(kernel: Kernel, w: &Int8Weight, x: &[f32], m: usize, prior: &[f32], reference: bool) -> Vec<f32> {
         let mut dst = prior.to_vec();
         let out = Out { ptr: dst.as_mut_ptr(), rows: m, cols: w.n, read: true };
-        let (tile_rows, tile_panels) = kernel.tile_shape();
+        let (tile_rows, tile_panels) = kernel.scheme().tile_shape();
         let tiles = m.div_ceil(tile_rows);
         match kernel.scheme() {
             Scheme::Bytes => {

@@ -2,7 +2,7 @@
 //! CPUs without AVX2, and the reference the AVX2 kernel is tested against.
 
 use super::activations::WideRows;
-use super::{Int8Weight, Out, Segments, PANEL};
+use super::{Int8Weight, Out, Segments, PANEL, WIDE_TILE_ROWS};
 
 /// Rows `tile·6..+6` × the 16 columns of panel `p`, over `segments`.
 ///
@@ -14,8 +14,7 @@ pub(super) unsafe fn tile_wide(a: &WideRows, tile: usize, w: &Int8Weight, p: usi
         return;
     }
     let panel = &w.packed[p * w.panel_bytes()..(p + 1) * w.panel_bytes()];
-    let rows = super::Kernel::Portable.tile_shape().0;
-    for row in tile * rows..((tile + 1) * rows).min(out.rows) {
+    for row in tile * WIDE_TILE_ROWS..((tile + 1) * WIDE_TILE_ROWS).min(out.rows) {
         let x = &a.data[row * a.stride..(row + 1) * a.stride];
         for segment in segments.clone() {
             let mut acc = [0i32; PANEL];

@@ -2,17 +2,16 @@
 //! VNNI kernels are tested against (every CPU that runs bytes has a SIMD kernel for them).
 
 use super::activations::ByteRows;
-use super::{Int8Weight, Out, Segments, PANEL};
+use super::{Int8Weight, Out, Segments, BYTES_TILE_PANELS, BYTES_TILE_ROWS, PANEL};
 
 /// Rows `tile·8..+8` × panels `p0..p0+3`, over `segments`.
 ///
 /// # Safety
 /// The caller's contract of [`super::Kernel::tile_bytes`].
 pub(super) unsafe fn tile(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out) {
-    let (rows, panels) = (8, 3);
-    for p in p0..p0 + panels {
+    for p in p0..p0 + BYTES_TILE_PANELS {
         let panel = &w.packed[p * w.panel_bytes()..(p + 1) * w.panel_bytes()];
-        for row in tile * rows..((tile + 1) * rows).min(out.rows) {
+        for row in tile * BYTES_TILE_ROWS..((tile + 1) * BYTES_TILE_ROWS).min(out.rows) {
             let x = &a.data[row * a.stride..(row + 1) * a.stride];
             for segment in segments.clone() {
                 let mut acc = [0i32; PANEL];

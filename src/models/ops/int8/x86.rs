@@ -3,12 +3,9 @@
 //! 16-bit activations, and the activation quantizers that go with them.
 
 use super::activations::{segment_scale, wide_scale, ByteRows, WideRows};
-use super::{Int8Weight, Out, Segments, PANEL};
+use super::{Int8Weight, Out, Segments, BYTES_TILE_PANELS, BYTES_TILE_ROWS, PANEL, WIDE_TILE_ROWS};
 use std::arch::x86_64::*;
 
-/// Rows × panels of a [`super::Scheme::Bytes`] tile.
-const BYTE_ROWS: usize = 8;
-const BYTE_PANELS: usize = 3;
 /// Bytes of one 4-input group of a bytes panel: 16 columns × 4 inputs.
 const GROUP_BYTES: usize = PANEL * 4;
 
@@ -85,11 +82,11 @@ pub(super) unsafe fn quantize_wide(x: &[f32], out: &mut [i16]) -> f32 {
 pub(super) unsafe fn tile_vnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out) {
     let panel_bytes = w.panel_bytes();
     let b = w.packed.as_ptr().add(p0 * panel_bytes);
-    let x = a.data.as_ptr().add(tile * BYTE_ROWS * a.stride);
+    let x = a.data.as_ptr().add(tile * BYTES_TILE_ROWS * a.stride);
     for segment in segments.clone() {
-        let mut acc = [[_mm512_setzero_si512(); BYTE_PANELS]; BYTE_ROWS];
+        let mut acc = [[_mm512_setzero_si512(); BYTES_TILE_PANELS]; BYTES_TILE_ROWS];
         for g in w.segment_groups(segment) {
-            let mut wv = [_mm512_setzero_si512(); BYTE_PANELS];
+            let mut wv = [_mm512_setzero_si512(); BYTES_TILE_PANELS];
             for (p, v) in wv.iter_mut().enumerate() {
                 *v = _mm512_loadu_si512(b.add(p * panel_bytes + g * GROUP_BYTES) as *const _);
             }
@@ -101,7 +98,7 @@ pub(super) unsafe fn tile_vnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: us
             }
         }
         let read = out.read || segment > 0;
-        for p in 0..BYTE_PANELS {
+        for p in 0..BYTES_TILE_PANELS {
             let c0 = (p0 + p) * PANEL;
             if c0 >= out.cols {
                 break;
@@ -112,7 +109,7 @@ pub(super) unsafe fn tile_vnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: us
             let column_sum = _mm512_loadu_si512(w.column_sum.as_ptr().add(i) as *const _);
             let scale = _mm512_loadu_ps(w.scale.as_ptr().add(i));
             for (r, acc) in acc.iter().enumerate() {
-                let row = tile * BYTE_ROWS + r;
+                let row = tile * BYTES_TILE_ROWS + r;
                 if row >= out.rows {
                     break;
                 }
@@ -154,13 +151,13 @@ pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0:
     const ROWS: usize = 4;
     unsafe {
         let panel_bytes = w.panel_bytes();
-        for half in 0..BYTE_ROWS / ROWS {
-            let row0 = tile * BYTE_ROWS + half * ROWS;
+        for half in 0..BYTES_TILE_ROWS / ROWS {
+            let row0 = tile * BYTES_TILE_ROWS + half * ROWS;
             if row0 >= out.rows {
                 break;
             }
             let x = a.data.as_ptr().add(row0 * a.stride);
-            for p in p0..p0 + BYTE_PANELS {
+            for p in p0..p0 + BYTES_TILE_PANELS {
                 let c0 = p * PANEL;
                 if c0 >= out.cols {
                     break;
@@ -197,10 +194,6 @@ pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0:
     }
 }
 
-/// Rows of the AVX2 tile: 6 rows × 16 columns are 12 ymm accumulators, which leaves room for
-/// the two weight vectors and the broadcast activations.
-const WIDE_ROWS: usize = 6;
-
 /// AVX2: rows `tile·6..+6` × the 16 columns of panel `p`, over `segments`. Per pair of inputs,
 /// the panel's 32 weight bytes are sign-extended into two vectors of 8 columns × 2 inputs, and
 /// each row's two 16-bit activations, broadcast, multiply them with `vpmaddwd`.
@@ -214,12 +207,12 @@ pub(super) unsafe fn tile_avx2(a: &WideRows, tile: usize, w: &Int8Weight, p: usi
         if c0 >= out.cols {
             return;
         }
-        let row0 = tile * WIDE_ROWS;
+        let row0 = tile * WIDE_TILE_ROWS;
         let b = w.packed.as_ptr().add(p * w.panel_bytes());
         let x = a.data.as_ptr().add(row0 * a.stride);
-        let valid_rows = (out.rows - row0).min(WIDE_ROWS);
+        let valid_rows = (out.rows - row0).min(WIDE_TILE_ROWS);
         for segment in segments.clone() {
-            let mut acc = [[_mm256_setzero_si256(); 2]; WIDE_ROWS];
+            let mut acc = [[_mm256_setzero_si256(); 2]; WIDE_TILE_ROWS];
             for g in w.segment_groups(segment) {
                 let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(g * 32) as *const _));
                 let w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(g * 32 + 16) as *const _));
