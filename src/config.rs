@@ -43,8 +43,17 @@ pub enum DTypeArg {
 }
 
 impl DTypeArg {
-    /// The tensor type of weights and activations. `auto` is float32: our CPU kernels are f32,
+    /// The tensor type of weights and activations on `device`. `auto` is float16 on CUDA (what
+    /// TEI and vLLM serve embedding models in) and float32 elsewhere: our CPU kernels are f32,
     /// and half precision on a CPU without native half arithmetic is slower, not faster.
+    pub fn dtype_on(self, device: DeviceArg) -> candle_core::DType {
+        match (self, device) {
+            (DTypeArg::Auto, DeviceArg::Cuda) => candle_core::DType::F16,
+            _ => self.dtype(),
+        }
+    }
+
+    /// The tensor type `auto` aside (`auto` is float32 here; see [`DTypeArg::dtype_on`]).
     pub fn dtype(self) -> candle_core::DType {
         match self {
             DTypeArg::Auto | DTypeArg::Float32 => candle_core::DType::F32,
@@ -118,9 +127,10 @@ pub struct ServeArgs {
     /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
     #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
     pub reranker_instruction: Option<String>,
-    /// Token budget of one forward pass (sum of the batch's sequence lengths).
-    #[arg(long, default_value_t = 4096, env = "POOLSERVE_MAX_BATCH_TOKENS")]
-    pub max_batch_tokens: usize,
+    /// Token budget of one forward pass (sum of the batch's sequence lengths); default 4096 on
+    /// the CPU (cache-sized), 16384 on CUDA (TEI's default: larger products fill a GPU).
+    #[arg(long, env = "POOLSERVE_MAX_BATCH_TOKENS")]
+    pub max_batch_tokens: Option<usize>,
     /// Most sequences in one forward pass.
     #[arg(long, default_value_t = 256, env = "POOLSERVE_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
@@ -229,7 +239,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
         if let Some(n) = args.max_model_len {
             positive("max-model-len", n)?;
         }
-        if args.quantization.is_some() && (args.device != DeviceArg::Cpu || args.dtype.dtype() != candle_core::DType::F32) {
+        if args.quantization.is_some() && (args.device != DeviceArg::Cpu || args.dtype.dtype_on(args.device) != candle_core::DType::F32) {
             return Err(ConfigError("--quantization int8 runs on --device cpu with --dtype float32 only".into()));
         }
         Ok(ServerConfig {
@@ -245,7 +255,10 @@ impl TryFrom<ServeArgs> for ServerConfig {
             device: args.device,
             dtype: args.dtype,
             quantization: args.quantization,
-            max_batch_tokens: positive("max-batch-tokens", args.max_batch_tokens)?,
+            max_batch_tokens: positive(
+                "max-batch-tokens",
+                args.max_batch_tokens.unwrap_or(if args.device == DeviceArg::Cuda { 16_384 } else { 4_096 }),
+            )?,
             max_num_seqs: positive("max-num-seqs", args.max_num_seqs)?,
             max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,
             payload_limit: positive("payload-limit", args.payload_limit)?,

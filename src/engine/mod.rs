@@ -72,7 +72,7 @@ pub struct Engine {
 impl Engine {
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, config: &ServerConfig) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head } = model;
+        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device } = model;
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
             max_tokens: config.max_batch_tokens.max(spec.max_model_len),
@@ -88,7 +88,8 @@ impl Engine {
             false => None,
         };
         let vocab_size = backbone.vocab_size();
-        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits };
+        let chunk_tokens = crate::models::forward_chunk_tokens(&device);
+        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens };
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
         let tokenizers = TokenizerPool::new(Arc::new(tokenizer), config.tokenizer_workers)?;

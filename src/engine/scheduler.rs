@@ -64,6 +64,8 @@ pub struct Runner {
     pub classifier: Option<ClassifierHead>,
     pub sparse_head: Option<SparseHead>,
     pub limits: BatchLimits,
+    /// Tokens per forward pass ([`crate::models::forward_chunk_tokens`]).
+    pub chunk_tokens: usize,
 }
 
 /// Removes the next batch from `pending`: the oldest live job, then every later job that still
@@ -137,7 +139,7 @@ impl Runner {
     /// Forward pass, pooling and heads for one batch; outputs in job order.
     pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
         let batch = Batch::from_inputs(jobs.iter().map(|j| &j.input));
-        let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, crate::models::FORWARD_CHUNK_TOKENS)
+        let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, self.chunk_tokens)
             .and_then(|h| h.to_device(&Device::Cpu))
             .and_then(|h| h.to_dtype(candle_core::DType::F32))
             .and_then(|h| h.flatten_all())

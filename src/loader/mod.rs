@@ -64,6 +64,8 @@ pub struct LoadedModel {
     pub classifier: Option<ClassifierHead>,
     /// Present when the model serves `embed_sparse` (SPLADE).
     pub sparse_head: Option<SparseHead>,
+    /// Where the backbone runs.
+    pub device: Device,
 }
 
 fn device(kind: DeviceArg) -> Result<Device, LoadError> {
@@ -126,7 +128,15 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     let files = weight_files(&source)?;
     // SAFETY: the weight files are memory-mapped read-only and must not change while we run,
     // the same contract as every safetensors loader.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, config.dtype.dtype(), &device)? };
+    let dtype = config.dtype.dtype_on(config.device);
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &device)? };
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        match models::ops::cuda::self_check(&device, dtype) {
+            Ok(()) => tracing::info!("CUDA kernels checked against candle's ops in {dtype:?}"),
+            Err(problem) => tracing::error!("CUDA kernel self-check failed ({problem}): running on candle's composite ops instead, slower"),
+        }
+    }
 
     let mut spec = ModelSpec {
         served_name: config.served_model_name.clone(),
@@ -228,7 +238,7 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
     let sparse_head = if spec.supports(Task::EmbedSparse) { Some(models::load_sparse_head(&spec, vb)?) } else { None };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     spec.embedding_size = embedding_head.output_size(spec.hidden_size);
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head })
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device })
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.

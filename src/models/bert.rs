@@ -231,9 +231,9 @@ impl Backbone for Bert {
         for layer in &self.layers {
             // Biases of QKV and of the intermediate layer are folded into attention and GELU.
             let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;
-            let attended = layer.attention_norm.forward(layer.attention_out.forward_add(&context, &hidden)?)?;
+            let attended = layer.attention_norm.forward_add(&layer.attention_out, &context, &hidden)?;
             let inner = layer.activation.forward_biased(layer.intermediate.forward_unbiased(&attended)?, layer.intermediate.bias())?;
-            hidden = layer.output_norm.forward(layer.output.forward_add(&inner, &attended)?)?;
+            hidden = layer.output_norm.forward_add(&layer.output, &inner, &attended)?;
         }
         Ok(hidden)
     }

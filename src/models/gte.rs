@@ -119,9 +119,9 @@ impl Backbone for Gte {
         for layer in &self.layers {
             // The bias must be in Q and K before they are rotated, so it is not folded here.
             let qkv = table.apply(&layer.qkv.forward(&hidden)?, heads, heads, None)?;
-            hidden = layer.attn_ln.forward(layer.o_proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?)?;
+            hidden = layer.attn_ln.forward_add(&layer.o_proj, &attention.forward(&qkv, None)?, &hidden)?;
             let inner = self.gated.forward(&layer.up_gate.forward(&hidden)?)?;
-            hidden = layer.mlp_ln.forward(layer.down.forward_add(&inner, &hidden)?)?;
+            hidden = layer.mlp_ln.forward_add(&layer.down, &inner, &hidden)?;
         }
         Ok(hidden)
     }

@@ -40,11 +40,20 @@ impl Activation {
             x.inplace_op1(&BiasActivation { activation: self, bias: bias.map(|b| b.host.as_slice()) })?;
             return Ok(x);
         }
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(&x) {
+            return super::cuda::bias_activation(&x, bias.map(|b| &b.tensor), self);
+        }
         let x = match bias {
             Some(b) => x.broadcast_add(&b.tensor)?,
             None => x,
         };
-        match self {
+        Self::composite(&x, self)
+    }
+
+    /// `act(x)` with candle's ops (the fallback, and the CUDA kernels' reference).
+    pub(crate) fn composite(x: &Tensor, act: Self) -> Result<Tensor> {
+        match act {
             Self::Gelu => x.gelu_erf(),
             Self::GeluTanh => x.gelu(),
             Self::Relu => x.relu(),

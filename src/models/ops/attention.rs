@@ -107,14 +107,18 @@ impl<'a> Attention<'a> {
         if fused(qkv) {
             return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
         }
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(qkv) && self.head_dim <= super::cuda::MAX_HEAD_DIM {
+            return super::cuda::attention(self, qkv, bias.map(|b| &b.tensor));
+        }
         match bias {
             Some(b) => self.forward_generic(&qkv.broadcast_add(&b.tensor)?),
             None => self.forward_generic(qkv),
         }
     }
 
-    /// Composite candle ops, one sequence at a time: the path for GPUs and the reference the
-    /// CPU kernel is tested against.
+    /// Composite candle ops, one sequence at a time: the fallback for other devices (and heads
+    /// wider than the CUDA kernel takes), and the reference the kernels are tested against.
     pub fn forward_generic(&self, qkv: &Tensor) -> Result<Tensor> {
         let (qw, kvw, hd) = (self.q_width(), self.kv_width(), self.head_dim);
         let group = self.num_heads / self.num_kv_heads;

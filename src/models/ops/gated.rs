@@ -18,6 +18,10 @@ impl GatedActivation {
         if fused(x) {
             return x.apply_op1_no_bwd(self);
         }
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(x) {
+            return super::cuda::gated(x, self.activation, self.act_on_first);
+        }
         let half = x.dim(1)? / 2;
         let (first, second) = (x.narrow(1, 0, half)?, x.narrow(1, half, half)?);
         let (act, other) = if self.act_on_first { (first, second) } else { (second, first) };

@@ -1,6 +1,7 @@
 //! LayerNorm over the last dimension: one in-place parallel pass on the CPU.
 
 use super::dispatch::{contiguous_mut, dims2, fma, fused, host_f32};
+use super::linear::Linear;
 use super::math::{sum_lanes, sum_squares};
 use candle_core::{bail, CpuStorage, InplaceOp1, Layout, Result, Tensor};
 use rayon::prelude::*;
@@ -26,6 +27,10 @@ impl LayerNorm {
             x.inplace_op1(self)?;
             return Ok(x);
         }
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(&x) && x.dim(1)? <= super::cuda::MAX_NORM_COLS {
+            return super::cuda::layer_norm(&x, None, None, &self.weight, &self.bias, self.eps);
+        }
         // In f32 whatever the model's dtype, as PyTorch accumulates half-precision norms.
         let dtype = x.dtype();
         let x = x.to_dtype(candle_core::DType::F32)?;
@@ -35,6 +40,17 @@ impl LayerNorm {
         let normed = centered.broadcast_div(&(var + self.eps as f64)?.sqrt()?)?;
         let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
         normed.broadcast_mul(&f32(&self.weight)?)?.broadcast_add(&f32(&self.bias)?)?.to_dtype(dtype)
+    }
+
+    /// `LayerNorm(x·Wᵀ + b + residual)` for `linear`'s `W` and `b`, the post-norm block's
+    /// residual step: on CUDA, bias, residual and norm are one kernel after the product.
+    pub fn forward_add(&self, linear: &Linear, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(x) && linear.on_device() && linear.out_features() <= super::cuda::MAX_NORM_COLS {
+            let product = linear.forward_unbiased(x)?;
+            return super::cuda::layer_norm(&product, linear.bias().map(|b| &b.tensor), Some(residual), &self.weight, &self.bias, self.eps);
+        }
+        self.forward(linear.forward_add(x, residual)?)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Dense layers: `y = x·Wᵀ + b (+ residual)` as one kernel on the CPU, the bias and the
 //! residual folded into the product's accumulation. f32 weights are packed once at load for
 //! [`super::sgemm`]; int8 weights take [`super::int8`]'s kernel through the same op. Other
-//! devices and dtypes keep the weight as a tensor and use candle's ops.
+//! devices and dtypes keep the weight as a tensor for candle's matmul (cuBLAS on CUDA, where
+//! bias and residual then take one kernel of [`super::cuda`]).
 
 use super::dispatch::{contiguous, dims2, fused, host_f32};
 use super::int8::Int8Weight;
@@ -67,6 +68,12 @@ impl Linear {
         }
     }
 
+    /// Whether the weight is a tensor for candle's matmul (on a GPU, or in half precision),
+    /// rather than packed for the CPU kernels.
+    pub fn on_device(&self) -> bool {
+        matches!(self.weight, Weight::Transposed(_))
+    }
+
     pub fn bias(&self) -> Option<&Bias> {
         self.bias.as_ref()
     }
@@ -90,6 +97,10 @@ impl Linear {
         let kernel = match &self.weight {
             Weight::Transposed(w) => {
                 let mut y = x.matmul(w)?;
+                #[cfg(feature = "cuda")]
+                if super::cuda::takes(&y) && (bias.is_some() || residual.is_some()) {
+                    return super::cuda::bias_residual(&y, bias.map(|b| &b.tensor), residual);
+                }
                 if let Some(b) = bias {
                     y = y.broadcast_add(&b.tensor)?;
                 }

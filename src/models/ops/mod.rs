@@ -5,19 +5,23 @@
 //! bias of the QKV projection into attention and that of the intermediate layer into GELU,
 //! GELU and LayerNorm run in place as single parallel passes, and attention reads Q, K and V
 //! straight out of the fused QKV rows. Candle's composite ops would make several passes and
-//! copies for each of these, which is where stock candle models lose to PyTorch. On other
-//! devices every operation falls back to candle's composite ops, so the same model code runs
-//! there.
+//! copies for each of these, which is where stock candle models lose to PyTorch. On CUDA
+//! (`--features cuda`) the same operations are our own kernels in [`cuda`]; on other devices
+//! (and where a CUDA kernel does not apply) every operation falls back to candle's composite
+//! ops, so the same model code runs there.
 //!
 //! One subject a file: [`dispatch`] (run-time kernel choice, storage access), [`math`]
 //! (approximations, reductions), [`sgemm`] (f32 products on packed weights), [`linear`] (dense
 //! layers with folded bias and residual), [`layer_norm`],
-//! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`] and [`int8`].
+//! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`] and [`int8`]; `cuda`
+//! holds the GPU kernels of all of them.
 
 #[macro_use]
 mod dispatch;
 mod activation;
 mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod gated;
 pub mod int8;
 mod layer_norm;

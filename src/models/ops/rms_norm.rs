@@ -8,19 +8,26 @@ use rayon::prelude::*;
 pub struct RmsNorm {
     /// f32 copy for the composite path.
     weight: Tensor,
+    /// In the model's dtype, for the CUDA kernel.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    native: Tensor,
     weight_host: Vec<f32>,
     eps: f32,
 }
 
 impl RmsNorm {
     pub fn new(weight: Tensor, eps: f64) -> Result<Self> {
-        Ok(Self { weight_host: host_f32(&weight)?, weight: weight.to_dtype(candle_core::DType::F32)?, eps: eps as f32 })
+        Ok(Self { weight_host: host_f32(&weight)?, weight: weight.to_dtype(candle_core::DType::F32)?, native: weight, eps: eps as f32 })
     }
 
     /// The normalized rows as a new tensor (decoders keep `x` for the residual).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if fused(x) {
             return x.apply_op1_no_bwd(self);
+        }
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(x) && self.native.dtype() == x.dtype() {
+            return super::cuda::rms_norm(x, &self.native, self.eps);
         }
         // In f32, then back to the model's dtype, as transformers' RMSNorm does.
         candle_nn::ops::rms_norm(&x.to_dtype(candle_core::DType::F32)?, &self.weight, self.eps)?.to_dtype(x.dtype())

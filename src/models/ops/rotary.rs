@@ -26,6 +26,9 @@ pub struct RotaryTable {
     cos: Vec<f32>,
     sin: Vec<f32>,
     half: usize,
+    /// cos and sin on the GPU, uploaded by the first layer that rotates on it.
+    #[cfg(feature = "cuda")]
+    on_device: std::sync::OnceLock<(Tensor, Tensor)>,
 }
 
 impl Rotary {
@@ -47,7 +50,13 @@ impl Rotary {
                 sin.push(angle.sin() as f32);
             }
         }
-        RotaryTable { cos, sin, half }
+        RotaryTable {
+            cos,
+            sin,
+            half,
+            #[cfg(feature = "cuda")]
+            on_device: std::sync::OnceLock::new(),
+        }
     }
 }
 
@@ -60,8 +69,29 @@ impl RotaryTable {
             qkv.inplace_op1(&op)?;
             return Ok(qkv.clone());
         }
-        // Other devices and dtypes: in f32 on the host (not tuned; rotation in f32 is also
-        // what transformers does for half-precision models).
+        #[cfg(feature = "cuda")]
+        if super::cuda::takes(qkv) && qkv.is_contiguous() {
+            let norm = norm.map(|n| (n.q.as_slice(), n.k.as_slice(), n.eps));
+            let (cos, sin) = match self.on_device.get() {
+                Some(tables) => tables.clone(),
+                None => {
+                    let upload = |v: &[f32]| Tensor::from_slice(v, v.len(), qkv.device());
+                    let tables = (upload(&self.cos)?, upload(&self.sin)?);
+                    self.on_device.get_or_init(|| tables).clone()
+                }
+            };
+            let op = super::cuda::Rotary::new(qkv.device(), cos, sin, norm, (num_heads, num_kv_heads), 2 * self.half)?;
+            qkv.inplace_op1(&op)?;
+            return Ok(qkv.clone());
+        }
+        self.apply_on_host(qkv, num_heads, num_kv_heads, norm)
+    }
+
+    /// The rotation in f32 on the host, whatever `qkv`'s device and dtype (rotation in f32 is
+    /// also what transformers does for half-precision models): the fallback for devices
+    /// without a kernel, and the CUDA kernel's reference.
+    pub(crate) fn apply_on_host(&self, qkv: &Tensor, num_heads: usize, num_kv_heads: usize, norm: Option<&QkNorm>) -> Result<Tensor> {
+        let op = RopeOp { table: self, num_heads, num_kv_heads, norm };
         let host = qkv.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.copy()?;
         host.inplace_op1(&op)?;
         host.to_dtype(qkv.dtype())?.to_device(qkv.device())

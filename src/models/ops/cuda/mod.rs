@@ -1,0 +1,514 @@
+//! The CUDA side of the fused ops (`--features cuda`): our own kernels over the flat,
+//! padding-free batch, in `kernels.cu`, compiled to PTX by `build.rs` and loaded once per
+//! device. candle's composite ops would make several passes (and, for attention, a loop over
+//! the sequences from the host); these are one launch each:
+//!
+//! - [`attention`]: variable-length attention over `cu_seqlens` straight from the fused QKV
+//!   rows, QKV bias folded in, online softmax (memory linear in the sequence length), causal /
+//!   windowed masks, relative position bias, grouped-query heads. Head dims up to 128.
+//! - [`bias_activation`], [`bias_residual`], [`gated`]: the epilogues of a matrix product.
+//! - [`layer_norm`] (with the product's bias and the residual folded in), [`rms_norm`],
+//!   [`Rotary`] (RoPE in place, optionally after Qwen3's per-head RMSNorm).
+//!
+//! Matrix products stay on candle's cuBLAS path (float32 accumulation in every dtype). Each
+//! kernel reads and writes the model's dtype (f32, f16, bf16) and computes in f32.
+//!
+//! [`self_check`] runs every kernel against candle's composite ops on the device at load: a
+//! kernel that disagrees switches the process to the composite path (slower, never wrong), with
+//! an error in the log.
+
+use super::activation::Activation;
+use super::attention::{Attention, AttentionMask};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::backend::BackendStorage;
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, InplaceOp1, Layout, Result, Shape, Storage, Tensor};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/poolserve_kernels.ptx"));
+const MODULE: &str = "poolserve";
+
+/// Cleared by [`self_check`] when a kernel disagrees with the composite ops on this device.
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Whether `x` takes these kernels: on a CUDA device, in a float dtype, kernels not disabled.
+pub(crate) fn takes(x: &Tensor) -> bool {
+    x.device().is_cuda() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16) && ENABLED.load(Ordering::Relaxed)
+}
+
+/// Threads per block of the element-wise and row kernels.
+const THREADS: u32 = 256;
+/// Enough blocks of [`THREADS`] to fill an H100 (132 SMs) several times over; the element-wise
+/// kernels stride over anything larger.
+const MAX_BLOCKS: u64 = 132 * 16;
+
+fn elementwise(n: usize) -> LaunchConfig {
+    let blocks = (n as u64).div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS);
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+fn suffix(dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        other => bail!("CUDA kernels take f32, f16 or bf16, not {other:?}"),
+    })
+}
+
+fn device(t: &Tensor) -> Result<&CudaDevice> {
+    t.device().as_cuda_device()
+}
+
+/// The device address of a contiguous tensor's first element. The address outlives the
+/// storage guard: every launch goes on the device's one stream, so a buffer freed after the
+/// launch is freed after the kernel ran.
+fn address(t: &Tensor) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else { bail!("CUDA kernel input is not on a CUDA device") };
+    let Some((start, _)) = layout.contiguous_offsets() else { bail!("CUDA kernel input is not contiguous") };
+    slice_address(cuda, start)
+}
+
+fn slice_address(cuda: &CudaStorage, start: usize) -> Result<u64> {
+    let stream = cuda.device.cuda_stream();
+    fn at<T>(s: &CudaSlice<T>, stream: &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>, start: usize) -> u64 {
+        let (base, _sync) = s.device_ptr(stream);
+        base + (start * std::mem::size_of::<T>()) as u64
+    }
+    Ok(match &cuda.slice {
+        CudaStorageSlice::F32(s) => at(s, &stream, start),
+        CudaStorageSlice::F16(s) => at(s, &stream, start),
+        CudaStorageSlice::BF16(s) => at(s, &stream, start),
+        CudaStorageSlice::U32(s) => at(s, &stream, start),
+        _ => bail!("CUDA kernel input has an unsupported dtype"),
+    })
+}
+
+/// `address` of an optional input, 0 (a null pointer for the kernel) when absent.
+fn optional(t: Option<&Tensor>) -> Result<u64> {
+    t.map(address).transpose().map(|a| a.unwrap_or(0))
+}
+
+/// An uninitialized `shape` tensor of `dtype` on `dev`, and its address.
+fn empty(dev: &CudaDevice, dtype: DType, shape: Shape) -> Result<(Tensor, u64)> {
+    let n = shape.elem_count().max(1);
+    // SAFETY: every kernel below writes each element of its output before anyone reads it.
+    let storage = match dtype {
+        DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n)? }, dev.clone()),
+        DType::F16 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::f16>(n)? }, dev.clone()),
+        DType::BF16 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n)? }, dev.clone()),
+        other => bail!("CUDA kernels take f32, f16 or bf16, not {other:?}"),
+    };
+    let address = slice_address(&storage, 0)?;
+    Ok((Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false), address))
+}
+
+/// Checks that `t` is a contiguous `dtype` tensor of `len` elements on the CUDA device.
+fn check(name: &str, t: &Tensor, dtype: DType, len: usize) -> Result<()> {
+    if !t.device().is_cuda() || t.dtype() != dtype || t.elem_count() != len || !t.is_contiguous() {
+        bail!("{name}: expected a contiguous {dtype:?} CUDA tensor of {len} elements, got {:?} {:?} on {:?}", t.dtype(), t.shape(), t.device().location());
+    }
+    Ok(())
+}
+
+fn activation_code(act: Activation) -> i32 {
+    match act {
+        Activation::Gelu => 0,
+        Activation::GeluTanh => 1,
+        Activation::Relu => 2,
+        Activation::Silu => 3,
+    }
+}
+
+/// A kernel argument: device addresses as u64, C `int` as i32, `int64_t` as i64, `float` as f32.
+enum Arg {
+    U64(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+}
+
+macro_rules! arg_from {
+    ($($ty:ty => $variant:ident),*) => {
+        $(impl From<$ty> for Arg {
+            fn from(v: $ty) -> Self {
+                Arg::$variant(v)
+            }
+        })*
+    };
+}
+arg_from!(u64 => U64, i64 => I64, i32 => I32, f32 => F32);
+
+/// Launches `name` with the arguments in order.
+macro_rules! launch {
+    ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {
+        launch_args(&$dev, &$name, $cfg, &[$(Arg::from($arg)),*])?
+    };
+}
+
+fn launch_args(dev: &CudaDevice, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+    let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
+    let mut builder = func.builder();
+    for arg in args {
+        match arg {
+            Arg::U64(v) => builder.arg(v),
+            Arg::I64(v) => builder.arg(v),
+            Arg::I32(v) => builder.arg(v),
+            Arg::F32(v) => builder.arg(v),
+        };
+    }
+    // SAFETY: callers pass the kernel's parameters of kernels.cu in order and size, and every
+    // address points at a live buffer of the size the kernel reads or writes (they check
+    // shapes and dtypes first).
+    unsafe { builder.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// `act(x + bias)`, `x` `[rows, cols]`, `bias` `[cols]` in `x`'s dtype.
+pub(crate) fn bias_activation(x: &Tensor, bias: Option<&Tensor>, act: Activation) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let (_, cols) = x.dims2()?;
+    if let Some(b) = bias {
+        check("bias_activation bias", b, x.dtype(), cols)?;
+    }
+    let dev = device(&x)?;
+    let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
+    let n = x.elem_count();
+    let name = format!("bias_activation_{}", suffix(x.dtype())?);
+    launch!(dev, name, elementwise(n), address(&x)?, optional(bias)?, out_ptr, n as i64, cols as i32, activation_code(act));
+    Ok(out)
+}
+
+/// `x + bias + residual`, `x` and `residual` `[rows, cols]`, `bias` `[cols]`.
+pub(crate) fn bias_residual(x: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let (_, cols) = x.dims2()?;
+    if let Some(b) = bias {
+        check("bias_residual bias", b, x.dtype(), cols)?;
+    }
+    let residual = residual.map(|r| r.contiguous()).transpose()?;
+    if let Some(r) = &residual {
+        check("bias_residual residual", r, x.dtype(), x.elem_count())?;
+    }
+    let dev = device(&x)?;
+    let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
+    let n = x.elem_count();
+    let name = format!("bias_residual_{}", suffix(x.dtype())?);
+    launch!(dev, name, elementwise(n), address(&x)?, optional(bias)?, optional(residual.as_ref())?, out_ptr, n as i64, cols as i32);
+    Ok(out)
+}
+
+/// A gated linear unit over `x` `[rows, 2·cols]`: `act(gate) · up`, `[rows, cols]`.
+pub(crate) fn gated(x: &Tensor, act: Activation, act_on_first: bool) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let (rows, width) = x.dims2()?;
+    if width % 2 != 0 {
+        bail!("gated activation: {width} columns do not split in two");
+    }
+    let cols = width / 2;
+    let dev = device(&x)?;
+    let (out, out_ptr) = empty(dev, x.dtype(), Shape::from((rows, cols)))?;
+    let n = rows * cols;
+    let name = format!("gated_{}", suffix(x.dtype())?);
+    launch!(dev, name, elementwise(n), address(&x)?, out_ptr, n as i64, cols as i32, activation_code(act), act_on_first as i32);
+    Ok(out)
+}
+
+/// Largest row a [`layer_norm`] block keeps in shared memory: 48 KiB of f32 less the kernel's
+/// 128 static bytes (wider rows take the composite path).
+pub(crate) const MAX_NORM_COLS: usize = 12 * 1024 - 64;
+
+/// `LayerNorm(x + bias + residual)` over the last dimension; weights in `x`'s dtype.
+pub(crate) fn layer_norm(x: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let (rows, cols) = x.dims2()?;
+    if cols > MAX_NORM_COLS {
+        bail!("layer_norm: rows of {cols} exceed the kernel's {MAX_NORM_COLS}");
+    }
+    for (name, t) in [("bias", bias), ("gamma", Some(gamma)), ("beta", Some(beta))] {
+        if let Some(t) = t {
+            check(&format!("layer_norm {name}"), t, x.dtype(), cols)?;
+        }
+    }
+    let residual = residual.map(|r| r.contiguous()).transpose()?;
+    if let Some(r) = &residual {
+        check("layer_norm residual", r, x.dtype(), x.elem_count())?;
+    }
+    let dev = device(&x)?;
+    let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: (cols * 4) as u32 };
+    let name = format!("layer_norm_{}", suffix(x.dtype())?);
+    launch!(dev, name, cfg, address(&x)?, optional(bias)?, optional(residual.as_ref())?, address(gamma)?, address(beta)?, out_ptr, cols as i32, eps);
+    Ok(out)
+}
+
+/// RMSNorm over the last dimension; `weight` in `x`'s dtype.
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let (rows, cols) = x.dims2()?;
+    check("rms_norm weight", weight, x.dtype(), cols)?;
+    let dev = device(&x)?;
+    let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let name = format!("rms_norm_{}", suffix(x.dtype())?);
+    launch!(dev, name, cfg, address(&x)?, address(weight)?, out_ptr, cols as i32, eps);
+    Ok(out)
+}
+
+/// RoPE applied in place to a fused QKV tensor on the device: the batch's cos and sin tables
+/// (`[tokens, head_dim / 2]` f32, uploaded once per batch by the caller) and, for Qwen3, the
+/// per-head RMSNorm weights (query's, then key's, f32; a few hundred floats per call).
+pub(crate) struct Rotary {
+    pub cos: Tensor,
+    pub sin: Tensor,
+    pub norm: Option<(Tensor, f32)>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Rotary {
+    pub(crate) fn new(device: &Device, cos: Tensor, sin: Tensor, norm: Option<(&[f32], &[f32], f32)>, heads: (usize, usize), head_dim: usize) -> Result<Self> {
+        let norm = norm.map(|(q, k, eps)| Ok::<_, candle_core::Error>((Tensor::from_slice(&[q, k].concat(), 2 * head_dim, device)?, eps))).transpose()?;
+        Ok(Self {
+            cos,
+            sin,
+            norm,
+            num_heads: heads.0,
+            num_kv_heads: heads.1,
+            head_dim,
+        })
+    }
+}
+
+impl InplaceOp1 for Rotary {
+    fn name(&self) -> &'static str {
+        "rotary_cuda"
+    }
+    fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> Result<()> {
+        bail!("rotary_cuda runs on CUDA tensors only")
+    }
+    fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &Layout) -> Result<()> {
+        let (tokens, width) = layout.shape().dims2()?;
+        let Some((start, _)) = layout.contiguous_offsets() else { bail!("rotary: QKV is not contiguous") };
+        let (heads, half) = (self.num_heads + self.num_kv_heads, self.head_dim / 2);
+        if width < heads * self.head_dim || self.cos.elem_count() != tokens * half || self.sin.elem_count() != tokens * half {
+            bail!("rotary: {tokens}×{width} QKV does not fit the {tokens}-token table of {heads} heads of {}", self.head_dim);
+        }
+        if tokens == 0 {
+            return Ok(());
+        }
+        let dtype = storage.dtype();
+        let dev = storage.device.clone();
+        let qkv = slice_address(storage, start)?;
+        let (norm, eps) = match &self.norm {
+            Some((w, eps)) => (address(w)?, *eps),
+            None => (0, 0.0),
+        };
+        let warps_per_block = THREADS as u64 / 32;
+        let blocks = (tokens as u64 * heads as u64).div_ceil(warps_per_block).clamp(1, MAX_BLOCKS);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let name = format!("rotary_{}", suffix(dtype)?);
+        launch!(
+            dev, name, cfg, qkv, address(&self.cos)?, address(&self.sin)?, norm, tokens as i32, width as i32,
+            self.num_heads as i32, self.num_kv_heads as i32, self.head_dim as i32, eps
+        );
+        Ok(())
+    }
+}
+
+/// Largest head the attention kernel takes (its shared-memory tiles are sized for it).
+pub(crate) const MAX_HEAD_DIM: usize = 128;
+/// Queries per block of the attention kernel (`ATT_QUERIES` in kernels.cu).
+const ATTENTION_QUERIES: usize = 16;
+const ATTENTION_THREADS: u32 = 128;
+
+/// Variable-length attention over the fused QKV rows (see the module doc).
+pub(crate) fn attention(att: &Attention, qkv: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let qkv = qkv.contiguous()?;
+    let (tokens, width) = qkv.dims2()?;
+    let (heads, kv_heads, head_dim) = (att.num_heads, att.num_kv_heads, att.head_dim);
+    if kv_heads == 0 || heads % kv_heads != 0 || head_dim == 0 || head_dim > MAX_HEAD_DIM {
+        bail!("attention: {heads} heads over {kv_heads} key/value heads of {head_dim} dims do not fit the CUDA kernel");
+    }
+    if width != (heads + 2 * kv_heads) * head_dim {
+        bail!("attention: {width} columns do not split into q, k, v of {heads}+2×{kv_heads} heads of {head_dim}");
+    }
+    if att.cu_seqlens.last().copied() != Some(tokens) || att.cu_seqlens.first().copied() != Some(0) {
+        bail!("attention: cu_seqlens does not cover the {tokens} tokens");
+    }
+    if let Some(b) = bias {
+        check("attention bias", b, qkv.dtype(), width)?;
+    }
+    let dev = device(&qkv)?;
+    let out_width = heads * head_dim;
+    let (out, out_ptr) = empty(dev, qkv.dtype(), Shape::from((tokens, out_width)))?;
+    // One upload: cu_seqlens, then (sequence, first query) of every block's query tile.
+    let num_seqs = att.cu_seqlens.len() - 1;
+    let mut index: Vec<u32> = att.cu_seqlens.iter().map(|&c| c as u32).collect();
+    let mut num_tiles = 0usize;
+    for (seq, w) in att.cu_seqlens.windows(2).enumerate() {
+        for first in (0..w[1] - w[0]).step_by(ATTENTION_QUERIES) {
+            index.extend([seq as u32, first as u32]);
+            num_tiles += 1;
+        }
+    }
+    if num_tiles == 0 {
+        return Ok(out);
+    }
+    let index = Tensor::from_vec(index, num_seqs + 1 + 2 * num_tiles, qkv.device())?;
+    let index_ptr = address(&index)?;
+    let tiles_ptr = index_ptr + 4 * (num_seqs as u64 + 1);
+    let (position_bias, position_max_len) = match att.position_bias {
+        Some(pb) => {
+            let longest = att.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            if pb.max_len < longest || pb.values.len() != heads * (2 * pb.max_len - 1) {
+                bail!("attention: position bias does not cover sequences of {longest} tokens");
+            }
+            (Some(Tensor::from_slice(&pb.values, pb.values.len(), qkv.device())?), pb.max_len)
+        }
+        None => (None, 0),
+    };
+    let (mask, window) = match att.mask {
+        AttentionMask::Bidirectional => (0, 0),
+        AttentionMask::Causal => (1, 0),
+        // A window wider than the longest sequence sees everything; clamped, `i + w + 1` cannot
+        // overflow in the kernel.
+        AttentionMask::Window(w) => (2, w.min(tokens) as i32),
+    };
+    let cfg = LaunchConfig { grid_dim: (num_tiles as u32, heads as u32, 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let name = format!("attention_{}", suffix(qkv.dtype())?);
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    launch!(
+        dev, name, cfg, address(&qkv)?, optional(bias)?, out_ptr, index_ptr, tiles_ptr, optional(position_bias.as_ref())?,
+        position_max_len as i32, heads as i32, kv_heads as i32, head_dim as i32, mask, window, scale
+    );
+    // `index` and `position_bias` are dropped here; their frees are ordered after the kernel
+    // on the device's stream.
+    Ok(out)
+}
+
+/// Runs every kernel on small random inputs in `dtype` against candle's composite ops on the
+/// same device; on a mismatch, disables the kernels for this process and says which one.
+pub fn self_check(device: &Device, dtype: DType) -> std::result::Result<(), String> {
+    let result = check_kernels(device, dtype).map_err(|e| super::super::describe(&e)).and_then(|worst| match worst {
+        Some(problem) => Err(problem),
+        None => Ok(()),
+    });
+    if result.is_err() {
+        ENABLED.store(false, Ordering::Relaxed);
+    }
+    result
+}
+
+/// The first kernel whose output is off by more than the dtype's tolerance, if any.
+fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
+    use super::attention::PositionBias;
+    let tolerance = match dtype {
+        DType::F32 => 1e-4,
+        DType::F16 => 2e-2,
+        _ => 1e-1,
+    };
+    let random = |shape: (usize, usize), seed: u64| -> Result<Tensor> {
+        let mut state = seed;
+        let values: Vec<f32> = (0..shape.0 * shape.1)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(values, shape, device)?.to_dtype(dtype)
+    };
+    // On the host: a device max would drop NaN (fmaxf), and a NaN must fail the check.
+    let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
+        let host = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        let (a, b) = (host(a)?, host(b)?);
+        if a.len() != b.len() {
+            return Ok(f32::INFINITY);
+        }
+        Ok(a.iter().zip(&b).map(|(x, y)| if x.is_finite() && y.is_finite() { (x - y).abs() } else { f32::INFINITY }).fold(0.0, f32::max))
+    };
+    let mut problems = Vec::new();
+    let mut compare = |name: &str, fast: Tensor, reference: Tensor| -> Result<()> {
+        let d = diff(&fast, &reference)?;
+        if !(d <= tolerance) {
+            problems.push(format!("{name} differs from candle's ops by {d}"));
+        }
+        Ok(())
+    };
+    let (rows, cols) = (37, 96);
+    let x = random((rows, cols), 1)?;
+    let residual = random((rows, cols), 2)?;
+    let bias = random((1, cols), 3)?.flatten_all()?;
+    for act in [Activation::Gelu, Activation::GeluTanh, Activation::Relu, Activation::Silu] {
+        let reference = Activation::composite(&x.broadcast_add(&bias)?, act)?;
+        compare(&format!("bias_activation {act:?}"), bias_activation(&x, Some(&bias), act)?, reference)?;
+    }
+    compare("activation without bias", bias_activation(&x, None, Activation::Gelu)?, Activation::composite(&x, Activation::Gelu)?)?;
+    compare("bias_residual", bias_residual(&x, Some(&bias), Some(&residual))?, x.broadcast_add(&bias)?.add(&residual)?)?;
+    compare("bias alone", bias_residual(&x, Some(&bias), None)?, x.broadcast_add(&bias)?)?;
+    compare("residual alone", bias_residual(&x, None, Some(&residual))?, x.add(&residual)?)?;
+    let gate = random((rows, 2 * cols), 4)?;
+    let (first, second) = (gate.narrow(1, 0, cols)?.contiguous()?, gate.narrow(1, cols, cols)?.contiguous()?);
+    compare("gated, act on second", gated(&gate, Activation::Silu, false)?, (Activation::composite(&second, Activation::Silu)? * &first)?)?;
+    compare("gated, act on first", gated(&gate, Activation::Gelu, true)?, (Activation::composite(&first, Activation::Gelu)? * &second)?)?;
+    let (gamma, beta) = (random((1, cols), 5)?.flatten_all()?, random((1, cols), 6)?.flatten_all()?);
+    let summed = x.broadcast_add(&bias)?.add(&residual)?.to_dtype(DType::F32)?;
+    let mean = summed.mean_keepdim(1)?;
+    let centered = summed.broadcast_sub(&mean)?;
+    let normed = centered.broadcast_div(&(centered.sqr()?.mean_keepdim(1)? + 1e-5)?.sqrt()?)?;
+    let reference = normed.broadcast_mul(&gamma.to_dtype(DType::F32)?)?.broadcast_add(&beta.to_dtype(DType::F32)?)?;
+    compare("layer_norm", layer_norm(&x, Some(&bias), Some(&residual), &gamma, &beta, 1e-5)?, reference)?;
+    let plain = x.to_dtype(DType::F32)?;
+    let centered = plain.broadcast_sub(&plain.mean_keepdim(1)?)?;
+    let normed = centered.broadcast_div(&(centered.sqr()?.mean_keepdim(1)? + 1e-5)?.sqrt()?)?;
+    let reference = normed.broadcast_mul(&gamma.to_dtype(DType::F32)?)?.broadcast_add(&beta.to_dtype(DType::F32)?)?;
+    compare("layer_norm without bias and residual", layer_norm(&x, None, None, &gamma, &beta, 1e-5)?, reference)?;
+    let reference = candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?, &gamma.to_dtype(DType::F32)?, 1e-6)?;
+    compare("rms_norm", rms_norm(&x, &gamma, 1e-6)?, reference)?;
+
+    // Attention: sequences of 5, 1, 39 and 107 tokens (several key tiles, and windows whose
+    // tiles see no key of some queries), grouped-query heads of 64 dims, each mask; then head
+    // sizes of 128 (Qwen3), 32 (MiniLM) and 24 (not a multiple of the warp), and a relative
+    // position bias.
+    let cu = [0usize, 5, 6, 45, 152];
+    let tokens = 152;
+    for (heads, kv_heads, head_dim) in [(4, 2, 64), (2, 1, 128), (3, 3, 32), (2, 2, 24)] {
+        let width = (heads + 2 * kv_heads) * head_dim;
+        let qkv = (random((tokens, width), 7 + head_dim as u64)? * 2.0)?;
+        let qkv_bias = random((1, width), 8)?.flatten_all()?;
+        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(3), AttentionMask::Window(40)] {
+            let att = Attention { num_heads: heads, num_kv_heads: kv_heads, head_dim, cu_seqlens: &cu, mask, position_bias: None };
+            let reference = att.forward_generic(&qkv.broadcast_add(&qkv_bias)?)?;
+            compare(&format!("attention {heads}/{kv_heads} heads of {head_dim}, {mask:?}"), attention(&att, &qkv, Some(&qkv_bias))?, reference)?;
+        }
+    }
+    let (heads, kv_heads, head_dim) = (4, 2, 64);
+    let max_len = 110;
+    let values: Vec<f32> = random((heads, 2 * max_len - 1), 9)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let position_bias = PositionBias { values, max_len };
+    let qkv = random((tokens, 3 * heads * head_dim), 10)?;
+    let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
+    compare("attention with position bias", attention(&att, &qkv, None)?, att.forward_generic(&qkv)?)?;
+
+    // RoPE with and without the per-head norm, against the host implementation.
+    let rotary = super::rotary::Rotary::new(head_dim, 10_000.0);
+    let positions: Vec<u32> = cu.windows(2).flat_map(|w| 0..(w[1] - w[0]) as u32).collect();
+    let table = rotary.table(&positions);
+    let qkv = random((tokens, (heads + 2 * kv_heads) * head_dim), 11)?;
+    let norm_weights = random((2, head_dim), 12)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let qk_norm = super::rotary::QkNorm { q: norm_weights[0].clone(), k: norm_weights[1].clone(), eps: 1e-6 };
+    for norm in [None, Some(&qk_norm)] {
+        let reference = table.apply_on_host(&qkv, heads, kv_heads, norm)?;
+        compare(if norm.is_some() { "rotary with q/k norm" } else { "rotary" }, table.apply(&qkv.copy()?, heads, kv_heads, norm)?, reference)?;
+    }
+    Ok(problems.into_iter().next())
+}
