@@ -2,9 +2,10 @@
 """Writes a BERT-base-sized sentence-transformers model with random weights, for the base-size
 speed comparison in benches/compare.sh (no base-size embedding model can be fetched here).
 
-    python3 benches/make_base_model.py OUT_DIR [TOKENIZER_DIR]   # default models/all-MiniLM-L6-v2
+    python3 benches/make_base_model.py OUT_DIR [TOKENIZER_DIR [SIZE]]   # default models/all-MiniLM-L6-v2, base
 
-The shape is bert-base-uncased's: hidden 768, 12 layers, 12 heads, intermediate 3072, vocab
+SIZE `base` (the default) is bert-base-uncased's shape; `minilm` is all-MiniLM-L6-v2's (hidden 384,
+6 layers, 12 heads, intermediate 1536), for the GPU check's small size. The base shape is bert-base-uncased's: hidden 768, 12 layers, 12 heads, intermediate 3072, vocab
 30522, 512 positions (110M parameters, ~420 MiB of float32 safetensors). The weights are
 `BertModel(BertConfig(...))`'s random initialization under a fixed seed, so every run writes the
 same model. Speed does not depend on the weights' values (same shapes, same kernels, same work;
@@ -29,14 +30,19 @@ if len(sys.argv) < 2:
     sys.exit(__doc__)
 out = sys.argv[1]
 source = sys.argv[2] if len(sys.argv) > 2 else "models/all-MiniLM-L6-v2"
+size = sys.argv[3] if len(sys.argv) > 3 else "base"
+shapes = {"base": (768, 12, 3072), "minilm": (384, 6, 1536)}
+if size not in shapes:
+    sys.exit(f"SIZE must be one of {sorted(shapes)}")
+hidden, layers, intermediate = shapes[size]
 
 torch.manual_seed(0)
 config = BertConfig(
     vocab_size=30522,
-    hidden_size=768,
-    num_hidden_layers=12,
+    hidden_size=hidden,
+    num_hidden_layers=layers,
     num_attention_heads=12,
-    intermediate_size=3072,
+    intermediate_size=intermediate,
     hidden_act="gelu",
     max_position_embeddings=512,
     type_vocab_size=2,
@@ -73,4 +79,4 @@ for path, value in [
 ]:
     with open(os.path.join(out, path), "w") as f:
         json.dump(value, f, indent=2)
-print(f"{out}: random-weight BERT-base ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters), mean pooling")
+print(f"{out}: random-weight BERT, {size} shape ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters), mean pooling")

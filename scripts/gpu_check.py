@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""The Python half of scripts/gpu-check.sh (standard library only, plus torch and
+sentence-transformers for `st`).
+
+    gpu_check.py parity BIN DEVICE DTYPE      # every fixture model through the real server
+    gpu_check.py st CORPUS MODEL DEVICE DTYPE # sentence-transformers encode on the same corpus
+
+`parity` starts `BIN serve` once per folder of tests/fixtures/models with `--device DEVICE
+--dtype DTYPE`, sends the fixture's inputs over HTTP and compares the replies with the committed
+reference outputs in tests/fixtures/expected: embeddings by cosine, probabilities and scores by
+absolute difference. Limits (issue 16): float32 cosine >= 0.9999 and differences <= 1e-4; half
+precision cosine >= 0.999 and differences <= 1e-2. Every folder must have a check here: a new
+fixture without one fails the run instead of being skipped. Prints one line per check and
+exits 1 if any fails.
+"""
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+FIXTURES = "tests/fixtures"
+
+
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    return dot / (na * nb) if na and nb else (1.0 if na == nb else 0.0)
+
+
+def max_abs_diff(a, b):
+    if len(a) != len(b):
+        return float("inf")
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+class Server:
+    """`BIN serve MODEL` on a free port, until the `with` block ends."""
+
+    def __init__(self, binary, model, device, dtype, flags):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = open(f"target/gpu-check/{os.path.basename(model)}-{dtype}.log", "w")
+        args = [binary, "serve", model, "--host", "127.0.0.1", "--port", str(self.port), "--device", device, "--dtype", dtype, *flags]
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def __enter__(self):
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after 120 s; see {self.log.name}")
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.log.close()
+
+    def post(self, path, body):
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{path}: HTTP {e.code}: {e.read().decode()[:300]}") from None
+
+    def kernels_fell_back(self):
+        """Whether the CUDA kernels' self-check failed at load (the server then runs candle's
+        composite ops: correct but slow, so the run must say so)."""
+        self.log.flush()
+        with open(self.log.name) as f:
+            return "self-check failed" in f.read()
+
+
+def texts_of(cases):
+    return [c["text"] for c in cases]
+
+
+def check_embeddings(server, expected, cases=None):
+    cases = cases or expected["texts"]
+    reply = server.post("/v1/embeddings", {"input": texts_of(cases)})
+    return [("cosine", cosine(d["embedding"], c["embedding"])) for d, c in zip(reply["data"], cases)]
+
+
+def check_classify(server, expected, activation):
+    cases = expected["texts"]
+    reply = server.post("/classify", {"input": texts_of(cases)})
+    return [("diff", max_abs_diff(d["probs"], c[activation] if isinstance(c[activation], list) else [c[activation]])) for d, c in zip(reply["data"], cases)]
+
+
+def check_pairs(server, expected):
+    results = []
+    for pair in expected["pairs"]:
+        reply = server.post("/score", {"text_1": pair["query"], "text_2": pair["document"]})
+        results.append(("diff", abs(reply["data"][0]["score"] - pair["score"])))
+    return results
+
+
+def check_token_classify(server, expected):
+    results = []
+    for case in expected["texts"]:
+        reply = server.post("/pooling", {"input": case["text"], "task": "token_classify"})
+        rows = reply["data"][0]["data"]
+        results.append(("diff", max(max_abs_diff(r, w) for r, w in zip(rows, case["softmax"])) if len(rows) == len(case["softmax"]) else float("inf")))
+    return results
+
+
+def check_sparse(server, expected):
+    vocab = expected["sparse"]["vocab_size"]
+    reply = server.post("/pooling", {"input": texts_of(expected["texts"]), "task": "embed_sparse"})
+    results = []
+    for item, case in zip(reply["data"], expected["texts"]):
+        ours, want = [0.0] * vocab, [0.0] * vocab
+        for p in item["data"]:
+            ours[p["index"]] = p["value"]
+        for i, v in zip(case["sparse"]["indices"], case["sparse"]["values"]):
+            want[i] = v
+        results.append(("cosine", cosine(ours, want)))
+    return results
+
+
+def check_multi_vector(server, expected):
+    results = []
+    for case in expected["texts"]:
+        rows = server.post("/pooling", {"input": case["text"], "task": "token_embed"})["data"][0]["data"]
+        if len(rows) != len(case["token_vectors"]):
+            results.append(("cosine", 0.0))
+            continue
+        results.append(("cosine", min(cosine(r, w) for r, w in zip(rows, case["token_vectors"]))))
+    for pair in expected["pairs"]:
+        score = server.post("/score", {"text_1": pair["query"], "text_2": pair["document"]})["data"][0]["score"]
+        # MaxSim sums one cosine-like term per query token: compare per token.
+        results.append(("diff", abs(score - pair["maxsim"]) / len(pair["query_input_ids"])))
+    return results
+
+
+QWEN3_RERANKER = json.dumps({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": True})
+SPLADE = ["--pooler-config", json.dumps({"pooling_type": "SPLADE"})]
+
+# Fixture folder → (extra server flags, checks).
+CHECKS = {
+    "bert-colbert": ([], [check_multi_vector]),
+    "bert-embed-cls": ([], [check_embeddings]),
+    "bert-embed-mean": ([], [check_embeddings]),
+    "bert-embed-prompts": ([], [lambda s, e: check_embeddings(s, e, e["cases"]["default"])]),
+    "bert-reranker": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
+    "bert-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "bert-splade": (SPLADE, [check_sparse]),
+    "bert-splade-st": ([], [check_sparse]),
+    "bert-tokcls": ([], [check_token_classify]),
+    "distilbert-embed-mean-dense": ([], [check_embeddings]),
+    "distilbert-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "gte-embed-cls": ([], [check_embeddings]),
+    "modernbert-embed-mean": ([], [check_embeddings]),
+    "modernbert-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "mpnet-embed-masked-lm": ([], [check_embeddings]),
+    "mpnet-embed-mean": ([], [check_embeddings]),
+    "mpnet-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "qwen2-embed-last": ([], [check_embeddings]),
+    "qwen3-causal-reranker": (["--hf-overrides", QWEN3_RERANKER], [check_pairs]),
+    "qwen3-embed-last": ([], [check_embeddings]),
+    "qwen3-seqcls": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
+    "xlmr-embed-cls": ([], [check_embeddings]),
+    "xlmr-reranker": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
+}
+
+
+def parity(binary, device, dtype):
+    half = dtype in ("float16", "bfloat16") or (dtype == "auto" and device == "cuda")
+    min_cosine, max_diff = (0.999, 1e-2) if half else (0.9999, 1e-4)
+    os.makedirs("target/gpu-check", exist_ok=True)
+    folders = sorted(os.listdir(f"{FIXTURES}/models"))
+    failures = 0
+    for name in folders:
+        if name not in CHECKS:
+            print(f"FAIL {name}: no check in scripts/gpu_check.py for this fixture")
+            failures += 1
+            continue
+        flags, checks = CHECKS[name]
+        expected = json.load(open(f"{FIXTURES}/expected/{name}.json"))
+        try:
+            with Server(binary, f"{FIXTURES}/models/{name}", device, dtype, flags) as server:
+                results = [r for check in checks for r in check(server, expected)]
+                fell_back = device == "cuda" and server.kernels_fell_back()
+        except Exception as e:  # noqa: BLE001 (report every fixture, then fail)
+            print(f"FAIL {name} {dtype}: {e}")
+            failures += 1
+            continue
+        cosines = [v for kind, v in results if kind == "cosine"]
+        diffs = [v for kind, v in results if kind == "diff"]
+        ok = all(c >= min_cosine for c in cosines) and all(d <= max_diff for d in diffs) and results and not fell_back
+        worst = []
+        if cosines:
+            worst.append(f"min cosine {min(cosines):.6f}")
+        if diffs:
+            worst.append(f"max diff {max(diffs):.2e}")
+        if fell_back:
+            worst.append("CUDA kernel self-check FAILED (ran composite ops)")
+        print(f"{'ok  ' if ok else 'FAIL'} {name:28} {dtype:9} {len(results):3} checks, {', '.join(worst)}")
+        failures += 0 if ok else 1
+    print(f"parity {device} {dtype}: {len(folders) - failures} of {len(folders)} fixture models within cosine >= {min_cosine}, diff <= {max_diff}")
+    return failures == 0
+
+
+def st(corpus_path, model, device, dtype):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    texts = json.load(open(corpus_path))
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    encoder = SentenceTransformer(model, device=device, model_kwargs={"torch_dtype": torch_dtype})
+    tokens = sum(len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=encoder.max_seq_length)["input_ids"])
+    batch = int(os.environ.get("ST_BATCH", "32"))
+    encoder.encode(texts[: 4 * batch], batch_size=batch)  # warm-up (CUDA context, cuBLAS plans)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    encoder.encode(texts, batch_size=batch)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    print(f"sentence-transformers encode: {len(texts)} texts, batch {batch}, {dtype} on {device}")
+    print(f"throughput {len(texts) / elapsed:.1f} sequences/s, {tokens / elapsed:.0f} tokens/s ({tokens} tokens in {elapsed:.2f} s)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "parity":
+        sys.exit(0 if parity(*sys.argv[2:]) else 1)
+    if len(sys.argv) == 6 and sys.argv[1] == "st":
+        st(*sys.argv[2:])
+        sys.exit(0)
+    sys.exit(__doc__)
