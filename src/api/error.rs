@@ -140,7 +140,7 @@ impl From<EngineError> for ApiError {
             EngineError::Tokenizer(_) => ApiError::bad_request(e.to_string()),
             EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
             EngineError::Model(_) => ApiError::Internal(e.to_string()),
-            EngineError::Stopped => ApiError::Unavailable(e.to_string()),
+            EngineError::Stopped | EngineError::Dead(_) => ApiError::Unavailable(e.to_string()),
         }
     }
 }

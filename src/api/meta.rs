@@ -6,11 +6,12 @@ use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-/// 200 with an empty body once the model is loaded and warmed, 503 before and while draining
-/// for shutdown.
-#[utoipa::path(get, tag = "Server", path = "/health", responses((status = 200, description = "ready"), (status = 503, description = "loading or shutting down", body = ErrorBody)))]
+/// 200 with an empty body once the model is loaded and warmed, 503 before, while draining for
+/// shutdown, and when the engine cannot serve (its model thread or tokenizer workers are gone:
+/// a liveness probe then restarts the pod).
+#[utoipa::path(get, tag = "Server", path = "/health", responses((status = 200, description = "ready"), (status = 503, description = "loading, shutting down, or the engine has stopped", body = ErrorBody)))]
 pub async fn health(State(state): State<AppState>) -> Result<(), ApiError> {
-    state.engine().map(|_| ())
+    Ok(state.engine()?.check_alive()?)
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

@@ -23,12 +23,14 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, HeaderName};
 use axum::middleware;
 use axum::routing::{get, post};
+use axum::response::IntoResponse;
 use axum::Router;
 use error::ApiError;
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
+use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
@@ -292,17 +294,30 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/models", get(meta::models))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
-    Router::new()
+    let routes = Router::new()
         .merge(protected)
         .route("/health", get(meta::health))
         .route("/version", get(meta::version))
         .route("/metrics", get(observe::metrics_text))
         .route("/openapi.json", get(openapi::openapi_json))
-        .merge(openapi::docs())
+        .merge(openapi::docs());
+    with_layers(routes, payload_limit).with_state(state)
+}
+
+/// What every route shares: metrics, 404/405 answers, the body limit, panic containment, the
+/// request span and log line, request ids.
+fn with_layers(routes: Router<AppState>, payload_limit: usize) -> Router<AppState> {
+    routes
         .route_layer(middleware::from_fn(observe::track))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(payload_limit))
+        .layer(middleware::from_fn(observe::timing_headers_everywhere))
+        // A handler that panics answers 500 in the error shape instead of dropping the
+        // connection (and the worker thread survives).
+        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
+            ApiError::Internal("internal error: the request handler panicked".into()).into_response()
+        }))
         // One span per request carrying its id, and one line per response (observe::log_response).
         .layer(
             TraceLayer::new_for_http()
@@ -316,13 +331,26 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
-        .with_state(state)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_in_the_error_shape() {
+        use tower::ServiceExt;
+        let routes = Router::new().route("/boom", get(|| async { panic!("handler bug") as &'static str }));
+        let app = with_layers(routes, 1000).with_state(AppState::new("m", ApiOptions::default()));
+        let request = axum::http::Request::get("/boom").body(axum::body::Body::empty()).unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(response.into_body(), 10_000).await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], 500);
+        assert!(body["error"]["message"].as_str().unwrap().contains("panicked"), "{body}");
+    }
 
     #[test]
     fn input_forms() {

@@ -29,6 +29,52 @@ pub async fn metrics_text() -> impl IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render())
 }
 
+/// One request in `requests_in_flight`: counted out when it finishes, or, when the client
+/// disconnects and its handler is dropped mid-way, when the guard is dropped (as status 499,
+/// nginx's "client closed request"), so the gauge always returns to zero.
+struct InFlight {
+    endpoint: String,
+    started: Instant,
+    done: bool,
+}
+
+impl InFlight {
+    fn start(endpoint: String, started: Instant) -> Self {
+        metrics::request_started();
+        Self { endpoint, started, done: false }
+    }
+
+    fn finish(&mut self, status: u16) {
+        if !self.done {
+            self.done = true;
+            metrics::request_finished(&self.endpoint, status, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.finish(CLIENT_CLOSED_REQUEST);
+    }
+}
+
+const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// The timing headers on answers no route matched (404, 405): `x-total-time`, and zeros for
+/// the phases such a request never reached. Routed answers already carry them ([`track`]).
+pub async fn timing_headers_everywhere(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    if !headers.contains_key("x-total-time") {
+        headers.insert(HeaderName::from_static("x-total-time"), millis(started.elapsed()));
+        for name in ["x-tokenization-time", "x-queue-time", "x-inference-time"] {
+            headers.insert(HeaderName::from_static(name), millis(Duration::ZERO));
+        }
+    }
+    response
+}
+
 fn millis(d: Duration) -> HeaderValue {
     HeaderValue::from_str(&format!("{:.3}", d.as_secs_f64() * 1e3)).unwrap_or(HeaderValue::from_static("0"))
 }
@@ -36,7 +82,7 @@ fn millis(d: Duration) -> HeaderValue {
 pub async fn track(request: Request, next: Next) -> Response {
     let endpoint = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let started = Instant::now();
-    metrics::request_started();
+    let mut in_flight = InFlight::start(endpoint, started);
     let (mut response, tokenization, queue, inference) = TIMINGS
         .scope(RequestTimings::default(), async {
             let response = next.run(request).await;
@@ -45,7 +91,7 @@ pub async fn track(request: Request, next: Next) -> Response {
         })
         .await;
     let total = started.elapsed();
-    metrics::request_finished(&endpoint, response.status().as_u16(), total);
+    in_flight.finish(response.status().as_u16());
     let headers = response.headers_mut();
     for (name, value) in [
         ("x-total-time", total),

@@ -41,6 +41,8 @@ pub enum EngineError {
     Model(String),
     #[error("the engine has stopped")]
     Stopped,
+    #[error("the engine cannot serve: {0}")]
+    Dead(&'static str),
 }
 
 /// One input as the client sent it.
@@ -109,6 +111,24 @@ impl Engine {
 
     pub fn spec(&self) -> &ModelSpec {
         &self.inner.spec
+    }
+
+    /// Whether the engine can serve: its model thread and its tokenizer workers are running.
+    /// `/health` answers 503 otherwise, so that an orchestrator restarts the process.
+    pub fn check_alive(&self) -> Result<(), EngineError> {
+        if self.inner.jobs.is_closed() {
+            return Err(EngineError::Dead("the model thread has stopped"));
+        }
+        if self.inner.tokenizers.is_closed() {
+            return Err(EngineError::Dead("the tokenizer workers have stopped"));
+        }
+        Ok(())
+    }
+
+    /// Test hook for [`TokenizerPool::panic_in_a_worker`].
+    #[doc(hidden)]
+    pub async fn panic_in_a_tokenizer_worker(&self) -> Result<(), EngineError> {
+        self.inner.tokenizers.panic_in_a_worker().await?.into_iter().next().ok_or(EngineError::Stopped)?.map(|_| ())
     }
 
     pub fn tokenizer(&self) -> &tokenize::TextTokenizer {

@@ -167,6 +167,60 @@ struct Job {
     texts: Vec<TextInput>,
     options: EncodeOptions,
     reply: oneshot::Sender<Vec<Result<TokenizedInput, EngineError>>>,
+    /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the worker panics on this job.
+    panic: bool,
+}
+
+type Receiver = Arc<Mutex<mpsc::Receiver<Job>>>;
+
+/// Runs one tokenizer worker; a worker that dies anyway (a panic outside a job) is replaced by
+/// its guard, so the pool keeps its size.
+fn spawn_worker(index: usize, rx: Receiver, tokenizer: Arc<TextTokenizer>) -> std::io::Result<()> {
+    std::thread::Builder::new().name(format!("tokenizer-{index}")).spawn(move || {
+        let guard = Respawn { index, rx: Arc::clone(&rx), tokenizer: Arc::clone(&tokenizer) };
+        loop {
+            // Holding the lock only while waiting hands jobs to idle workers one at a time. A
+            // poisoned lock (a worker died holding it) still holds a working receiver.
+            let job = rx.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).blocking_recv();
+            let Some(job) = job else { break };
+            if job.reply.is_closed() {
+                continue; // the client has gone
+            }
+            let count = job.texts.len();
+            // A tokenizer bug on one input must fail that request, not the worker.
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if job.panic {
+                    panic!("tokenizer test hook");
+                }
+                job.texts.iter().map(|t| tokenizer.encode_input(t, job.options)).collect::<Vec<_>>()
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!("a tokenizer worker panicked on a request of {count} inputs; the request fails, the worker goes on");
+                (0..count).map(|_| Err(EngineError::Tokenizer("the tokenizer panicked on this input".into()))).collect()
+            });
+            let _ = job.reply.send(out);
+        }
+        drop(guard);
+    })?;
+    Ok(())
+}
+
+/// Replaces its worker when the worker's thread unwinds.
+struct Respawn {
+    index: usize,
+    rx: Receiver,
+    tokenizer: Arc<TextTokenizer>,
+}
+
+impl Drop for Respawn {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!("tokenizer worker {} died; starting a new one", self.index);
+            if let Err(e) = spawn_worker(self.index, Arc::clone(&self.rx), Arc::clone(&self.tokenizer)) {
+                tracing::error!("could not restart tokenizer worker {}: {e}", self.index);
+            }
+        }
+    }
 }
 
 /// Worker threads that own the tokenizing. One request's texts go to one worker, in order.
@@ -181,21 +235,7 @@ impl TokenizerPool {
         let (tx, rx) = mpsc::channel::<Job>(1024);
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..workers {
-            let rx = Arc::clone(&rx);
-            let tokenizer = Arc::clone(&tokenizer);
-            std::thread::Builder::new().name(format!("tokenizer-{i}")).spawn(move || loop {
-                // Holding the lock only while waiting hands jobs to idle workers one at a time.
-                let job = match rx.lock() {
-                    Ok(mut guard) => guard.blocking_recv(),
-                    Err(_) => None,
-                };
-                let Some(job) = job else { break };
-                if job.reply.is_closed() {
-                    continue; // the client has gone
-                }
-                let out = job.texts.iter().map(|t| tokenizer.encode_input(t, job.options)).collect();
-                let _ = job.reply.send(out);
-            })?;
+            spawn_worker(i, Arc::clone(&rx), Arc::clone(&tokenizer))?;
         }
         Ok(Self { tokenizer, jobs: tx })
     }
@@ -206,7 +246,23 @@ impl TokenizerPool {
 
     pub async fn encode(&self, texts: Vec<TextInput>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.jobs.send(Job { texts, options, reply }).await.map_err(|_| EngineError::Stopped)?;
+        self.jobs.send(Job { texts, options, reply, panic: false }).await.map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Whether no worker is left to take jobs.
+    pub fn is_closed(&self) -> bool {
+        self.jobs.is_closed()
+    }
+
+    /// Test hook: makes the worker that takes this job panic (the job's request fails; the
+    /// worker must survive).
+    #[doc(hidden)]
+    pub async fn panic_in_a_worker(&self) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        let options = EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: PairLimits::default() };
+        let job = Job { texts: vec![TextInput::Single(String::new())], options, reply, panic: true };
+        self.jobs.send(job).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
     }
 }

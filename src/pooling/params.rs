@@ -128,8 +128,10 @@ impl PoolingParams {
             Some(k) if task.is_token_level() || task == Task::Embed => check_dimensions(k, spec)?,
             _ => None,
         };
-        // For embeddings `normalize` is the older name of `use_activation`; the explicit one wins.
-        let activation = normalize.or(use_activation).unwrap_or(true);
+        // For embeddings `normalize` is the older name of `use_activation`. What the request says
+        // wins over the server's defaults (either name), then `normalize` over `use_activation`.
+        let requested = self.normalize.filter(|_| accepts("normalize")).or(self.use_activation);
+        let activation = requested.or(normalize).or(use_activation).unwrap_or(true);
 
         let max_len = spec.max_model_len;
         let truncate_to = match self.truncate_prompt_tokens {
@@ -265,6 +267,17 @@ mod tests {
             err.message,
             "Task classify only supports ['use_activation'] parameters, does not support ['dimensions', 'normalize'] parameters"
         );
+    }
+
+    #[test]
+    fn the_request_wins_over_the_server_default_whichever_name_it_uses() {
+        let mut s = spec(Matryoshka::default());
+        s.pooler_defaults.normalize = Some(true);
+        assert!(!params(|p| p.use_activation = Some(false)).verify(Task::Embed, &s).unwrap().activation);
+        s.pooler_defaults = Default::default();
+        s.pooler_defaults.use_activation = Some(false);
+        assert!(params(|p| p.normalize = Some(true)).verify(Task::Embed, &s).unwrap().activation);
+        assert!(!params(|_| {}).verify(Task::Embed, &s).unwrap().activation);
     }
 
     #[test]

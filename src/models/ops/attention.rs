@@ -140,30 +140,37 @@ impl<'a> Attention<'a> {
             };
             let k = repeat(heads(qw, self.num_kv_heads)?)?;
             let v = repeat(heads(qw + kvw, self.num_kv_heads)?)?;
-            // Scores and softmax in f32 (as transformers does for half-precision models).
-            let mut scores = (q.matmul(&k.t()?)?.to_dtype(candle_core::DType::F32)? * scale)?;
-            if let Some(bias) = self.position_bias {
-                let center = bias.max_len - 1;
-                let values: Vec<f32> = (0..self.num_heads * len * len)
-                    .map(|x| {
-                        let (h, i, j) = (x / (len * len), x / len % len, x % len);
-                        bias.head(h)[center + j - i]
-                    })
-                    .collect();
-                scores = (scores + Tensor::from_vec(values, (self.num_heads, len, len), qkv.device())?)?;
+            let kt = k.t()?;
+            // Queries QUERY_BLOCK at a time: scores are heads × block × len, linear in len.
+            let mut blocks = Vec::with_capacity(len.div_ceil(QUERY_BLOCK));
+            for first in (0..len).step_by(QUERY_BLOCK) {
+                let rows = QUERY_BLOCK.min(len - first);
+                // Scores and softmax in f32 (as transformers does for half-precision models).
+                let mut scores = (q.narrow(1, first, rows)?.matmul(&kt)?.to_dtype(candle_core::DType::F32)? * scale)?;
+                if let Some(bias) = self.position_bias {
+                    let center = bias.max_len - 1;
+                    let values: Vec<f32> = (0..self.num_heads * rows * len)
+                        .map(|x| {
+                            let (h, i, j) = (x / (rows * len), first + x / len % rows, x % len);
+                            bias.head(h)[center + j - i]
+                        })
+                        .collect();
+                    scores = (scores + Tensor::from_vec(values, (self.num_heads, rows, len), qkv.device())?)?;
+                }
+                if self.mask != AttentionMask::Bidirectional {
+                    let mask: Vec<f32> = (0..rows * len)
+                        .map(|x| {
+                            let (i, j) = (first + x / len, x % len);
+                            let (lo, hi) = self.mask.keys(i, len);
+                            if (lo..hi).contains(&j) { 0.0 } else { f32::NEG_INFINITY }
+                        })
+                        .collect();
+                    scores = scores.broadcast_add(&Tensor::from_vec(mask, (rows, len), qkv.device())?)?;
+                }
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
+                blocks.push(probs.matmul(&v)?);
             }
-            if self.mask != AttentionMask::Bidirectional {
-                let mask: Vec<f32> = (0..len * len)
-                    .map(|x| {
-                        let (i, j) = (x / len, x % len);
-                        let (lo, hi) = self.mask.keys(i, len);
-                        if (lo..hi).contains(&j) { 0.0 } else { f32::NEG_INFINITY }
-                    })
-                    .collect();
-                scores = scores.broadcast_add(&Tensor::from_vec(mask, (len, len), qkv.device())?)?;
-            }
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
-            outputs.push(probs.matmul(&v)?.transpose(0, 1)?.reshape((len, qw))?);
+            outputs.push(Tensor::cat(&blocks, 1)?.transpose(0, 1)?.reshape((len, qw))?);
         }
         Tensor::cat(&outputs, 0)
     }
@@ -235,13 +242,25 @@ impl CustomOp1 for AttentionOp<'_> {
 const TILE_Q: usize = 4;
 const TILE_K: usize = 16;
 
+/// Queries whose scores exist at once (a multiple of [`TILE_Q`]): working memory per thread is
+/// `QUERY_BLOCK × len` scores plus the packed Kᵀ, linear in the sequence length (a 32k-token
+/// sequence needs 16 MiB of scores, not the 4 GiB a full `len × len` table would). The key
+/// dimension stays whole, so each row's softmax is exact in one pass and results are unchanged;
+/// 128 keeps every sequence of up to 128 tokens in one block, as before.
+pub(crate) const QUERY_BLOCK: usize = 128;
+
+/// The largest scratch any attention job has used (tests check it stays linear).
+#[cfg(test)]
+static MAX_SCRATCH_FLOATS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 multiversion! {
     /// One head of one sequence. `rows` are the sequence's fused QKV rows; `cols` says where
     /// the head's columns are; the output rows start at `out`.
     ///
-    /// Q (biased, pre-scaled) and Kᵀ (biased) are packed into zero-padded tiles, scores are
-    /// computed tile by tile, softmaxed over the keys the mask allows (the others get weight
-    /// 0), and multiplied into V straight from the QKV rows.
+    /// Kᵀ (biased) is packed once; then, [`QUERY_BLOCK`] queries at a time, Q (biased,
+    /// pre-scaled) is packed into zero-padded tiles, scores are computed tile by tile,
+    /// softmaxed over the keys the mask allows (the others get weight 0), and multiplied into
+    /// V straight from the QKV rows.
     fn attention_head(
         rows: &[f32],
         bias: &[f32],
@@ -254,13 +273,16 @@ multiversion! {
     ) {
         let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, out_width } = cols;
         let len = rows.len() / width;
-        let lq = len.div_ceil(TILE_Q) * TILE_Q;
         let lk = len.div_ceil(TILE_K) * TILE_K;
+        let block = QUERY_BLOCK.min(len.div_ceil(TILE_Q) * TILE_Q);
         scratch.clear();
-        scratch.resize(lq * head_dim + head_dim * lk + lq * lk, 0.0);
-        let (q, rest) = scratch.split_at_mut(lq * head_dim);
+        scratch.resize(block * head_dim + head_dim * lk + block * lk, 0.0);
+        #[cfg(test)]
+        MAX_SCRATCH_FLOATS.fetch_max(scratch.len(), std::sync::atomic::Ordering::Relaxed);
+        let (q, rest) = scratch.split_at_mut(block * head_dim);
         let (kt, scores) = rest.split_at_mut(head_dim * lk);
         let (q_bias, k_bias, v_bias) = (&bias[qc..qc + head_dim], &bias[kc..kc + head_dim], &bias[vc..vc + head_dim]);
+        // Kᵀ (biased), packed once for every query block.
         for i in 0..len {
             if i + PREFETCH_ROWS < len {
                 let ahead = (i + PREFETCH_ROWS) * width;
@@ -268,71 +290,80 @@ multiversion! {
                     prefetch(&rows[ahead + c..ahead + c + head_dim]);
                 }
             }
-            let src = &rows[i * width + qc..i * width + qc + head_dim];
-            let dst = &mut q[i * head_dim..(i + 1) * head_dim];
-            dst.iter_mut().zip(src).zip(q_bias).for_each(|((d, s), b)| *d = (s + b) * scale);
             let k = &rows[i * width + kc..i * width + kc + head_dim];
             for (d, (&value, b)) in k.iter().zip(k_bias).enumerate() {
                 kt[d * lk + i] = value + b;
             }
         }
-        // scores = (scale·Q)·Kᵀ, tile by tile.
-        for i0 in (0..lq).step_by(TILE_Q) {
-            for j0 in (0..lk).step_by(TILE_K) {
-                let mut acc = [[0f32; TILE_K]; TILE_Q];
-                for d in 0..head_dim {
-                    let kv: &[f32; TILE_K] = kt[d * lk + j0..d * lk + j0 + TILE_K].try_into().unwrap();
-                    for (r, acc_row) in acc.iter_mut().enumerate() {
-                        let qv = q[(i0 + r) * head_dim + d];
-                        for c in 0..TILE_K {
-                            acc_row[c] = fma::<FMA>(qv, kv[c], acc_row[c]);
-                        }
-                    }
-                }
-                for (r, acc_row) in acc.iter().enumerate() {
-                    scores[(i0 + r) * lk + j0..(i0 + r) * lk + j0 + TILE_K].copy_from_slice(acc_row);
-                }
-            }
-        }
-        for i in 0..len {
-            let row = &mut scores[i * lk..i * lk + len];
-            if let Some((bias, center)) = relative {
-                // Distance j − i of key j is at center + j − i.
-                row.iter_mut().zip(&bias[center - i..center - i + len]).for_each(|(s, b)| *s += b);
-            }
-            let (lo, hi) = mask.keys(i, len);
-            softmax_in_place(&mut row[lo..hi]);
-            row[..lo].fill(0.0);
-            row[hi..].fill(0.0);
-        }
-        // out = P·V + v_bias (each row of P sums to 1, so V's bias passes through unchanged),
-        // 4 queries × 16 head dims at a time (head_dim is a multiple of 16 for every model we
-        // serve; the remainder loop below keeps other sizes correct).
         let dims_tiled = head_dim / TILE_K * TILE_K;
-        for i0 in (0..lq).step_by(TILE_Q) {
-            for d0 in (0..dims_tiled).step_by(TILE_K) {
-                let vb: &[f32; TILE_K] = v_bias[d0..d0 + TILE_K].try_into().unwrap();
-                let mut acc = [*vb; TILE_Q];
-                for j in 0..len {
-                    let base = j * width + vc + d0;
-                    let vv: &[f32; TILE_K] = rows[base..base + TILE_K].try_into().unwrap();
-                    for (r, acc_row) in acc.iter_mut().enumerate() {
-                        let p = scores[(i0 + r) * lk + j];
-                        for c in 0..TILE_K {
-                            acc_row[c] = fma::<FMA>(p, vv[c], acc_row[c]);
+        for first in (0..len).step_by(block) {
+            let n = block.min(len - first);
+            let lq = n.div_ceil(TILE_Q) * TILE_Q;
+            // Q (biased, pre-scaled) of this block; padding rows stay zero.
+            q[n * head_dim..].fill(0.0);
+            for i in 0..n {
+                let src = &rows[(first + i) * width + qc..(first + i) * width + qc + head_dim];
+                let dst = &mut q[i * head_dim..(i + 1) * head_dim];
+                dst.iter_mut().zip(src).zip(q_bias).for_each(|((d, s), b)| *d = (s + b) * scale);
+            }
+            // scores = (scale·Q)·Kᵀ, tile by tile.
+            for i0 in (0..lq).step_by(TILE_Q) {
+                for j0 in (0..lk).step_by(TILE_K) {
+                    let mut acc = [[0f32; TILE_K]; TILE_Q];
+                    for d in 0..head_dim {
+                        let kv: &[f32; TILE_K] = kt[d * lk + j0..d * lk + j0 + TILE_K].try_into().unwrap();
+                        for (r, acc_row) in acc.iter_mut().enumerate() {
+                            let qv = q[(i0 + r) * head_dim + d];
+                            for c in 0..TILE_K {
+                                acc_row[c] = fma::<FMA>(qv, kv[c], acc_row[c]);
+                            }
                         }
                     }
-                }
-                for (r, acc_row) in acc.iter().enumerate().take(len.saturating_sub(i0)) {
-                    // SAFETY: row i0+r < len, columns qc+d0.. of this head, inside the output.
-                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((i0 + r) * out_width + qc + d0), TILE_K) };
+                    for (r, acc_row) in acc.iter().enumerate() {
+                        scores[(i0 + r) * lk + j0..(i0 + r) * lk + j0 + TILE_K].copy_from_slice(acc_row);
+                    }
                 }
             }
-            for i in i0..(i0 + TILE_Q).min(len) {
-                for d in dims_tiled..head_dim {
-                    let sum = v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
-                    // SAFETY: as above.
-                    unsafe { *out.add(i * out_width + qc + d) = sum };
+            for i in 0..n {
+                let query = first + i;
+                let row = &mut scores[i * lk..i * lk + len];
+                if let Some((bias, center)) = relative {
+                    // Distance j − query of key j is at center + j − query.
+                    row.iter_mut().zip(&bias[center - query..center - query + len]).for_each(|(s, b)| *s += b);
+                }
+                let (lo, hi) = mask.keys(query, len);
+                softmax_in_place(&mut row[lo..hi]);
+                row[..lo].fill(0.0);
+                row[hi..].fill(0.0);
+            }
+            // out = P·V + v_bias (each row of P sums to 1, so V's bias passes through unchanged),
+            // 4 queries × 16 head dims at a time (head_dim is a multiple of 16 for every model we
+            // serve; the remainder loop below keeps other sizes correct).
+            for i0 in (0..lq).step_by(TILE_Q) {
+                for d0 in (0..dims_tiled).step_by(TILE_K) {
+                    let vb: &[f32; TILE_K] = v_bias[d0..d0 + TILE_K].try_into().unwrap();
+                    let mut acc = [*vb; TILE_Q];
+                    for j in 0..len {
+                        let base = j * width + vc + d0;
+                        let vv: &[f32; TILE_K] = rows[base..base + TILE_K].try_into().unwrap();
+                        for (r, acc_row) in acc.iter_mut().enumerate() {
+                            let p = scores[(i0 + r) * lk + j];
+                            for c in 0..TILE_K {
+                                acc_row[c] = fma::<FMA>(p, vv[c], acc_row[c]);
+                            }
+                        }
+                    }
+                    for (r, acc_row) in acc.iter().enumerate().take(n.saturating_sub(i0)) {
+                        // SAFETY: row first+i0+r < len, columns qc+d0.. of this head, inside the output.
+                        unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((first + i0 + r) * out_width + qc + d0), TILE_K) };
+                    }
+                }
+                for i in i0..(i0 + TILE_Q).min(n) {
+                    for d in dims_tiled..head_dim {
+                        let sum = v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
+                        // SAFETY: as above.
+                        unsafe { *out.add((first + i) * out_width + qc + d) = sum };
+                    }
                 }
             }
         }
@@ -409,5 +440,41 @@ mod tests {
         let qkv = random((25, 96), 15);
         let att = Attention { num_heads: 2, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
         assert!(max_diff(&att.forward(&qkv, None).unwrap(), &att.forward_generic(&qkv).unwrap()) < 1e-5, "position bias");
+    }
+
+    #[test]
+    fn sequences_longer_than_a_query_block_match_composite() {
+        // 300 tokens: three query blocks (the last partial), next to a short sequence.
+        let cu = [0usize, 300, 307];
+        let qkv = (random((307, 128), 16) * 2.0).unwrap();
+        let bias = Bias::new(random((1, 128), 17).flatten_all().unwrap()).unwrap();
+        let max_len = 300;
+        let values = random((4, 2 * max_len - 1), 18).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let position_bias = PositionBias { values, max_len };
+        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(150)] {
+            for relative in [None, Some(&position_bias)] {
+                // 4 query heads over 2 key/value heads of 16 dims.
+                let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: relative };
+                let fast = att.forward(&qkv, Some(&bias)).unwrap();
+                let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
+                assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}, relative bias {}", relative.is_some());
+            }
+        }
+    }
+
+    /// The working memory of one attention job: QUERY_BLOCK × len scores plus Kᵀ and a Q block,
+    /// not len × len (a 32k-token sequence would need 4 GiB per thread).
+    #[test]
+    fn working_memory_is_linear_in_the_sequence_length() {
+        let len = 4096;
+        let cu = [0usize, len];
+        let qkv = random((len, 3 * 64), 19);
+        let att = Attention { num_heads: 1, num_kv_heads: 1, head_dim: 64, cu_seqlens: &cu, mask: AttentionMask::Causal, position_bias: None };
+        att.forward(&qkv, None).unwrap();
+        let floats = MAX_SCRATCH_FLOATS.load(std::sync::atomic::Ordering::Relaxed);
+        // Kᵀ and the scores round the length up to a key tile.
+        let linear = QUERY_BLOCK * 64 + (64 + QUERY_BLOCK) * len.div_ceil(TILE_K) * TILE_K;
+        assert!(floats <= linear, "scratch of {floats} floats for {len} tokens; linear bound {linear}");
+        assert!(floats < len * len / 8, "scratch of {floats} floats is quadratic");
     }
 }

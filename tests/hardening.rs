@@ -1,0 +1,69 @@
+//! Issue 17: what hostile requests, crashed workers and broken folders must not do to the
+//! server, through the real router.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use serde_json::json;
+
+/// A panic while tokenizing fails that request only: the (single) worker survives, /health
+/// stays 200 and the next request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokenizer_panic_fails_one_request_and_the_worker_goes_on() {
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.tokenizer_workers = 1);
+    let router = router(engine.clone(), 2_000_000);
+    let failed = engine.panic_in_a_tokenizer_worker().await;
+    assert!(matches!(failed, Err(poolserve::engine::EngineError::Tokenizer(_))), "{failed:?}");
+    assert_eq!(send(&router, "GET", "/health", None, &[]).await.status, StatusCode::OK);
+    for _ in 0..3 {
+        let reply = post(&router, "/v1/embeddings", json!({"input": ["A man is eating food."]})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    }
+    assert!(engine.check_alive().is_ok());
+}
+
+/// 404 and 405 answers carry the timing headers too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrouted_answers_carry_timing_headers() {
+    let router = router(engine(&fixture_model("bert-embed-mean"), |_| {}), 2_000_000);
+    let not_found = send(&router, "GET", "/no/such/route", None, &[]).await;
+    assert_eq!(not_found.status, StatusCode::NOT_FOUND);
+    let wrong_method = send(&router, "GET", "/v1/embeddings", None, &[]).await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    for reply in [not_found, wrong_method] {
+        for header in ["x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"] {
+            assert!(reply.headers.contains_key(header), "{} answer lacks {header}", reply.status);
+        }
+    }
+}
+
+fn in_flight(metrics: &str) -> f64 {
+    metrics.lines().find(|l| l.starts_with("poolserve_requests_in_flight ")).and_then(|l| l.split(' ').nth(1)).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
+}
+
+/// A client that disconnects mid-request is still counted out of `requests_in_flight`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnected_client_leaves_no_request_in_flight() {
+    use tower::ServiceExt;
+    let router = router(engine(&fixture_model("bert-embed-mean"), |_| {}), 2_000_000);
+    let texts: Vec<String> = (0..1024).map(|i| format!("text number {i} about something long enough to take a while")).collect();
+    let body = serde_json::to_string(&json!({"input": texts})).unwrap();
+    let request = axum::http::Request::post("/v1/embeddings").header("content-type", "application/json").body(axum::body::Body::from(body)).unwrap();
+    // The client gives up after 20 ms: the handler's future is dropped mid-way.
+    let gave_up = tokio::time::timeout(std::time::Duration::from_millis(20), router.clone().oneshot(request)).await;
+    assert!(gave_up.is_err(), "the request finished within 20 ms; the test needs a slower one");
+    // Other tests of this file may be in flight at the same time: wait for the gauge to settle.
+    let mut gauge = -1.0;
+    for _ in 0..200 {
+        let metrics = router.clone().oneshot(axum::http::Request::get("/metrics").body(axum::body::Body::empty()).unwrap()).await.unwrap();
+        let text = String::from_utf8(axum::body::to_bytes(metrics.into_body(), 1_000_000).await.unwrap().to_vec()).unwrap();
+        // The /metrics request itself is in flight while it renders.
+        gauge = in_flight(&text) - 1.0;
+        if gauge == 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(gauge, 0.0, "requests_in_flight did not return to zero");
+}
