@@ -9,7 +9,7 @@
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY benches ./benches
 RUN cargo build --release --locked --bin poolserve \

@@ -8,7 +8,8 @@
 #    configs/kubernetes/ with kubernetes-validate;
 # 2. runs every Rust test: unit tests, parity against tests/fixtures, HTTP tests through the
 #    router, the real-model tests, and the binary end to end; builds the CUDA binary
-#    (scripts/build-cuda.sh: PyPI's CUDA 13.0 toolchain, no GPU needed to build);
+#    (scripts/build-cuda.sh: PyPI's CUDA 13.0 toolchain, no GPU needed to build) and dry-runs the
+#    GPU check's parity step on the CPU (scripts/gpu-check.sh);
 # 3. serves models with the built binary and runs the examples against them: the OpenAI SDK and
 #    the Cohere embed SDK (v1 and v2 clients, every embedding type) on MiniLM, the /docs page
 #    rendered in headless Chromium (installed from Debian when missing), the Cohere rerank SDK
@@ -16,7 +17,8 @@
 #    fixture (SDKs installed into .venv/);
 # 4. runs schemathesis against /openapi.json of a served fixture;
 # 5. builds the container image from the unchanged Dockerfile and runs it
-#    (scripts/test-container.sh: buildah, no Docker engine needed; root only).
+#    (scripts/test-container.sh: buildah, no Docker engine needed; root only), then builds the
+#    CUDA image from Dockerfile.cuda and checks its contents (scripts/test-container-cuda.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +40,9 @@ cargo test --locked
 cuda_binary=$(scripts/build-cuda.sh | tail -1)
 readelf -d "$cuda_binary" | grep -q 'NEEDED.*libcublas.so.13' || { echo "CUDA binary does not link cuBLAS" >&2; exit 1; }
 echo "cuda build: ok ($cuda_binary)"
+# The GPU check's parity step, dry-run through the CPU binary (float32 and float16): every
+# fixture model must have a check in scripts/gpu_check.py, and the script must keep working.
+DEVICE=cpu PARITY_ONLY=1 POOLSERVE_BIN=target/debug/poolserve scripts/gpu-check.sh
 
 servers=()
 trap 'kill "${servers[@]}" 2>/dev/null || true' EXIT
@@ -88,3 +93,4 @@ echo "schemathesis: ok"
 kill "${servers[@]}" 2>/dev/null || true
 servers=()
 scripts/test-container.sh
+scripts/test-container-cuda.sh
