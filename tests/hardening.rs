@@ -67,3 +67,33 @@ async fn a_disconnected_client_leaves_no_request_in_flight() {
     }
     assert_eq!(gauge, 0.0, "requests_in_flight did not return to zero");
 }
+
+/// Resident memory of this test process, in MiB (Linux).
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
+}
+
+/// A 1.5 MB query against 1,000 documents: refused at once without truncation; with it, the
+/// query is cut to what the model could use and tokenized once, and memory stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_query_against_many_documents_does_not_amplify() {
+    let router = router(engine(&fixture_model("bert-reranker"), |_| {}), 20_000_000);
+    let query = "the quick brown fox ".repeat(75_000); // 1.5 MB
+    let documents: Vec<String> = (0..1000).map(|i| format!("document {i}")).collect();
+    let before = rss_mib();
+    let started = std::time::Instant::now();
+    let refused = post(&router, "/rerank", json!({"query": query, "documents": documents})).await;
+    let refused_in = started.elapsed();
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(refused.body["error"]["message"].as_str().unwrap().contains("bytes"), "{}", refused.body);
+    let started = std::time::Instant::now();
+    let truncated = post(&router, "/score", json!({"text_1": query, "text_2": documents, "truncate_prompt_tokens": -1})).await;
+    let truncated_in = started.elapsed();
+    assert_eq!(truncated.status, StatusCode::OK, "{}", truncated.body);
+    assert_eq!(truncated.body["data"].as_array().unwrap().len(), 1000);
+    let growth = rss_mib() - before;
+    eprintln!("1.5 MB query × 1000 documents: refused in {refused_in:?}; truncated and scored in {truncated_in:?}; RSS growth {growth:.0} MiB");
+    // Before the fix the query was copied into every pair: 1.5 GB of strings.
+    assert!(growth < 300.0, "RSS grew by {growth:.0} MiB");
+}

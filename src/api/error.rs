@@ -130,7 +130,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Params(p) => p.into(),
-            EngineError::InputTooLong { .. } | EngineError::EmbedInputTooLong { .. } => {
+            EngineError::InputTooLong { .. } | EngineError::EmbedInputTooLong { .. } | EngineError::TextTooLong { .. } => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }
             EngineError::InvalidPairing => ApiError::bad_request(e.to_string()),

@@ -43,7 +43,15 @@ pub enum EngineError {
     Stopped,
     #[error("the engine cannot serve: {0}")]
     Dead(&'static str),
+    #[error("This model's maximum context length is {max} tokens. However, you sent a text of {bytes} bytes, longer than any text that fits ({limit} bytes). Please reduce the length of the input, or set truncate_prompt_tokens.")]
+    TextTooLong { bytes: usize, limit: usize, max: usize },
 }
+
+/// Bytes per token above which a text cannot fit the model (`Engine::max_text_bytes`): real
+/// text runs 1–10 bytes per token (CJK about 3, English about 4, indented code up to 10); 32
+/// leaves room for any of it while bounding what one request can make the server copy and
+/// tokenize.
+pub const MAX_BYTES_PER_TOKEN: usize = 32;
 
 /// One input as the client sent it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,26 +165,92 @@ impl Engine {
         Ok(inputs)
     }
 
-    async fn tokenize_and_check(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
-        let options = EncodeOptions {
+    /// Cross-encoder pairs (`pairs` index `queries` and `documents`), each distinct text
+    /// tokenized once, checked against the model's limits like [`Self::prepare`]'s inputs.
+    pub async fn prepare_pairs(
+        &self,
+        queries: &[String],
+        documents: &[String],
+        pairs: Vec<(usize, usize)>,
+        params: &ResolvedParams,
+    ) -> Result<Vec<TokenizedInput>, EngineError> {
+        let started = std::time::Instant::now();
+        let bound = |texts: &[String]| texts.iter().map(|t| self.bounded(t, params).map(|t| t.into_owned())).collect::<Result<Vec<_>, _>>();
+        let (queries, documents) = (bound(queries)?, bound(documents)?);
+        let encoded = self.inner.tokenizers.encode_pairs(queries, documents, pairs, Self::encode_options(params)).await?;
+        let inputs = encoded.into_iter().collect::<Result<Vec<_>, _>>()?;
+        for input in &inputs {
+            self.check_length(input.len(), params)?;
+        }
+        let elapsed = started.elapsed();
+        crate::metrics::tokenized(elapsed, inputs.iter().map(TokenizedInput::len).sum());
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
+        Ok(inputs)
+    }
+
+    /// Longest text, in bytes, that tokenizing could ever need: [`MAX_BYTES_PER_TOKEN`] per
+    /// token of the longest input the model takes (`max_embed_len` with chunked processing).
+    pub fn max_text_bytes(&self, params: &ResolvedParams) -> usize {
+        let tokens = match (params.task, self.inner.chunked_up_to) {
+            (Task::Embed, Some(limit)) => limit,
+            _ => self.inner.spec.max_model_len,
+        };
+        tokens.saturating_mul(MAX_BYTES_PER_TOKEN)
+    }
+
+    /// `text`, or its cut to [`Self::max_text_bytes`] when the request truncates (the end the
+    /// truncation side drops, at a character boundary), or an error when it does not: no
+    /// megabyte text is copied into pairs or tokenized only to be refused afterwards.
+    pub fn bounded<'a>(&self, text: &'a str, params: &ResolvedParams) -> Result<std::borrow::Cow<'a, str>, EngineError> {
+        let limit = self.max_text_bytes(params);
+        if text.len() <= limit {
+            return Ok(std::borrow::Cow::Borrowed(text));
+        }
+        if params.truncate_to.is_none() {
+            return Err(EngineError::TextTooLong { bytes: text.len(), limit, max: self.inner.spec.max_model_len });
+        }
+        let cut = match params.truncation_side {
+            crate::pooling::params::TruncationSide::Right => {
+                let end = (0..=limit).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+                &text[..end]
+            }
+            crate::pooling::params::TruncationSide::Left => {
+                let start = (text.len() - limit..=text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+                &text[start..]
+            }
+        };
+        Ok(std::borrow::Cow::Borrowed(cut))
+    }
+
+    fn encode_options(params: &ResolvedParams) -> EncodeOptions {
+        EncodeOptions {
             add_special_tokens: params.add_special_tokens,
             truncate_to: params.truncate_to,
             side: params.truncation_side,
             pair_limits: params.pair_limits,
-        };
+        }
+    }
+
+    async fn tokenize_and_check(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
+        let options = Self::encode_options(params);
         // A sentence-transformers prompt is prepended to text inputs, as `encode` does.
-        let with_prompt = |text: &str| match params.prompt.as_deref() {
-            Some(prompt) => format!("{prompt}{text}"),
-            None => text.to_string(),
+        let with_prompt = |text: &str| -> Result<String, EngineError> {
+            let text = self.bounded(text, params)?;
+            Ok(match params.prompt.as_deref() {
+                Some(prompt) => format!("{prompt}{text}"),
+                None => text.into_owned(),
+            })
         };
         let texts: Vec<TextInput> = prompts
             .iter()
             .filter_map(|p| match p {
-                Prompt::Text(t) => Some(TextInput::Single(with_prompt(t))),
-                Prompt::Pair(q, d) => Some(TextInput::Pair(q.clone(), d.clone())),
+                Prompt::Text(t) => Some(with_prompt(t).map(TextInput::Single)),
+                Prompt::Pair(q, d) => {
+                    Some(self.bounded(q, params).and_then(|q| Ok(TextInput::Pair(q.into_owned(), self.bounded(d, params)?.into_owned()))))
+                }
                 Prompt::Tokens(_) => None,
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let mut encoded = if texts.is_empty() {
             Vec::new().into_iter()
         } else {

@@ -63,6 +63,11 @@ fn vector(output: PoolingOutput) -> Result<Vec<f32>, EngineError> {
     }
 }
 
+/// Every text within [`Engine::max_text_bytes`] (cut or refused, see [`Engine::bounded`]).
+fn bounded_all<'a>(engine: &Engine, texts: &'a [String], params: &ResolvedParams) -> Result<Vec<std::borrow::Cow<'a, str>>, EngineError> {
+    texts.iter().map(|t| engine.bounded(t, params)).collect()
+}
+
 impl Engine {
     /// How this model scores pairs, if it can.
     pub fn score_mode(&self) -> Option<ScoreMode> {
@@ -93,18 +98,24 @@ impl Engine {
             Some(ScoreMode::CrossEncoder) => {
                 // Embedding prompts do not apply to a cross-encoder's pairs or to its template.
                 let params = &ResolvedParams { prompt: None, ..params.clone() };
-                let (prompts, params) = match &self.spec().rerank_template {
+                let (outputs, tokens) = match &self.spec().rerank_template {
                     // The rendered prompt is the whole input: the tokenizer adds nothing to it.
-                    Some(template) => (
-                        pairs.iter().map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction))).collect(),
-                        ResolvedParams { add_special_tokens: false, ..params.clone() },
-                    ),
-                    None => (
-                        pairs.iter().map(|&(i, j)| Prompt::Pair(queries[i].clone(), documents[j].clone())).collect(),
-                        params.clone(),
-                    ),
+                    // Each pair is rendered and tokenized whole (tokenizing the template's parts
+                    // apart would change the tokens at their seams); texts are bounded first.
+                    Some(template) => {
+                        let params = ResolvedParams { add_special_tokens: false, ..params.clone() };
+                        let (queries, documents) = (bounded_all(self, queries, &params)?, bounded_all(self, documents, &params)?);
+                        let prompts = pairs.iter().map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction))).collect();
+                        self.encode(prompts, &params).await?
+                    }
+                    // Each distinct query and document is tokenized once; pairs are joined
+                    // from their token ids.
+                    None => {
+                        let inputs = self.prepare_pairs(queries, documents, pairs, params).await?;
+                        let tokens = inputs.iter().map(|i| i.len()).sum();
+                        (self.run(inputs, params).await?, tokens)
+                    }
                 };
-                let (outputs, tokens) = self.encode(prompts, &params).await?;
                 let scores = outputs.into_iter().map(single_value).collect::<Result<_, _>>()?;
                 Ok((scores, tokens))
             }

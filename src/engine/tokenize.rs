@@ -81,14 +81,44 @@ impl TextTokenizer {
     /// A (query, document) pair as cross-encoders see it (`[CLS] q [SEP] d [SEP]` with segment
     /// ids 0/1 for BERT, `<s> q </s></s> d </s>` for RoBERTa), as `tokenizer(q, d)` makes it.
     pub fn encode_pair(&self, query: &str, document: &str, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
-        let cut = |mut e: Encoding, limit: Option<usize>| {
-            if let Some(n) = limit {
-                e.truncate(n, 0, TruncationDirection::Right);
-            }
-            e
-        };
-        let first = cut(self.raw(query)?, options.pair_limits.query);
-        let second = cut(self.raw(document)?, options.pair_limits.document);
+        let first = self.pair_side(query, options.pair_limits.query)?;
+        let second = self.pair_side(document, options.pair_limits.document)?;
+        self.join_pair(first, second, options)
+    }
+
+    /// Every `(query, document)` pair of `pairs` (indices into `queries` and `documents`),
+    /// exactly as [`Self::encode_pair`] makes each, but with each distinct text tokenized once:
+    /// a long query against a thousand documents is one tokenization, not a thousand.
+    pub fn encode_pairs(
+        &self,
+        queries: &[String],
+        documents: &[String],
+        pairs: &[(usize, usize)],
+        options: EncodeOptions,
+    ) -> Vec<Result<TokenizedInput, EngineError>> {
+        let queries: Vec<_> = queries.iter().map(|q| self.pair_side(q, options.pair_limits.query)).collect();
+        let documents: Vec<_> = documents.iter().map(|d| self.pair_side(d, options.pair_limits.document)).collect();
+        pairs
+            .iter()
+            .map(|&(i, j)| match (queries.get(i), documents.get(j)) {
+                (Some(Ok(q)), Some(Ok(d))) => self.join_pair(q.clone(), d.clone(), options),
+                (Some(Err(e)), _) | (_, Some(Err(e))) => Err(e.clone()),
+                _ => Err(EngineError::InvalidPairing),
+            })
+            .collect()
+    }
+
+    /// One side of a pair, without special tokens, cut to its own limit.
+    fn pair_side(&self, text: &str, limit: Option<usize>) -> Result<Encoding, EngineError> {
+        let mut encoding = self.raw(text)?;
+        if let Some(n) = limit {
+            encoding.truncate(n, 0, TruncationDirection::Right);
+        }
+        Ok(encoding)
+    }
+
+    /// Truncates a pair to the input limit (longest first) and adds the special tokens.
+    fn join_pair(&self, first: Encoding, second: Encoding, options: EncodeOptions) -> Result<TokenizedInput, EngineError> {
         let (first, second) = match options.truncate_to {
             Some(limit) => {
                 let params = TruncationParams {
@@ -164,11 +194,28 @@ pub fn truncate_ids(mut ids: Vec<u32>, options: EncodeOptions) -> TokenizedInput
 }
 
 struct Job {
-    texts: Vec<TextInput>,
+    work: Work,
     options: EncodeOptions,
     reply: oneshot::Sender<Vec<Result<TokenizedInput, EngineError>>>,
     /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the worker panics on this job.
     panic: bool,
+}
+
+/// What a job tokenizes.
+enum Work {
+    Texts(Vec<TextInput>),
+    /// Cross-encoder pairs by index into the distinct queries and documents, so that each text
+    /// is tokenized once however many pairs it is in ([`TextTokenizer::encode_pairs`]).
+    Pairs { queries: Vec<String>, documents: Vec<String>, pairs: Vec<(usize, usize)> },
+}
+
+impl Work {
+    fn outputs(&self) -> usize {
+        match self {
+            Work::Texts(texts) => texts.len(),
+            Work::Pairs { pairs, .. } => pairs.len(),
+        }
+    }
 }
 
 type Receiver = Arc<Mutex<mpsc::Receiver<Job>>>;
@@ -186,13 +233,16 @@ fn spawn_worker(index: usize, rx: Receiver, tokenizer: Arc<TextTokenizer>) -> st
             if job.reply.is_closed() {
                 continue; // the client has gone
             }
-            let count = job.texts.len();
+            let count = job.work.outputs();
             // A tokenizer bug on one input must fail that request, not the worker.
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 if job.panic {
                     panic!("tokenizer test hook");
                 }
-                job.texts.iter().map(|t| tokenizer.encode_input(t, job.options)).collect::<Vec<_>>()
+                match &job.work {
+                    Work::Texts(texts) => texts.iter().map(|t| tokenizer.encode_input(t, job.options)).collect::<Vec<_>>(),
+                    Work::Pairs { queries, documents, pairs } => tokenizer.encode_pairs(queries, documents, pairs, job.options),
+                }
             }))
             .unwrap_or_else(|_| {
                 tracing::error!("a tokenizer worker panicked on a request of {count} inputs; the request fails, the worker goes on");
@@ -245,8 +295,23 @@ impl TokenizerPool {
     }
 
     pub async fn encode(&self, texts: Vec<TextInput>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+        self.submit(Work::Texts(texts), options).await
+    }
+
+    /// Cross-encoder pairs, each distinct text tokenized once ([`TextTokenizer::encode_pairs`]).
+    pub async fn encode_pairs(
+        &self,
+        queries: Vec<String>,
+        documents: Vec<String>,
+        pairs: Vec<(usize, usize)>,
+        options: EncodeOptions,
+    ) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+        self.submit(Work::Pairs { queries, documents, pairs }, options).await
+    }
+
+    async fn submit(&self, work: Work, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.jobs.send(Job { texts, options, reply, panic: false }).await.map_err(|_| EngineError::Stopped)?;
+        self.jobs.send(Job { work, options, reply, panic: false }).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
     }
 
@@ -261,7 +326,7 @@ impl TokenizerPool {
     pub async fn panic_in_a_worker(&self) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         let (reply, rx) = oneshot::channel();
         let options = EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: PairLimits::default() };
-        let job = Job { texts: vec![TextInput::Single(String::new())], options, reply, panic: true };
+        let job = Job { work: Work::Texts(vec![TextInput::Single(String::new())]), options, reply, panic: true };
         self.jobs.send(job).await.map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)
     }
