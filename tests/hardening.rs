@@ -97,3 +97,41 @@ async fn a_huge_query_against_many_documents_does_not_amplify() {
     // Before the fix the query was copied into every pair: 1.5 GB of strings.
     assert!(growth < 300.0, "RSS grew by {growth:.0} MiB");
 }
+
+/// Requests take turns in the batches: a one-text request sent after three 1,024-input
+/// requests is answered while they are still running, not after them. Prints the one-text
+/// latency idle and under that flood (no timing is asserted: machines are noisy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_request_is_not_stuck_behind_big_ones() {
+    let router = router(engine(&fixture_model("bert-embed-mean"), |c| c.max_num_seqs = 64), 20_000_000);
+    let single = || post(&router, "/v1/embeddings", json!({"input": ["A man is eating food."]}));
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        assert_eq!(single().await.status, StatusCode::OK);
+        idle.push(started.elapsed());
+    }
+    let texts: Vec<String> = (0..1024).map(|i| format!("flood text number {i} with a few more words in it to make it longer")).collect();
+    let floods: Vec<_> = (0..3)
+        .map(|_| {
+            let router = router.clone();
+            let body = json!({"input": texts});
+            tokio::spawn(async move { post(&router, "/v1/embeddings", body).await.status })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut flooded = Vec::new();
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        assert_eq!(single().await.status, StatusCode::OK);
+        flooded.push(started.elapsed());
+    }
+    let floods_running = floods.iter().filter(|f| !f.is_finished()).count();
+    for flood in floods {
+        assert_eq!(flood.await.unwrap(), StatusCode::OK);
+    }
+    idle.sort();
+    flooded.sort();
+    eprintln!("one-text request p50 / max: idle {:?} / {:?}, under three 1,024-input floods {:?} / {:?}", idle[2], idle[4], flooded[2], flooded[4]);
+    assert!(floods_running > 0, "the floods finished before the small requests: nothing was tested");
+}

@@ -66,6 +66,8 @@ struct Inner {
     spec: ModelSpec,
     tokenizers: TokenizerPool,
     jobs: mpsc::UnboundedSender<Job>,
+    /// Numbers each `run` call, so that the scheduler can take turns between requests.
+    next_request: std::sync::atomic::AtomicU64,
     admission: Arc<Semaphore>,
     max_concurrent_requests: usize,
     vocab_size: usize,
@@ -108,6 +110,7 @@ impl Engine {
                 spec,
                 tokenizers,
                 jobs: tx,
+                next_request: std::sync::atomic::AtomicU64::new(0),
                 admission: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 max_concurrent_requests: config.max_concurrent_requests,
                 vocab_size,
@@ -295,11 +298,12 @@ impl Engine {
     /// future (a client disconnect) withdraws the inputs that have not run yet.
     pub async fn run(&self, inputs: Vec<TokenizedInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
         let mut receivers = Vec::with_capacity(inputs.len());
+        let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for input in inputs {
             let (reply, rx) = oneshot::channel();
             self.inner
                 .jobs
-                .send(Job { input, params: params.clone(), reply, enqueued: std::time::Instant::now() })
+                .send(Job { request, input, params: params.clone(), reply, enqueued: std::time::Instant::now() })
                 .map_err(|_| EngineError::Stopped)?;
             receivers.push(rx);
         }

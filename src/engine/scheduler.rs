@@ -34,6 +34,8 @@ pub enum PoolingOutput {
 }
 
 pub struct Job {
+    /// The request the input belongs to: batches take turns between requests.
+    pub request: u64,
     pub input: TokenizedInput,
     pub params: ResolvedParams,
     pub reply: oneshot::Sender<Result<(PoolingOutput, JobTiming), EngineError>>,
@@ -68,28 +70,48 @@ pub struct Runner {
     pub chunk_tokens: usize,
 }
 
-/// Removes the next batch from `pending`: the oldest live job, then every later job that still
-/// fits. Jobs whose client disconnected are dropped here.
+/// Removes the next batch from `pending`, taking turns between requests: in each round every
+/// waiting request (oldest first) adds its oldest input that still fits the token budget, until
+/// the batch is full or nothing else fits. A one-text request that arrives behind two
+/// 1,024-input requests thus runs in the next batch instead of after all 2,048 inputs, while
+/// big requests still fill batches when they are alone. The oldest job always runs, even alone
+/// over the budget. Jobs whose client disconnected are dropped here.
 fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
     let before = pending.len();
     pending.retain(|job| !job.reply.is_closed());
     if pending.len() < before {
         metrics::inputs_cancelled(before - pending.len());
     }
-    let mut batch = Vec::new();
-    let mut tokens = 0;
-    let mut i = 0;
-    while i < pending.len() && batch.len() < limits.max_seqs {
-        let len = pending[i].input.len();
-        if batch.is_empty() || tokens + len <= limits.max_tokens {
-            tokens += len;
-            if let Some(job) = pending.remove(i) {
-                batch.push(job);
-            }
-        } else {
-            i += 1;
+    // Each request's jobs (indices into `pending`, oldest first), requests by first arrival.
+    let mut requests: Vec<(u64, VecDeque<usize>)> = Vec::new();
+    for (i, job) in pending.iter().enumerate() {
+        match requests.iter_mut().find(|(id, _)| *id == job.request) {
+            Some((_, jobs)) => jobs.push_back(i),
+            None => requests.push((job.request, VecDeque::from([i]))),
         }
     }
+    let mut chosen = Vec::new();
+    let mut tokens = 0;
+    'rounds: loop {
+        let mut added = false;
+        for (_, jobs) in requests.iter_mut() {
+            if chosen.len() >= limits.max_seqs {
+                break 'rounds;
+            }
+            let fits = jobs.iter().position(|&i| chosen.is_empty() || tokens + pending[i].input.len() <= limits.max_tokens);
+            if let Some(k) = fits.and_then(|k| jobs.remove(k)) {
+                tokens += pending[k].input.len();
+                chosen.push(k);
+                added = true;
+            }
+        }
+        if !added {
+            break;
+        }
+    }
+    let mut slots: Vec<Option<Job>> = pending.drain(..).map(Some).collect();
+    let batch = chosen.iter().filter_map(|&i| slots[i].take()).collect();
+    pending.extend(slots.into_iter().flatten());
     batch
 }
 
@@ -246,7 +268,28 @@ mod tests {
             prompt: None,
         };
         let input = TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] };
-        (Job { input, params, reply, enqueued: Instant::now() }, rx)
+        (Job { request: 0, input, params, reply, enqueued: Instant::now() }, rx)
+    }
+
+    #[test]
+    fn requests_take_turns() {
+        let limits = BatchLimits { max_tokens: 100, max_seqs: 4 };
+        let mut pending = VecDeque::new();
+        let mut receivers = Vec::new();
+        // Two big requests queued before a one-input request.
+        for (request, count) in [(1, 6), (2, 6), (3, 1)] {
+            for _ in 0..count {
+                let (mut j, rx) = job(5);
+                j.request = request;
+                pending.push_back(j);
+                receivers.push(rx);
+            }
+        }
+        let first = take_batch(&mut pending, limits);
+        assert_eq!(first.iter().map(|j| j.request).collect::<Vec<_>>(), vec![1, 2, 3, 1]);
+        let second = take_batch(&mut pending, limits);
+        assert_eq!(second.iter().map(|j| j.request).collect::<Vec<_>>(), vec![1, 2, 1, 2]);
+        assert_eq!(pending.len(), 5);
     }
 
     #[test]
