@@ -246,3 +246,44 @@ fn loads_a_hub_id_from_the_offline_cache() {
     assert!(!ok && stderr.contains("not in the hub cache"), "{stderr}");
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// Broken model folders (issue 17): a one-line error at startup, never a panic.
+#[test]
+fn broken_model_folders_fail_with_one_line() {
+    let root = std::env::temp_dir().join(format!("poolserve-cli-broken-{}", std::process::id()));
+    let broken = |name: &str, fixture: &str, damage: &dyn Fn(&Path)| {
+        let dir = root.join(name);
+        copy_dir(&fixture_model(fixture), &dir);
+        damage(&dir);
+        dir
+    };
+    let serve = |dir: &Path, part: &str| assert_one_line_error(&["serve", dir.to_str().unwrap(), "--port", "0"], part);
+
+    // Weights cut off halfway through the file.
+    let dir = broken("truncated", "bert-embed-mean", &|d| {
+        let file = d.join("model.safetensors");
+        let bytes = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    });
+    serve(&dir, "safetensors");
+    // A config whose sizes disagree with the weights.
+    let dir = broken("sizes", "bert-embed-mean", &|d| {
+        let file = d.join("config.json");
+        let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        config["intermediate_size"] = json!(64);
+        std::fs::write(&file, config.to_string()).unwrap();
+    });
+    serve(&dir, "shape");
+    // An unparsable tokenizer.json.
+    let dir = broken("tokenizer", "bert-embed-mean", &|d| std::fs::write(d.join("tokenizer.json"), "{not json").unwrap());
+    serve(&dir, "tokenizer");
+    // A Dense module whose bias has more values than its weight has outputs.
+    let dir = broken("dense-bias", "distilbert-embed-mean-dense", &|d| {
+        let file = d.join("2_Dense/model.safetensors");
+        let mut tensors = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+        tensors.insert("linear.bias".into(), candle_core::Tensor::zeros(30, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap());
+        candle_core::safetensors::save(&tensors, &file).unwrap();
+    });
+    serve(&dir, "bias");
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -42,6 +42,14 @@ enum Weight {
 
 impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        // Shapes come from model files: a bias that disagrees with its weight must be a load
+        // error, not a kernel writing past what it checked.
+        let (out, _) = weight.dims2()?;
+        if let Some(b) = &bias {
+            if b.elem_count() != out {
+                bail!("a bias of {} values for a weight of {out} outputs ({:?})", b.elem_count(), weight.shape());
+            }
+        }
         let bias = bias.map(Bias::new).transpose()?;
         let weight = if fused(&weight) {
             let (n, k) = weight.dims2()?;
@@ -224,6 +232,20 @@ impl CustomOp2 for LinearOp<'_> {
     }
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         self.run(contiguous(s1, l1)?, l1, Some(contiguous(s2, l2)?))
+    }
+}
+
+#[cfg(test)]
+mod bias_shape_tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn a_bias_that_disagrees_with_the_weight_is_an_error() {
+        let weight = Tensor::zeros((4, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let err = Linear::new(weight.clone(), Some(Tensor::zeros(5, candle_core::DType::F32, &Device::Cpu).unwrap())).unwrap_err();
+        assert!(err.to_string().contains("bias of 5 values for a weight of 4 outputs"), "{err}");
+        assert!(Linear::new(weight, Some(Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap())).is_ok());
     }
 }
 
