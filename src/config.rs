@@ -149,6 +149,11 @@ pub struct ServeArgs {
     /// Most inputs (texts, token lists, pairs, documents) in one request; more get 400.
     #[arg(long, default_value_t = 1024, env = "POOLSERVE_MAX_CLIENT_BATCH_SIZE")]
     pub max_client_batch_size: usize,
+    /// Most floats one request may produce in token-level outputs (token_embed,
+    /// token_classify, late-interaction scoring: tokens × width); more get 400 before the
+    /// model runs. 2^24 = 64 MiB of f32, about 170 MB of JSON.
+    #[arg(long, default_value_t = 1 << 24, env = "POOLSERVE_MAX_OUTPUT_FLOATS")]
+    pub max_output_floats: usize,
     /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30, env = "POOLSERVE_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: u64,
@@ -191,6 +196,7 @@ pub struct ServerConfig {
     pub default_prompt: Option<String>,
     pub api_key: Option<String>,
     pub max_client_batch_size: usize,
+    pub max_output_floats: usize,
     pub shutdown_timeout: std::time::Duration,
     pub log_format: LogFormat,
 }
@@ -271,6 +277,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
                 key => key,
             },
             max_client_batch_size: positive("max-client-batch-size", args.max_client_batch_size)?,
+            max_output_floats: positive("max-output-floats", args.max_output_floats)?,
             shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
             log_format: args.log_format,
         })

@@ -135,3 +135,64 @@ async fn a_small_request_is_not_stuck_behind_big_ones() {
     eprintln!("one-text request p50 / max: idle {:?} / {:?}, under three 1,024-input floods {:?} / {:?}", idle[2], idle[4], flooded[2], flooded[4]);
     assert!(floods_running > 0, "the floods finished before the small requests: nothing was tested");
 }
+
+/// Token-level outputs over `--max-output-floats` are refused with 400 before the model runs:
+/// /pooling token_embed and late-interaction /score alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_outputs_over_the_budget_are_refused() {
+    // bert-colbert: 16-dimensional token vectors; 100 floats are 6 tokens.
+    let router = router(engine(&fixture_model("bert-colbert"), |c| c.max_output_floats = 100), 2_000_000);
+    let long = "the quick brown fox jumps over the lazy dog";
+    let refused = post(&router, "/pooling", json!({"input": long, "task": "token_embed"})).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    assert!(refused.body["error"]["message"].as_str().unwrap().contains("--max-output-floats"), "{}", refused.body);
+    let scored = post(&router, "/score", json!({"text_1": long, "text_2": long})).await;
+    assert_eq!(scored.status, StatusCode::BAD_REQUEST, "{}", scored.body);
+    let small = post(&router, "/pooling", json!({"input": "hi", "task": "token_embed"})).await;
+    assert_eq!(small.status, StatusCode::OK, "{}", small.body);
+}
+
+/// /tokenize and /detokenize go through admission like every model route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_routes_are_admitted_like_model_routes() {
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.max_concurrent_requests = 1);
+    let router = router(engine.clone(), 2_000_000);
+    let held = engine.admit().unwrap();
+    assert_eq!(post(&router, "/tokenize", json!({"prompt": "hello"})).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(post(&router, "/detokenize", json!({"tokens": [5, 6]})).await.status, StatusCode::TOO_MANY_REQUESTS);
+    drop(held);
+    assert_eq!(post(&router, "/tokenize", json!({"prompt": "hello"})).await.status, StatusCode::OK);
+    let reply = post(&router, "/detokenize", json!({"tokens": [5, 6]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}
+
+/// `/health` keeps answering while three 1,024-input requests saturate the engine (their
+/// tokenizing, scoring and serialization run off the async runtime). Prints its latency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_the_server_is_saturated() {
+    let router = router(engine(&fixture_model("bert-colbert"), |_| {}), 50_000_000);
+    let texts: Vec<String> = (0..1024).map(|i| format!("flood text number {i} with a few more words in it to make it longer")).collect();
+    let floods: Vec<_> = (0..3)
+        .map(|k| {
+            let router = router.clone();
+            // Token matrices (token_embed) and MaxSim scores: the heavy outputs.
+            let body = if k == 0 { json!({"input": texts, "task": "token_embed"}) } else { json!({"text_1": texts[0], "text_2": texts}) };
+            let path = if k == 0 { "/pooling" } else { "/score" };
+            tokio::spawn(async move { post(&router, path, body).await.status })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        assert_eq!(send(&router, "GET", "/health", None, &[]).await.status, StatusCode::OK);
+        latencies.push(started.elapsed());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let running = floods.iter().filter(|f| !f.is_finished()).count();
+    for flood in floods {
+        assert_eq!(flood.await.unwrap(), StatusCode::OK);
+    }
+    latencies.sort();
+    eprintln!("/health under load ({running} of 3 floods still running at the end): p50 {:?}, max {:?}", latencies[10], latencies[19]);
+}

@@ -3,13 +3,12 @@
 //! for base64 (see [`super::encoding`]).
 
 use super::error::{ApiError, ErrorResponses};
-use super::json::ApiJson;
+use super::json::{ApiJson, OffRuntimeJson};
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::Json;
 use super::encoding::{self, EmbedDtype, Endianness};
 use serde::{Deserialize, Serialize};
 
@@ -67,7 +66,7 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
-) -> Result<Json<ListResponse<EmbeddingData>>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let _permit = admit(engine)?;
     let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
@@ -89,6 +88,6 @@ pub async fn create(
             Ok(EmbeddingData { index, object: "embedding", embedding })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(ListResponse::new("embd", &headers, &state, data, tokens)))
+    OffRuntimeJson(ListResponse::new("embd", &headers, &state, data, tokens)).into_response().await
 }
 

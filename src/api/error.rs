@@ -133,7 +133,7 @@ impl From<EngineError> for ApiError {
             EngineError::InputTooLong { .. } | EngineError::EmbedInputTooLong { .. } | EngineError::TextTooLong { .. } => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }
-            EngineError::InvalidPairing => ApiError::bad_request(e.to_string()),
+            EngineError::InvalidPairing | EngineError::OutputTooLarge { .. } => ApiError::bad_request(e.to_string()),
             EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }

@@ -3,13 +3,12 @@
 //! nested lists, embed_sparse lists of `{"index", "value"}`.
 
 use super::error::{ApiError, ErrorResponses};
-use super::json::ApiJson;
+use super::json::{ApiJson, OffRuntimeJson};
 use super::{admit, AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::Json;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -72,7 +71,7 @@ pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(request): ApiJson<PoolingRequest>,
-) -> Result<Json<ListResponse<PoolingData>>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     state.check_model(request.model.as_deref())?;
     let engine = state.engine()?;
     let spec = engine.spec();
@@ -101,7 +100,7 @@ pub async fn create(
             PoolingData { index, object: "pooling", data }
         })
         .collect();
-    Ok(Json(ListResponse::new("pool", &headers, &state, data, tokens)))
+    OffRuntimeJson(ListResponse::new("pool", &headers, &state, data, tokens)).into_response().await
 }
 
 #[cfg(test)]

@@ -59,6 +59,7 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     state.check_model(request.model.as_deref())?;
     let engine = state.engine()?;
+    let _permit = super::admit(engine)?;
     let options = EncodeOptions {
         add_special_tokens: request.add_special_tokens,
         truncate_to: None,
@@ -85,9 +86,10 @@ pub async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     state.check_model(request.model.as_deref())?;
     let engine = state.engine()?;
+    let _permit = super::admit(engine)?;
     let vocab = engine.tokenizer().vocab_size();
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(EngineError::InvalidTokenId { id, vocab }.into());
     }
-    Ok(Json(DetokenizeResponse { prompt: engine.tokenizer().decode(&request.tokens)? }))
+    Ok(Json(DetokenizeResponse { prompt: engine.detokenize(request.tokens).await? }))
 }

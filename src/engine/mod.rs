@@ -43,6 +43,8 @@ pub enum EngineError {
     Stopped,
     #[error("the engine cannot serve: {0}")]
     Dead(&'static str),
+    #[error("This request's output would be {floats} floats ({tokens} tokens × {width}), over the server's limit of {max} (--max-output-floats). Please send fewer or shorter inputs.")]
+    OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
     #[error("This model's maximum context length is {max} tokens. However, you sent a text of {bytes} bytes, longer than any text that fits ({limit} bytes). Please reduce the length of the input, or set truncate_prompt_tokens.")]
     TextTooLong { bytes: usize, limit: usize, max: usize },
 }
@@ -66,6 +68,8 @@ struct Inner {
     spec: ModelSpec,
     tokenizers: TokenizerPool,
     jobs: mpsc::UnboundedSender<Job>,
+    /// `--max-output-floats`: the budget of a request's token-level outputs.
+    max_output_floats: usize,
     /// Numbers each `run` call, so that the scheduler can take turns between requests.
     next_request: std::sync::atomic::AtomicU64,
     admission: Arc<Semaphore>,
@@ -111,6 +115,7 @@ impl Engine {
                 tokenizers,
                 jobs: tx,
                 next_request: std::sync::atomic::AtomicU64::new(0),
+                max_output_floats: config.max_output_floats,
                 admission: Arc::new(Semaphore::new(config.max_concurrent_requests)),
                 max_concurrent_requests: config.max_concurrent_requests,
                 vocab_size,
@@ -151,6 +156,11 @@ impl Engine {
         Arc::clone(&self.inner.admission)
             .try_acquire_owned()
             .map_err(|_| EngineError::Overloaded(self.inner.max_concurrent_requests))
+    }
+
+    /// The text of token ids (/detokenize), off the async runtime.
+    pub async fn detokenize(&self, ids: Vec<u32>) -> Result<String, EngineError> {
+        self.inner.tokenizers.decode(ids).await
     }
 
     /// Tokenizes one text on the worker pool, without length checks (/tokenize).
@@ -323,10 +333,28 @@ impl Engine {
         Ok(outputs)
     }
 
+    /// Refuses a token-level request whose outputs (one row per token) would exceed
+    /// `--max-output-floats`, before the model runs.
+    fn check_output_budget(&self, tokens: usize, params: &ResolvedParams) -> Result<(), EngineError> {
+        let spec = &self.inner.spec;
+        let width = match params.task {
+            Task::TokenEmbed => params.dimensions.unwrap_or(spec.embedding_size.max(1)),
+            Task::TokenClassify => spec.labels.len().max(1),
+            _ => return Ok(()),
+        };
+        let floats = tokens.saturating_mul(width);
+        let max = self.inner.max_output_floats;
+        if floats > max {
+            return Err(EngineError::OutputTooLarge { floats, tokens, width, max });
+        }
+        Ok(())
+    }
+
     /// `prepare` then `run`; also returns the number of tokens the model processed.
     pub async fn encode(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
         let inputs = self.prepare(prompts, params).await?;
         let tokens = inputs.iter().map(TokenizedInput::len).sum();
+        self.check_output_budget(tokens, params)?;
         let max = self.inner.spec.max_model_len;
         if inputs.iter().any(|i| i.len() > max) {
             return Ok((self.run_chunked(inputs, params).await?, tokens));

@@ -135,7 +135,11 @@ impl Engine {
                 let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
                 let (outputs, tokens) = self.encode(prompts, &per_token).await?;
                 let matrices = outputs.into_iter().map(token_vectors).collect::<Result<Vec<_>, _>>()?;
-                let scores = pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect();
+                // MaxSim is pairs × query tokens × document tokens × dims multiply-adds: on a
+                // blocking thread, not a runtime worker.
+                let scores = tokio::task::spawn_blocking(move || pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect())
+                    .await
+                    .map_err(|_| EngineError::Model("MaxSim scoring failed".into()))?;
                 Ok((scores, tokens))
             }
             None => Err(EngineError::Model("this model cannot score pairs".into())),

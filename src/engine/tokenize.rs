@@ -294,6 +294,13 @@ impl TokenizerPool {
         &self.tokenizer
     }
 
+    /// The text of `ids`, decoded on a blocking thread (a long id list is milliseconds of work
+    /// that must not hold a runtime worker).
+    pub async fn decode(&self, ids: Vec<u32>) -> Result<String, EngineError> {
+        let tokenizer = Arc::clone(&self.tokenizer);
+        tokio::task::spawn_blocking(move || tokenizer.decode(&ids)).await.map_err(|_| EngineError::Stopped)?
+    }
+
     pub async fn encode(&self, texts: Vec<TextInput>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         self.submit(Work::Texts(texts), options).await
     }
