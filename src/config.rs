@@ -285,23 +285,60 @@ impl TryFrom<ServeArgs> for ServerConfig {
 }
 
 impl ServerConfig {
-    /// Defaults for a model folder, as the CLI would give them (tests and the library API).
+    /// `serve`'s defaults for a model folder (tests and the library API). Written out rather
+    /// than parsed by clap, which would read the process's `POOLSERVE_*` variables (and exit
+    /// the host process on a malformed one); a test keeps them equal to the flags' defaults.
     pub fn for_model(model: impl Into<String>) -> Self {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Wrapper {
-            #[command(flatten)]
-            args: ServeArgs,
-        }
         let model = model.into();
-        let wrapper = Wrapper::parse_from(["poolserve", model.as_str()]);
-        ServerConfig::try_from(wrapper.args).expect("default flags are valid")
+        ServerConfig {
+            served_model_name: model.clone(),
+            model,
+            revision: None,
+            convert: Convert::Auto,
+            pooler: PoolerConfig::default(),
+            hf_overrides: serde_json::Map::new(),
+            max_model_len: None,
+            host: "0.0.0.0".into(),
+            port: 8000,
+            device: DeviceArg::Cpu,
+            dtype: DTypeArg::Auto,
+            quantization: None,
+            max_batch_tokens: 4096,
+            max_num_seqs: 256,
+            max_concurrent_requests: 512,
+            payload_limit: 2_000_000,
+            tokenizer_workers: 1,
+            reranker_instruction: None,
+            default_prompt_name: None,
+            default_prompt: None,
+            api_key: None,
+            max_client_batch_size: 1024,
+            max_output_floats: 1 << 24,
+            shutdown_timeout: std::time::Duration::from_secs(30),
+            log_format: LogFormat::Text,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `for_model` spells out the flags' defaults: they must stay equal to what clap gives
+    /// (compared field by field through Debug, with no POOLSERVE_* variable set).
+    #[test]
+    fn for_model_matches_the_flags_defaults() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let set: Vec<String> = std::env::vars().map(|(k, _)| k).filter(|k| k.starts_with("POOLSERVE_")).collect();
+        assert!(set.is_empty(), "unset {set:?} to run this test: it compares against clap's defaults");
+        let parsed = ServerConfig::try_from(Wrapper::parse_from(["poolserve", "m"]).args).unwrap();
+        assert_eq!(format!("{:?}", ServerConfig::for_model("m")), format!("{parsed:?}"));
+    }
 
     #[test]
     fn pooler_config_rejects_unknown_fields() {

@@ -15,15 +15,96 @@
 //! Every method blocks the calling thread; `*_async` variants return futures for callers that
 //! already run an async runtime.
 
-use crate::config::ServerConfig;
+use crate::config::{Convert, DTypeArg, DeviceArg, PoolerConfig, Quantization, ServerConfig};
 use crate::engine::{Engine, EngineError, PoolingOutput, Prompt};
 use crate::loader::spec::ModelSpec;
 use crate::pooling::params::ParamsError;
 use crate::pooling::{PoolingParams, Task};
 
-/// How to load a model: the same settings as `poolserve serve` (pooler config, overrides,
-/// dtype, batching limits, …). Build one with [`PoolerOptions::for_model`] and adjust fields.
-pub type PoolerOptions = ServerConfig;
+/// How to load a model in a host program: the model-shaping settings of `poolserve serve`
+/// (no host, port, API key or log format). Built from code only, never from the process's
+/// `POOLSERVE_*` variables or arguments: [`PoolerOptions::for_model`] gives `serve`'s
+/// defaults; adjust fields, and [`Pooler::load`] checks them (an unusable value is an error,
+/// never an exit or a panic of the host).
+#[derive(Debug, Clone)]
+pub struct PoolerOptions {
+    /// Local folder or hub id.
+    pub model: String,
+    pub revision: Option<String>,
+    pub convert: Convert,
+    pub pooler: PoolerConfig,
+    pub hf_overrides: serde_json::Map<String, serde_json::Value>,
+    pub max_model_len: Option<usize>,
+    pub device: DeviceArg,
+    pub dtype: DTypeArg,
+    pub quantization: Option<Quantization>,
+    /// `None`: 4096 on the CPU, 16384 on CUDA.
+    pub max_batch_tokens: Option<usize>,
+    pub max_num_seqs: usize,
+    pub max_concurrent_requests: usize,
+    pub max_output_floats: usize,
+    pub tokenizer_workers: usize,
+    pub reranker_instruction: Option<String>,
+    pub default_prompt_name: Option<String>,
+    pub default_prompt: Option<String>,
+}
+
+impl PoolerOptions {
+    /// `poolserve serve`'s defaults for `model`.
+    pub fn for_model(model: impl Into<String>) -> Self {
+        let server = ServerConfig::for_model(model);
+        PoolerOptions {
+            model: server.model,
+            revision: server.revision,
+            convert: server.convert,
+            pooler: server.pooler,
+            hf_overrides: server.hf_overrides,
+            max_model_len: server.max_model_len,
+            device: server.device,
+            dtype: server.dtype,
+            quantization: server.quantization,
+            max_batch_tokens: None,
+            max_num_seqs: server.max_num_seqs,
+            max_concurrent_requests: server.max_concurrent_requests,
+            max_output_floats: server.max_output_floats,
+            tokenizer_workers: server.tokenizer_workers,
+            reranker_instruction: server.reranker_instruction,
+            default_prompt_name: server.default_prompt_name,
+            default_prompt: server.default_prompt,
+        }
+    }
+
+    /// The engine's configuration, after the checks `serve` makes on its flags.
+    fn into_config(self) -> Result<ServerConfig, PoolerError> {
+        let positive = |name: &str, value: usize| if value == 0 { Err(PoolerError::Load(format!("{name} must be greater than 0"))) } else { Ok(value) };
+        let mut config = ServerConfig::for_model(self.model.clone());
+        config.max_batch_tokens = positive("max_batch_tokens", self.max_batch_tokens.unwrap_or(if self.device == DeviceArg::Cuda { 16_384 } else { 4_096 }))?;
+        config.max_num_seqs = positive("max_num_seqs", self.max_num_seqs)?;
+        config.max_concurrent_requests = positive("max_concurrent_requests", self.max_concurrent_requests)?;
+        config.max_output_floats = positive("max_output_floats", self.max_output_floats)?;
+        config.tokenizer_workers = positive("tokenizer_workers", self.tokenizer_workers)?;
+        if let Some(n) = self.max_model_len {
+            positive("max_model_len", n)?;
+        }
+        if self.quantization.is_some() && (self.device != DeviceArg::Cpu || self.dtype.dtype_on(self.device) != candle_core::DType::F32) {
+            return Err(PoolerError::Load("int8 quantization runs on the CPU in float32 only".into()));
+        }
+        config.served_model_name = self.model.clone();
+        config.model = self.model;
+        config.revision = self.revision;
+        config.convert = self.convert;
+        config.pooler = self.pooler;
+        config.hf_overrides = self.hf_overrides;
+        config.max_model_len = self.max_model_len;
+        config.device = self.device;
+        config.dtype = self.dtype;
+        config.quantization = self.quantization;
+        config.reranker_instruction = self.reranker_instruction;
+        config.default_prompt_name = self.default_prompt_name;
+        config.default_prompt = self.default_prompt;
+        Ok(config)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolerError {
@@ -55,7 +136,12 @@ pub struct Pooler {
 impl Pooler {
     /// Loads the model and starts its engine (no warm-up request is run).
     pub fn load(options: PoolerOptions) -> Result<Self, PoolerError> {
-        let engine = crate::server::start_engine(&options).map_err(|e| PoolerError::Load(format!("{e:#}")))?;
+        Self::start(&options.into_config()?)
+    }
+
+    /// Loads from the CLI's validated configuration (the batch commands).
+    pub(crate) fn start(config: &ServerConfig) -> Result<Self, PoolerError> {
+        let engine = crate::server::start_engine(config).map_err(|e| PoolerError::Load(format!("{e:#}")))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         Ok(Pooler { engine, runtime })
     }

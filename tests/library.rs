@@ -50,3 +50,18 @@ fn errors_are_typed() {
     assert!(matches!(embedder.embed(&[long.as_str()], &PoolingParams::default()), Err(PoolerError::Engine(_))));
     assert!(matches!(Pooler::load(PoolerOptions::for_model("./no/such/model")), Err(PoolerError::Load(_))));
 }
+
+/// The library neither reads the process's POOLSERVE_* variables nor exits or panics its host:
+/// malformed ones are ignored, and unusable options are an error.
+#[test]
+fn options_come_from_code_only_and_bad_ones_are_errors() {
+    // SAFETY (edition 2021: set_var is safe): the variables are this test's; nothing in this
+    // binary reads them once the library ignores them.
+    std::env::set_var("POOLSERVE_MAX_NUM_SEQS", "0");
+    std::env::set_var("POOLSERVE_PORT", "not a port");
+    let pooler = Pooler::load(PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap())).expect("loads despite the variables");
+    assert_eq!(pooler.embed(&["a"], &PoolingParams::default()).unwrap().len(), 1);
+    let mut zero = PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap());
+    zero.max_num_seqs = 0;
+    assert!(matches!(Pooler::load(zero), Err(PoolerError::Load(message)) if message.contains("max_num_seqs")));
+}
