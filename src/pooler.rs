@@ -183,7 +183,7 @@ impl Pooler {
             .into_iter()
             .map(|o| {
                 let probs = vector(o)?;
-                let best = probs.iter().enumerate().fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
+                let best = crate::pooling::classifier::argmax(&probs);
                 Ok(Classification { label: labels.get(best).cloned().unwrap_or_default(), probs })
             })
             .collect()

@@ -196,3 +196,33 @@ async fn health_answers_while_the_server_is_saturated() {
     latencies.sort();
     eprintln!("/health under load ({running} of 3 floods still running at the end): p50 {:?}, max {:?}", latencies[10], latencies[19]);
 }
+
+/// Every model route checks in one order: the model (404), then admission (429), then the
+/// request's parameter values and inputs (400): the same bad request gets the same status
+/// anywhere. (A body that does not parse at all, wrong types and unknown enum values included,
+/// is 400 before anything else, on every route alike.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_checks_in_the_same_order() {
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.max_concurrent_requests = 1);
+    let router = router(engine.clone(), 2_000_000);
+    let bad = json!(-5); // an invalid truncate_prompt_tokens
+    let routes = [
+        ("/v1/embeddings", json!({"input": "a", "truncate_prompt_tokens": bad})),
+        ("/pooling", json!({"input": "a", "truncate_prompt_tokens": bad})),
+        ("/v2/embed", json!({"texts": ["a"], "input_type": "search_query", "embedding_types": ["float"], "truncate": "NONE", "max_tokens": 5})),
+        ("/score", json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": bad})),
+        ("/rerank", json!({"query": "a", "documents": ["b"], "truncate_prompt_tokens": bad})),
+    ];
+    let held = engine.admit().unwrap();
+    for (path, body) in &routes {
+        let mut unknown = body.clone();
+        unknown["model"] = json!("no-such-model");
+        assert_eq!(post(&router, path, unknown).await.status, StatusCode::NOT_FOUND, "{path}: unknown model");
+        assert_eq!(post(&router, path, body.clone()).await.status, StatusCode::TOO_MANY_REQUESTS, "{path}: at the limit");
+    }
+    drop(held);
+    for (path, body) in &routes {
+        let reply = post(&router, path, body.clone()).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{path}: {}", reply.body);
+    }
+}

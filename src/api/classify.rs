@@ -3,7 +3,7 @@
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::{admit, AppState, ListResponse};
+use super::{AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -28,10 +28,7 @@ pub struct ClassifyData {
     pub num_classes: usize,
 }
 
-/// Index of the largest value (the first one on ties, as `argmax` does).
-fn argmax(values: &[f32]) -> usize {
-    values.iter().enumerate().fold(0, |best, (i, v)| if *v > values[best] { i } else { best })
-}
+use crate::pooling::classifier::argmax;
 
 #[utoipa::path(post, tag = "Classification", path = "/classify", description = "Class probabilities per input.", request_body = ClassifyRequest,
     responses(
@@ -43,8 +40,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<ClassifyRequest>,
 ) -> Result<Json<ListResponse<ClassifyData>>, ApiError> {
-    let engine = state.engine_for(request.model.as_deref(), Task::Classify, "Classification")?;
-    let _permit = admit(engine)?;
+    let (engine, _permit) = state.begin(request.model.as_deref(), Task::Classify, "Classification")?;
     let params = request.params.verify(Task::Classify, engine.spec())?;
     let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
@@ -65,7 +61,7 @@ pub async fn create(
 
 #[cfg(test)]
 mod tests {
-    use super::argmax;
+    use crate::pooling::classifier::argmax;
 
     #[test]
     fn argmax_takes_the_first_maximum() {

@@ -21,7 +21,7 @@
 use super::encoding;
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::{admit, response_id, AppState};
+use super::{response_id, AppState};
 use crate::engine::{PoolingOutput, Prompt};
 use crate::loader::spec::Prompts;
 use crate::pooling::params::TruncationSide;
@@ -240,8 +240,7 @@ fn by_type(vectors: &[Vec<f32>], types: &[EmbeddingType]) -> EmbeddingsByType {
 }
 
 async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest, version: &'static str) -> Result<Json<CohereEmbedResponse>, ApiError> {
-    let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embed")?;
-    let _permit = admit(engine)?;
+    let (engine, _permit) = state.begin(request.model.as_deref(), Task::Embed, "Embed")?;
     let spec = engine.spec();
     let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
     let pooling = PoolingParams { truncate_prompt_tokens, truncation_side, dimensions: request.output_dimension, ..Default::default() };

@@ -4,7 +4,7 @@
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::{ApiJson, OffRuntimeJson};
-use super::{admit, AppState, ListResponse};
+use super::{AppState, ListResponse};
 use crate::engine::PoolingOutput;
 use crate::pooling::{PoolingParams, Task};
 use axum::extract::State;
@@ -67,8 +67,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
-    let engine = state.engine_for(request.model.as_deref(), Task::Embed, "Embeddings")?;
-    let _permit = admit(engine)?;
+    let (engine, _permit) = state.begin(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
     let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;

@@ -144,6 +144,20 @@ impl AppState {
 
     /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
     /// in the "does not support" message).
+    /// The first steps of every model request, in one order on every route: the model named
+    /// (404), the engine ready (503), the task supported (400), then admission (429). The
+    /// handler then validates its parameters and parses its inputs (400), then runs.
+    pub fn begin(&self, model: Option<&str>, task: Task, api: &str) -> Result<(&Engine, tokio::sync::OwnedSemaphorePermit), ApiError> {
+        let engine = self.engine_for(model, task, api)?;
+        Ok((engine, admit(engine)?))
+    }
+
+    /// [`Self::begin`] for `/score` and `/rerank` (any model with a score mode).
+    pub fn begin_scoring(&self, model: Option<&str>, api: &str) -> Result<(&Engine, tokio::sync::OwnedSemaphorePermit), ApiError> {
+        let engine = self.scoring_engine(model, api)?;
+        Ok((engine, admit(engine)?))
+    }
+
     pub fn engine_for(&self, model: Option<&str>, task: Task, api: &str) -> Result<&Engine, ApiError> {
         self.check_model(model)?;
         let engine = self.engine()?;

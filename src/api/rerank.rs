@@ -11,7 +11,7 @@
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::score::{score_params, texts_of, PairFields};
-use super::{admit, response_id, AppState, Usage};
+use super::{response_id, AppState, Usage};
 use crate::pooling::PoolingParams;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -78,8 +78,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<RerankRequest>,
 ) -> Result<Json<RerankResponse>, ApiError> {
-    let engine = state.scoring_engine(request.model.as_deref(), "Rerank (Score)")?;
-    let _permit = admit(engine)?;
+    let (engine, _permit) = state.begin_scoring(request.model.as_deref(), "Rerank (Score)")?;
     let params = score_params(engine, &request.params, &request.pair)?;
     if !request.documents.is_array() {
         return Err(ApiError::BadRequest {

@@ -4,7 +4,7 @@
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::{admit, AppState, ListResponse};
+use super::{AppState, ListResponse};
 use crate::engine::tokenize::PairLimits;
 use crate::engine::Engine;
 use crate::pooling::{PoolingParams, ResolvedParams, Task};
@@ -129,8 +129,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<ScoreRequest>,
 ) -> Result<Json<ListResponse<ScoreData>>, ApiError> {
-    let engine = state.scoring_engine(request.model.as_deref(), "Score")?;
-    let _permit = admit(engine)?;
+    let (engine, _permit) = state.begin_scoring(request.model.as_deref(), "Score")?;
     let params = score_params(engine, &request.params, &request.pair)?;
     let (queries, documents) = request.sides()?;
     state.check_batch_size(queries.len().max(documents.len()))?;

@@ -5,7 +5,7 @@
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::pooling::SparseValue;
-use super::{admit, AppState};
+use super::{AppState};
 use crate::engine::{PoolingOutput, Prompt};
 use crate::pooling::params::TruncationSide;
 use crate::pooling::{PoolingParams, Task};
@@ -45,8 +45,7 @@ pub struct SparseRequest {
         ErrorResponses
     ))]
 pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<SparseRequest>) -> Result<Json<Vec<Vec<SparseValue>>>, ApiError> {
-    let engine = state.engine_for(None, Task::EmbedSparse, "Sparse Embeddings")?;
-    let _permit = admit(engine)?;
+    let (engine, _permit) = state.begin(None, Task::EmbedSparse, "Sparse Embeddings")?;
     let params = PoolingParams {
         truncate_prompt_tokens: request.truncate.unwrap_or(false).then_some(-1),
         truncation_side: request.truncation_direction.map(|d| match d {

@@ -91,7 +91,7 @@ impl Job {
         match (self.task, output) {
             (Task::Embed, PoolingOutput::Vector(v)) => line(id, &[("embedding", json!(v))]),
             (Task::Classify, PoolingOutput::Vector(probs)) => {
-                let best = probs.iter().enumerate().fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
+                let best = crate::pooling::classifier::argmax(&probs);
                 line(id, &[("label", json!(self.labels.get(best))), ("probs", json!(probs))])
             }
             (_, PoolingOutput::Vector(v)) => line(id, &[("data", json!(v))]),

@@ -167,6 +167,12 @@ impl ClassifierHead {
     }
 }
 
+/// Index of the largest value, the first one on ties (as `torch.argmax` does): the winning
+/// class of `/classify`, the library's `classify` and the `classify` batch command alike.
+pub fn argmax(values: &[f32]) -> usize {
+    values.iter().enumerate().fold(0, |best, (i, v)| if *v > values[best] { i } else { best })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
