@@ -226,3 +226,24 @@ async fn every_route_checks_in_the_same_order() {
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{path}: {}", reply.body);
     }
 }
+
+/// When the model thread is gone, /health says 503 (so Kubernetes restarts the pod) and model
+/// requests get 503 instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_once_the_model_thread_is_gone() {
+    let engine = engine(&fixture_model("bert-embed-mean"), |_| {});
+    let router = router(engine.clone(), 2_000_000);
+    assert_eq!(send(&router, "GET", "/health", None, &[]).await.status, StatusCode::OK);
+    engine.stop_model_thread();
+    let mut status = StatusCode::OK;
+    for _ in 0..100 {
+        status = send(&router, "GET", "/health", None, &[]).await.status;
+        if status != StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let reply = post(&router, "/v1/embeddings", json!({"input": "a"})).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
+}

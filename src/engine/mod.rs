@@ -141,6 +141,24 @@ impl Engine {
         Ok(())
     }
 
+    /// Test hook: ends the model thread, as a fatal error would; `/health` must then say 503.
+    #[doc(hidden)]
+    pub fn stop_model_thread(&self) {
+        let (reply, _) = oneshot::channel();
+        let input = TokenizedInput { ids: vec![0], type_ids: vec![0] };
+        let params = ResolvedParams {
+            task: Task::Embed,
+            truncate_to: None,
+            truncation_side: crate::pooling::params::TruncationSide::Right,
+            dimensions: None,
+            activation: true,
+            add_special_tokens: true,
+            pair_limits: Default::default(),
+            prompt: None,
+        };
+        let _ = self.inner.jobs.send(Job { request: scheduler::STOP_REQUEST, input, params, reply, enqueued: std::time::Instant::now() });
+    }
+
     /// Test hook for [`TokenizerPool::panic_in_a_worker`].
     #[doc(hidden)]
     pub async fn panic_in_a_tokenizer_worker(&self) -> Result<(), EngineError> {

@@ -115,8 +115,12 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
     batch
 }
 
+/// The request number of [`crate::engine::Engine::stop_model_thread`]'s job (a test hook):
+/// the model thread exits when it receives it, as it would after a fatal error.
+pub(crate) const STOP_REQUEST: u64 = u64::MAX;
+
 impl Runner {
-    /// Runs until every sender of `jobs` is gone.
+    /// Runs until every sender of `jobs` is gone (or a [`STOP_REQUEST`] job arrives).
     pub fn run(self, mut jobs: mpsc::UnboundedReceiver<Job>) {
         let mut pending: VecDeque<Job> = VecDeque::new();
         loop {
@@ -128,6 +132,9 @@ impl Runner {
             }
             while let Ok(job) = jobs.try_recv() {
                 pending.push_back(job);
+            }
+            if pending.iter().any(|job| job.request == STOP_REQUEST) {
+                return;
             }
             let batch = take_batch(&mut pending, self.limits);
             metrics::queue_depth(pending.len());
