@@ -122,6 +122,7 @@ impl Connection {
         self.reader.read_line(&mut line).await?;
         let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
         let mut length = 0;
+        let mut chunked = false;
         loop {
             line.clear();
             if self.reader.read_line(&mut line).await? == 0 {
@@ -135,11 +136,31 @@ impl Connection {
                 if name.eq_ignore_ascii_case("content-length") {
                     length = value.trim().parse().unwrap_or(0);
                 }
+                if name.eq_ignore_ascii_case("transfer-encoding") && value.trim().eq_ignore_ascii_case("chunked") {
+                    chunked = true;
+                }
             }
         }
-        let mut body = vec![0; length];
-        self.reader.read_exact(&mut body).await?;
-        Ok((status, body))
+        if !chunked {
+            let mut body = vec![0; length];
+            self.reader.read_exact(&mut body).await?;
+            return Ok((status, body));
+        }
+        // Large responses are streamed: `size\r\n data\r\n` … `0\r\n\r\n`.
+        let mut body = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).await?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk size"))?;
+            let start = body.len();
+            body.resize(start + size + 2, 0);
+            self.reader.read_exact(&mut body[start..]).await?;
+            body.truncate(start + size);
+            if size == 0 {
+                return Ok((status, body));
+            }
+        }
     }
 }
 

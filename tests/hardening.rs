@@ -247,3 +247,19 @@ async fn health_is_503_once_the_model_thread_is_gone() {
     let reply = post(&router, "/v1/embeddings", json!({"input": "a"})).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.body);
 }
+
+/// Large bodies are streamed in chunks as they are serialized (no Content-Length), small ones
+/// are sent whole; both parse to the same vectors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_stream_and_small_ones_do_not() {
+    let router = router(engine(&fixture_model("bert-embed-mean"), |_| {}), 2_000_000);
+    let texts: Vec<String> = (0..400).map(|i| format!("text {i}")).collect();
+    let large = post(&router, "/v1/embeddings", json!({"input": texts})).await;
+    assert_eq!(large.status, StatusCode::OK);
+    assert!(!large.headers.contains_key("content-length"), "a large body should stream");
+    let data = large.body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 400);
+    let small = post(&router, "/v1/embeddings", json!({"input": texts[399]})).await;
+    assert!(small.headers.contains_key("content-length"), "a small body is sent whole");
+    assert_eq!(small.body["data"][0]["embedding"], data[399]["embedding"]);
+}
