@@ -67,7 +67,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
-    let (engine, _permit) = state.begin(request.model.as_deref(), Task::Embed, "Embeddings")?;
+    let (engine, permit) = state.begin(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
     let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
@@ -87,6 +87,6 @@ pub async fn create(
             Ok(EmbeddingData { index, object: "embedding", embedding })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    OffRuntimeJson(ListResponse::new("embd", &headers, &state, data, tokens)).into_response().await
+    OffRuntimeJson(ListResponse::new("embd", &headers, &state, data, tokens)).into_response(permit).await
 }
 

@@ -13,33 +13,46 @@ pub struct ApiJson<T>(pub T);
 /// vectors, token matrices) would otherwise hold a runtime worker for tens of milliseconds,
 /// delaying every other request, `/health` included, and exist twice in memory (the values and
 /// their whole JSON text). Here the text leaves in [`CHUNK`]-byte pieces as it is written, at
-/// most [`CHUNKS_IN_FLIGHT`] of them waiting for the client.
+/// most [`CHUNKS_IN_FLIGHT`] of them waiting for the client. A client that reads nothing for
+/// [`STALLED_CLIENT`] loses the connection, so that it cannot hold the writing thread.
 pub struct OffRuntimeJson<T>(pub T);
 
 const CHUNK: usize = 64 * 1024;
 const CHUNKS_IN_FLIGHT: usize = 4;
+const STALLED_CLIENT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A piece of the body, or the writing's failure (which aborts the connection: the status has
+/// already gone out as 200).
+type Chunk = Result<Bytes, std::io::Error>;
 
 impl<T: serde::Serialize + Send + 'static> OffRuntimeJson<T> {
-    pub async fn into_response(self) -> Result<axum::response::Response, ApiError> {
+    /// The response; `permit` (the request's admission) is held until the body has been sent,
+    /// so streamed bodies count against `--max-concurrent-requests`.
+    pub async fn into_response(self, permit: tokio::sync::OwnedSemaphorePermit) -> Result<axum::response::Response, ApiError> {
         let value = self.0;
-        let (sender, receiver) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<Chunk>(CHUNKS_IN_FLIGHT);
+        let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
-            let mut writer = ChunkWriter { buffer: Vec::with_capacity(CHUNK), sender };
-            // Our response types always serialize; a client that went away ends the writing.
-            if serde_json::to_writer(&mut writer, &value).is_ok() {
-                let _ = std::io::Write::flush(&mut writer);
+            let mut writer = ChunkWriter { buffer: Vec::with_capacity(CHUNK), sender, runtime };
+            let written = serde_json::to_writer(&mut writer, &value).map_err(std::io::Error::from).and_then(|()| std::io::Write::flush(&mut writer));
+            if let Err(e) = written {
+                // Ends the body with an error, so that the connection is aborted rather than
+                // closed as if the JSON were complete.
+                let _ = writer.runtime.block_on(tokio::time::timeout(STALLED_CLIENT, writer.sender.send(Err(e))));
             }
         });
         let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+        let failed = |e: std::io::Error| ApiError::Internal(format!("serializing the response failed: {e}"));
         // Most bodies are one chunk: sent whole, with a Content-Length. Larger ones stream.
-        let mut receiver = receiver;
-        let Some(first) = receiver.recv().await else {
-            return Err(ApiError::Internal("serializing the response failed".into()));
+        let first = match receiver.recv().await {
+            Some(chunk) => chunk.map_err(failed)?,
+            None => return Err(ApiError::Internal("serializing the response failed".into())),
         };
-        let Some(second) = receiver.recv().await else {
-            return Ok((json, first).into_response());
+        let second = match receiver.recv().await {
+            Some(chunk) => chunk.map_err(failed)?,
+            None => return Ok((json, first).into_response()),
         };
-        let body = axum::body::Body::new(ChunkBody { pending: vec![second, first], receiver });
+        let body = axum::body::Body::new(ChunkBody { pending: vec![second, first], receiver, _permit: permit });
         Ok((json, body).into_response())
     }
 }
@@ -47,7 +60,8 @@ impl<T: serde::Serialize + Send + 'static> OffRuntimeJson<T> {
 /// Collects the JSON text into chunks and hands each to the response body.
 struct ChunkWriter {
     buffer: Vec<u8>,
-    sender: tokio::sync::mpsc::Sender<Bytes>,
+    sender: tokio::sync::mpsc::Sender<Chunk>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::io::Write for ChunkWriter {
@@ -64,7 +78,11 @@ impl std::io::Write for ChunkWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buffer, Vec::with_capacity(CHUNK)));
-        self.sender.blocking_send(chunk).map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client has gone"))
+        let gone = || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client has gone or stopped reading");
+        match self.runtime.block_on(tokio::time::timeout(STALLED_CLIENT, self.sender.send(Ok(chunk)))) {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(gone()),
+        }
     }
 }
 
@@ -72,12 +90,13 @@ impl std::io::Write for ChunkWriter {
 struct ChunkBody {
     /// Chunks already received, last first.
     pending: Vec<Bytes>,
-    receiver: tokio::sync::mpsc::Receiver<Bytes>,
+    receiver: tokio::sync::mpsc::Receiver<Chunk>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl http_body::Body for ChunkBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
@@ -86,7 +105,7 @@ impl http_body::Body for ChunkBody {
         if let Some(bytes) = self.pending.pop() {
             return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(bytes))));
         }
-        self.receiver.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(http_body::Frame::data(bytes))))
+        self.receiver.poll_recv(cx).map(|chunk| chunk.map(|piece| piece.map(http_body::Frame::data)))
     }
 }
 

@@ -142,8 +142,6 @@ impl AppState {
         self.inner.engine.get().ok_or_else(|| ApiError::Unavailable("The model is still loading".into()))
     }
 
-    /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
-    /// in the "does not support" message).
     /// The first steps of every model request, in one order on every route: the model named
     /// (404), the engine ready (503), the task supported (400), then admission (429). The
     /// handler then validates its parameters and parses its inputs (400), then runs.
@@ -158,6 +156,8 @@ impl AppState {
         Ok((engine, admit(engine)?))
     }
 
+    /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
+    /// in the "does not support" message).
     pub fn engine_for(&self, model: Option<&str>, task: Task, api: &str) -> Result<&Engine, ApiError> {
         self.check_model(model)?;
         let engine = self.engine()?;
@@ -326,12 +326,12 @@ fn with_layers(routes: Router<AppState>, payload_limit: usize) -> Router<AppStat
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(payload_limit))
-        .layer(middleware::from_fn(observe::timing_headers_everywhere))
         // A handler that panics answers 500 in the error shape instead of dropping the
         // connection (and the worker thread survives).
         .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
             ApiError::Internal("internal error: the request handler panicked".into()).into_response()
         }))
+        .layer(middleware::from_fn(observe::timing_headers_everywhere))
         // One span per request carrying its id, and one line per response (observe::log_response).
         .layer(
             TraceLayer::new_for_http()

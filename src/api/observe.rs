@@ -54,7 +54,8 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.finish(CLIENT_CLOSED_REQUEST);
+        // Unwinding from a handler panic: the client gets a 500 (CatchPanicLayer).
+        self.finish(if std::thread::panicking() { 500 } else { CLIENT_CLOSED_REQUEST });
     }
 }
 

@@ -84,7 +84,7 @@ pub async fn create(
             param: Some("task"),
         })?,
     };
-    let _permit = admit(engine)?;
+    let permit = admit(engine)?;
     let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     let prompts = state.prompts(&request.input)?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
@@ -100,7 +100,7 @@ pub async fn create(
             PoolingData { index, object: "pooling", data }
         })
         .collect();
-    OffRuntimeJson(ListResponse::new("pool", &headers, &state, data, tokens)).into_response().await
+    OffRuntimeJson(ListResponse::new("pool", &headers, &state, data, tokens)).into_response(permit).await
 }
 
 #[cfg(test)]

@@ -206,8 +206,10 @@ impl Engine {
         params: &ResolvedParams,
     ) -> Result<Vec<TokenizedInput>, EngineError> {
         let started = std::time::Instant::now();
-        let bound = |texts: &[String]| texts.iter().map(|t| self.bounded(t, params).map(|t| t.into_owned())).collect::<Result<Vec<_>, _>>();
-        let (queries, documents) = (bound(queries)?, bound(documents)?);
+        let bound = |texts: &[String], side_limit: Option<usize>| {
+            texts.iter().map(|t| self.bounded_side(t, params, side_limit).map(|t| t.into_owned())).collect::<Result<Vec<_>, _>>()
+        };
+        let (queries, documents) = (bound(queries, params.pair_limits.query)?, bound(documents, params.pair_limits.document)?);
         let encoded = self.inner.tokenizers.encode_pairs(queries, documents, pairs, Self::encode_options(params)).await?;
         let inputs = encoded.into_iter().collect::<Result<Vec<_>, _>>()?;
         for input in &inputs {
@@ -233,24 +235,36 @@ impl Engine {
     /// truncation side drops, at a character boundary), or an error when it does not: no
     /// megabyte text is copied into pairs or tokenized only to be refused afterwards.
     pub fn bounded<'a>(&self, text: &'a str, params: &ResolvedParams) -> Result<std::borrow::Cow<'a, str>, EngineError> {
+        self.bounded_side(text, params, None)
+    }
+
+    /// [`Self::bounded`] for one side of a cross-encoder pair whose side is cut to
+    /// `side_limit` tokens (`max_tokens_per_query` / `_per_doc`): that cut always keeps the
+    /// start, so the text is cut from the right to what those tokens could use, whatever the
+    /// request's truncation.
+    pub fn bounded_side<'a>(&self, text: &'a str, params: &ResolvedParams, side_limit: Option<usize>) -> Result<std::borrow::Cow<'a, str>, EngineError> {
         let limit = self.max_text_bytes(params);
-        if text.len() <= limit {
+        let side_bytes = side_limit.map(|n| n.saturating_mul(MAX_BYTES_PER_TOKEN));
+        if text.len() <= side_bytes.map_or(limit, |s| s.min(limit)) {
             return Ok(std::borrow::Cow::Borrowed(text));
+        }
+        let keep_start = |bytes: usize| {
+            let end = (0..=bytes.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            std::borrow::Cow::Borrowed(&text[..end])
+        };
+        if let Some(side) = side_bytes {
+            return Ok(keep_start(side.min(limit)));
         }
         if params.truncate_to.is_none() {
             return Err(EngineError::TextTooLong { bytes: text.len(), limit, max: self.inner.spec.max_model_len });
         }
-        let cut = match params.truncation_side {
-            crate::pooling::params::TruncationSide::Right => {
-                let end = (0..=limit).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
-                &text[..end]
-            }
+        Ok(match params.truncation_side {
+            crate::pooling::params::TruncationSide::Right => keep_start(limit),
             crate::pooling::params::TruncationSide::Left => {
                 let start = (text.len() - limit..=text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
-                &text[start..]
+                std::borrow::Cow::Borrowed(&text[start..])
             }
-        };
-        Ok(std::borrow::Cow::Borrowed(cut))
+        })
     }
 
     fn encode_options(params: &ResolvedParams) -> EncodeOptions {
@@ -276,9 +290,9 @@ impl Engine {
             .iter()
             .filter_map(|p| match p {
                 Prompt::Text(t) => Some(with_prompt(t).map(TextInput::Single)),
-                Prompt::Pair(q, d) => {
-                    Some(self.bounded(q, params).and_then(|q| Ok(TextInput::Pair(q.into_owned(), self.bounded(d, params)?.into_owned()))))
-                }
+                Prompt::Pair(q, d) => Some(self.bounded_side(q, params, params.pair_limits.query).and_then(|q| {
+                    Ok(TextInput::Pair(q.into_owned(), self.bounded_side(d, params, params.pair_limits.document)?.into_owned()))
+                })),
                 Prompt::Tokens(_) => None,
             })
             .collect::<Result<_, _>>()?;

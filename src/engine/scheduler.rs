@@ -82,27 +82,35 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
     if pending.len() < before {
         metrics::inputs_cancelled(before - pending.len());
     }
-    // Each request's jobs (indices into `pending`, oldest first), requests by first arrival.
-    let mut requests: Vec<(u64, VecDeque<usize>)> = Vec::new();
+    // Each request's candidate jobs (indices into `pending`, oldest first), requests by first
+    // arrival.
+    let mut requests: Vec<VecDeque<usize>> = Vec::new();
+    let mut slot_of: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for (i, job) in pending.iter().enumerate() {
-        match requests.iter_mut().find(|(id, _)| *id == job.request) {
-            Some((_, jobs)) => jobs.push_back(i),
-            None => requests.push((job.request, VecDeque::from([i]))),
-        }
+        let slot = *slot_of.entry(job.request).or_insert_with(|| {
+            requests.push(VecDeque::new());
+            requests.len() - 1
+        });
+        requests[slot].push_back(i);
     }
     let mut chosen = Vec::new();
     let mut tokens = 0;
     'rounds: loop {
         let mut added = false;
-        for (_, jobs) in requests.iter_mut() {
+        for jobs in requests.iter_mut() {
             if chosen.len() >= limits.max_seqs {
                 break 'rounds;
             }
-            let fits = jobs.iter().position(|&i| chosen.is_empty() || tokens + pending[i].input.len() <= limits.max_tokens);
-            if let Some(k) = fits.and_then(|k| jobs.remove(k)) {
-                tokens += pending[k].input.len();
-                chosen.push(k);
-                added = true;
+            // The batch only grows: a job that does not fit now will not fit later in this
+            // batch, so it leaves the candidates (each job is looked at once per batch).
+            while let Some(&i) = jobs.front() {
+                jobs.pop_front();
+                if chosen.is_empty() || tokens + pending[i].input.len() <= limits.max_tokens {
+                    tokens += pending[i].input.len();
+                    chosen.push(i);
+                    added = true;
+                    break;
+                }
             }
         }
         if !added {

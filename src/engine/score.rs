@@ -63,6 +63,9 @@ fn vector(output: PoolingOutput) -> Result<Vec<f32>, EngineError> {
     }
 }
 
+/// Pairs of a prompt-template reranker rendered and tokenized at a time.
+const RENDER_BATCH: usize = 64;
+
 /// Every text within [`Engine::max_text_bytes`] (cut or refused, see [`Engine::bounded`]).
 fn bounded_all<'a>(engine: &Engine, texts: &'a [String], params: &ResolvedParams) -> Result<Vec<std::borrow::Cow<'a, str>>, EngineError> {
     texts.iter().map(|t| engine.bounded(t, params)).collect()
@@ -105,8 +108,15 @@ impl Engine {
                     Some(template) => {
                         let params = ResolvedParams { add_special_tokens: false, ..params.clone() };
                         let (queries, documents) = (bounded_all(self, queries, &params)?, bounded_all(self, documents, &params)?);
-                        let prompts = pairs.iter().map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction))).collect();
-                        self.encode(prompts, &params).await?
+                        // Rendered RENDER_BATCH pairs at a time: at most that many prompt
+                        // copies of a long query exist at once, whatever the document count.
+                        let mut inputs = Vec::with_capacity(pairs.len());
+                        for group in pairs.chunks(RENDER_BATCH) {
+                            let prompts = group.iter().map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction))).collect();
+                            inputs.extend(self.prepare(prompts, &params).await?);
+                        }
+                        let tokens = inputs.iter().map(|i| i.len()).sum();
+                        (self.run(inputs, &params).await?, tokens)
                     }
                     // Each distinct query and document is tokenized once; pairs are joined
                     // from their token ids.

@@ -74,6 +74,8 @@ impl TextTokenizer {
         let mut encoding = self.raw(text)?;
         if let Some(limit) = options.truncate_to {
             encoding.truncate(limit.saturating_sub(self.added_tokens(false, options)), 0, direction(options.side));
+            // Truncation keeps the cut-off tokens as "overflowing" pieces; we never use them.
+            encoding.take_overflowing();
         }
         self.finish(encoding, None, options)
     }
@@ -113,6 +115,9 @@ impl TextTokenizer {
         let mut encoding = self.raw(text)?;
         if let Some(n) = limit {
             encoding.truncate(n, 0, TruncationDirection::Right);
+            // The cut-off pieces would be cloned into every pair and multiplied with the other
+            // side's when the pair is joined.
+            encoding.take_overflowing();
         }
         Ok(encoding)
     }
@@ -127,7 +132,12 @@ impl TextTokenizer {
                     strategy: TruncationStrategy::LongestFirst,
                     stride: 0,
                 };
-                truncate_encodings(first, Some(second), &params).map_err(tokenizer_error)?
+                let (mut first, second) = truncate_encodings(first, Some(second), &params).map_err(tokenizer_error)?;
+                first.take_overflowing();
+                (first, second.map(|mut s| {
+                    s.take_overflowing();
+                    s
+                }))
             }
             None => (first, Some(second)),
         };
