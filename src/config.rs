@@ -63,6 +63,24 @@ impl DTypeArg {
     }
 }
 
+impl DeviceArg {
+    /// `--max-batch-tokens` when unset: cache-sized on the CPU, TEI's default on CUDA (larger
+    /// products fill a GPU).
+    pub fn default_batch_tokens(self) -> usize {
+        if self == DeviceArg::Cuda {
+            16_384
+        } else {
+            4_096
+        }
+    }
+}
+
+/// Why `--quantization` cannot apply with this device and dtype, if it cannot.
+pub fn quantization_conflict(quantization: Option<Quantization>, device: DeviceArg, dtype: DTypeArg) -> Option<&'static str> {
+    let float32_cpu = device == DeviceArg::Cpu && dtype.dtype_on(device) == candle_core::DType::F32;
+    (quantization.is_some() && !float32_cpu).then_some("--quantization int8 runs on --device cpu with --dtype float32 only")
+}
+
 /// `--quantization`: weight/activation quantization of the transformer blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Quantization {
@@ -245,8 +263,8 @@ impl TryFrom<ServeArgs> for ServerConfig {
         if let Some(n) = args.max_model_len {
             positive("max-model-len", n)?;
         }
-        if args.quantization.is_some() && (args.device != DeviceArg::Cpu || args.dtype.dtype_on(args.device) != candle_core::DType::F32) {
-            return Err(ConfigError("--quantization int8 runs on --device cpu with --dtype float32 only".into()));
+        if let Some(conflict) = quantization_conflict(args.quantization, args.device, args.dtype) {
+            return Err(ConfigError(conflict.into()));
         }
         Ok(ServerConfig {
             served_model_name: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
@@ -263,7 +281,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             quantization: args.quantization,
             max_batch_tokens: positive(
                 "max-batch-tokens",
-                args.max_batch_tokens.unwrap_or(if args.device == DeviceArg::Cuda { 16_384 } else { 4_096 }),
+                args.max_batch_tokens.unwrap_or(args.device.default_batch_tokens()),
             )?,
             max_num_seqs: positive("max-num-seqs", args.max_num_seqs)?,
             max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,

@@ -78,7 +78,7 @@ impl PoolerOptions {
     fn into_config(self) -> Result<ServerConfig, PoolerError> {
         let positive = |name: &str, value: usize| if value == 0 { Err(PoolerError::Load(format!("{name} must be greater than 0"))) } else { Ok(value) };
         let mut config = ServerConfig::for_model(self.model.clone());
-        config.max_batch_tokens = positive("max_batch_tokens", self.max_batch_tokens.unwrap_or(if self.device == DeviceArg::Cuda { 16_384 } else { 4_096 }))?;
+        config.max_batch_tokens = positive("max_batch_tokens", self.max_batch_tokens.unwrap_or(self.device.default_batch_tokens()))?;
         config.max_num_seqs = positive("max_num_seqs", self.max_num_seqs)?;
         config.max_concurrent_requests = positive("max_concurrent_requests", self.max_concurrent_requests)?;
         config.max_output_floats = positive("max_output_floats", self.max_output_floats)?;
@@ -86,8 +86,8 @@ impl PoolerOptions {
         if let Some(n) = self.max_model_len {
             positive("max_model_len", n)?;
         }
-        if self.quantization.is_some() && (self.device != DeviceArg::Cpu || self.dtype.dtype_on(self.device) != candle_core::DType::F32) {
-            return Err(PoolerError::Load("int8 quantization runs on the CPU in float32 only".into()));
+        if let Some(conflict) = crate::config::quantization_conflict(self.quantization, self.device, self.dtype) {
+            return Err(PoolerError::Load(conflict.into()));
         }
         config.served_model_name = self.model.clone();
         config.model = self.model;
