@@ -8,8 +8,8 @@
 //! serve flag's variable) measures another precision.
 
 use poolserve::config::ServerConfig;
-use poolserve::engine::batch::Batch;
-use poolserve::engine::batch::TokenizedInput;
+use poolserve::models::batch::Batch;
+use poolserve::models::batch::TokenizedInput;
 use poolserve::loader;
 use std::time::{Duration, Instant};
 

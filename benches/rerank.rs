@@ -11,7 +11,8 @@
 mod cross_encoder;
 
 use poolserve::config::ServerConfig;
-use poolserve::pooling::{PoolingParams, Task};
+use poolserve::pooling::Task;
+use poolserve::engine::params::PoolingParams;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

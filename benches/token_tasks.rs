@@ -7,7 +7,8 @@
 
 use poolserve::config::ServerConfig;
 use poolserve::engine::Prompt;
-use poolserve::pooling::{PoolingParams, PoolingType, Task};
+use poolserve::pooling::{PoolingType, Task};
+use poolserve::engine::params::PoolingParams;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use poolserve::pooler::{Pooler, PoolerOptions};
-//! use poolserve::pooling::PoolingParams;
+//! use poolserve::engine::params::PoolingParams;
 //!
 //! let pooler = Pooler::load(PoolerOptions::for_model("models/all-MiniLM-L6-v2"))?;
 //! let vectors = pooler.embed(&["A man is eating food.", "A man is riding a horse."], &PoolingParams::default())?;
@@ -18,8 +18,9 @@
 use crate::config::{Convert, DTypeArg, DeviceArg, PoolerConfig, Quantization, ServerConfig};
 use crate::engine::{Engine, EngineError, PoolingOutput, Prompt};
 use crate::loader::spec::ModelSpec;
-use crate::pooling::params::ParamsError;
-use crate::pooling::{PoolingParams, Task};
+use crate::engine::params::ParamsError;
+use crate::pooling::Task;
+use crate::engine::params::PoolingParams;
 
 /// How to load a model in a host program: the model-shaping settings of `poolserve serve`
 /// (no host, port, API key or log format). Built from code only, never from the process's

@@ -5,7 +5,8 @@ use crate::api::{self, AppState};
 use crate::config::ServerConfig;
 use crate::engine::{Engine, Prompt};
 use crate::loader;
-use crate::pooling::{PoolingParams, Task};
+use crate::pooling::Task;
+use crate::engine::params::PoolingParams;
 use std::time::Instant;
 use tokio::net::TcpListener;
 

@@ -6,7 +6,8 @@ mod common;
 
 use common::*;
 use poolserve::engine::{Engine, PoolingOutput, Prompt};
-use poolserve::pooling::{PoolingParams, ResolvedParams, Task};
+use poolserve::pooling::Task;
+use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
@@ -136,7 +137,7 @@ async fn truncation_of_pairs_is_longest_first() {
     let cut = engine.prepare(pair.clone(), &p).await.unwrap().remove(0);
     assert_eq!(cut.len(), 30);
     // Longest-first: the longer document loses tokens until it is as short as the query.
-    let query_len = |t: &poolserve::engine::batch::TokenizedInput| t.type_ids.iter().filter(|&&x| x == 0).count();
+    let query_len = |t: &poolserve::models::batch::TokenizedInput| t.type_ids.iter().filter(|&&x| x == 0).count();
     assert_eq!(query_len(&cut), query_len(&full));
     assert_eq!(&cut.ids[..query_len(&full)], &full.ids[..query_len(&full)]);
 

@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use poolserve::pooler::{Pooler, PoolerError, PoolerOptions};
-use poolserve::pooling::{PoolingParams, Task};
+use poolserve::pooling::Task;
+use poolserve::engine::params::PoolingParams;
 
 fn load(name: &str) -> Pooler {
     Pooler::load(PoolerOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")

@@ -6,7 +6,8 @@ mod common;
 
 use common::*;
 use poolserve::engine::{Engine, PoolingOutput, Prompt};
-use poolserve::pooling::{PoolingParams, ResolvedParams, Task};
+use poolserve::pooling::Task;
+use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use serde_json::Value;
 
 fn texts(expected: &Value) -> Vec<String> {
@@ -164,14 +165,14 @@ async fn dense_projection_per_token_matches_colbert_reference() {
 
 #[test]
 fn chunked_forward_equals_one_pass() {
-    use poolserve::engine::batch::Batch;
+    use poolserve::models::batch::Batch;
     let expected = expected("bert-embed-mean");
     let model = poolserve::loader::load(&config_for(&fixture_model("bert-embed-mean"), |_| {})).unwrap();
     let inputs: Vec<_> = expected["texts"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| poolserve::engine::batch::TokenizedInput {
+        .map(|t| poolserve::models::batch::TokenizedInput {
             ids: t["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect(),
             type_ids: t["token_type_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect(),
         })

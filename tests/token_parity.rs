@@ -8,7 +8,8 @@ mod common;
 use common::*;
 use poolserve::config::ServerConfig;
 use poolserve::engine::{Engine, PoolingOutput, Prompt};
-use poolserve::pooling::{PoolingParams, PoolingType, Task};
+use poolserve::pooling::{PoolingType, Task};
+use poolserve::engine::params::PoolingParams;
 use serde_json::Value;
 
 fn texts(expected: &Value) -> Vec<Prompt> {

@@ -3,7 +3,7 @@
 //! of api.md's table.
 
 use crate::engine::EngineError;
-use crate::pooling::params::ParamsError;
+use crate::engine::params::ParamsError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -12,7 +12,7 @@ use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::score::{score_params, texts_of, PairFields};
 use super::{response_id, AppState, Usage};
-use crate::pooling::PoolingParams;
+use crate::engine::params::PoolingParams;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;

@@ -5,9 +5,10 @@
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{AppState, ListResponse};
-use crate::engine::tokenize::PairLimits;
+use crate::loader::tokenizer::PairLimits;
 use crate::engine::Engine;
-use crate::pooling::{PoolingParams, ResolvedParams, Task};
+use crate::pooling::Task;
+use crate::engine::params::{PoolingParams, ResolvedParams};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;

@@ -3,7 +3,7 @@
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::AppState;
-use crate::engine::tokenize::EncodeOptions;
+use crate::loader::tokenizer::EncodeOptions;
 use crate::engine::EngineError;
 use axum::extract::State;
 use axum::Json;

@@ -2,7 +2,7 @@
 //! cheap-to-clone [`Engine`] handle. The HTTP layer (and the library API) hand it prompts and
 //! validated parameters and get one output per prompt back, in order; it never sees tensors.
 
-pub mod batch;
+pub mod params;
 pub mod scheduler;
 pub mod score;
 pub mod tokenize;
@@ -10,13 +10,15 @@ pub mod tokenize;
 use crate::config::ServerConfig;
 use crate::loader::spec::ModelSpec;
 use crate::loader::LoadedModel;
-use crate::pooling::params::ParamsError;
-use crate::pooling::{ResolvedParams, Task};
-use batch::TokenizedInput;
+use crate::engine::params::ParamsError;
+use crate::pooling::Task;
+use crate::engine::params::ResolvedParams;
+use crate::models::batch::TokenizedInput;
 use scheduler::{BatchLimits, Job, Runner};
 pub use scheduler::PoolingOutput;
 use std::sync::Arc;
-use tokenize::{EncodeOptions, TextInput, TokenizerPool};
+use crate::loader::tokenizer::{self, EncodeOptions, TextInput};
+use tokenize::TokenizerPool;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -47,6 +49,15 @@ pub enum EngineError {
     OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
     #[error("This model's maximum context length is {max} tokens. However, you sent a text of {bytes} bytes, longer than any text that fits ({limit} bytes). Please reduce the length of the input, or set truncate_prompt_tokens.")]
     TextTooLong { bytes: usize, limit: usize, max: usize },
+}
+
+impl From<crate::loader::tokenizer::TokenizeError> for EngineError {
+    fn from(e: crate::loader::tokenizer::TokenizeError) -> Self {
+        match e {
+            crate::loader::tokenizer::TokenizeError::Failed(message) => EngineError::Tokenizer(message),
+            crate::loader::tokenizer::TokenizeError::InvalidPairing => EngineError::InvalidPairing,
+        }
+    }
 }
 
 /// Bytes per token above which a text cannot fit the model (`Engine::max_text_bytes`): real
@@ -149,7 +160,7 @@ impl Engine {
         let params = ResolvedParams {
             task: Task::Embed,
             truncate_to: None,
-            truncation_side: crate::pooling::params::TruncationSide::Right,
+            truncation_side: crate::loader::tokenizer::TruncationSide::Right,
             dimensions: None,
             activation: true,
             add_special_tokens: true,
@@ -165,7 +176,7 @@ impl Engine {
         self.inner.tokenizers.panic_in_a_worker().await?.into_iter().next().ok_or(EngineError::Stopped)?.map(|_| ())
     }
 
-    pub fn tokenizer(&self) -> &tokenize::TextTokenizer {
+    pub fn tokenizer(&self) -> &tokenizer::TextTokenizer {
         self.inner.tokenizers.tokenizer()
     }
 
@@ -259,8 +270,8 @@ impl Engine {
             return Err(EngineError::TextTooLong { bytes: text.len(), limit, max: self.inner.spec.max_model_len });
         }
         Ok(match params.truncation_side {
-            crate::pooling::params::TruncationSide::Right => keep_start(limit),
-            crate::pooling::params::TruncationSide::Left => {
+            crate::loader::tokenizer::TruncationSide::Right => keep_start(limit),
+            crate::loader::tokenizer::TruncationSide::Left => {
                 let start = (text.len() - limit..=text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
                 std::borrow::Cow::Borrowed(&text[start..])
             }
@@ -312,7 +323,7 @@ impl Engine {
                     if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.inner.vocab_size) {
                         return Err(EngineError::InvalidTokenId { id, vocab: self.inner.vocab_size });
                     }
-                    tokenize::truncate_ids(ids, options)
+                    tokenizer::truncate_ids(ids, options)
                 }
             };
             self.check_length(input.len(), params)?;

@@ -7,14 +7,15 @@
 //! mixing lengths costs nothing, so batches are formed oldest-first: an input waits at most
 //! for the batch in flight plus one more.
 
-use super::batch::{Batch, TokenizedInput};
+use crate::models::batch::{Batch, TokenizedInput};
 use super::EngineError;
 use crate::models::Backbone;
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::{finish_embedding, EmbeddingHead};
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::method::{All, HiddenStates, PoolingMethod};
-use crate::pooling::{ResolvedParams, Task};
+use crate::pooling::Task;
+use crate::engine::params::ResolvedParams;
 use candle_core::Device;
 use crate::metrics;
 use std::collections::VecDeque;
@@ -268,7 +269,7 @@ impl Runner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pooling::params::TruncationSide;
+    use crate::loader::tokenizer::TruncationSide;
 
     fn job(len: usize) -> (Job, oneshot::Receiver<Result<(PoolingOutput, JobTiming), EngineError>>) {
         let (reply, rx) = oneshot::channel();

@@ -8,7 +8,8 @@
 //! the scheduler batches them like any other inputs.
 
 use super::{Engine, EngineError, PoolingOutput, Prompt};
-use crate::pooling::{ResolvedParams, Task};
+use crate::pooling::Task;
+use crate::engine::params::ResolvedParams;
 
 /// How the served model turns a pair into a score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

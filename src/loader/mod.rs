@@ -5,16 +5,17 @@
 pub mod hub;
 pub mod sentence;
 pub mod spec;
+pub mod tokenizer;
 
 use crate::config::{DeviceArg, ServerConfig};
-use crate::engine::tokenize::TextTokenizer;
+use tokenizer::TextTokenizer;
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::{ClassifierActivation, ClassifierHead, StepFilter};
 use crate::pooling::PoolingType;
 use crate::pooling::head::EmbeddingHead;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
-use crate::pooling::params::TruncationSide;
+use crate::loader::tokenizer::TruncationSide;
 use candle_core::Device;
 use candle_nn::VarBuilder;
 use hub::ModelSource;

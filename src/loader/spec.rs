@@ -4,7 +4,7 @@
 
 use super::LoadError;
 use crate::config::{Convert, PoolerConfig};
-use crate::pooling::params::TruncationSide;
+use crate::loader::tokenizer::TruncationSide;
 use crate::pooling::{PoolingType, Task};
 use serde_json::Value;
 
@@ -162,11 +162,11 @@ impl Prompts {
     }
 
     /// The prompt a request gets: the one it names, else the default.
-    pub fn resolve(&self, name: Option<&str>) -> Result<Option<String>, crate::pooling::params::ParamsError> {
+    pub fn resolve(&self, name: Option<&str>) -> Result<Option<String>, crate::engine::params::ParamsError> {
         match name {
             None => Ok(self.default.clone()),
             Some(name) => self.text(name).map(Some).ok_or_else(|| {
-                crate::pooling::params::ParamsError::new(
+                crate::engine::params::ParamsError::new(
                     if self.named.is_empty() {
                         format!("Unknown prompt_name '{name}': the model defines no prompts")
                     } else {

@@ -7,7 +7,7 @@
 
 use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
 use super::{Backbone, ModelError};
-use crate::engine::batch::Batch;
+use crate::models::batch::Batch;
 use crate::loader::spec::Family;
 use crate::pooling::sparse::SparseHead;
 use candle_core::{Result, Tensor};

@@ -6,7 +6,7 @@ use super::bert::{layer_norm, linear};
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
 use super::qwen::rope_theta;
 use super::{Backbone, ModelError};
-use crate::engine::batch::Batch;
+use crate::models::batch::Batch;
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

@@ -3,6 +3,7 @@
 //! A backbone turns a flat [`Batch`] into final hidden states `[total_tokens, hidden]`.
 //! Everything after that (pooling, heads) is architecture-independent and lives in `pooling/`.
 
+pub mod batch;
 pub mod bert;
 pub mod distilbert;
 pub mod gte;
@@ -11,7 +12,7 @@ pub mod mpnet;
 pub mod ops;
 pub mod qwen;
 
-use crate::engine::batch::Batch;
+use batch::Batch;
 use crate::loader::spec::{Family, ModelSpec};
 use crate::pooling::classifier::PreClassifier;
 use crate::pooling::method::{All, Cls, Last, LastNonPad, PoolingMethod};

@@ -4,7 +4,7 @@
 
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
 use super::{Backbone, ModelError};
-use crate::engine::batch::Batch;
+use crate::models::batch::Batch;
 use crate::pooling::classifier::PreClassifier;
 use crate::pooling::method::{Cls, Mean, PoolingMethod};
 use candle_core::{Device, Result, Tensor};

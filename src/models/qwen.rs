@@ -7,7 +7,7 @@
 
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{Backbone, ModelError};
-use crate::engine::batch::Batch;
+use crate::models::batch::Batch;
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

@@ -5,10 +5,8 @@
 pub mod classifier;
 pub mod head;
 pub mod method;
-pub mod params;
 pub mod sparse;
 pub mod task;
 
 pub use method::PoolingType;
-pub use params::{PoolingParams, ResolvedParams};
 pub use task::Task;

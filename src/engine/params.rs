@@ -5,19 +5,10 @@
 //! (`--pooler-config`), fields the task does not accept are rejected with vLLM's message, and
 //! the Matryoshka rules of api.md decide `dimensions`.
 
-use super::task::Task;
-use crate::engine::tokenize::PairLimits;
+use crate::pooling::Task;
+use crate::loader::tokenizer::{PairLimits, TruncationSide};
 use crate::loader::spec::ModelSpec;
 use serde::Deserialize;
-
-/// Which end of an over-long input is cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum TruncationSide {
-    Left,
-    #[default]
-    Right,
-}
 
 /// The pooling fields of a request body, as sent.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
