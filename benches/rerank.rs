@@ -10,7 +10,6 @@
 #[path = "../tests/common/cross_encoder.rs"]
 mod cross_encoder;
 
-use poolserve::config::ServerConfig;
 use poolserve::pooling::Task;
 use poolserve::engine::params::PoolingParams;
 use std::path::{Path, PathBuf};
@@ -47,7 +46,7 @@ fn main() {
     let cross = cross_encoder::minilm_cross_encoder(&minilm, Path::new("target"));
     println!("rerank 1 query x {} documents, {} rayon threads", documents.len(), rayon::current_num_threads());
     for (label, folder, task) in [("cross-encoder (MiniLM-L6 size)", cross, Task::Score), ("bi-encoder (all-MiniLM-L6-v2)", minilm, Task::Score)] {
-        let engine = poolserve::server::start_engine(&ServerConfig::for_model(folder.to_str().expect("utf-8"))).expect("loads");
+        let engine = poolserve::engine::Engine::load(&poolserve::loader::options::ModelOptions::for_model(folder.to_str().expect("utf-8")), &Default::default()).expect("loads");
         let params = PoolingParams::default().verify(task, engine.spec()).expect("params");
         let (median, tokens) = median_of(20, || {
             let (scores, tokens) = runtime.block_on(engine.score(&query, &documents, &params, None)).expect("scores");

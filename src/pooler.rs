@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use poolserve::pooler::{Pooler, PoolerOptions};
-//! use poolserve::engine::params::PoolingParams;
+//! use poolserve::pooler::PoolingParams;
 //!
 //! let pooler = Pooler::load(PoolerOptions::for_model("models/all-MiniLM-L6-v2"))?;
 //! let vectors = pooler.embed(&["A man is eating food.", "A man is riding a horse."], &PoolingParams::default())?;
@@ -15,95 +15,28 @@
 //! Every method blocks the calling thread; `*_async` variants return futures for callers that
 //! already run an async runtime.
 
-use crate::config::{Convert, DTypeArg, DeviceArg, PoolerConfig, Quantization, ServerConfig};
-use crate::engine::{Engine, EngineError, PoolingOutput, Prompt};
-use crate::loader::spec::ModelSpec;
 use crate::engine::params::ParamsError;
+use crate::engine::{Engine, EngineError, EngineOptions, PoolingOutput, Prompt};
+use crate::loader::options::ModelOptions;
+use crate::loader::spec::ModelSpec;
 use crate::pooling::Task;
-use crate::engine::params::PoolingParams;
+pub use crate::engine::params::PoolingParams;
 
-/// How to load a model in a host program: the model-shaping settings of `poolserve serve`
-/// (no host, port, API key or log format). Built from code only, never from the process's
-/// `POOLSERVE_*` variables or arguments: [`PoolerOptions::for_model`] gives `serve`'s
+/// How to load a model in a host program: the model's options and the engine's, as `serve`
+/// has them (no host, port, API key or log format). Built from code only, never from the
+/// process's `POOLSERVE_*` variables or arguments: [`PoolerOptions::for_model`] gives `serve`'s
 /// defaults; adjust fields, and [`Pooler::load`] checks them (an unusable value is an error,
 /// never an exit or a panic of the host).
 #[derive(Debug, Clone)]
 pub struct PoolerOptions {
-    /// Local folder or hub id.
-    pub model: String,
-    pub revision: Option<String>,
-    pub convert: Convert,
-    pub pooler: PoolerConfig,
-    pub hf_overrides: serde_json::Map<String, serde_json::Value>,
-    pub max_model_len: Option<usize>,
-    pub device: DeviceArg,
-    pub dtype: DTypeArg,
-    pub quantization: Option<Quantization>,
-    /// `None`: 4096 on the CPU, 16384 on CUDA.
-    pub max_batch_tokens: Option<usize>,
-    pub max_num_seqs: usize,
-    pub max_concurrent_requests: usize,
-    pub max_output_floats: usize,
-    pub tokenizer_workers: usize,
-    pub reranker_instruction: Option<String>,
-    pub default_prompt_name: Option<String>,
-    pub default_prompt: Option<String>,
+    pub model: ModelOptions,
+    pub engine: EngineOptions,
 }
 
 impl PoolerOptions {
-    /// `poolserve serve`'s defaults for `model`.
+    /// `poolserve serve`'s defaults for `model` (a folder or hub id).
     pub fn for_model(model: impl Into<String>) -> Self {
-        let server = ServerConfig::for_model(model);
-        PoolerOptions {
-            model: server.model,
-            revision: server.revision,
-            convert: server.convert,
-            pooler: server.pooler,
-            hf_overrides: server.hf_overrides,
-            max_model_len: server.max_model_len,
-            device: server.device,
-            dtype: server.dtype,
-            quantization: server.quantization,
-            max_batch_tokens: None,
-            max_num_seqs: server.max_num_seqs,
-            max_concurrent_requests: server.max_concurrent_requests,
-            max_output_floats: server.max_output_floats,
-            tokenizer_workers: server.tokenizer_workers,
-            reranker_instruction: server.reranker_instruction,
-            default_prompt_name: server.default_prompt_name,
-            default_prompt: server.default_prompt,
-        }
-    }
-
-    /// The engine's configuration, after the checks `serve` makes on its flags.
-    fn into_config(self) -> Result<ServerConfig, PoolerError> {
-        let positive = |name: &str, value: usize| if value == 0 { Err(PoolerError::Load(format!("{name} must be greater than 0"))) } else { Ok(value) };
-        let mut config = ServerConfig::for_model(self.model.clone());
-        config.max_batch_tokens = positive("max_batch_tokens", self.max_batch_tokens.unwrap_or(self.device.default_batch_tokens()))?;
-        config.max_num_seqs = positive("max_num_seqs", self.max_num_seqs)?;
-        config.max_concurrent_requests = positive("max_concurrent_requests", self.max_concurrent_requests)?;
-        config.max_output_floats = positive("max_output_floats", self.max_output_floats)?;
-        config.tokenizer_workers = positive("tokenizer_workers", self.tokenizer_workers)?;
-        if let Some(n) = self.max_model_len {
-            positive("max_model_len", n)?;
-        }
-        if let Some(conflict) = crate::config::quantization_conflict(self.quantization, self.device, self.dtype) {
-            return Err(PoolerError::Load(conflict.into()));
-        }
-        config.served_model_name = self.model.clone();
-        config.model = self.model;
-        config.revision = self.revision;
-        config.convert = self.convert;
-        config.pooler = self.pooler;
-        config.hf_overrides = self.hf_overrides;
-        config.max_model_len = self.max_model_len;
-        config.device = self.device;
-        config.dtype = self.dtype;
-        config.quantization = self.quantization;
-        config.reranker_instruction = self.reranker_instruction;
-        config.default_prompt_name = self.default_prompt_name;
-        config.default_prompt = self.default_prompt;
-        Ok(config)
+        PoolerOptions { model: ModelOptions::for_model(model), engine: EngineOptions::default() }
     }
 }
 
@@ -137,12 +70,9 @@ pub struct Pooler {
 impl Pooler {
     /// Loads the model and starts its engine (no warm-up request is run).
     pub fn load(options: PoolerOptions) -> Result<Self, PoolerError> {
-        Self::start(&options.into_config()?)
-    }
-
-    /// Loads from the CLI's validated configuration (the batch commands).
-    pub(crate) fn start(config: &ServerConfig) -> Result<Self, PoolerError> {
-        let engine = crate::server::start_engine(config).map_err(|e| PoolerError::Load(format!("{e:#}")))?;
+        options.model.check().map_err(PoolerError::Load)?;
+        options.engine.check().map_err(PoolerError::Load)?;
+        let engine = Engine::load(&options.model, &options.engine).map_err(|e| PoolerError::Load(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         Ok(Pooler { engine, runtime })
     }

@@ -4,30 +4,10 @@
 use crate::api::{self, AppState};
 use crate::config::ServerConfig;
 use crate::engine::{Engine, Prompt};
-use crate::loader;
 use crate::pooling::Task;
 use crate::engine::params::PoolingParams;
 use std::time::Instant;
 use tokio::net::TcpListener;
-
-/// Loads the model and starts the engine (blocking: run it off the async runtime).
-pub fn start_engine(config: &ServerConfig) -> anyhow::Result<Engine> {
-    let started = Instant::now();
-    tracing::info!("loading {}", config.model);
-    let model = loader::load(config)?;
-    crate::metrics::model_loaded(started.elapsed());
-    tracing::info!(
-        architecture = %model.spec.architecture,
-        pooling = ?model.spec.pooling,
-        max_model_len = model.spec.max_model_len,
-        embedding_size = model.spec.embedding_size,
-        dtype = ?config.dtype,
-        quantization = ?config.quantization,
-        "model loaded in {:.2?}",
-        started.elapsed()
-    );
-    Ok(Engine::start(model, config)?)
-}
 
 /// Runs one short input end to end so the first real request pays no first-call costs.
 pub async fn warm_up(engine: &Engine) -> anyhow::Result<()> {
@@ -62,7 +42,7 @@ async fn shutdown_signal() {
 }
 
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
-    let state = AppState::new(config.served_model_name.clone(), api::ApiOptions::from_config(&config));
+    let state = AppState::new(config.model.served_name.clone(), api::ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size });
     let app = api::router(state.clone(), config.payload_limit);
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
@@ -84,14 +64,14 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     };
     let mut server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
 
-    let load_config = config.clone();
-    let load = tokio::task::spawn_blocking(move || start_engine(&load_config));
+    let (model, options) = (config.model.clone(), config.engine.clone());
+    let load = tokio::task::spawn_blocking(move || Engine::load(&model, &options));
     tokio::select! {
         engine = load => {
             let engine = engine??;
             warm_up(&engine).await?;
             state.set_engine(engine);
-            tracing::info!("ready to serve {}", config.served_model_name);
+            tracing::info!("ready to serve {}", config.model.served_name);
         }
         // Stopped before the model was ready: nothing is in flight.
         finished = &mut server => {

@@ -11,7 +11,7 @@ use serde_json::json;
 /// stays 200 and the next request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokenizer_panic_fails_one_request_and_the_worker_goes_on() {
-    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.tokenizer_workers = 1);
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.engine.tokenizer_workers = 1);
     let router = router(engine.clone(), 2_000_000);
     let failed = engine.panic_in_a_tokenizer_worker().await;
     assert!(matches!(failed, Err(poolserve::engine::EngineError::Tokenizer(_))), "{failed:?}");
@@ -103,7 +103,7 @@ async fn a_huge_query_against_many_documents_does_not_amplify() {
 /// latency idle and under that flood (no timing is asserted: machines are noisy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_request_is_not_stuck_behind_big_ones() {
-    let router = router(engine(&fixture_model("bert-embed-mean"), |c| c.max_num_seqs = 64), 20_000_000);
+    let router = router(engine(&fixture_model("bert-embed-mean"), |c| c.engine.max_num_seqs = 64), 20_000_000);
     let single = || post(&router, "/v1/embeddings", json!({"input": ["A man is eating food."]}));
     let mut idle = Vec::new();
     for _ in 0..5 {
@@ -141,7 +141,7 @@ async fn a_small_request_is_not_stuck_behind_big_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_outputs_over_the_budget_are_refused() {
     // bert-colbert: 16-dimensional token vectors; 100 floats are 6 tokens.
-    let router = router(engine(&fixture_model("bert-colbert"), |c| c.max_output_floats = 100), 2_000_000);
+    let router = router(engine(&fixture_model("bert-colbert"), |c| c.engine.max_output_floats = 100), 2_000_000);
     let long = "the quick brown fox jumps over the lazy dog";
     let refused = post(&router, "/pooling", json!({"input": long, "task": "token_embed"})).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
@@ -155,7 +155,7 @@ async fn token_outputs_over_the_budget_are_refused() {
 /// /tokenize and /detokenize go through admission like every model route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_routes_are_admitted_like_model_routes() {
-    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.max_concurrent_requests = 1);
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.engine.max_concurrent_requests = 1);
     let router = router(engine.clone(), 2_000_000);
     let held = engine.admit().unwrap();
     assert_eq!(post(&router, "/tokenize", json!({"prompt": "hello"})).await.status, StatusCode::TOO_MANY_REQUESTS);
@@ -203,7 +203,7 @@ async fn health_answers_while_the_server_is_saturated() {
 /// is 400 before anything else, on every route alike.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_checks_in_the_same_order() {
-    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.max_concurrent_requests = 1);
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.engine.max_concurrent_requests = 1);
     let router = router(engine.clone(), 2_000_000);
     let bad = json!(-5); // an invalid truncate_prompt_tokens
     let routes = [

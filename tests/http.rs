@@ -145,7 +145,7 @@ async fn bad_requests_get_the_error_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matryoshka_errors_follow_the_model() {
     let engine = engine(&fixture_model("bert-embed-mean"), |c| {
-        c.hf_overrides.insert("matryoshka_dimensions".into(), json!([8, 16]));
+        c.model.hf_overrides.insert("matryoshka_dimensions".into(), json!([8, 16]));
     });
     let router = router(engine, 2_000_000);
     let reply = post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 12})).await;
@@ -163,7 +163,7 @@ async fn oversized_body_is_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_concurrency_limit_get_429() {
-    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.max_concurrent_requests = 1);
+    let engine = engine(&fixture_model("bert-embed-mean"), |c| c.engine.max_concurrent_requests = 1);
     let held = engine.admit().expect("first slot");
     let router = router(engine.clone(), 2_000_000);
     assert_error(&post(&router, "/v1/embeddings", json!({"input": "a"})).await, StatusCode::TOO_MANY_REQUESTS, "concurrent requests");

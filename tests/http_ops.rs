@@ -118,7 +118,7 @@ async fn metrics_and_timing_headers_describe_the_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_times_the_concurrency_limit_gets_answers_or_429_and_stays_healthy() {
     let limit = 4;
-    let router = router(engine(&fixture_model("bert-embed-mean"), |c| c.max_concurrent_requests = limit), 2_000_000);
+    let router = router(engine(&fixture_model("bert-embed-mean"), |c| c.engine.max_concurrent_requests = limit), 2_000_000);
     let reference = expected("bert-embed-mean");
     let long_text = reference["texts"][3]["text"].clone();
     let mut tasks = Vec::new();
@@ -161,8 +161,8 @@ async fn cancelled_inputs(router: &axum::Router) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disconnected_clients_queued_work_is_dropped() {
     let engine = engine(&fixture_model("bert-embed-mean"), |c| {
-        c.max_batch_tokens = 128;
-        c.max_num_seqs = 1;
+        c.engine.max_batch_tokens = Some(128);
+        c.engine.max_num_seqs = 1;
     });
     let router = router(engine, 2_000_000);
     let before = cancelled_inputs(&router).await;

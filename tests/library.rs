@@ -63,6 +63,6 @@ fn options_come_from_code_only_and_bad_ones_are_errors() {
     let pooler = Pooler::load(PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap())).expect("loads despite the variables");
     assert_eq!(pooler.embed(&["a"], &PoolingParams::default()).unwrap().len(), 1);
     let mut zero = PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap());
-    zero.max_num_seqs = 0;
+    zero.engine.max_num_seqs = 0;
     assert!(matches!(Pooler::load(zero), Err(PoolerError::Load(message)) if message.contains("max_num_seqs")));
 }

@@ -105,7 +105,7 @@ impl ApiError {
 }
 
 /// The message of an error response, carried to the request's log line
-/// ([`super::observe::log_response`]) so each request is logged once, with its cause.
+/// (`observe.rs` writes it) so each request is logged once, with its cause.
 #[derive(Debug, Clone)]
 pub struct ErrorNote(pub String);
 

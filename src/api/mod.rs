@@ -65,11 +65,6 @@ impl Default for ApiOptions {
     }
 }
 
-impl ApiOptions {
-    pub fn from_config(config: &crate::config::ServerConfig) -> Self {
-        ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size }
-    }
-}
 
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)

@@ -66,7 +66,7 @@ pub async fn tokenize(
         side: engine.spec().truncation_side,
         pair_limits: Default::default(),
     };
-    let text = match engine.spec().prompts.resolve(request.prompt_name.as_deref())? {
+    let text = match engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)? {
         Some(prompt) => prompt + &request.prompt,
         None => request.prompt,
     };

@@ -7,7 +7,7 @@ pub mod scheduler;
 pub mod score;
 pub mod tokenize;
 
-use crate::config::ServerConfig;
+use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::loader::LoadedModel;
 use crate::engine::params::ParamsError;
@@ -51,6 +51,15 @@ pub enum EngineError {
     TextTooLong { bytes: usize, limit: usize, max: usize },
 }
 
+/// Why an engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineStartError {
+    #[error(transparent)]
+    Load(#[from] crate::loader::LoadError),
+    #[error("cannot start the engine's threads: {0}")]
+    Threads(#[from] std::io::Error),
+}
+
 impl From<crate::loader::tokenizer::TokenizeError> for EngineError {
     fn from(e: crate::loader::tokenizer::TokenizeError) -> Self {
         match e {
@@ -86,9 +95,55 @@ struct Inner {
     admission: Arc<Semaphore>,
     max_concurrent_requests: usize,
     vocab_size: usize,
-    /// `max_embed_len` when `enable_chunked_processing` is on: longer embedding inputs are
-    /// split into chunks of `max_model_len` instead of refused.
-    chunked_up_to: Option<usize>,
+}
+
+/// How the engine batches and admits work, whatever the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Token budget of one forward pass; `None`: [`default_batch_tokens`] for the device.
+    pub max_batch_tokens: Option<usize>,
+    /// Most sequences in one forward pass.
+    pub max_num_seqs: usize,
+    /// Requests in flight beyond this are refused at once (429).
+    pub max_concurrent_requests: usize,
+    /// Threads that tokenize.
+    pub tokenizer_workers: usize,
+    /// Most floats one request may produce in token-level outputs.
+    pub max_output_floats: usize,
+}
+
+impl Default for EngineOptions {
+    /// `serve`'s defaults.
+    fn default() -> Self {
+        EngineOptions { max_batch_tokens: None, max_num_seqs: 256, max_concurrent_requests: 512, tokenizer_workers: 1, max_output_floats: 1 << 24 }
+    }
+}
+
+impl EngineOptions {
+    /// The fields that must be positive, by their snake_case names, as a host reports them.
+    pub fn check(&self) -> Result<(), String> {
+        let fields = [
+            ("max_batch_tokens", self.max_batch_tokens.unwrap_or(1)),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_concurrent_requests", self.max_concurrent_requests),
+            ("tokenizer_workers", self.tokenizer_workers),
+            ("max_output_floats", self.max_output_floats),
+        ];
+        match fields.iter().find(|(_, value)| *value == 0) {
+            Some((name, _)) => Err(format!("{name} must be greater than 0")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `--max-batch-tokens` when unset: cache-sized on the CPU, TEI's default on a GPU (larger
+/// products fill it).
+pub fn default_batch_tokens(device: &candle_core::Device) -> usize {
+    if device.is_cpu() {
+        4_096
+    } else {
+        16_384
+    }
 }
 
 #[derive(Clone)]
@@ -97,15 +152,35 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Loads the model and starts its engine (blocking: run it off the async runtime).
+    pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineStartError> {
+        let started = std::time::Instant::now();
+        tracing::info!("loading {}", model.source);
+        let loaded = crate::loader::load(model)?;
+        crate::metrics::model_loaded(started.elapsed());
+        tracing::info!(
+            architecture = %loaded.spec.architecture,
+            pooling = ?loaded.spec.pooling,
+            max_model_len = loaded.spec.max_model_len,
+            embedding_size = loaded.spec.embedding_size,
+            dtype = ?model.dtype,
+            quantization = ?model.quantization,
+            "model loaded in {:.2?}",
+            started.elapsed()
+        );
+        Ok(Self::start(loaded, options)?)
+    }
+
     /// Starts the tokenizer workers and the model thread.
-    pub fn start(model: LoadedModel, config: &ServerConfig) -> std::io::Result<Self> {
+    pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
         let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device } = model;
+        let max_batch_tokens = options.max_batch_tokens.unwrap_or_else(|| default_batch_tokens(&device));
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
-            max_tokens: config.max_batch_tokens.max(spec.max_model_len),
-            max_seqs: config.max_num_seqs,
+            max_tokens: max_batch_tokens.max(spec.max_model_len),
+            max_seqs: options.max_num_seqs,
         };
-        if limits.max_tokens > config.max_batch_tokens {
+        if limits.max_tokens > max_batch_tokens {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
         }
         let pooling = match spec.supports(Task::Embed) {
@@ -119,19 +194,17 @@ impl Engine {
         let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens };
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
-        let tokenizers = TokenizerPool::new(Arc::new(tokenizer), config.tokenizer_workers)?;
+        let tokenizers = TokenizerPool::new(Arc::new(tokenizer), options.tokenizer_workers)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 spec,
                 tokenizers,
                 jobs: tx,
                 next_request: std::sync::atomic::AtomicU64::new(0),
-                max_output_floats: config.max_output_floats,
-                admission: Arc::new(Semaphore::new(config.max_concurrent_requests)),
-                max_concurrent_requests: config.max_concurrent_requests,
+                max_output_floats: options.max_output_floats,
+                admission: Arc::new(Semaphore::new(options.max_concurrent_requests)),
+                max_concurrent_requests: options.max_concurrent_requests,
                 vocab_size,
-                chunked_up_to: (config.pooler.enable_chunked_processing == Some(true))
-                    .then(|| config.pooler.max_embed_len.unwrap_or(usize::MAX)),
             }),
         })
     }
@@ -235,7 +308,7 @@ impl Engine {
     /// Longest text, in bytes, that tokenizing could ever need: [`MAX_BYTES_PER_TOKEN`] per
     /// token of the longest input the model takes (`max_embed_len` with chunked processing).
     pub fn max_text_bytes(&self, params: &ResolvedParams) -> usize {
-        let tokens = match (params.task, self.inner.chunked_up_to) {
+        let tokens = match (params.task, self.inner.spec.chunked_up_to) {
             (Task::Embed, Some(limit)) => limit,
             _ => self.inner.spec.max_model_len,
         };
@@ -334,7 +407,7 @@ impl Engine {
 
     fn check_length(&self, len: usize, params: &ResolvedParams) -> Result<(), EngineError> {
         let max = self.inner.spec.max_model_len;
-        if let (Task::Embed, Some(limit)) = (params.task, self.inner.chunked_up_to) {
+        if let (Task::Embed, Some(limit)) = (params.task, self.inner.spec.chunked_up_to) {
             if len > limit {
                 return Err(EngineError::EmbedInputTooLong { max: limit, got: len });
             }

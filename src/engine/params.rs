@@ -64,6 +64,12 @@ pub struct ParamsError {
     pub param: Option<&'static str>,
 }
 
+impl From<crate::loader::spec::UnknownPrompt> for ParamsError {
+    fn from(e: crate::loader::spec::UnknownPrompt) -> Self {
+        ParamsError::new(e.0, "prompt_name")
+    }
+}
+
 impl ParamsError {
     pub fn new(message: impl Into<String>, param: &'static str) -> Self {
         Self { message: message.into(), param: Some(param) }

@@ -1,27 +1,27 @@
-//! Loading a model: find its files ([`hub`]), read its sentence-transformers layout
-//! ([`sentence`]), decide everything model-specific ([`spec`]), and build the backbone,
-//! tokenizer and heads.
+//! Loading a model from its [`options`]: find its files ([`hub`]), read its
+//! sentence-transformers layout ([`sentence`]), build the backbone through its architecture
+//! (`models::ARCHITECTURES`), decide everything model-specific once ([`spec`]), then build the
+//! [`tokenizer`] and the heads the spec's tasks need.
 
 pub mod hub;
+pub mod options;
 pub mod sentence;
 pub mod spec;
 pub mod tokenizer;
 
-use crate::config::{DeviceArg, ServerConfig};
-use tokenizer::TextTokenizer;
 use crate::models::{self, Backbone, ModelError};
-use crate::pooling::classifier::{ClassifierActivation, ClassifierHead, StepFilter};
-use crate::pooling::PoolingType;
+use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::EmbeddingHead;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
-use crate::loader::tokenizer::TruncationSide;
 use candle_core::Device;
 use candle_nn::VarBuilder;
 use hub::ModelSource;
+use options::{DeviceArg, ModelOptions};
 use sentence::SentenceTransformer;
-use spec::{Family, ModelSpec, RerankTemplate};
+use spec::{ModelSpec, SpecInputs};
 use std::path::{Path, PathBuf};
+use tokenizer::TextTokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -96,40 +96,22 @@ fn weight_files(source: &ModelSource) -> Result<Vec<PathBuf>, LoadError> {
     Err(LoadError::Unsupported("no model.safetensors (PyTorch .bin weights are not supported)".into()))
 }
 
-pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
-    let source = ModelSource::resolve(&config.model, config.revision.as_deref())?;
-    let mut raw: serde_json::Value = read_json(&source.required("config.json")?)?;
-    spec::apply_overrides(&mut raw, &config.hf_overrides);
-    let (architecture, family) = spec::architecture_of(&raw)?;
-    let num_labels = spec::num_labels_of(&raw);
+pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
+    let source = ModelSource::resolve(&options.source, options.revision.as_deref())?;
+    let mut config: serde_json::Value = read_json(&source.required("config.json")?)?;
+    spec::apply_overrides(&mut config, &options.hf_overrides);
+    let (architecture_name, architecture) = spec::architecture_of(&config)?;
     let sentence = SentenceTransformer::read(&source)?;
-    let hints = spec::TaskHints {
-        num_labels,
-        pooling: config.pooler.pooling_type.or(sentence.pooling),
-        multi_vector: sentence.multi_vector,
-        sentence_pooling: sentence.pooling_module,
-    };
-    let tasks = spec::tasks_for(&architecture, config.convert, hints)?;
-
     let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
         Some(p) => read_json(&p)?,
         None => serde_json::Value::Null,
     };
-    let truncation_side = match tokenizer_config.get("truncation_side").and_then(|v| v.as_str()) {
-        Some("left") => TruncationSide::Left,
-        _ => TruncationSide::Right,
-    };
-    let tokenizer = TextTokenizer::from_file(
-        &source.required("tokenizer.json")?,
-        sentence.do_lower_case,
-        uses_token_type_ids(&tokenizer_config, &raw),
-    )?;
 
-    let device = device(config.device)?;
+    let device = device(options.device)?;
     let files = weight_files(&source)?;
     // SAFETY: the weight files are memory-mapped read-only and must not change while we run,
     // the same contract as every safetensors loader.
-    let dtype = config.dtype.dtype_on(config.device);
+    let dtype = options.dtype.dtype_on(options.device);
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &device)? };
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
@@ -138,113 +120,45 @@ pub fn load(config: &ServerConfig) -> Result<LoadedModel, LoadError> {
             Err(problem) => tracing::error!("CUDA kernel self-check failed ({problem}): running on candle's composite ops instead, slower"),
         }
     }
-
-    let mut spec = ModelSpec {
-        served_name: config.served_model_name.clone(),
-        root: config.model.clone(),
-        architecture,
-        family,
-        matryoshka: spec::matryoshka_of(&raw),
-        config: raw,
-        tasks,
-        pooling: family.pooling(config.pooler.pooling_type, sentence.pooling),
-        max_model_len: 0,
-        hidden_size: 0,
-        embedding_size: 0,
-        pooler_defaults: config.pooler.clone(),
-        truncation_side,
-        labels: Vec::new(),
-        rerank_template: None,
-        prompts: spec::Prompts::new(
-            sentence.prompts.clone(),
-            sentence.default_prompt_name.as_deref(),
-            config.default_prompt_name.as_deref(),
-            config.default_prompt.as_deref(),
-        )?,
-    };
-    let mut backbone = models::load_backbone(&spec, vb.clone(), &device)?;
-    if config.quantization.is_some() {
+    let mut backbone = architecture.backbone(&config, vb.clone())?;
+    if options.quantization.is_some() {
         models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
         if !models::ops::int8::accelerated() {
             tracing::warn!("--quantization int8: this CPU has no AVX2; the portable int8 kernel is slower than float32");
         }
     }
-    spec.max_model_len = spec::max_model_len(config.max_model_len, sentence.max_seq_length, backbone.max_positions())?;
-    spec.hidden_size = backbone.hidden_size();
-    // Dense layers must chain from the hidden size; a mismatch would only surface per request.
-    let mut width = spec.hidden_size;
-    for (i, dense) in sentence.dense.iter().enumerate() {
-        if dense.linear.in_features() != width {
-            return Err(LoadError::Invalid(format!(
-                "Dense module {i} takes {} features but receives {width}",
-                dense.linear.in_features()
-            )));
-        }
-        width = dense.linear.out_features();
-    }
-    if config.pooler.pooling_type == Some(PoolingType::Step) && !spec.supports(Task::TokenClassify) {
-        return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
-    }
-    if spec.supports(Task::Embed) && spec.pooling.is_token_level() {
-        return Err(LoadError::Unsupported(format!(
-            "pooling_type {:?} gives one vector per token; embeddings need CLS, MEAN or LAST",
-            spec.pooling
-        )));
-    }
+
+    let spec = ModelSpec::decide(SpecInputs {
+        options,
+        config: &config,
+        architecture_name,
+        architecture,
+        sentence: &sentence,
+        tokenizer_config: &tokenizer_config,
+        hidden_size: backbone.hidden_size(),
+        max_positions: backbone.max_positions(),
+    })?;
+    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?;
+
+    let logit_bias = spec.pooler_defaults.logit_bias.map(|b| b as f32);
     let classifier = if spec.supports(Task::Classify) {
-        spec.labels = match spec::classifier_tokens(&spec.config) {
-            Some(tokens) if num_labels == tokens.len() => tokens,
-            _ => spec::labels_of(&spec.config, num_labels),
-        };
-        let from_tokens = classifier_token_ids(&spec.config, &tokenizer)?;
-        let parts = models::load_classifier(&spec, vb.clone(), num_labels, from_tokens.as_deref())?;
-        if spec.family == Family::Qwen3 && num_labels == 1 {
-            let mut template = RerankTemplate::default();
-            if let Some(instruction) = &config.reranker_instruction {
-                template.instruction = instruction.clone();
-            }
-            spec.rerank_template = Some(template);
-        }
-        Some(ClassifierHead {
-            step: None,
-            pooling: parts.pooling,
-            pooler: parts.pooler,
-            classifier: parts.classifier,
-            logit_bias: config.pooler.logit_bias.map(|b| b as f32),
-            classify_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
-            score_activation: ClassifierActivation::for_scoring(&spec.config, num_labels),
-        })
+        let from_tokens = classifier_token_ids(spec.classifier_from_token.as_deref(), &tokenizer)?;
+        let weights = architecture.classifier(&config, vb.clone(), spec.num_labels, from_tokens.as_deref())?;
+        Some(ClassifierHead::new(weights, None, logit_bias, spec.classify_activation, spec.score_activation))
     } else if spec.supports(Task::TokenClassify) {
-        spec.labels = spec::labels_of(&spec.config, num_labels);
-        let parts = models::load_token_classifier(&spec, vb.clone(), num_labels, spec.hidden_size)?;
-        let step = (config.pooler.pooling_type == Some(PoolingType::Step)).then(|| StepFilter {
-            step_tag_id: config.pooler.step_tag_id,
-            columns: config.pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
-        });
-        if let Some(bad) = step.as_ref().and_then(|s| s.columns.as_ref()).and_then(|c| c.iter().find(|&&c| c >= num_labels)) {
-            return Err(LoadError::Invalid(format!("returned_token_ids: {bad} is not one of the model's {num_labels} labels")));
-        }
-        Some(ClassifierHead {
-            step,
-            pooling: parts.pooling,
-            pooler: parts.pooler,
-            classifier: parts.classifier,
-            logit_bias: config.pooler.logit_bias.map(|b| b as f32),
-            classify_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
-            score_activation: ClassifierActivation::for_classification(&spec.config, num_labels),
-        })
+        let weights = architecture.token_classifier(&config, vb.clone(), spec.num_labels)?;
+        Some(ClassifierHead::new(weights, spec.step.clone(), logit_bias, spec.classify_activation, spec.score_activation))
     } else {
         None
     };
-    let sparse_head = if spec.supports(Task::EmbedSparse) { Some(models::load_sparse_head(&spec, vb)?) } else { None };
+    let sparse_head = if spec.supports(Task::EmbedSparse) { Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? }) } else { None };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
-    spec.embedding_size = embedding_head.output_size(spec.hidden_size);
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device })
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.
-fn classifier_token_ids(config: &serde_json::Value, tokenizer: &TextTokenizer) -> Result<Option<Vec<u32>>, LoadError> {
-    let Some(tokens) = spec::classifier_tokens(config) else { return Ok(None) };
+fn classifier_token_ids(tokens: Option<&[String]>, tokenizer: &TextTokenizer) -> Result<Option<Vec<u32>>, LoadError> {
+    let Some(tokens) = tokens else { return Ok(None) };
     let ids = tokens
         .iter()
         .map(|t| {
@@ -254,14 +168,4 @@ fn classifier_token_ids(config: &serde_json::Value, tokenizer: &TextTokenizer) -
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(ids))
-}
-
-/// Whether pairs keep the tokenizer's segment ids (0/1): when `tokenizer_config.json` lists
-/// `token_type_ids` among the model inputs (BERT does, RoBERTa and XLM-R do not), or, without
-/// that list, when the model has more than one token type.
-fn uses_token_type_ids(tokenizer_config: &serde_json::Value, config: &serde_json::Value) -> bool {
-    match tokenizer_config.get("model_input_names").and_then(|v| v.as_array()) {
-        Some(names) => names.iter().any(|n| n == "token_type_ids"),
-        None => config.get("type_vocab_size").and_then(|v| v.as_u64()).unwrap_or(2) > 1,
-    }
 }

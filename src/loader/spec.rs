@@ -1,72 +1,18 @@
 //! `ModelSpec`: every model-specific decision, taken once at load time from config.json
-//! (after `--hf-overrides`), the sentence-transformers files and the flags. Handlers and the
-//! engine ask the spec; nothing else reads config.json.
+//! (after `--hf-overrides`), the sentence-transformers files, `tokenizer_config.json`, the
+//! backbone's sizes and the model options, in [`ModelSpec::decide`]. Handlers, the engine and
+//! the loader read the spec; besides this file only the architecture files read config.json.
 
+use super::options::{Convert, ModelOptions};
+use super::sentence::SentenceTransformer;
+use super::tokenizer::TruncationSide;
 use super::LoadError;
-use crate::config::{Convert, PoolerConfig};
-use crate::loader::tokenizer::TruncationSide;
+use crate::models::heads::RerankTemplate;
+use crate::models::Architecture;
+use crate::pooling::classifier::{ClassifierActivation, StepFilter};
+use crate::pooling::config::PoolerConfig;
 use crate::pooling::{PoolingType, Task};
 use serde_json::Value;
-
-/// Architecture families with their own backbone code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    Bert,
-    /// RoBERTa, XLM-RoBERTa, CamemBERT: BERT layers, positions after the padding index.
-    Roberta,
-    /// DistilBERT: BERT layers under other names, no segment embeddings.
-    DistilBert,
-    /// MPNet: BERT layers with a relative position bias, RoBERTa-style positions.
-    Mpnet,
-    /// ModernBERT: pre-LN, RoPE, alternating global/local attention, GeGLU.
-    ModernBert,
-    /// Alibaba GTE (`GteModel`, hub `NewModel`): post-LN, RoPE, gated MLP.
-    Gte,
-    /// Qwen2 decoders (gte-Qwen2, …): q/k/v biases.
-    Qwen2,
-    /// Qwen3 decoders (Qwen3-Embedding, Qwen3-Reranker): q/k norms.
-    Qwen3,
-}
-
-impl Family {
-    fn detect(architecture: &str, model_type: &str) -> Option<Self> {
-        let stem = architecture.split("For").next().unwrap_or(architecture).trim_end_matches("Model");
-        match stem {
-            "Bert" => Some(Family::Bert),
-            "Roberta" | "XLMRoberta" | "Camembert" => Some(Family::Roberta),
-            "Qwen2" => Some(Family::Qwen2),
-            "Qwen3" => Some(Family::Qwen3),
-            "DistilBert" => Some(Family::DistilBert),
-            "MPNet" => Some(Family::Mpnet),
-            "ModernBert" => Some(Family::ModernBert),
-            "Gte" | "New" => Some(Family::Gte),
-            _ => match model_type {
-                "bert" => Some(Family::Bert),
-                "roberta" | "xlm-roberta" | "camembert" => Some(Family::Roberta),
-                "qwen2" => Some(Family::Qwen2),
-                "qwen3" => Some(Family::Qwen3),
-                "distilbert" => Some(Family::DistilBert),
-                "mpnet" => Some(Family::Mpnet),
-                "modernbert" => Some(Family::ModernBert),
-                "gte" | "new" => Some(Family::Gte),
-                _ => None,
-            },
-        }
-    }
-
-    /// Pooling when neither `--pooler-config` nor sentence-transformers files say: CLS for
-    /// encoders, the last token for decoders (the only one that has seen the whole input).
-    fn default_pooling(self) -> PoolingType {
-        match self {
-            Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet | Family::ModernBert | Family::Gte => PoolingType::Cls,
-            Family::Qwen2 | Family::Qwen3 => PoolingType::Last,
-        }
-    }
-
-    pub fn is_decoder(self) -> bool {
-        matches!(self, Family::Qwen2 | Family::Qwen3)
-    }
-}
 
 /// Matryoshka support declared by config.json (or `--hf-overrides`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,36 +22,10 @@ pub struct Matryoshka {
     pub dimensions: Option<Vec<usize>>,
 }
 
-/// The Qwen3-Reranker prompt: a (query, document) pair becomes one chat-formatted text whose
-/// last token the model judges ("yes" / "no"). Built for Qwen3 one-label classifiers, whose
-/// reference usage always wraps pairs this way.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RerankTemplate {
-    pub system: String,
-    pub instruction: String,
-}
-
-impl Default for RerankTemplate {
-    fn default() -> Self {
-        RerankTemplate {
-            system: "Judge whether the Document meets the requirements based on the Query and the Instruct provided. \
-                     Note that the answer can only be \"yes\" or \"no\"."
-                .into(),
-            instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
-        }
-    }
-}
-
-impl RerankTemplate {
-    /// The prompt for one pair; `instruction` replaces the default task description.
-    pub fn render(&self, query: &str, document: &str, instruction: Option<&str>) -> String {
-        format!(
-            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n<Instruct>: {}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
-            self.system,
-            instruction.unwrap_or(&self.instruction)
-        )
-    }
-}
+/// A `prompt_name` the model does not define; the message is part of the API contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UnknownPrompt(pub String);
 
 /// sentence-transformers prompts (`config_sentence_transformers.json`): a prompt's text is
 /// prepended to a text input before tokenization, exactly as `SentenceTransformer.encode`
@@ -162,18 +82,15 @@ impl Prompts {
     }
 
     /// The prompt a request gets: the one it names, else the default.
-    pub fn resolve(&self, name: Option<&str>) -> Result<Option<String>, crate::engine::params::ParamsError> {
+    pub fn resolve(&self, name: Option<&str>) -> Result<Option<String>, UnknownPrompt> {
         match name {
             None => Ok(self.default.clone()),
             Some(name) => self.text(name).map(Some).ok_or_else(|| {
-                crate::engine::params::ParamsError::new(
-                    if self.named.is_empty() {
-                        format!("Unknown prompt_name '{name}': the model defines no prompts")
-                    } else {
-                        format!("Unknown prompt_name '{name}'; the model's prompts are {}", self.names())
-                    },
-                    "prompt_name",
-                )
+                UnknownPrompt(if self.named.is_empty() {
+                    format!("Unknown prompt_name '{name}': the model defines no prompts")
+                } else {
+                    format!("Unknown prompt_name '{name}'; the model's prompts are {}", self.names())
+                })
             }),
         }
     }
@@ -185,10 +102,8 @@ pub struct ModelSpec {
     pub served_name: String,
     /// The MODEL argument (folder or hub id), reported as `root` by /v1/models.
     pub root: String,
+    /// `architectures[0]` of config.json (empty when it names none).
     pub architecture: String,
-    pub family: Family,
-    /// config.json with `--hf-overrides` merged in.
-    pub config: Value,
     /// Tasks in preference order; the first is the default for /pooling.
     pub tasks: Vec<Task>,
     pub pooling: PoolingType,
@@ -199,12 +114,173 @@ pub struct ModelSpec {
     pub matryoshka: Matryoshka,
     pub pooler_defaults: PoolerConfig,
     pub truncation_side: TruncationSide,
+    /// sentence-transformers' `do_lower_case`: texts are lowercased before tokenizing.
+    pub lowercase: bool,
+    /// Whether pairs keep the tokenizer's segment ids (0/1); otherwise every token has type 0.
+    pub segment_ids: bool,
+    /// Outputs of the classifier (sequence or token); 0 for models without one.
+    pub num_labels: usize,
     /// Class names of a classifier, index = logit position; empty for other models.
     pub labels: Vec<String>,
+    /// `classifier_from_token` of a causal LM converted to a classifier.
+    pub classifier_from_token: Option<Vec<String>>,
+    /// Activations of `classify` and of `score` (cross-encoders), vLLM's rules.
+    pub classify_activation: ClassifierActivation,
+    pub score_activation: ClassifierActivation,
+    /// STEP pooling of a token classifier (`--pooler-config`).
+    pub step: Option<StepFilter>,
     /// How `/score` and `/rerank` turn a pair into model input when it is not text + text_pair.
     pub rerank_template: Option<RerankTemplate>,
     /// sentence-transformers prompts and the default one.
     pub prompts: Prompts,
+    /// `max_embed_len` when `enable_chunked_processing` is on: longer embedding inputs are
+    /// split into chunks of `max_model_len` instead of refused.
+    pub chunked_up_to: Option<usize>,
+}
+
+/// What a spec is decided from.
+pub struct SpecInputs<'a> {
+    pub options: &'a ModelOptions,
+    /// config.json with `--hf-overrides` merged in.
+    pub config: &'a Value,
+    pub architecture_name: String,
+    pub architecture: &'static dyn Architecture,
+    pub sentence: &'a SentenceTransformer,
+    /// `tokenizer_config.json`, `Null` when the folder has none.
+    pub tokenizer_config: &'a Value,
+    pub hidden_size: usize,
+    /// Longest sequence the backbone's positions allow.
+    pub max_positions: usize,
+}
+
+impl ModelSpec {
+    /// Every decision about the model, in one place.
+    pub fn decide(input: SpecInputs) -> Result<ModelSpec, LoadError> {
+        let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions } = input;
+        let pooler = &options.pooler;
+        let num_labels = num_labels_of(config);
+        let hints = TaskHints {
+            num_labels,
+            pooling: pooler.pooling_type.or(sentence.pooling),
+            multi_vector: sentence.multi_vector,
+            sentence_pooling: sentence.pooling_module,
+        };
+        let tasks = tasks_for(&architecture_name, options.convert, hints)?;
+        let supports = |task| tasks.contains(&task);
+        let default_pooling = if architecture.is_decoder() { PoolingType::Last } else { PoolingType::Cls };
+        let pooling = pooler.pooling_type.or(sentence.pooling).unwrap_or(default_pooling);
+        if pooler.pooling_type == Some(PoolingType::Step) && !supports(Task::TokenClassify) {
+            return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
+        }
+        if supports(Task::Embed) && pooling.is_token_level() {
+            return Err(LoadError::Unsupported(format!("pooling_type {pooling:?} gives one vector per token; embeddings need CLS, MEAN or LAST")));
+        }
+        // Dense layers must chain from the hidden size; a mismatch would only surface per request.
+        let mut embedding_size = hidden_size;
+        for (i, dense) in sentence.dense.iter().enumerate() {
+            if dense.linear.in_features() != embedding_size {
+                return Err(LoadError::Invalid(format!(
+                    "Dense module {i} takes {} features but receives {embedding_size}",
+                    dense.linear.in_features()
+                )));
+            }
+            embedding_size = dense.linear.out_features();
+        }
+        let classifier_from_token = classifier_tokens(config);
+        let classifies = supports(Task::Classify);
+        let labels = match &classifier_from_token {
+            Some(tokens) if classifies && num_labels == tokens.len() => tokens.clone(),
+            _ if classifies || supports(Task::TokenClassify) => labels_of(config, num_labels),
+            _ => Vec::new(),
+        };
+        let step = (pooler.pooling_type == Some(PoolingType::Step)).then(|| StepFilter {
+            step_tag_id: pooler.step_tag_id,
+            columns: pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
+        });
+        if let Some(bad) = step.as_ref().and_then(|s| s.columns.as_ref()).and_then(|c| c.iter().find(|&&c| c >= num_labels)) {
+            return Err(LoadError::Invalid(format!("returned_token_ids: {bad} is not one of the model's {num_labels} labels")));
+        }
+        let rerank_template = if classifies {
+            architecture.rerank_template(num_labels).map(|mut template| {
+                if let Some(instruction) = &options.reranker_instruction {
+                    template.instruction = instruction.clone();
+                }
+                template
+            })
+        } else {
+            None
+        };
+        let classify_activation = classify_activation(config, num_labels);
+        Ok(ModelSpec {
+            served_name: options.served_name.clone(),
+            root: options.source.clone(),
+            architecture: architecture_name,
+            tasks: tasks.clone(),
+            pooling,
+            max_model_len: max_model_len(options.max_model_len, sentence.max_seq_length, max_positions)?,
+            hidden_size,
+            embedding_size,
+            matryoshka: matryoshka_of(config),
+            pooler_defaults: pooler.clone(),
+            truncation_side: match tokenizer_config.get("truncation_side").and_then(Value::as_str) {
+                Some("left") => TruncationSide::Left,
+                _ => TruncationSide::Right,
+            },
+            lowercase: sentence.do_lower_case,
+            segment_ids: uses_token_type_ids(tokenizer_config, config),
+            num_labels: if classifies || supports(Task::TokenClassify) { num_labels } else { 0 },
+            labels,
+            classifier_from_token: classifier_from_token.filter(|_| classifies),
+            classify_activation,
+            // Token classifiers have no scores; their `score` activation is never read.
+            score_activation: if classifies { score_activation(config, num_labels) } else { classify_activation },
+            step,
+            rerank_template,
+            prompts: Prompts::new(
+                sentence.prompts.clone(),
+                sentence.default_prompt_name.as_deref(),
+                options.default_prompt_name.as_deref(),
+                options.default_prompt.as_deref(),
+            )?,
+            chunked_up_to: (pooler.enable_chunked_processing == Some(true)).then(|| pooler.max_embed_len.unwrap_or(usize::MAX)),
+        })
+    }
+}
+
+/// Whether pairs keep the tokenizer's segment ids (0/1): when `tokenizer_config.json` lists
+/// `token_type_ids` among the model inputs (BERT does, RoBERTa and XLM-R do not), or, without
+/// that list, when the model has more than one token type.
+fn uses_token_type_ids(tokenizer_config: &Value, config: &Value) -> bool {
+    match tokenizer_config.get("model_input_names").and_then(Value::as_array) {
+        Some(names) => names.iter().any(|n| n == "token_type_ids"),
+        None => config.get("type_vocab_size").and_then(Value::as_u64).unwrap_or(2) > 1,
+    }
+}
+
+/// vLLM's activation for classification: `problem_type` first, then the number of labels.
+fn classify_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
+    let by_count = if num_labels == 1 { ClassifierActivation::Sigmoid } else { ClassifierActivation::Softmax };
+    match config.get("problem_type").and_then(Value::as_str) {
+        Some("regression") => ClassifierActivation::Identity,
+        Some("multi_label_classification") => ClassifierActivation::Sigmoid,
+        _ => by_count,
+    }
+}
+
+/// Cross-encoders: sentence-transformers' `activation_fn` in config.json wins (e.g. an Identity
+/// for models trained to output raw scores); otherwise the classification rule.
+fn score_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
+    let named = config
+        .pointer("/sentence_transformers/activation_fn")
+        .and_then(Value::as_str)
+        .and_then(|name| match name.rsplit('.').next()? {
+            "Identity" => Some(ClassifierActivation::Identity),
+            "Sigmoid" => Some(ClassifierActivation::Sigmoid),
+            "Softmax" => Some(ClassifierActivation::Softmax),
+            "Tanh" => Some(ClassifierActivation::Tanh),
+            _ => None,
+        });
+    named.unwrap_or_else(|| classify_activation(config, num_labels))
 }
 
 /// Shallow-merges `overrides` into config.json, as vLLM's `--hf-overrides` does.
@@ -216,23 +292,18 @@ pub fn apply_overrides(config: &mut Value, overrides: &serde_json::Map<String, V
     }
 }
 
-/// Architecture name and family of a config.json.
-pub fn architecture_of(config: &Value) -> Result<(String, Family), LoadError> {
-    let architecture = config
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+/// Architecture name (`architectures[0]`) of a config.json and the architecture serving it.
+pub fn architecture_of(config: &Value) -> Result<(String, &'static dyn Architecture), LoadError> {
+    let architecture = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or("").to_string();
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
-    let family = Family::detect(&architecture, model_type).ok_or_else(|| {
+    let served = crate::models::detect(&architecture, model_type).ok_or_else(|| {
         LoadError::Unsupported(format!(
             "architecture `{}` (model_type `{model_type}`); supported: {}",
             if architecture.is_empty() { "?" } else { &architecture },
-            crate::models::SUPPORTED_ARCHITECTURES
+            crate::models::supported_architectures()
         ))
     })?;
-    Ok((architecture, family))
+    Ok((architecture, served))
 }
 
 /// `classifier_from_token` of a converted causal LM (`--hf-overrides`), e.g. `["no", "yes"]`.
@@ -353,12 +424,6 @@ pub fn max_model_len(flag: Option<usize>, max_seq_length: Option<usize>, max_pos
     }
 }
 
-impl Family {
-    pub fn pooling(self, flag: Option<PoolingType>, sentence: Option<PoolingType>) -> PoolingType {
-        flag.or(sentence).unwrap_or(self.default_pooling())
-    }
-}
-
 impl ModelSpec {
     /// A minimal spec for unit tests of code that only reads a few fields.
     pub fn for_tests(embedding_size: usize, max_model_len: usize) -> Self {
@@ -366,8 +431,6 @@ impl ModelSpec {
             served_name: "test-model".into(),
             root: "test-model".into(),
             architecture: "BertModel".into(),
-            family: Family::Bert,
-            config: Value::Null,
             tasks: vec![Task::Embed, Task::TokenEmbed],
             pooling: PoolingType::Mean,
             max_model_len,
@@ -376,9 +439,17 @@ impl ModelSpec {
             matryoshka: Matryoshka::default(),
             pooler_defaults: PoolerConfig::default(),
             truncation_side: TruncationSide::Right,
+            lowercase: false,
+            segment_ids: true,
+            num_labels: 0,
             labels: Vec::new(),
+            classifier_from_token: None,
+            classify_activation: ClassifierActivation::Softmax,
+            score_activation: ClassifierActivation::Softmax,
+            step: None,
             rerank_template: None,
             prompts: Prompts::default(),
+            chunked_up_to: None,
         }
     }
 
@@ -393,13 +464,18 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn detects_families() {
-        assert_eq!(architecture_of(&json!({"architectures": ["BertModel"]})).unwrap().1, Family::Bert);
-        assert_eq!(architecture_of(&json!({"architectures": ["XLMRobertaModel"]})).unwrap().1, Family::Roberta);
-        assert_eq!(architecture_of(&json!({"model_type": "roberta"})).unwrap().1, Family::Roberta);
-        assert_eq!(architecture_of(&json!({"architectures": ["Qwen3ForCausalLM"]})).unwrap().1, Family::Qwen3);
-        assert_eq!(architecture_of(&json!({"architectures": ["Qwen2Model"]})).unwrap().1, Family::Qwen2);
-        let err = architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).unwrap_err();
+    fn detects_architectures() {
+        let name = |config: Value| architecture_of(&config).unwrap().1.name();
+        assert_eq!(name(json!({"architectures": ["BertModel"]})), "BERT");
+        assert_eq!(name(json!({"architectures": ["XLMRobertaModel"]})), "RoBERTa/XLM-RoBERTa/CamemBERT");
+        assert_eq!(name(json!({"model_type": "roberta"})), "RoBERTa/XLM-RoBERTa/CamemBERT");
+        assert_eq!(name(json!({"architectures": ["Qwen3ForCausalLM"]})), "Qwen3");
+        assert_eq!(name(json!({"architectures": ["Qwen2Model"]})), "Qwen2");
+        assert_eq!(name(json!({"architectures": ["NewModel"]})), "GTE (GteModel/NewModel)");
+        assert_eq!(name(json!({"architectures": ["MPNetForMaskedLM"]})), "MPNet");
+        assert_eq!(name(json!({"architectures": ["DistilBertForTokenClassification"]})), "DistilBERT");
+        assert_eq!(name(json!({"architectures": ["ModernBertModel"]})), "ModernBERT");
+        let err = architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).err().expect("llama is not served");
         assert!(err.to_string().contains("LlamaForCausalLM"));
     }
 
@@ -454,12 +530,26 @@ mod tests {
         assert_eq!(folder.resolve(None).unwrap().as_deref(), Some("query: "));
         assert_eq!(folder.resolve(Some("passage")).unwrap().as_deref(), Some("passage: "));
         let err = folder.resolve(Some("doc")).unwrap_err();
-        assert_eq!(err.message, "Unknown prompt_name 'doc'; the model's prompts are ['passage', 'query']");
+        assert_eq!(err.0, "Unknown prompt_name 'doc'; the model's prompts are ['passage', 'query']");
         assert_eq!(Prompts::new(named.clone(), Some("query"), Some("passage"), None).unwrap().default.as_deref(), Some("passage: "));
         assert_eq!(Prompts::new(named.clone(), Some("query"), None, Some("x: ")).unwrap().default.as_deref(), Some("x: "));
         assert!(Prompts::new(named.clone(), None, Some("nope"), None).unwrap_err().to_string().contains("['passage', 'query']"));
         assert!(Prompts::new(named, Some("nope"), None, None).is_err());
         assert_eq!(Prompts::new(Default::default(), None, None, None).unwrap().resolve(None).unwrap(), None);
+    }
+
+    #[test]
+    fn activation_rules() {
+        use ClassifierActivation::*;
+        assert_eq!(classify_activation(&json!({}), 1), Sigmoid);
+        assert_eq!(classify_activation(&json!({}), 3), Softmax);
+        assert_eq!(classify_activation(&json!({"problem_type": "regression"}), 1), Identity);
+        assert_eq!(classify_activation(&json!({"problem_type": "multi_label_classification"}), 3), Sigmoid);
+        assert_eq!(classify_activation(&json!({"problem_type": "single_label_classification"}), 1), Sigmoid);
+        let st = json!({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}});
+        assert_eq!(score_activation(&st, 1), Identity);
+        assert_eq!(classify_activation(&st, 1), Sigmoid);
+        assert_eq!(score_activation(&json!({}), 1), Sigmoid);
     }
 
     #[test]

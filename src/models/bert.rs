@@ -5,14 +5,85 @@
 //! (`pad_token_id + 1`) and in having a one-row token-type table. Q, K and V are fused into one
 //! projection at load time so attention reads them from one matrix.
 
-use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
-use super::{Backbone, ModelError};
-use crate::models::batch::Batch;
-use crate::loader::spec::Family;
-use crate::pooling::sparse::SparseHead;
+use super::batch::Batch;
+use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
+use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear, PositionBias};
+use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
+use serde_json::Value;
+
+/// BERT, and RoBERTa with its kin (XLM-RoBERTa, CamemBERT): the same layers under the same
+/// names; RoBERTa numbers positions after the padding index, has a one-row token-type table,
+/// and keeps its classifier and masked-LM head under other names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BertKind {
+    Bert,
+    Roberta,
+}
+
+pub static BERT: BertKind = BertKind::Bert;
+pub static ROBERTA: BertKind = BertKind::Roberta;
+
+impl Architecture for BertKind {
+    fn name(&self) -> &'static str {
+        match self {
+            BertKind::Bert => "BERT",
+            BertKind::Roberta => "RoBERTa/XLM-RoBERTa/CamemBERT",
+        }
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        match self {
+            BertKind::Bert => &["Bert"],
+            BertKind::Roberta => &["Roberta", "XLMRoberta", "Camembert"],
+        }
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        match self {
+            BertKind::Bert => &["bert"],
+            BertKind::Roberta => &["roberta", "xlm-roberta", "camembert"],
+        }
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(Bert::load(config, *self, vb)?))
+    }
+
+    /// BERT's pooler (`bert.pooler.dense`) and `classifier`, or RoBERTa's `classifier.dense`
+    /// and `classifier.out_proj`; both apply tanh after the first layer and read the first token.
+    fn classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
+        let h = parse_config::<BertConfig>(config)?.hidden_size;
+        match self {
+            BertKind::Roberta => roberta_classifier(&vb, h, num_labels),
+            BertKind::Bert => Ok(ClassifierWeights {
+                pre: Some(PreClassifier::tanh(host_linear(&encoder_root(vb.clone()).pp("pooler.dense"), h, h)?)),
+                classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
+                input: HeadInput::First,
+            }),
+        }
+    }
+
+    fn token_classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
+        ClassifierWeights::per_token(&vb, num_labels, parse_config::<BertConfig>(config)?.hidden_size)
+    }
+
+    fn masked_lm_head(&self, config: &Value, vb: VarBuilder) -> std::result::Result<MaskedLmHead, ModelError> {
+        load_mlm_head(config, *self, vb)
+    }
+}
+
+/// RoBERTa's (and MPNet's) sequence-classification head: `classifier.dense` (tanh) and
+/// `classifier.out_proj` on the first token.
+pub(super) fn roberta_classifier(vb: &VarBuilder, h: usize, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
+    Ok(ClassifierWeights {
+        pre: Some(PreClassifier::tanh(host_linear(&vb.pp("classifier.dense"), h, h)?)),
+        classifier: host_linear(&vb.pp("classifier.out_proj"), num_labels, h)?,
+        input: HeadInput::First,
+    })
+}
 
 /// The fields of a BERT/RoBERTa `config.json` that the forward pass needs.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,10 +118,10 @@ fn default_eps() -> f64 {
 
 impl BertConfig {
     /// First position id: RoBERTa numbers positions after the padding index.
-    pub fn position_offset(&self, family: Family) -> u32 {
-        match family {
-            Family::Roberta => self.pad_token_id.unwrap_or(1) + 1,
-            _ => 0,
+    pub fn position_offset(&self, kind: BertKind) -> u32 {
+        match kind {
+            BertKind::Roberta => self.pad_token_id.unwrap_or(1) + 1,
+            BertKind::Bert => 0,
         }
     }
 }
@@ -74,6 +145,12 @@ pub(super) struct Layer {
     pub output_norm: LayerNorm,
 }
 
+/// A learned bias by relative position, added to every attention score (MPNet's buckets).
+pub trait RelativeBias: Send + Sync {
+    /// The per-head bias for every distance a batch with sequences up to `max_len` needs.
+    fn bias(&self, max_len: usize) -> PositionBias;
+}
+
 /// The BERT-shaped encoder that BERT, RoBERTa, DistilBERT and MPNet share; each has its own
 /// loader (its weight names and config fields) that fills this in.
 pub struct Bert {
@@ -85,8 +162,8 @@ pub struct Bert {
     /// Positions the table allows after the offset.
     pub(super) max_positions: usize,
     pub(super) position_offset: u32,
-    /// MPNet's relative position buckets.
-    pub(super) relative: Option<super::mpnet::RelativePositions>,
+    /// MPNet's relative position bias.
+    pub(super) relative: Option<Box<dyn RelativeBias>>,
 }
 
 pub(super) fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
@@ -115,7 +192,7 @@ pub(super) fn fused_qkv(q: VarBuilder, k: VarBuilder, v: VarBuilder, h: usize) -
 }
 
 /// Checkpoints store the encoder at the root (`BertModel`) or under the task model's prefix.
-fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
+pub(super) fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
     for prefix in ["bert", "roberta", "model"] {
         if vb.contains_tensor(&format!("{prefix}.embeddings.word_embeddings.weight")) {
             return vb.pp(prefix);
@@ -124,32 +201,9 @@ fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
     vb
 }
 
-/// The sequence-classification weights on top of the encoder: BERT's pooler (`bert.pooler.dense`)
-/// and `classifier`, or RoBERTa's `classifier.dense` and `classifier.out_proj`. Both apply tanh
-/// after the first layer. Returns `(pooler, classifier)`, on the CPU where heads run.
-pub fn load_classifier(
-    raw: &serde_json::Value,
-    family: Family,
-    vb: VarBuilder,
-    num_labels: usize,
-) -> std::result::Result<(Linear, Linear), ModelError> {
-    let config: BertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
-    let h = config.hidden_size;
-    let on_cpu = |vb: VarBuilder, out: usize| -> Result<Linear> {
-        let cpu = candle_core::Device::Cpu;
-        Linear::new(vb.get((out, h), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?, Some(vb.get(out, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?))
-    };
-    let (pooler, classifier) = match family {
-        Family::Roberta | Family::Mpnet => (vb.pp("classifier.dense"), vb.pp("classifier.out_proj")),
-        _ => (encoder_root(vb.clone()).pp("pooler.dense"), vb.pp("classifier")),
-    };
-    Ok((on_cpu(pooler, h)?, on_cpu(classifier, num_labels)?))
-}
-
 impl Bert {
-    pub fn load(raw: &serde_json::Value, family: Family, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config: BertConfig =
-            serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+    pub fn load(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: BertConfig = parse_config(raw)?;
         if let Some(kind) = config.position_embedding_type.as_deref() {
             if kind != "absolute" {
                 return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
@@ -183,7 +237,7 @@ impl Bert {
                 output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, config.layer_norm_eps)?,
             });
         }
-        let position_offset = config.position_offset(family);
+        let position_offset = config.position_offset(kind);
         Ok(Self {
             embeddings,
             layers,
@@ -261,12 +315,12 @@ impl Backbone for Bert {
 
 /// The masked-LM head of `BertForMaskedLM` (`cls.predictions`) or `RobertaForMaskedLM`
 /// (`lm_head`), for SPLADE; the decoder falls back to the tied word embeddings. On the CPU in f32.
-pub fn load_mlm_head(raw: &serde_json::Value, family: Family, vb: VarBuilder) -> std::result::Result<SparseHead, ModelError> {
-    let config: BertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+fn load_mlm_head(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Result<MaskedLmHead, ModelError> {
+    let config: BertConfig = parse_config(raw)?;
     let (h, vocab) = (config.hidden_size, config.vocab_size);
-    let (head, dense, norm, activation) = match family {
-        Family::Roberta => (vb.pp("lm_head"), "dense", "layer_norm", Activation::Gelu),
-        _ => (
+    let (head, dense, norm, activation) = match kind {
+        BertKind::Roberta => (vb.pp("lm_head"), "dense", "layer_norm", Activation::Gelu),
+        BertKind::Bert => (
             vb.pp("cls.predictions"),
             "transform.dense",
             "transform.LayerNorm",
@@ -274,8 +328,8 @@ pub fn load_mlm_head(raw: &serde_json::Value, family: Family, vb: VarBuilder) ->
                 .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?,
         ),
     };
-    let host = super::on_host;
-    let transform = Linear::new(host(head.pp(dense).get((h, h), "weight")?)?, Some(host(head.pp(dense).get(h, "bias")?)?))?;
+    let host = on_host;
+    let transform = host_linear(&head.pp(dense), h, h)?;
     let (norm_weight, norm_bias) = norm_params(&head.pp(norm), h)?;
     let norm = LayerNorm::new(host(norm_weight)?, host(norm_bias)?, config.layer_norm_eps)?;
     let decoder_weight = if head.contains_tensor("decoder.weight") {
@@ -284,5 +338,5 @@ pub fn load_mlm_head(raw: &serde_json::Value, family: Family, vb: VarBuilder) ->
         encoder_root(vb.clone()).get((vocab, h), "embeddings.word_embeddings.weight")?
     };
     let bias = if head.contains_tensor("bias") { head.get(vocab, "bias")? } else { head.get(vocab, "decoder.bias")? };
-    Ok(SparseHead { transform, activation, norm, decoder: Linear::new(host(decoder_weight)?, Some(host(bias)?))? })
+    Ok(MaskedLmHead { transform, activation, norm, decoder: Linear::new(host(decoder_weight)?, Some(host(bias)?))? })
 }

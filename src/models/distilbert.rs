@@ -2,11 +2,67 @@
 //! segment embeddings. Served by the shared [`Bert`] forward pass.
 
 use super::bert::{fused_qkv, layer_norm, linear, Bert, Embeddings, Layer};
-use super::ops::{Activation, Linear};
-use crate::pooling::classifier::PreClassifier;
-use super::ModelError;
+use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
+use super::ops::{Activation, LayerNorm, Linear};
+use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
+use serde_json::Value;
+
+pub struct DistilBert;
+pub static DISTILBERT: DistilBert = DistilBert;
+
+impl Architecture for DistilBert {
+    fn name(&self) -> &'static str {
+        "DistilBERT"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["DistilBert"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["distilbert"]
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(load(config, vb)?))
+    }
+
+    /// `pre_classifier` (ReLU) and `classifier` of `DistilBertForSequenceClassification`.
+    fn classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {
+        let h = parse_config::<DistilBertConfig>(config)?.dim;
+        let dense = host_linear(&vb.pp("pre_classifier"), h, h)?;
+        Ok(ClassifierWeights {
+            pre: Some(PreClassifier { dense, activation: Some(Activation::Relu), norm: None }),
+            classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
+            input: HeadInput::First,
+        })
+    }
+
+    fn token_classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize) -> Result<ClassifierWeights, ModelError> {
+        ClassifierWeights::per_token(&vb, num_labels, parse_config::<DistilBertConfig>(config)?.dim)
+    }
+
+    /// `DistilBertForMaskedLM`'s head (`vocab_transform` → activation → `vocab_layer_norm` →
+    /// `vocab_projector`, tied to the word embeddings).
+    fn masked_lm_head(&self, raw: &Value, vb: VarBuilder) -> Result<MaskedLmHead, ModelError> {
+        let config: DistilBertConfig = parse_config(raw)?;
+        let (h, vocab) = (config.dim, config.vocab_size);
+        let activation = Activation::from_config(&config.activation)
+            .ok_or_else(|| ModelError::Config(format!("activation `{}` is not supported", config.activation)))?;
+        let transform = host_linear(&vb.pp("vocab_transform"), h, h)?;
+        let ln = vb.pp("vocab_layer_norm");
+        let norm = LayerNorm::new(on_host(ln.get(h, "weight")?)?, on_host(ln.get(h, "bias")?)?, EPS)?;
+        let weight = if vb.contains_tensor("vocab_projector.weight") {
+            vb.get((vocab, h), "vocab_projector.weight")?
+        } else {
+            vb.get((vocab, h), "distilbert.embeddings.word_embeddings.weight")?
+        };
+        let decoder = Linear::new(on_host(weight)?, Some(on_host(vb.get(vocab, "vocab_projector.bias")?)?))?;
+        Ok(MaskedLmHead { transform, activation, norm, decoder })
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 struct DistilBertConfig {
@@ -27,8 +83,8 @@ fn default_act() -> String {
 /// transformers' DistilBERT LayerNorm epsilon (not in config.json).
 const EPS: f64 = 1e-12;
 
-pub fn load(raw: &serde_json::Value, vb: VarBuilder) -> Result<Bert, ModelError> {
-    let config: DistilBertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
+    let config: DistilBertConfig = parse_config(raw)?;
     if config.dim % config.n_heads != 0 {
         return Err(ModelError::Config("dim is not a multiple of n_heads".into()));
     }
@@ -67,36 +123,4 @@ pub fn load(raw: &serde_json::Value, vb: VarBuilder) -> Result<Bert, ModelError>
         position_offset: 0,
         relative: None,
     })
-}
-
-/// `pre_classifier` (ReLU) and `classifier` of `DistilBertForSequenceClassification`, on the CPU.
-pub fn load_classifier(raw: &serde_json::Value, vb: VarBuilder, num_labels: usize) -> Result<(PreClassifier, Linear), ModelError> {
-    let config: DistilBertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
-    let cpu = candle_core::Device::Cpu;
-    let on_cpu = |vb: VarBuilder, out: usize| -> candle_core::Result<Linear> {
-        Linear::new(vb.get((out, config.dim), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?, Some(vb.get(out, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?))
-    };
-    let dense = on_cpu(vb.pp("pre_classifier"), config.dim)?;
-    let pooler = PreClassifier { dense, activation: Some(Activation::Relu), norm: None };
-    Ok((pooler, on_cpu(vb.pp("classifier"), num_labels)?))
-}
-
-/// `DistilBertForMaskedLM`'s head (`vocab_transform` → activation → `vocab_layer_norm` →
-/// `vocab_projector`, tied to the word embeddings), for SPLADE. On the CPU in f32.
-pub fn load_mlm_head(raw: &serde_json::Value, vb: VarBuilder) -> Result<crate::pooling::sparse::SparseHead, ModelError> {
-    let config: DistilBertConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
-    let (h, vocab) = (config.dim, config.vocab_size);
-    let activation = Activation::from_config(&config.activation)
-        .ok_or_else(|| ModelError::Config(format!("activation `{}` is not supported", config.activation)))?;
-    let host = super::on_host;
-    let transform = Linear::new(host(vb.pp("vocab_transform").get((h, h), "weight")?)?, Some(host(vb.pp("vocab_transform").get(h, "bias")?)?))?;
-    let ln = vb.pp("vocab_layer_norm");
-    let norm = super::ops::LayerNorm::new(host(ln.get(h, "weight")?)?, host(ln.get(h, "bias")?)?, EPS)?;
-    let weight = if vb.contains_tensor("vocab_projector.weight") {
-        vb.get((vocab, h), "vocab_projector.weight")?
-    } else {
-        vb.get((vocab, h), "distilbert.embeddings.word_embeddings.weight")?
-    };
-    let decoder = Linear::new(host(weight)?, Some(host(vb.get(vocab, "vocab_projector.bias")?)?))?;
-    Ok(crate::pooling::sparse::SparseHead { transform, activation, norm, decoder })
 }

@@ -2,11 +2,11 @@
 //! post-LayerNorm encoder with rotary positions instead of a position table, fused `qkv_proj`,
 //! and a gated MLP (`up_gate_proj`: rows up, then gate; `down(gelu(gate) · up)`).
 
+use super::batch::Batch;
 use super::bert::{layer_norm, linear};
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
 use super::qwen::rope_theta;
-use super::{Backbone, ModelError};
-use crate::models::batch::Batch;
+use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -57,9 +57,31 @@ pub struct Gte {
     config: GteConfig,
 }
 
+/// GTE has no classification or masked-LM heads here (the trait's defaults say so).
+pub struct GteArchitecture;
+pub static GTE: GteArchitecture = GteArchitecture;
+
+impl Architecture for GteArchitecture {
+    fn name(&self) -> &'static str {
+        "GTE (GteModel/NewModel)"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["Gte", "New"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["gte", "new"]
+    }
+
+    fn backbone(&self, config: &serde_json::Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(Gte::load(config, vb)?))
+    }
+}
+
 impl Gte {
     pub fn load(raw: &serde_json::Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config: GteConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+        let config: GteConfig = parse_config(raw)?;
         let (h, heads) = (config.hidden_size, config.num_attention_heads);
         if h % heads != 0 || (h / heads) % 2 != 0 {
             return Err(ModelError::Config("hidden_size does not split into even-sized heads".into()));

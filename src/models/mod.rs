@@ -1,25 +1,60 @@
-//! Backbones: one architecture per file, all behind [`Backbone`].
+//! The model layer: transformer architectures on the flat padding-free [`Batch`], their
+//! kernels (`ops/`), and the weights of their task heads (`heads`). Depends on nothing else of
+//! ours.
 //!
-//! A backbone turns a flat [`Batch`] into final hidden states `[total_tokens, hidden]`.
-//! Everything after that (pooling, heads) is architecture-independent and lives in `pooling/`.
+//! An architecture is one file (its config, detection, backbone and heads) implementing
+//! [`Architecture`], registered by one line of [`ARCHITECTURES`]. A backbone turns a batch into
+//! final hidden states `[total_tokens, hidden]`; what happens after (pooling, head math) is
+//! architecture-independent and lives in `pooling/`.
 
 pub mod batch;
 pub mod bert;
 pub mod distilbert;
 pub mod gte;
+pub mod heads;
 pub mod modernbert;
 pub mod mpnet;
 pub mod ops;
 pub mod qwen;
 
 use batch::Batch;
-use crate::loader::spec::{Family, ModelSpec};
-use crate::pooling::classifier::PreClassifier;
-use crate::pooling::method::{All, Cls, Last, LastNonPad, PoolingMethod};
-use crate::pooling::sparse::SparseHead;
-use ops::Linear;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
+use heads::{ClassifierWeights, MaskedLmHead, RerankTemplate};
+use ops::Linear;
+use serde_json::Value;
+
+/// Every architecture served, in detection order.
+pub static ARCHITECTURES: &[&dyn Architecture] = &[
+    &bert::BERT,
+    &bert::ROBERTA,
+    &distilbert::DISTILBERT,
+    &mpnet::MPNET,
+    &modernbert::MODERNBERT,
+    &gte::GTE,
+    &qwen::QWEN2,
+    &qwen::QWEN3,
+];
+
+/// The architecture serving a config.json's `architectures[0]` (by its stem), or else its
+/// `model_type`.
+pub fn detect(architecture: &str, model_type: &str) -> Option<&'static dyn Architecture> {
+    let stem = architecture.split("For").next().unwrap_or(architecture).trim_end_matches("Model");
+    ARCHITECTURES
+        .iter()
+        .find(|a| a.architecture_stems().contains(&stem))
+        .or_else(|| ARCHITECTURES.iter().find(|a| a.model_types().contains(&model_type)))
+        .copied()
+}
+
+/// What the table serves, for the "unsupported architecture" message.
+pub fn supported_architectures() -> String {
+    let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name()).collect();
+    format!(
+        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, and decoders' causal LMs as embedders)",
+        names.join(", ")
+    )
+}
 
 /// What the engine needs from a transformer body.
 pub trait Backbone: Send {
@@ -82,101 +117,54 @@ pub fn describe(e: &candle_core::Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
-/// Errors raised while building a backbone from its files.
+/// Errors raised while building a backbone or a head from its files.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("unsupported architecture `{0}` (supported: {1})")]
-    Unsupported(String, &'static str),
     #[error("invalid config.json: {0}")]
     Config(String),
+    /// The checkpoint asks for a head this architecture does not have here.
+    #[error("{0}")]
+    NoHead(String),
     #[error("weights: {0}")]
     Weights(#[from] candle_core::Error),
 }
 
-pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, RobertaModel, XLMRobertaModel, DistilBertModel, MPNetModel, ModernBertModel, GteModel/NewModel, Qwen2Model, Qwen3Model (and their \
-     sentence-transformers folders), Qwen2ForCausalLM, Qwen3ForCausalLM (as embedders), and the \
-     *ForSequenceClassification of each";
-
-/// A head weight as the heads use it: on the CPU, in f32 (heads run on the host's f32 rows).
-pub(crate) fn on_host(t: Tensor) -> candle_core::Result<Tensor> {
-    t.to_device(&Device::Cpu)?.to_dtype(candle_core::DType::F32)
+/// A config.json parsed into an architecture's own config type.
+pub fn parse_config<T: serde::de::DeserializeOwned>(raw: &Value) -> Result<T, ModelError> {
+    serde::Deserialize::deserialize(raw).map_err(|e| ModelError::Config(e.to_string()))
 }
 
-/// The architecture-specific part of a classification head.
-pub struct ClassifierParts {
-    /// The layer before the classifier (BERT's pooler, RoBERTa's `classifier.dense`, …).
-    pub pooler: Option<PreClassifier>,
-    pub classifier: Linear,
-    /// The token the head reads.
-    pub pooling: Box<dyn PoolingMethod>,
-}
-
-/// The classifier layers of a `*ForSequenceClassification` checkpoint (or of a causal LM
-/// converted with `classifier_from_token`, whose token ids `from_tokens` gives).
-pub fn load_classifier(
-    spec: &ModelSpec,
-    vb: VarBuilder,
-    num_labels: usize,
-    from_tokens: Option<&[u32]>,
-) -> Result<ClassifierParts, ModelError> {
-    match spec.family {
-        Family::Bert | Family::Roberta | Family::Mpnet => {
-            let (pooler, classifier) = bert::load_classifier(&spec.config, spec.family, vb, num_labels)?;
-            Ok(ClassifierParts { pooler: Some(PreClassifier::tanh(pooler)), classifier, pooling: Box::new(Cls) })
-        }
-        Family::DistilBert => {
-            let (pooler, classifier) = distilbert::load_classifier(&spec.config, vb, num_labels)?;
-            Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling: Box::new(Cls) })
-        }
-        Family::ModernBert => {
-            let (pooler, classifier, pooling) = modernbert::load_classifier(&spec.config, vb, num_labels)?;
-            Ok(ClassifierParts { pooler: Some(pooler), classifier, pooling })
-        }
-        Family::Gte => Err(ModelError::Config("GTE classification heads are not supported yet".into())),
-        Family::Qwen2 | Family::Qwen3 => {
-            let classifier = qwen::load_classifier(&spec.config, vb, num_labels, from_tokens)?;
-            let pad = spec.config.get("pad_token_id").and_then(|v| v.as_u64());
-            let pooling: Box<dyn PoolingMethod> = match pad {
-                Some(pad) if from_tokens.is_none() => Box::new(LastNonPad { pad_token_id: pad as u32 }),
-                _ => Box::new(Last),
-            };
-            Ok(ClassifierParts { pooler: None, classifier, pooling })
-        }
+/// One architecture: which checkpoints it serves, its backbone, and the heads it has. Each
+/// lives in its own file and is registered in [`ARCHITECTURES`]; a head it lacks is a
+/// [`ModelError::NoHead`] naming it.
+pub trait Architecture: Sync {
+    /// How messages name it.
+    fn name(&self) -> &'static str;
+    /// The `architectures` entries it serves, by their stem (`BertForMaskedLM` → `Bert`,
+    /// `NewModel` → `New`).
+    fn architecture_stems(&self) -> &'static [&'static str];
+    /// The `model_type`s it serves when `architectures` is missing or unknown.
+    fn model_types(&self) -> &'static [&'static str];
+    /// Decoders (causal attention) read the last token; encoders the first.
+    fn is_decoder(&self) -> bool {
+        false
     }
-}
-
-/// The per-token classifier of a `*ForTokenClassification` checkpoint (`classifier`, applied to
-/// every token's final hidden state).
-pub fn load_token_classifier(spec: &ModelSpec, vb: VarBuilder, num_labels: usize, hidden: usize) -> Result<ClassifierParts, ModelError> {
-    match spec.family {
-        Family::Bert | Family::Roberta | Family::DistilBert | Family::Mpnet => {
-            let head = vb.pp("classifier");
-            let classifier = Linear::new(on_host(head.get((num_labels, hidden), "weight")?)?, Some(on_host(head.get(num_labels, "bias")?)?))?;
-            Ok(ClassifierParts { pooler: None, classifier, pooling: Box::new(All) })
-        }
-        other => Err(ModelError::Config(format!("token classification heads for {other:?} are not supported yet"))),
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> Result<Box<dyn Backbone>, ModelError>;
+    /// A `*ForSequenceClassification` head with `num_labels` outputs, or for a causal LM
+    /// converted with `classifier_from_token`, the LM-head rows of `from_tokens`.
+    fn classifier(&self, _config: &Value, _vb: VarBuilder, _num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {
+        Err(ModelError::NoHead(format!("{} classification heads are not supported yet", self.name())))
     }
-}
-
-/// The masked-LM head that SPLADE pooling needs.
-pub fn load_sparse_head(spec: &ModelSpec, vb: VarBuilder) -> Result<SparseHead, ModelError> {
-    match spec.family {
-        Family::Bert | Family::Roberta => bert::load_mlm_head(&spec.config, spec.family, vb),
-        Family::DistilBert => distilbert::load_mlm_head(&spec.config, vb),
-        other => Err(ModelError::Config(format!("SPLADE needs a masked-LM head; {other:?} models have none here"))),
+    /// A `*ForTokenClassification` head.
+    fn token_classifier(&self, _config: &Value, _vb: VarBuilder, _num_labels: usize) -> Result<ClassifierWeights, ModelError> {
+        Err(ModelError::NoHead(format!("token classification heads for {} are not supported yet", self.name())))
     }
-}
-
-/// Builds the backbone that `spec.architecture` names.
-pub fn load_backbone(spec: &ModelSpec, vb: VarBuilder, device: &Device) -> Result<Box<dyn Backbone>, ModelError> {
-    let _ = device;
-    match spec.family {
-        Family::Bert | Family::Roberta => Ok(Box::new(bert::Bert::load(&spec.config, spec.family, vb)?)),
-        Family::DistilBert => Ok(Box::new(distilbert::load(&spec.config, vb)?)),
-        Family::Mpnet => Ok(Box::new(mpnet::load(&spec.config, vb)?)),
-        Family::ModernBert => Ok(Box::new(modernbert::ModernBert::load(&spec.config, vb)?)),
-        Family::Gte => Ok(Box::new(gte::Gte::load(&spec.config, vb)?)),
-        Family::Qwen2 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen2, vb)?)),
-        Family::Qwen3 => Ok(Box::new(qwen::Qwen::load(&spec.config, qwen::QwenVersion::Qwen3, vb)?)),
+    /// The masked-LM head (SPLADE).
+    fn masked_lm_head(&self, _config: &Value, _vb: VarBuilder) -> Result<MaskedLmHead, ModelError> {
+        Err(ModelError::NoHead(format!("SPLADE needs a masked-LM head; {} models have none here", self.name())))
+    }
+    /// The prompt that turns a one-label classifier of this architecture into a reranker.
+    fn rerank_template(&self, _num_labels: usize) -> Option<RerankTemplate> {
+        None
     }
 }

@@ -2,11 +2,10 @@
 //! (sliding-window) attention layers with their own RoPE theta, a GeGLU MLP, and no biases by
 //! default. Local layers see `|i − j| ≤ local_attention / 2`.
 
+use super::batch::Batch;
+use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
-use super::{Backbone, ModelError};
-use crate::models::batch::Batch;
-use crate::pooling::classifier::PreClassifier;
-use crate::pooling::method::{Cls, Mean, PoolingMethod};
+use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -65,7 +64,54 @@ fn default_pooling() -> String {
 }
 
 fn parse(raw: &Value) -> std::result::Result<ModernBertConfig, ModelError> {
-    serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))
+    parse_config(raw)
+}
+
+pub struct ModernBertArchitecture;
+pub static MODERNBERT: ModernBertArchitecture = ModernBertArchitecture;
+
+impl Architecture for ModernBertArchitecture {
+    fn name(&self) -> &'static str {
+        "ModernBERT"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["ModernBert"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["modernbert"]
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(ModernBert::load(config, vb)?))
+    }
+
+    /// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`,
+    /// then `classifier`, on the token(s) `classifier_pooling` names.
+    fn classifier(&self, raw: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
+        let config = parse(raw)?;
+        let h = config.hidden_size;
+        let cpu = Device::Cpu;
+        let activation = Activation::from_config(&config.classifier_activation)
+            .ok_or_else(|| ModelError::Config(format!("classifier_activation `{}` is not supported", config.classifier_activation)))?;
+        let head = vb.pp("head");
+        let dense = Linear::new(
+            on_host(head.pp("dense").get((h, h), "weight")?)?,
+            if config.classifier_bias { Some(on_host(head.pp("dense").get(h, "bias")?)?) } else { None },
+        )?;
+        let norm_bias = if config.norm_bias { on_host(head.pp("norm").get(h, "bias")?)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
+        let head_norm = LayerNorm::new(on_host(head.pp("norm").get(h, "weight")?)?, norm_bias, config.norm_eps)?;
+        let input = match config.classifier_pooling.as_str() {
+            "mean" => HeadInput::Mean,
+            _ => HeadInput::First,
+        };
+        Ok(ClassifierWeights {
+            pre: Some(PreClassifier { dense, activation: Some(activation), norm: Some(head_norm) }),
+            classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
+            input,
+        })
+    }
 }
 
 /// (global, local) RoPE thetas: transformers 5's `rope_parameters.{full,sliding}_attention`, or
@@ -215,34 +261,4 @@ impl Backbone for ModernBert {
     fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
         self.layers.iter_mut().map(|l| &mut l.wqkv).collect()
     }
-}
-
-/// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`, then
-/// `classifier`, on the token(s) `classifier_pooling` names; on the CPU.
-pub fn load_classifier(
-    raw: &Value,
-    vb: VarBuilder,
-    num_labels: usize,
-) -> std::result::Result<(PreClassifier, Linear, Box<dyn PoolingMethod>), ModelError> {
-    let config = parse(raw)?;
-    let h = config.hidden_size;
-    let cpu = Device::Cpu;
-    let activation = Activation::from_config(&config.classifier_activation)
-        .ok_or_else(|| ModelError::Config(format!("classifier_activation `{}` is not supported", config.classifier_activation)))?;
-    let head = vb.pp("head");
-    let dense = Linear::new(
-        head.pp("dense").get((h, h), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?,
-        if config.classifier_bias { Some(head.pp("dense").get(h, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?) } else { None },
-    )?;
-    let norm_bias = if config.norm_bias { head.pp("norm").get(h, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
-    let head_norm = LayerNorm::new(head.pp("norm").get(h, "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?, norm_bias, config.norm_eps)?;
-    let classifier = Linear::new(
-        vb.pp("classifier").get((num_labels, h), "weight")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?,
-        Some(vb.pp("classifier").get(num_labels, "bias")?.to_device(&cpu)?.to_dtype(candle_core::DType::F32)?),
-    )?;
-    let pooling: Box<dyn PoolingMethod> = match config.classifier_pooling.as_str() {
-        "mean" => Box::new(Mean),
-        _ => Box::new(Cls),
-    };
-    Ok((PreClassifier { dense, activation: Some(activation), norm: Some(head_norm) }, classifier, pooling))
 }

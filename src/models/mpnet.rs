@@ -2,11 +2,43 @@
 //! positions and a learned relative position bias, bucketed by distance and shared by all
 //! layers, added to every attention score.
 
-use super::bert::{fused_qkv, layer_norm, linear, Bert, Embeddings, Layer};
+use super::bert::{fused_qkv, layer_norm, linear, roberta_classifier, Bert, Embeddings, Layer, RelativeBias};
+use super::heads::ClassifierWeights;
 use super::ops::{Activation, PositionBias};
-use super::ModelError;
+use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
+use serde_json::Value;
+
+pub struct Mpnet;
+pub static MPNET: Mpnet = Mpnet;
+
+impl Architecture for Mpnet {
+    fn name(&self) -> &'static str {
+        "MPNet"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["MPNet"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["mpnet"]
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(load(config, vb)?))
+    }
+
+    /// RoBERTa's head names: `classifier.dense` (tanh) and `classifier.out_proj`.
+    fn classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {
+        roberta_classifier(&vb, parse_config::<MpnetConfig>(config)?.hidden_size, num_labels)
+    }
+
+    fn token_classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize) -> Result<ClassifierWeights, ModelError> {
+        ClassifierWeights::per_token(&vb, num_labels, parse_config::<MpnetConfig>(config)?.hidden_size)
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 struct MpnetConfig {
@@ -65,8 +97,10 @@ impl RelativePositions {
         bucket as usize
     }
 
-    /// The per-head bias for every distance a batch with sequences up to `max_len` needs.
-    pub fn bias(&self, max_len: usize) -> PositionBias {
+}
+
+impl RelativeBias for RelativePositions {
+    fn bias(&self, max_len: usize) -> PositionBias {
         let max_len = max_len.max(1);
         let span = 2 * max_len - 1;
         let mut values = vec![0f32; self.heads * span];
@@ -80,8 +114,8 @@ impl RelativePositions {
     }
 }
 
-pub fn load(raw: &serde_json::Value, vb: VarBuilder) -> Result<Bert, ModelError> {
-    let config: MpnetConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
+    let config: MpnetConfig = parse_config(raw)?;
     if config.hidden_size % config.num_attention_heads != 0 {
         return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
     }
@@ -122,7 +156,7 @@ pub fn load(raw: &serde_json::Value, vb: VarBuilder) -> Result<Bert, ModelError>
         vocab_size: config.vocab_size,
         max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
         position_offset,
-        relative: Some(RelativePositions { table, heads, num_buckets: buckets }),
+        relative: Some(Box::new(RelativePositions { table, heads, num_buckets: buckets })),
     })
 }
 

@@ -5,13 +5,87 @@
 //! client's tokenizer cannot matter: there is no padding. Q, K and V are fused into one
 //! projection and gate/up into another at load time.
 
+use super::batch::Batch;
+use super::heads::{on_host, ClassifierWeights, HeadInput, RerankTemplate};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
-use super::{Backbone, ModelError};
-use crate::models::batch::Batch;
+use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
+
+pub static QWEN2: QwenVersion = QwenVersion::Qwen2;
+pub static QWEN3: QwenVersion = QwenVersion::Qwen3;
+
+impl Architecture for QwenVersion {
+    fn name(&self) -> &'static str {
+        match self {
+            QwenVersion::Qwen2 => "Qwen2",
+            QwenVersion::Qwen3 => "Qwen3",
+        }
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        match self {
+            QwenVersion::Qwen2 => &["Qwen2"],
+            QwenVersion::Qwen3 => &["Qwen3"],
+        }
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        match self {
+            QwenVersion::Qwen2 => &["qwen2"],
+            QwenVersion::Qwen3 => &["qwen3"],
+        }
+    }
+
+    fn is_decoder(&self) -> bool {
+        true
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(Qwen::load(config, *self, vb)?))
+    }
+
+    /// `score` (no bias) on the rightmost non-padding token, as transformers'
+    /// `Qwen*ForSequenceClassification`; or, for a causal LM converted with
+    /// `classifier_from_token`, rows of the LM head (tied to the embeddings unless
+    /// `lm_head.weight` exists) on the last token: the difference `row(tokens[1]) − row(tokens[0])`
+    /// for Qwen3-Reranker (`is_original_qwen3_reranker`), else one row per token.
+    fn classifier(&self, raw: &Value, vb: VarBuilder, num_labels: usize, from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
+        let config: QwenConfig = parse_config(raw)?;
+        let h = config.hidden_size;
+        let Some(tokens) = from_tokens else {
+            let input = match raw.get("pad_token_id").and_then(Value::as_u64) {
+                Some(pad) => HeadInput::LastNonPad { pad_token_id: pad as u32 },
+                None => HeadInput::Last,
+            };
+            let classifier = Linear::new(on_host(vb.pp("score").get((num_labels, h), "weight")?)?, None)?;
+            return Ok(ClassifierWeights { pre: None, classifier, input });
+        };
+        let lm_head = if vb.contains_tensor("lm_head.weight") {
+            vb.get((config.vocab_size, h), "lm_head.weight")?
+        } else {
+            decoder_root(vb).get((config.vocab_size, h), "embed_tokens.weight")?
+        };
+        let ids = Tensor::from_slice(tokens, tokens.len(), lm_head.device())?;
+        let rows = on_host(lm_head.index_select(&ids, 0)?)?;
+        let original_reranker = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false);
+        let weight = if original_reranker && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
+        Ok(ClassifierWeights { pre: None, classifier: Linear::new(weight, None)?, input: HeadInput::Last })
+    }
+
+    /// Qwen3 one-label classifiers are Qwen3-Reranker conversions, whose pairs are always wrapped
+    /// in its chat prompt.
+    fn rerank_template(&self, num_labels: usize) -> Option<RerankTemplate> {
+        (*self == QwenVersion::Qwen3 && num_labels == 1).then(|| RerankTemplate {
+            system: "Judge whether the Document meets the requirements based on the Query and the Instruct provided. \
+                     Note that the answer can only be \"yes\" or \"no\"."
+                .into(),
+            instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+        })
+    }
+}
 
 /// The fields of a Qwen2/Qwen3 `config.json` the forward pass needs.
 #[derive(Debug, Clone, Deserialize)]
@@ -99,7 +173,7 @@ pub fn decoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
 
 impl Qwen {
     pub fn load(raw: &Value, version: QwenVersion, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config: QwenConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
+        let config: QwenConfig = parse_config(raw)?;
         if config.use_sliding_window {
             return Err(ModelError::Config("use_sliding_window is not supported".into()));
         }
@@ -209,24 +283,3 @@ impl Backbone for Qwen {
     }
 }
 
-/// The classifier of a Qwen sequence classifier: `score` (no bias), or, for a causal LM
-/// converted with `classifier_from_token`, rows of the LM head (tied to the embeddings unless
-/// `lm_head.weight` exists): the difference `row(tokens[1]) − row(tokens[0])` for
-/// Qwen3-Reranker (`is_original_qwen3_reranker`), else one row per token. On the CPU.
-pub fn load_classifier(raw: &Value, vb: VarBuilder, num_labels: usize, from_tokens: Option<&[u32]>) -> std::result::Result<Linear, ModelError> {
-    let config: QwenConfig = serde_json::from_value(raw.clone()).map_err(|e| ModelError::Config(e.to_string()))?;
-    let h = config.hidden_size;
-    let Some(tokens) = from_tokens else {
-        return Ok(Linear::new(super::on_host(vb.pp("score").get((num_labels, h), "weight")?)?, None)?);
-    };
-    let lm_head = if vb.contains_tensor("lm_head.weight") {
-        vb.get((config.vocab_size, h), "lm_head.weight")?
-    } else {
-        decoder_root(vb).get((config.vocab_size, h), "embed_tokens.weight")?
-    };
-    let ids = Tensor::from_slice(tokens, tokens.len(), lm_head.device())?;
-    let rows = super::on_host(lm_head.index_select(&ids, 0)?)?;
-    let original_reranker = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false);
-    let weight = if original_reranker && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
-    Ok(Linear::new(weight, None)?)
-}

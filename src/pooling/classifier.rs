@@ -7,9 +7,9 @@
 
 use super::method::{HiddenStates, PoolingMethod};
 use super::task::Task;
-use crate::models::ops::{Activation, LayerNorm, Linear};
+use crate::models::heads::{ClassifierWeights, PreClassifier};
+use crate::models::ops::Linear;
 use candle_core::{Device, Result, Tensor};
-use serde_json::Value;
 
 /// The function applied to the logits when `use_activation` is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,32 +21,6 @@ pub enum ClassifierActivation {
 }
 
 impl ClassifierActivation {
-    /// vLLM's rule for classification: `problem_type` first, then the number of labels.
-    pub fn for_classification(config: &Value, num_labels: usize) -> Self {
-        let by_count = if num_labels == 1 { Self::Sigmoid } else { Self::Softmax };
-        match config.get("problem_type").and_then(Value::as_str) {
-            Some("regression") => Self::Identity,
-            Some("multi_label_classification") => Self::Sigmoid,
-            _ => by_count,
-        }
-    }
-
-    /// Cross-encoders: sentence-transformers' `activation_fn` in config.json wins (e.g. an
-    /// Identity for models trained to output raw scores); otherwise the classification rule.
-    pub fn for_scoring(config: &Value, num_labels: usize) -> Self {
-        let named = config
-            .pointer("/sentence_transformers/activation_fn")
-            .and_then(Value::as_str)
-            .and_then(|name| match name.rsplit('.').next()? {
-                "Identity" => Some(Self::Identity),
-                "Sigmoid" => Some(Self::Sigmoid),
-                "Softmax" => Some(Self::Softmax),
-                "Tanh" => Some(Self::Tanh),
-                _ => None,
-            });
-        named.unwrap_or_else(|| Self::for_classification(config, num_labels))
-    }
-
     pub fn apply(self, logits: &mut [f32]) {
         match self {
             Self::Identity => {}
@@ -61,34 +35,6 @@ impl ClassifierActivation {
                 });
                 logits.iter_mut().for_each(|x| *x /= sum);
             }
-        }
-    }
-}
-
-/// The layer between the pooled token and the classifier: BERT's pooler and RoBERTa's
-/// `classifier.dense` (tanh), DistilBERT's `pre_classifier` (ReLU), ModernBERT's `head`
-/// (GELU, then LayerNorm).
-pub struct PreClassifier {
-    pub dense: Linear,
-    /// `None`: tanh.
-    pub activation: Option<Activation>,
-    pub norm: Option<LayerNorm>,
-}
-
-impl PreClassifier {
-    pub fn tanh(dense: Linear) -> Self {
-        PreClassifier { dense, activation: None, norm: None }
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = self.dense.forward(x)?;
-        let x = match self.activation {
-            None => x.tanh()?,
-            Some(act) => act.forward_biased(x, None)?,
-        };
-        match &self.norm {
-            Some(norm) => norm.forward(x),
-            None => Ok(x),
         }
     }
 }
@@ -131,6 +77,26 @@ pub struct ClassifierHead {
 }
 
 impl ClassifierHead {
+    /// The head over an architecture's classifier weights, with the activations the model spec
+    /// decided (`score_activation` matters only to one-label cross-encoders).
+    pub fn new(
+        weights: ClassifierWeights,
+        step: Option<StepFilter>,
+        logit_bias: Option<f32>,
+        classify_activation: ClassifierActivation,
+        score_activation: ClassifierActivation,
+    ) -> Self {
+        ClassifierHead {
+            step,
+            pooling: super::method::for_head(weights.input),
+            pooler: weights.pre,
+            classifier: weights.classifier,
+            logit_bias,
+            classify_activation,
+            score_activation,
+        }
+    }
+
     pub fn num_labels(&self) -> usize {
         self.classifier.out_features()
     }
@@ -176,21 +142,6 @@ pub fn argmax(values: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn activation_rules() {
-        use ClassifierActivation::*;
-        assert_eq!(ClassifierActivation::for_classification(&json!({}), 1), Sigmoid);
-        assert_eq!(ClassifierActivation::for_classification(&json!({}), 3), Softmax);
-        assert_eq!(ClassifierActivation::for_classification(&json!({"problem_type": "regression"}), 1), Identity);
-        assert_eq!(ClassifierActivation::for_classification(&json!({"problem_type": "multi_label_classification"}), 3), Sigmoid);
-        assert_eq!(ClassifierActivation::for_classification(&json!({"problem_type": "single_label_classification"}), 1), Sigmoid);
-        let st = json!({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}});
-        assert_eq!(ClassifierActivation::for_scoring(&st, 1), Identity);
-        assert_eq!(ClassifierActivation::for_classification(&st, 1), Sigmoid);
-        assert_eq!(ClassifierActivation::for_scoring(&json!({}), 1), Sigmoid);
-    }
 
     #[test]
     fn step_filter_keeps_tagged_rows_and_chosen_columns() {

@@ -96,6 +96,18 @@ pub enum PoolingType {
     Splade,
 }
 
+/// The method that feeds a classifier the token(s) its architecture reads.
+pub fn for_head(input: crate::models::heads::HeadInput) -> Box<dyn PoolingMethod> {
+    use crate::models::heads::HeadInput;
+    match input {
+        HeadInput::First => Box::new(Cls),
+        HeadInput::Mean => Box::new(Mean),
+        HeadInput::Last => Box::new(Last),
+        HeadInput::LastNonPad { pad_token_id } => Box::new(LastNonPad { pad_token_id }),
+        HeadInput::EveryToken => Box::new(All),
+    }
+}
+
 impl PoolingType {
     /// The method object, or `None` for types this build cannot run yet.
     pub fn method(self) -> Option<&'static dyn PoolingMethod> {

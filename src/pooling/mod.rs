@@ -3,6 +3,7 @@
 //! task heads built from the model's files.
 
 pub mod classifier;
+pub mod config;
 pub mod head;
 pub mod method;
 pub mod sparse;

@@ -4,16 +4,12 @@
 //!
 //! The head's weights are architecture knowledge (`models/`); the computation is shared here.
 
-use crate::models::ops::{Activation, LayerNorm, Linear};
+use crate::models::heads::MaskedLmHead;
 use candle_core::{Device, Result, Tensor};
 
-/// The masked-LM head: transform (dense → activation → LayerNorm) → decoder to the vocabulary.
+/// SPLADE over a model's masked-LM head.
 pub struct SparseHead {
-    pub transform: Linear,
-    pub activation: Activation,
-    pub norm: LayerNorm,
-    /// `[vocab, hidden]` with the output bias.
-    pub decoder: Linear,
+    pub lm: MaskedLmHead,
 }
 
 /// Rows of the vocabulary logits computed at once: bounds the `[rows, vocab]` scratch matrix
@@ -29,8 +25,7 @@ impl SparseHead {
         for start in (0..len).step_by(ROWS_PER_PASS) {
             let n = ROWS_PER_PASS.min(len - start);
             let x = Tensor::from_slice(&rows[start * width..(start + n) * width], (n, width), &Device::Cpu)?;
-            let x = self.activation.forward_biased(self.transform.forward(&x)?, None)?;
-            let logits = self.decoder.forward(&self.norm.forward(x)?)?;
+            let logits = self.lm.logits(&x)?;
             // max over tokens first: log1p(relu(·)) is monotonic, so it commutes with the max.
             let max = logits.max(0)?.to_vec1::<f32>()?;
             if best.is_empty() {

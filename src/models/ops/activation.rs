@@ -19,6 +19,18 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// How the CUDA kernels number this activation.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn kernel(self) -> super::cuda::KernelActivation {
+        use super::cuda::KernelActivation;
+        match self {
+            Activation::Gelu => KernelActivation::Gelu,
+            Activation::GeluTanh => KernelActivation::GeluTanh,
+            Activation::Relu => KernelActivation::Relu,
+            Activation::Silu => KernelActivation::Silu,
+        }
+    }
+
     pub fn from_config(name: &str) -> Option<Self> {
         match name {
             "gelu" => Some(Self::Gelu),
@@ -42,7 +54,7 @@ impl Activation {
         }
         #[cfg(feature = "cuda")]
         if super::cuda::takes(&x) {
-            return super::cuda::bias_activation(&x, bias.map(|b| &b.tensor), self);
+            return super::cuda::bias_activation(&x, bias.map(|b| &b.tensor), self.kernel());
         }
         let x = match bias {
             Some(b) => x.broadcast_add(&b.tensor)?,

@@ -103,13 +103,31 @@ impl<'a> Attention<'a> {
         }
     }
 
+    /// This attention as the CUDA kernel takes it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn kernel(&self) -> super::cuda::KernelAttention<'_> {
+        use super::cuda::KernelMask;
+        super::cuda::KernelAttention {
+            heads: self.num_heads,
+            kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            cu_seqlens: self.cu_seqlens,
+            mask: match self.mask {
+                AttentionMask::Bidirectional => KernelMask::Bidirectional,
+                AttentionMask::Causal => KernelMask::Causal,
+                AttentionMask::Window(w) => KernelMask::Window(w),
+            },
+            position_bias: self.position_bias.map(|pb| (pb.values.as_slice(), pb.max_len)),
+        }
+    }
+
     pub fn forward(&self, qkv: &Tensor, bias: Option<&Bias>) -> Result<Tensor> {
         if fused(qkv) {
             return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
         }
         #[cfg(feature = "cuda")]
         if super::cuda::takes(qkv) && self.head_dim <= super::cuda::MAX_HEAD_DIM {
-            return super::cuda::attention(self, qkv, bias.map(|b| &b.tensor));
+            return super::cuda::attention(&self.kernel(), qkv, bias.map(|b| &b.tensor));
         }
         match bias {
             Some(b) => self.forward_generic(&qkv.broadcast_add(&b.tensor)?),

@@ -20,7 +20,7 @@ impl GatedActivation {
         }
         #[cfg(feature = "cuda")]
         if super::cuda::takes(x) {
-            return super::cuda::gated(x, self.activation, self.act_on_first);
+            return super::cuda::gated(x, self.activation.kernel(), self.act_on_first);
         }
         let half = x.dim(1)? / 2;
         let (first, second) = (x.narrow(1, 0, half)?, x.narrow(1, half, half)?);

@@ -17,8 +17,6 @@
 //! kernel that disagrees switches the process to the composite path (slower, never wrong), with
 //! an error in the log.
 
-use super::activation::Activation;
-use super::attention::{Attention, AttentionMask};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::backend::BackendStorage;
@@ -26,11 +24,19 @@ use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, InplaceOp1, Layout, Result, Shape, Storage, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+mod check;
+pub use check::self_check;
+
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/poolserve_kernels.ptx"));
 const MODULE: &str = "poolserve";
 
 /// Cleared by [`self_check`] when a kernel disagrees with the composite ops on this device.
 static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Switches the process to the composite ops (a kernel failed [`self_check`]).
+fn disable() {
+    ENABLED.store(false, Ordering::Relaxed);
+}
 
 /// Whether `x` takes these kernels: on a CUDA device, in a float dtype, kernels not disabled.
 pub(crate) fn takes(x: &Tensor) -> bool {
@@ -113,13 +119,33 @@ fn check(name: &str, t: &Tensor, dtype: DType, len: usize) -> Result<()> {
     Ok(())
 }
 
-fn activation_code(act: Activation) -> i32 {
-    match act {
-        Activation::Gelu => 0,
-        Activation::GeluTanh => 1,
-        Activation::Relu => 2,
-        Activation::Silu => 3,
-    }
+/// An activation as the kernels number it (`act` in kernels.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelActivation {
+    Gelu = 0,
+    GeluTanh = 1,
+    Relu = 2,
+    Silu = 3,
+}
+
+/// A mask as the attention kernel applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KernelMask {
+    Bidirectional,
+    Causal,
+    /// `|i − j| ≤ w`.
+    Window(usize),
+}
+
+/// The attention kernel's parameters.
+pub(crate) struct KernelAttention<'a> {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub cu_seqlens: &'a [usize],
+    pub mask: KernelMask,
+    /// Per-head bias by relative position: `[heads, 2·max_len − 1]` values and `max_len`.
+    pub position_bias: Option<(&'a [f32], usize)>,
 }
 
 /// A kernel argument: device addresses as u64, C `int` as i32, `int64_t` as i64, `float` as f32.
@@ -167,7 +193,7 @@ fn launch_args(dev: &CudaDevice, name: &str, cfg: LaunchConfig, args: &[Arg]) ->
 }
 
 /// `act(x + bias)`, `x` `[rows, cols]`, `bias` `[cols]` in `x`'s dtype.
-pub(crate) fn bias_activation(x: &Tensor, bias: Option<&Tensor>, act: Activation) -> Result<Tensor> {
+pub(crate) fn bias_activation(x: &Tensor, bias: Option<&Tensor>, act: KernelActivation) -> Result<Tensor> {
     let x = x.contiguous()?;
     let (_, cols) = x.dims2()?;
     if let Some(b) = bias {
@@ -177,7 +203,7 @@ pub(crate) fn bias_activation(x: &Tensor, bias: Option<&Tensor>, act: Activation
     let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
     let n = x.elem_count();
     let name = format!("bias_activation_{}", suffix(x.dtype())?);
-    launch!(dev, name, elementwise(n), address(&x)?, optional(bias)?, out_ptr, n as i64, cols as i32, activation_code(act));
+    launch!(dev, name, elementwise(n), address(&x)?, optional(bias)?, out_ptr, n as i64, cols as i32, act as i32);
     Ok(out)
 }
 
@@ -201,7 +227,7 @@ pub(crate) fn bias_residual(x: &Tensor, bias: Option<&Tensor>, residual: Option<
 }
 
 /// A gated linear unit over `x` `[rows, 2·cols]`: `act(gate) · up`, `[rows, cols]`.
-pub(crate) fn gated(x: &Tensor, act: Activation, act_on_first: bool) -> Result<Tensor> {
+pub(crate) fn gated(x: &Tensor, act: KernelActivation, act_on_first: bool) -> Result<Tensor> {
     let x = x.contiguous()?;
     let (rows, width) = x.dims2()?;
     if width % 2 != 0 {
@@ -212,7 +238,7 @@ pub(crate) fn gated(x: &Tensor, act: Activation, act_on_first: bool) -> Result<T
     let (out, out_ptr) = empty(dev, x.dtype(), Shape::from((rows, cols)))?;
     let n = rows * cols;
     let name = format!("gated_{}", suffix(x.dtype())?);
-    launch!(dev, name, elementwise(n), address(&x)?, out_ptr, n as i64, cols as i32, activation_code(act), act_on_first as i32);
+    launch!(dev, name, elementwise(n), address(&x)?, out_ptr, n as i64, cols as i32, act as i32, act_on_first as i32);
     Ok(out)
 }
 
@@ -332,10 +358,10 @@ const ATTENTION_QUERIES: usize = 16;
 const ATTENTION_THREADS: u32 = 128;
 
 /// Variable-length attention over the fused QKV rows (see the module doc).
-pub(crate) fn attention(att: &Attention, qkv: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+pub(crate) fn attention(att: &KernelAttention, qkv: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let qkv = qkv.contiguous()?;
     let (tokens, width) = qkv.dims2()?;
-    let (heads, kv_heads, head_dim) = (att.num_heads, att.num_kv_heads, att.head_dim);
+    let (heads, kv_heads, head_dim) = (att.heads, att.kv_heads, att.head_dim);
     if kv_heads == 0 || heads % kv_heads != 0 || head_dim == 0 || head_dim > MAX_HEAD_DIM {
         bail!("attention: {heads} heads over {kv_heads} key/value heads of {head_dim} dims do not fit the CUDA kernel");
     }
@@ -368,21 +394,21 @@ pub(crate) fn attention(att: &Attention, qkv: &Tensor, bias: Option<&Tensor>) ->
     let index_ptr = address(&index)?;
     let tiles_ptr = index_ptr + 4 * (num_seqs as u64 + 1);
     let (position_bias, position_max_len) = match att.position_bias {
-        Some(pb) => {
+        Some((values, max_len)) => {
             let longest = att.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-            if pb.max_len < longest || pb.values.len() != heads * (2 * pb.max_len - 1) {
+            if max_len < longest || values.len() != heads * (2 * max_len - 1) {
                 bail!("attention: position bias does not cover sequences of {longest} tokens");
             }
-            (Some(Tensor::from_slice(&pb.values, pb.values.len(), qkv.device())?), pb.max_len)
+            (Some(Tensor::from_slice(values, values.len(), qkv.device())?), max_len)
         }
         None => (None, 0),
     };
     let (mask, window) = match att.mask {
-        AttentionMask::Bidirectional => (0, 0),
-        AttentionMask::Causal => (1, 0),
+        KernelMask::Bidirectional => (0, 0),
+        KernelMask::Causal => (1, 0),
         // A window wider than the longest sequence sees everything; clamped, `i + w + 1` cannot
         // overflow in the kernel.
-        AttentionMask::Window(w) => (2, w.min(tokens) as i32),
+        KernelMask::Window(w) => (2, w.min(tokens) as i32),
     };
     let cfg = LaunchConfig { grid_dim: (num_tiles as u32, heads as u32, 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
     let name = format!("attention_{}", suffix(qkv.dtype())?);
@@ -394,121 +420,4 @@ pub(crate) fn attention(att: &Attention, qkv: &Tensor, bias: Option<&Tensor>) ->
     // `index` and `position_bias` are dropped here; their frees are ordered after the kernel
     // on the device's stream.
     Ok(out)
-}
-
-/// Runs every kernel on small random inputs in `dtype` against candle's composite ops on the
-/// same device; on a mismatch, disables the kernels for this process and says which one.
-pub fn self_check(device: &Device, dtype: DType) -> std::result::Result<(), String> {
-    let result = check_kernels(device, dtype).map_err(|e| super::super::describe(&e)).and_then(|worst| match worst {
-        Some(problem) => Err(problem),
-        None => Ok(()),
-    });
-    if result.is_err() {
-        ENABLED.store(false, Ordering::Relaxed);
-    }
-    result
-}
-
-/// The first kernel whose output is off by more than the dtype's tolerance, if any.
-fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
-    use super::attention::PositionBias;
-    let tolerance = match dtype {
-        DType::F32 => 1e-4,
-        DType::F16 => 2e-2,
-        _ => 1e-1,
-    };
-    let random = |shape: (usize, usize), seed: u64| -> Result<Tensor> {
-        let mut state = seed;
-        let values: Vec<f32> = (0..shape.0 * shape.1)
-            .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
-        Tensor::from_vec(values, shape, device)?.to_dtype(dtype)
-    };
-    // On the host: a device max would drop NaN (fmaxf), and a NaN must fail the check.
-    let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
-        let host = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-        let (a, b) = (host(a)?, host(b)?);
-        if a.len() != b.len() {
-            return Ok(f32::INFINITY);
-        }
-        Ok(a.iter().zip(&b).map(|(x, y)| if x.is_finite() && y.is_finite() { (x - y).abs() } else { f32::INFINITY }).fold(0.0, f32::max))
-    };
-    let mut problems = Vec::new();
-    let mut compare = |name: &str, fast: Tensor, reference: Tensor| -> Result<()> {
-        let d = diff(&fast, &reference)?;
-        if !(d <= tolerance) {
-            problems.push(format!("{name} differs from candle's ops by {d}"));
-        }
-        Ok(())
-    };
-    let (rows, cols) = (37, 96);
-    let x = random((rows, cols), 1)?;
-    let residual = random((rows, cols), 2)?;
-    let bias = random((1, cols), 3)?.flatten_all()?;
-    for act in [Activation::Gelu, Activation::GeluTanh, Activation::Relu, Activation::Silu] {
-        let reference = Activation::composite(&x.broadcast_add(&bias)?, act)?;
-        compare(&format!("bias_activation {act:?}"), bias_activation(&x, Some(&bias), act)?, reference)?;
-    }
-    compare("activation without bias", bias_activation(&x, None, Activation::Gelu)?, Activation::composite(&x, Activation::Gelu)?)?;
-    compare("bias_residual", bias_residual(&x, Some(&bias), Some(&residual))?, x.broadcast_add(&bias)?.add(&residual)?)?;
-    compare("bias alone", bias_residual(&x, Some(&bias), None)?, x.broadcast_add(&bias)?)?;
-    compare("residual alone", bias_residual(&x, None, Some(&residual))?, x.add(&residual)?)?;
-    let gate = random((rows, 2 * cols), 4)?;
-    let (first, second) = (gate.narrow(1, 0, cols)?.contiguous()?, gate.narrow(1, cols, cols)?.contiguous()?);
-    compare("gated, act on second", gated(&gate, Activation::Silu, false)?, (Activation::composite(&second, Activation::Silu)? * &first)?)?;
-    compare("gated, act on first", gated(&gate, Activation::Gelu, true)?, (Activation::composite(&first, Activation::Gelu)? * &second)?)?;
-    let (gamma, beta) = (random((1, cols), 5)?.flatten_all()?, random((1, cols), 6)?.flatten_all()?);
-    let summed = x.broadcast_add(&bias)?.add(&residual)?.to_dtype(DType::F32)?;
-    let mean = summed.mean_keepdim(1)?;
-    let centered = summed.broadcast_sub(&mean)?;
-    let normed = centered.broadcast_div(&(centered.sqr()?.mean_keepdim(1)? + 1e-5)?.sqrt()?)?;
-    let reference = normed.broadcast_mul(&gamma.to_dtype(DType::F32)?)?.broadcast_add(&beta.to_dtype(DType::F32)?)?;
-    compare("layer_norm", layer_norm(&x, Some(&bias), Some(&residual), &gamma, &beta, 1e-5)?, reference)?;
-    let plain = x.to_dtype(DType::F32)?;
-    let centered = plain.broadcast_sub(&plain.mean_keepdim(1)?)?;
-    let normed = centered.broadcast_div(&(centered.sqr()?.mean_keepdim(1)? + 1e-5)?.sqrt()?)?;
-    let reference = normed.broadcast_mul(&gamma.to_dtype(DType::F32)?)?.broadcast_add(&beta.to_dtype(DType::F32)?)?;
-    compare("layer_norm without bias and residual", layer_norm(&x, None, None, &gamma, &beta, 1e-5)?, reference)?;
-    let reference = candle_nn::ops::rms_norm(&x.to_dtype(DType::F32)?, &gamma.to_dtype(DType::F32)?, 1e-6)?;
-    compare("rms_norm", rms_norm(&x, &gamma, 1e-6)?, reference)?;
-
-    // Attention: sequences of 5, 1, 39 and 107 tokens (several key tiles, and windows whose
-    // tiles see no key of some queries), grouped-query heads of 64 dims, each mask; then head
-    // sizes of 128 (Qwen3), 32 (MiniLM) and 24 (not a multiple of the warp), and a relative
-    // position bias.
-    let cu = [0usize, 5, 6, 45, 152];
-    let tokens = 152;
-    for (heads, kv_heads, head_dim) in [(4, 2, 64), (2, 1, 128), (3, 3, 32), (2, 2, 24)] {
-        let width = (heads + 2 * kv_heads) * head_dim;
-        let qkv = (random((tokens, width), 7 + head_dim as u64)? * 2.0)?;
-        let qkv_bias = random((1, width), 8)?.flatten_all()?;
-        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(3), AttentionMask::Window(40)] {
-            let att = Attention { num_heads: heads, num_kv_heads: kv_heads, head_dim, cu_seqlens: &cu, mask, position_bias: None };
-            let reference = att.forward_generic(&qkv.broadcast_add(&qkv_bias)?)?;
-            compare(&format!("attention {heads}/{kv_heads} heads of {head_dim}, {mask:?}"), attention(&att, &qkv, Some(&qkv_bias))?, reference)?;
-        }
-    }
-    let (heads, kv_heads, head_dim) = (4, 2, 64);
-    let max_len = 110;
-    let values: Vec<f32> = random((heads, 2 * max_len - 1), 9)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-    let position_bias = PositionBias { values, max_len };
-    let qkv = random((tokens, 3 * heads * head_dim), 10)?;
-    let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
-    compare("attention with position bias", attention(&att, &qkv, None)?, att.forward_generic(&qkv)?)?;
-
-    // RoPE with and without the per-head norm, against the host implementation.
-    let rotary = super::rotary::Rotary::new(head_dim, 10_000.0);
-    let positions: Vec<u32> = cu.windows(2).flat_map(|w| 0..(w[1] - w[0]) as u32).collect();
-    let table = rotary.table(&positions);
-    let qkv = random((tokens, (heads + 2 * kv_heads) * head_dim), 11)?;
-    let norm_weights = random((2, head_dim), 12)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-    let qk_norm = super::rotary::QkNorm { q: norm_weights[0].clone(), k: norm_weights[1].clone(), eps: 1e-6 };
-    for norm in [None, Some(&qk_norm)] {
-        let reference = table.apply_on_host(&qkv, heads, kv_heads, norm)?;
-        compare(if norm.is_some() { "rotary with q/k norm" } else { "rotary" }, table.apply(&qkv.copy()?, heads, kv_heads, norm)?, reference)?;
-    }
-    Ok(problems.into_iter().next())
 }

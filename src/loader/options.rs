@@ -1,0 +1,136 @@
+//! What decides how one model is loaded: [`ModelOptions`], built once by whoever hosts the model
+//! (the `serve` flags, the library's `PoolerOptions`, the batch commands) and read by the loader.
+//! Its enums are the values of the matching `serve` flags; they parse from the command line
+//! (clap's `ValueEnum`) and from JSON (serde), so the CLI needs no mirror types.
+
+use crate::pooling::config::PoolerConfig;
+use serde::Deserialize;
+
+/// `--convert`: which task family to serve the checkpoint as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Convert {
+    /// Decide from `architectures`.
+    Auto,
+    Embed,
+    Classify,
+}
+
+/// `--dtype`: precision of the weights and activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DTypeArg {
+    Auto,
+    Float32,
+    Float16,
+    Bfloat16,
+}
+
+impl DTypeArg {
+    /// The tensor type of weights and activations on `device`. `auto` is float16 on CUDA (what
+    /// TEI and vLLM serve embedding models in) and float32 elsewhere: our CPU kernels are f32,
+    /// and half precision on a CPU without native half arithmetic is slower, not faster.
+    pub fn dtype_on(self, device: DeviceArg) -> candle_core::DType {
+        match (self, device) {
+            (DTypeArg::Auto, DeviceArg::Cuda) => candle_core::DType::F16,
+            _ => self.dtype(),
+        }
+    }
+
+    /// The tensor type `auto` aside (`auto` is float32 here; see [`DTypeArg::dtype_on`]).
+    pub fn dtype(self) -> candle_core::DType {
+        match self {
+            DTypeArg::Auto | DTypeArg::Float32 => candle_core::DType::F32,
+            DTypeArg::Float16 => candle_core::DType::F16,
+            DTypeArg::Bfloat16 => candle_core::DType::BF16,
+        }
+    }
+}
+
+/// `--device`: where the backbone runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+    Metal,
+}
+
+/// `--quantization`: weight/activation quantization of the transformer blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantization {
+    /// Int8 weights (per output channel) and activations (per token, at run time) in every
+    /// dense layer of the transformer blocks; embeddings, attention, norms and heads stay f32.
+    /// CPU and float32 only; needs AVX2 (AVX-VNNI and AVX-512 VNNI are used where present).
+    Int8,
+}
+
+/// How to load and serve one model.
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    /// Local folder or Hugging Face hub id.
+    pub source: String,
+    /// The name clients send as `model`.
+    pub served_name: String,
+    /// Hub revision (branch, tag or commit) for hub ids.
+    pub revision: Option<String>,
+    pub convert: Convert,
+    pub pooler: PoolerConfig,
+    /// Merged into config.json before anything reads it (vLLM's `--hf-overrides`).
+    pub hf_overrides: serde_json::Map<String, serde_json::Value>,
+    /// Longest input in tokens; at most the model's own limit.
+    pub max_model_len: Option<usize>,
+    pub device: DeviceArg,
+    pub dtype: DTypeArg,
+    pub quantization: Option<Quantization>,
+    /// Default task description in the Qwen3-Reranker prompt.
+    pub reranker_instruction: Option<String>,
+    /// A prompt of the folder's, used when a request names none.
+    pub default_prompt_name: Option<String>,
+    /// A literal prompt text, used when a request names none.
+    pub default_prompt: Option<String>,
+}
+
+impl ModelOptions {
+    /// `serve`'s defaults for `source`, served under its own name.
+    pub fn for_model(source: impl Into<String>) -> Self {
+        let source = source.into();
+        ModelOptions {
+            served_name: source.clone(),
+            source,
+            revision: None,
+            convert: Convert::Auto,
+            pooler: PoolerConfig::default(),
+            hf_overrides: serde_json::Map::new(),
+            max_model_len: None,
+            device: DeviceArg::Cpu,
+            dtype: DTypeArg::Auto,
+            quantization: None,
+            reranker_instruction: None,
+            default_prompt_name: None,
+            default_prompt: None,
+        }
+    }
+
+    /// The checks any host makes before loading: combinations that cannot work, in the words of
+    /// the `serve` flag that set them.
+    pub fn check(&self) -> Result<(), String> {
+        self.pooler.check().map_err(|e| format!("--pooler-config: {e}"))?;
+        match self.device {
+            DeviceArg::Cpu => {}
+            DeviceArg::Cuda if cfg!(feature = "cuda") => {}
+            DeviceArg::Metal if cfg!(feature = "metal") => {}
+            DeviceArg::Cuda => return Err("--device cuda: poolserve was built without the `cuda` feature".into()),
+            DeviceArg::Metal => return Err("--device metal: poolserve was built without the `metal` feature".into()),
+        }
+        if self.max_model_len == Some(0) {
+            return Err("--max-model-len must be greater than 0".into());
+        }
+        let float32_cpu = self.device == DeviceArg::Cpu && self.dtype.dtype_on(self.device) == candle_core::DType::F32;
+        if self.quantization.is_some() && !float32_cpu {
+            return Err("--quantization int8 runs on --device cpu with --dtype float32 only".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! Task heads as an architecture loads them: the weights of a classifier (and which token it
+//! reads), of a masked-LM head, and the prompt of a chat-style reranker conversion. Each
+//! architecture file knows where its checkpoints keep these; what is computed from them
+//! (activations, SPLADE pooling, labels) lives in `pooling/`.
+//!
+//! Heads run on the host in f32, on rows of the final hidden states.
+
+use super::ops::{Activation, LayerNorm, Linear};
+use super::ModelError;
+use candle_core::{Device, Result, Tensor};
+use candle_nn::VarBuilder;
+
+/// A head weight as the heads use it: on the CPU, in f32.
+pub fn on_host(t: Tensor) -> Result<Tensor> {
+    t.to_device(&Device::Cpu)?.to_dtype(candle_core::DType::F32)
+}
+
+/// A `[out, inp]` dense layer with its bias, on the host.
+pub fn host_linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
+    Linear::new(on_host(vb.get((out, inp), "weight")?)?, Some(on_host(vb.get(out, "bias")?)?))
+}
+
+/// Which token state(s) a classifier reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadInput {
+    /// The first token (BERT-style heads).
+    First,
+    /// The mean of the sequence's tokens (ModernBERT with `classifier_pooling: mean`).
+    Mean,
+    /// The last token (decoders converted with `classifier_from_token`).
+    Last,
+    /// The rightmost token that is not `pad_token_id` (transformers' decoder classifiers).
+    LastNonPad { pad_token_id: u32 },
+    /// Every token (token classifiers).
+    EveryToken,
+}
+
+/// The layer between the pooled token and the classifier: BERT's pooler and RoBERTa's
+/// `classifier.dense` (tanh), DistilBERT's `pre_classifier` (ReLU), ModernBERT's `head`
+/// (GELU, then LayerNorm).
+pub struct PreClassifier {
+    pub dense: Linear,
+    /// `None`: tanh.
+    pub activation: Option<Activation>,
+    pub norm: Option<LayerNorm>,
+}
+
+impl PreClassifier {
+    pub fn tanh(dense: Linear) -> Self {
+        PreClassifier { dense, activation: None, norm: None }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.dense.forward(x)?;
+        let x = match self.activation {
+            None => x.tanh()?,
+            Some(act) => act.forward_biased(x, None)?,
+        };
+        match &self.norm {
+            Some(norm) => norm.forward(x),
+            None => Ok(x),
+        }
+    }
+}
+
+/// The weights of a sequence or token classifier.
+pub struct ClassifierWeights {
+    pub pre: Option<PreClassifier>,
+    pub classifier: Linear,
+    pub input: HeadInput,
+}
+
+impl ClassifierWeights {
+    /// The `classifier` layer applied to every token, as the encoders' `*ForTokenClassification`
+    /// have it.
+    pub fn per_token(vb: &VarBuilder, num_labels: usize, hidden: usize) -> std::result::Result<Self, ModelError> {
+        Ok(ClassifierWeights { pre: None, classifier: host_linear(&vb.pp("classifier"), num_labels, hidden)?, input: HeadInput::EveryToken })
+    }
+}
+
+/// A masked-LM head (transform: dense → activation → LayerNorm, then the decoder to the
+/// vocabulary), which SPLADE pooling reads.
+pub struct MaskedLmHead {
+    pub transform: Linear,
+    pub activation: Activation,
+    pub norm: LayerNorm,
+    /// `[vocab, hidden]` with the output bias.
+    pub decoder: Linear,
+}
+
+impl MaskedLmHead {
+    /// Vocabulary logits `[rows, vocab]` of hidden states `[rows, hidden]`.
+    pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let x = self.activation.forward_biased(self.transform.forward(x)?, None)?;
+        self.decoder.forward(&self.norm.forward(x)?)
+    }
+}
+
+/// A reranker converted from a chat model: a (query, document) pair becomes one prompt whose
+/// last token the one-label classifier judges. This is the Qwen3-Reranker prompt, whose
+/// reference usage always wraps pairs this way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RerankTemplate {
+    pub system: String,
+    pub instruction: String,
+}
+
+impl RerankTemplate {
+    /// The prompt for one pair; `instruction` replaces the default task description.
+    pub fn render(&self, query: &str, document: &str, instruction: Option<&str>) -> String {
+        format!(
+            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n<Instruct>: {}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            self.system,
+            instruction.unwrap_or(&self.instruction)
+        )
+    }
+}
