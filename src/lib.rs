@@ -1,10 +1,11 @@
 //! poolserve: an inference server for pooling models (embeddings first; classification,
 //! scoring and token tasks plug into the same engine).
 //!
-//! Layers, in the order a request travels: [`api`] (HTTP) → [`pooling::params`] (validation)
-//! → [`engine`] (tokenization, batching, the model thread) → [`models`] (backbones) →
-//! [`pooling`] (methods and heads). [`loader`] builds everything model-specific at startup.
-//! [`pooler::Pooler`] is the in-process library API over the same engine.
+//! Layers, each importing only those below it (docs/ARCHITECTURE.md, enforced by
+//! tests/layers.rs): [`models`] (architectures, kernels, the flat batch) ← [`pooling`] (tasks,
+//! methods, head math) ← [`loader`] (files → spec, tokenizer, backbone, heads) ← [`engine`]
+//! (validation, tokenization, batching, the model thread) ← [`api`] (HTTP), [`batch`]
+//! (commands), [`pooler`] (the in-process library API), [`server`] and [`config`] (the CLI).
 
 pub mod api;
 pub mod batch;
