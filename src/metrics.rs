@@ -5,6 +5,14 @@
 //! A mutex around plain numbers is enough: a few updates per request or batch, at most a few
 //! thousand a second, never on the per-token path.
 //!
+//! Written here rather than with the `prometheus-client` crate (weighed for issue 18): that
+//! crate writes only the OpenMetrics format (its content type, `# EOF`, `_total` naming and
+//! `# UNIT` rules), which would change `/metrics` for every scraper and dashboard that reads
+//! today's Prometheus text format 0.0.4; what it would replace is a histogram, two maps and the
+//! text rendering below (label values escaped by [`label_value`]). The `metrics` facade with its
+//! Prometheus exporter (TEI's choice) writes 0.0.4 but brings a recorder, a global registry and
+//! an HTTP stack of its own for what one mutex does here.
+//!
 //! Names (all prefixed `poolserve_`): `requests_total{endpoint,status}`,
 //! `request_duration_seconds{endpoint}`, `tokenization_duration_seconds`,
 //! `queue_duration_seconds`, `inference_duration_seconds` (histograms, per input),
@@ -139,16 +147,21 @@ pub fn model_loaded(duration: Duration) {
 }
 
 /// The text exposition format.
+/// A label value as the text format writes it: backslash, double quote and newline escaped.
+fn label_value(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 pub fn render() -> String {
     let mut out = String::new();
     with(|r| {
         let _ = writeln!(out, "# HELP poolserve_requests_total HTTP requests by endpoint and status.\n# TYPE poolserve_requests_total counter");
         for ((endpoint, status), count) in &r.requests {
-            let _ = writeln!(out, "poolserve_requests_total{{endpoint=\"{endpoint}\",status=\"{status}\"}} {count}");
+            let _ = writeln!(out, "poolserve_requests_total{{endpoint=\"{}\",status=\"{status}\"}} {count}", label_value(endpoint));
         }
         let _ = writeln!(out, "# HELP poolserve_request_duration_seconds Time from request to response.\n# TYPE poolserve_request_duration_seconds histogram");
         for (endpoint, h) in &r.request_duration {
-            h.render(&mut out, "poolserve_request_duration_seconds", &format!("endpoint=\"{endpoint}\""));
+            h.render(&mut out, "poolserve_request_duration_seconds", &format!("endpoint=\"{}\"", label_value(endpoint)));
         }
         for (name, help, h) in [
             ("tokenization_duration_seconds", "Tokenizing one request's inputs.", &r.tokenization),
@@ -206,5 +219,12 @@ mod tests {
         h.render(&mut out, "x", "");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3"));
         assert!(out.contains("x_sum 11"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(label_value("line\nbreak"), "line\\nbreak");
+        assert_eq!(label_value("/v1/embeddings"), "/v1/embeddings");
     }
 }

@@ -17,7 +17,8 @@ use crate::pooler::Pooler;
 use crate::pooling::Task;
 use crate::engine::params::{PoolingParams, ResolvedParams};
 use input::{InputFormat, Payload, Record};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 use std::collections::{HashSet, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -90,16 +91,16 @@ impl Job {
     fn line_of(&self, record: &Record, output: PoolingOutput) -> String {
         let id = &record.id;
         match (self.task, output) {
-            (Task::Embed, PoolingOutput::Vector(v)) => line(id, &[("embedding", json!(v))]),
+            (Task::Embed, PoolingOutput::Vector(v)) => line(id, Output::Embedding { embedding: &v }),
             (Task::Classify, PoolingOutput::Vector(probs)) => {
                 let best = crate::pooling::classifier::argmax(&probs);
-                line(id, &[("label", json!(self.labels.get(best))), ("probs", json!(probs))])
+                line(id, Output::Classification { label: self.labels.get(best), probs: &probs })
             }
-            (_, PoolingOutput::Vector(v)) => line(id, &[("data", json!(v))]),
-            (_, PoolingOutput::Tokens(t)) => line(id, &[("data", json!(t))]),
+            (_, PoolingOutput::Vector(v)) => line(id, Output::Vector { data: &v }),
+            (_, PoolingOutput::Tokens(t)) => line(id, Output::Tokens { data: &t }),
             (_, PoolingOutput::Sparse(s)) => {
-                let pairs: Vec<Value> = s.iter().map(|(i, w)| json!({"index": i, "value": w})).collect();
-                line(id, &[("data", json!(pairs))])
+                let data: Vec<SparseEntry> = s.iter().map(|&(index, value)| SparseEntry { index, value }).collect();
+                line(id, Output::Sparse { data })
             }
         }
     }
@@ -114,7 +115,7 @@ impl Job {
                 documents.push(d.clone());
             }
             let (scores, tokens) = self.engine.score(&queries, &documents, &self.params, None).await.map_err(|e| e.to_string())?;
-            return Ok((records.iter().zip(scores).map(|(r, s)| line(&r.id, &[("score", json!(s))])).collect(), tokens));
+            return Ok((records.iter().zip(scores).map(|(r, s)| line(&r.id, Output::Score { score: s })).collect(), tokens));
         }
         let prompts = records
             .iter()
@@ -144,14 +145,36 @@ impl Job {
     }
 }
 
-/// One output line with `id` first (serde_json's maps would sort the keys).
-fn line(id: &Value, fields: &[(&str, Value)]) -> String {
-    let mut out = format!("{{\"id\":{id}");
-    for (key, value) in fields {
-        out.push_str(&format!(",\"{key}\":{value}"));
-    }
-    out.push('}');
-    out
+/// One output line: `id` first, then the task's fields, in declaration order.
+#[derive(Serialize)]
+struct Line<'a> {
+    id: &'a Value,
+    #[serde(flatten)]
+    output: Output<'a>,
+}
+
+/// The fields a task writes after the line's `id`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Output<'a> {
+    Embedding { embedding: &'a [f32] },
+    Classification { label: Option<&'a String>, probs: &'a [f32] },
+    Score { score: f32 },
+    Vector { data: &'a [f32] },
+    Tokens { data: &'a [Vec<f32>] },
+    Sparse { data: Vec<SparseEntry> },
+}
+
+#[derive(Serialize)]
+struct SparseEntry {
+    index: u32,
+    value: f32,
+}
+
+fn line(id: &Value, output: Output) -> String {
+    // Serializing plain structs of ids, strings and finite floats cannot fail; a NaN would be
+    // written as null by serde_json rather than an error.
+    serde_json::to_string(&Line { id, output }).unwrap_or_else(|e| format!("{{\"id\":{id},\"error\":\"{e}\"}}"))
 }
 
 fn ids_in(path: &PathBuf) -> Result<HashSet<String>, String> {

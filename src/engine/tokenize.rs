@@ -1,20 +1,15 @@
-//! The tokenizer worker pool: the model's [`TextTokenizer`] run on a few threads of their own so
-//! the async runtime never blocks on it; a panic is contained to its job and a dead worker is
-//! replaced.
+//! The tokenizer worker pool: the model's [`TextTokenizer`] run on threads of its own (a rayon
+//! pool apart from the model's) so the async runtime never blocks on it. Each job catches its
+//! own panic, so a tokenizer bug fails that request and nothing else.
+//!
+//! Jobs wait in the pool's FIFO queue without a bound of their own: every job belongs to an
+//! admitted request (`--max-concurrent-requests`), which bounds the queue.
 
 use super::EngineError;
 use crate::loader::tokenizer::{EncodeOptions, PairLimits, TextInput, TextTokenizer, TruncationSide};
 use crate::models::batch::TokenizedInput;
-use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot};
-
-struct Job {
-    work: Work,
-    options: EncodeOptions,
-    reply: oneshot::Sender<Vec<Result<TokenizedInput, EngineError>>>,
-    /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the worker panics on this job.
-    panic: bool,
-}
+use std::sync::Arc;
+use tokio::sync::oneshot;
 
 /// What a job tokenizes.
 enum Work {
@@ -22,6 +17,8 @@ enum Work {
     /// Cross-encoder pairs by index into the distinct queries and documents, so that each text
     /// is tokenized once however many pairs it is in ([`TextTokenizer::encode_pairs`]).
     Pairs { queries: Vec<String>, documents: Vec<String>, pairs: Vec<(usize, usize)> },
+    /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the job panics.
+    Panic,
 }
 
 impl Work {
@@ -29,80 +26,36 @@ impl Work {
         match self {
             Work::Texts(texts) => texts.len(),
             Work::Pairs { pairs, .. } => pairs.len(),
+            Work::Panic => 1,
+        }
+    }
+
+    fn run(&self, tokenizer: &TextTokenizer, options: EncodeOptions) -> Vec<Result<TokenizedInput, EngineError>> {
+        match self {
+            Work::Texts(texts) => texts.iter().map(|t| tokenizer.encode_input(t, options).map_err(EngineError::from)).collect(),
+            Work::Pairs { queries, documents, pairs } => {
+                tokenizer.encode_pairs(queries, documents, pairs, options).into_iter().map(|r| r.map_err(EngineError::from)).collect()
+            }
+            Work::Panic => panic!("tokenizer test hook"),
         }
     }
 }
 
-type Receiver = Arc<Mutex<mpsc::Receiver<Job>>>;
-
-/// Runs one tokenizer worker; a worker that dies anyway (a panic outside a job) is replaced by
-/// its guard, so the pool keeps its size.
-fn spawn_worker(index: usize, rx: Receiver, tokenizer: Arc<TextTokenizer>) -> std::io::Result<()> {
-    std::thread::Builder::new().name(format!("tokenizer-{index}")).spawn(move || {
-        let guard = Respawn { index, rx: Arc::clone(&rx), tokenizer: Arc::clone(&tokenizer) };
-        loop {
-            // Holding the lock only while waiting hands jobs to idle workers one at a time. A
-            // poisoned lock (a worker died holding it) still holds a working receiver.
-            let job = rx.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).blocking_recv();
-            let Some(job) = job else { break };
-            if job.reply.is_closed() {
-                continue; // the client has gone
-            }
-            let count = job.work.outputs();
-            // A tokenizer bug on one input must fail that request, not the worker.
-            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                if job.panic {
-                    panic!("tokenizer test hook");
-                }
-                match &job.work {
-                    Work::Texts(texts) => texts.iter().map(|t| tokenizer.encode_input(t, job.options).map_err(EngineError::from)).collect::<Vec<_>>(),
-                    Work::Pairs { queries, documents, pairs } => tokenizer.encode_pairs(queries, documents, pairs, job.options).into_iter().map(|r| r.map_err(EngineError::from)).collect(),
-                }
-            }))
-            .unwrap_or_else(|_| {
-                tracing::error!("a tokenizer worker panicked on a request of {count} inputs; the request fails, the worker goes on");
-                (0..count).map(|_| Err(EngineError::Tokenizer("the tokenizer panicked on this input".into()))).collect()
-            });
-            let _ = job.reply.send(out);
-        }
-        drop(guard);
-    })?;
-    Ok(())
-}
-
-/// Replaces its worker when the worker's thread unwinds.
-struct Respawn {
-    index: usize,
-    rx: Receiver,
-    tokenizer: Arc<TextTokenizer>,
-}
-
-impl Drop for Respawn {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            tracing::error!("tokenizer worker {} died; starting a new one", self.index);
-            if let Err(e) = spawn_worker(self.index, Arc::clone(&self.rx), Arc::clone(&self.tokenizer)) {
-                tracing::error!("could not restart tokenizer worker {}: {e}", self.index);
-            }
-        }
-    }
-}
-
-/// Worker threads that own the tokenizing. One request's texts go to one worker, in order.
+/// Threads that own the tokenizing. One request's texts go to one worker, in order.
 #[derive(Clone)]
 pub struct TokenizerPool {
     tokenizer: Arc<TextTokenizer>,
-    jobs: mpsc::Sender<Job>,
+    pool: Arc<rayon::ThreadPool>,
 }
 
 impl TokenizerPool {
     pub fn new(tokenizer: Arc<TextTokenizer>, workers: usize) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Job>(1024);
-        let rx = Arc::new(Mutex::new(rx));
-        for i in 0..workers {
-            spawn_worker(i, Arc::clone(&rx), Arc::clone(&tokenizer))?;
-        }
-        Ok(Self { tokenizer, jobs: tx })
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .thread_name(|i| format!("tokenizer-{i}"))
+            .build()
+            .map_err(std::io::Error::other)?;
+        Ok(Self { tokenizer, pool: Arc::new(pool) })
     }
 
     pub fn tokenizer(&self) -> &TextTokenizer {
@@ -133,23 +86,27 @@ impl TokenizerPool {
 
     async fn submit(&self, work: Work, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         let (reply, rx) = oneshot::channel();
-        self.jobs.send(Job { work, options, reply, panic: false }).await.map_err(|_| EngineError::Stopped)?;
+        let tokenizer = Arc::clone(&self.tokenizer);
+        self.pool.spawn(move || {
+            if reply.is_closed() {
+                return; // the client has gone
+            }
+            let count = work.outputs();
+            // A tokenizer bug on one input must fail that request, not the worker.
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.run(&tokenizer, options))).unwrap_or_else(|_| {
+                tracing::error!("the tokenizer panicked on a request of {count} inputs; the request fails, the worker goes on");
+                (0..count).map(|_| Err(EngineError::Tokenizer("the tokenizer panicked on this input".into()))).collect()
+            });
+            let _ = reply.send(out);
+        });
         rx.await.map_err(|_| EngineError::Stopped)
-    }
-
-    /// Whether no worker is left to take jobs.
-    pub fn is_closed(&self) -> bool {
-        self.jobs.is_closed()
     }
 
     /// Test hook: makes the worker that takes this job panic (the job's request fails; the
     /// worker must survive).
     #[doc(hidden)]
     pub async fn panic_in_a_worker(&self) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
-        let (reply, rx) = oneshot::channel();
         let options = EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: PairLimits::default() };
-        let job = Job { work: Work::Texts(vec![TextInput::Single(String::new())]), options, reply, panic: true };
-        self.jobs.send(job).await.map_err(|_| EngineError::Stopped)?;
-        rx.await.map_err(|_| EngineError::Stopped)
+        self.submit(Work::Panic, options).await
     }
 }
