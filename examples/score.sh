@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Score query/document pairs with curl. Serve a cross-encoder first (an embedding model answers
-# /score too, with cosine similarities, but not /rerank), for example the tiny fixture:
+# /score and /rerank too, by cosine similarity), for example the tiny fixture:
 #   poolserve serve tests/fixtures/models/bert-reranker
 #   examples/score.sh                         # or POOLSERVE_BASE=http://host:port examples/score.sh
 set -euo pipefail
