@@ -50,11 +50,11 @@ fn main() {
         std::process::exit(1);
     }
     let config = ServerConfig::for_model(dir.clone());
-    let model = loader::load(&config.model).expect("model loads");
+    let model = loader::load(&config.models[0]).expect("model loads");
     let vocab = model.backbone.vocab_size() as u32;
-    let precision = match config.model.quantization {
+    let precision = match config.models[0].quantization {
         Some(q) => format!("{q:?}").to_lowercase(),
-        None => format!("{:?}", config.model.dtype.dtype()).to_lowercase(),
+        None => format!("{:?}", config.models[0].dtype.dtype()).to_lowercase(),
     };
     let name = std::path::Path::new(&dir).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.clone());
     println!("{name} forward (backbone + mean pooling), {precision}, {} rayon threads", rayon::current_num_threads());

@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo bench --bench loadgen -- --url http://127.0.0.1:8000 --concurrency 32 --requests 2000 \
-//!     [--batch 1] [--min-tokens 8] [--max-tokens 300] [--server-pid PID] [--dump-corpus FILE]
+//!     [--batch 1] [--min-tokens 8] [--max-tokens 300] [--server-pid PID] [--dump-corpus FILE] [--model NAME]
 //! ```
 //!
 //! The corpus is generated from a fixed seed (same texts on every run and machine), with target
@@ -30,6 +30,8 @@ struct Options {
     server_pid: Option<u32>,
     dump_corpus: Option<String>,
     path: String,
+    /// The `model` field of every request (servers with several models need one).
+    model: Option<String>,
 }
 
 fn options() -> Options {
@@ -43,6 +45,7 @@ fn options() -> Options {
         server_pid: None,
         dump_corpus: None,
         path: "/v1/embeddings".into(),
+        model: None,
     };
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let mut i = 0;
@@ -59,6 +62,7 @@ fn options() -> Options {
             "--max-tokens" => o.max_tokens = number(&value),
             "--server-pid" => o.server_pid = Some(number(&value) as u32),
             "--dump-corpus" => o.dump_corpus = Some(value),
+            "--model" => o.model = Some(value),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -194,6 +198,7 @@ async fn main() {
     let mut workers = Vec::new();
     for _ in 0..o.concurrency {
         let (texts, next, host, path, batch, requests) = (texts.clone(), next.clone(), host.clone(), o.path.clone(), o.batch, o.requests);
+        let model = o.model.clone();
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let (mut errors, mut tokens, mut sequences) = (0usize, 0usize, 0usize);
@@ -204,7 +209,11 @@ async fn main() {
                     break;
                 }
                 let input = &texts[i * batch..(i + 1) * batch];
-                let body = serde_json::to_vec(&serde_json::json!({ "input": input })).expect("json");
+                let body = match &model {
+                    Some(model) => serde_json::json!({ "input": input, "model": model }),
+                    None => serde_json::json!({ "input": input }),
+                };
+                let body = serde_json::to_vec(&body).expect("json");
                 let start = Instant::now();
                 match connection.post(&path, &body).await {
                     Ok((200, reply)) => {

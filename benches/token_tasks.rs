@@ -42,9 +42,9 @@ fn main() {
         }
         let mut config = ServerConfig::for_model(dir.to_str().expect("utf-8"));
         if task == Task::EmbedSparse {
-            config.model.pooler.pooling_type = Some(PoolingType::Splade);
+            config.models[0].pooler.pooling_type = Some(PoolingType::Splade);
         }
-        let engine = poolserve::engine::Engine::load(&config.model, &config.engine).expect("loads");
+        let engine = poolserve::engine::Engine::load(&config.models[0], &config.engine).expect("loads");
         let params = PoolingParams::default().verify(task, engine.spec()).expect("params");
         let prompts: Vec<Prompt> = documents.iter().cloned().map(Prompt::Text).collect();
         let (median, tokens) = median_of(20, || runtime.block_on(engine.encode(prompts.clone(), &params)).expect("runs").1);

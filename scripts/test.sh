@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate schemathesis
 # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
-.venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml
+.venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml configs/kubernetes/two-models/*.yaml
 
 scripts/fetch-minilm.sh models
 PYTHON=.venv/bin/python scripts/fetch-models.sh models splade rampart

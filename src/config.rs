@@ -16,9 +16,14 @@ pub enum Runner {
 /// its help (flags win over the environment).
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Local model folder or Hugging Face hub id.
-    #[arg(env = "POOLSERVE_MODEL")]
-    pub model: String,
+    /// Local model folders or Hugging Face hub ids, each optionally `NAME=MODEL` (the name
+    /// clients send as `model`; default: MODEL itself). Several models share the machine.
+    #[arg(env = "POOLSERVE_MODEL", required_unless_present = "config", conflicts_with = "config", value_name = "MODEL")]
+    pub models: Vec<String>,
+    /// A models file (YAML or JSON): `{"models": [{"name", "model", <per-model options>}]}`,
+    /// each option under its flag's snake_case name; flags given here are every entry's defaults.
+    #[arg(long, env = "POOLSERVE_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// Only `pooling` is served.
     #[arg(long, value_enum, default_value = "pooling", env = "POOLSERVE_RUNNER")]
     pub runner: Runner,
@@ -36,7 +41,8 @@ pub struct ServeArgs {
     /// Longest input in tokens; at most the model's own limit.
     #[arg(long, env = "POOLSERVE_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
-    /// Name clients send as `model` (default: the MODEL argument).
+    /// Name clients send as `model` (default: the MODEL argument); one model only (use
+    /// `NAME=MODEL` for several).
     #[arg(long, env = "POOLSERVE_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
     #[arg(long, default_value = "0.0.0.0", env = "POOLSERVE_HOST")]
@@ -104,7 +110,8 @@ pub enum LogFormat {
 /// Everything the server needs, validated.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    pub model: ModelOptions,
+    /// The models served, in the order given; names are unique.
+    pub models: Vec<ModelOptions>,
     pub engine: EngineOptions,
     pub host: String,
     pub port: u16,
@@ -127,6 +134,102 @@ fn positive(name: &str, value: usize) -> Result<usize, ConfigError> {
     Ok(value)
 }
 
+/// The command line's models: `MODEL` or `NAME=MODEL` each, with the flags' options.
+fn named_models(models: &[String], served_model_name: Option<&str>, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
+    if models.len() > 1 && served_model_name.is_some() {
+        return Err(ConfigError("--served-model-name names one model; name several with NAME=MODEL".into()));
+    }
+    let mut out = Vec::with_capacity(models.len());
+    for entry in models {
+        // `NAME=MODEL`; a folder whose path holds `=` can be named in a models file instead.
+        let (name, source) = match entry.split_once('=') {
+            Some((name, source)) if !name.is_empty() && !source.is_empty() => (name.to_string(), source.to_string()),
+            Some(_) => return Err(ConfigError(format!("`{entry}`: expected MODEL or NAME=MODEL"))),
+            None => (served_model_name.unwrap_or(entry).to_string(), entry.clone()),
+        };
+        out.push(ModelOptions { served_name: name, source, ..defaults.clone() });
+    }
+    unique_names(&out)?;
+    Ok(out)
+}
+
+/// Two models under one name could never both be reached.
+fn unique_names(models: &[ModelOptions]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    match models.iter().find(|m| !seen.insert(m.served_name.as_str())) {
+        Some(m) => Err(ConfigError(format!("two models are named `{}`; give each a NAME=MODEL of its own", m.served_name))),
+        None if models.is_empty() => Err(ConfigError("no model to serve".into())),
+        None => Ok(()),
+    }
+}
+
+/// `--config FILE`: the models file. One schema, in YAML or JSON (JSON is read as YAML, of
+/// which it is a subset): `models`, a list of entries with `model` (folder or hub id), an
+/// optional `name`, and any per-model serve option under its flag's snake_case name.
+mod models_file {
+    use super::{unique_names, ConfigError};
+    use crate::loader::options::{Convert, DTypeArg, DeviceArg, ModelOptions, Quantization};
+    use crate::pooling::config::PoolerConfig;
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ModelsFile {
+        models: Vec<Entry>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        name: Option<String>,
+        model: String,
+        revision: Option<String>,
+        convert: Option<Convert>,
+        pooler_config: Option<PoolerConfig>,
+        hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
+        max_model_len: Option<usize>,
+        device: Option<DeviceArg>,
+        dtype: Option<DTypeArg>,
+        quantization: Option<Quantization>,
+        default_prompt_name: Option<String>,
+        default_prompt: Option<String>,
+        reranker_instruction: Option<String>,
+    }
+
+    pub(super) fn read(path: &std::path::Path, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("--config {}: {e}", path.display())))?;
+        parse(&text, defaults).map_err(|e| ConfigError(format!("--config {}: {e}", path.display())))
+    }
+
+    pub(super) fn parse(text: &str, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, String> {
+        let file: ModelsFile = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        let models: Vec<ModelOptions> = file
+            .models
+            .into_iter()
+            .map(|e| {
+                let d = defaults.clone();
+                ModelOptions {
+                    served_name: e.name.unwrap_or_else(|| e.model.clone()),
+                    source: e.model,
+                    revision: e.revision.or(d.revision),
+                    convert: e.convert.unwrap_or(d.convert),
+                    pooler: e.pooler_config.unwrap_or(d.pooler),
+                    hf_overrides: e.hf_overrides.unwrap_or(d.hf_overrides),
+                    max_model_len: e.max_model_len.or(d.max_model_len),
+                    device: e.device.unwrap_or(d.device),
+                    dtype: e.dtype.unwrap_or(d.dtype),
+                    quantization: e.quantization.or(d.quantization),
+                    reranker_instruction: e.reranker_instruction.or(d.reranker_instruction),
+                    default_prompt_name: e.default_prompt_name.or(d.default_prompt_name),
+                    default_prompt: e.default_prompt.or(d.default_prompt),
+                }
+            })
+            .collect();
+        unique_names(&models).map_err(|e| e.to_string())?;
+        Ok(models)
+    }
+}
+
 impl TryFrom<ServeArgs> for ServerConfig {
     type Error = ConfigError;
 
@@ -143,9 +246,9 @@ impl TryFrom<ServeArgs> for ServerConfig {
             },
             None => Default::default(),
         };
-        let model = ModelOptions {
-            served_name: args.served_model_name.clone().unwrap_or_else(|| args.model.clone()),
-            source: args.model,
+        let defaults = ModelOptions {
+            served_name: String::new(),
+            source: String::new(),
             revision: args.revision,
             convert: args.convert,
             pooler,
@@ -158,7 +261,13 @@ impl TryFrom<ServeArgs> for ServerConfig {
             default_prompt_name: args.default_prompt_name,
             default_prompt: args.default_prompt,
         };
-        model.check().map_err(ConfigError)?;
+        let models = match &args.config {
+            Some(path) => models_file::read(path, &defaults)?,
+            None => named_models(&args.models, args.served_model_name.as_deref(), &defaults)?,
+        };
+        for model in &models {
+            model.check().map_err(|e| ConfigError(if models.len() > 1 { format!("model `{}`: {e}", model.served_name) } else { e }))?;
+        }
         if let Some(n) = args.max_batch_tokens {
             positive("max-batch-tokens", n)?;
         }
@@ -170,7 +279,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_output_floats: positive("max-output-floats", args.max_output_floats)?,
         };
         Ok(ServerConfig {
-            model,
+            models,
             engine,
             host: args.host,
             port: args.port,
@@ -192,7 +301,7 @@ impl ServerConfig {
     /// the host process on a malformed one); a test keeps them equal to the flags' defaults.
     pub fn for_model(model: impl Into<String>) -> Self {
         ServerConfig {
-            model: ModelOptions::for_model(model),
+            models: vec![ModelOptions::for_model(model)],
             engine: EngineOptions::default(),
             host: "0.0.0.0".into(),
             port: 8000,
@@ -225,13 +334,58 @@ mod tests {
         let set: Vec<&String> = flag_variables.iter().filter(|v| std::env::var_os(v).is_some()).collect();
         assert!(set.is_empty(), "unset {set:?} to run this test: it compares against clap's defaults");
         let parsed = ServerConfig::try_from(Wrapper::parse_from(["poolserve", "m"]).args).unwrap();
+        assert_eq!(parsed.models.len(), 1);
         assert_eq!(format!("{:?}", ServerConfig::for_model("m")), format!("{parsed:?}"));
     }
 
     #[test]
     fn defaults_are_valid() {
         let config = ServerConfig::for_model("some/model");
-        assert_eq!(config.model.served_name, "some/model");
+        assert_eq!(config.models[0].served_name, "some/model");
         assert_eq!(config.port, 8000);
+    }
+
+    fn parse(args: &[&str]) -> Result<ServerConfig, ConfigError> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let mut all = vec!["poolserve"];
+        all.extend_from_slice(args);
+        ServerConfig::try_from(Wrapper::try_parse_from(all).map_err(|e| ConfigError(e.to_string()))?.args)
+    }
+
+    #[test]
+    fn several_models_on_the_command_line() {
+        let config = parse(&["minilm=/m/a", "/m/b", "--dtype", "float32"]).unwrap();
+        let names: Vec<_> = config.models.iter().map(|m| (m.served_name.as_str(), m.source.as_str())).collect();
+        assert_eq!(names, [("minilm", "/m/a"), ("/m/b", "/m/b")]);
+        assert!(config.models.iter().all(|m| m.dtype == DTypeArg::Float32));
+        assert!(parse(&["a=/m/a", "a=/m/b"]).unwrap_err().to_string().contains("two models are named `a`"));
+        assert!(parse(&["/m/a", "/m/b", "--served-model-name", "x"]).is_err());
+        assert!(parse(&["=/m/a"]).is_err());
+        assert_eq!(parse(&["/m/a", "--served-model-name", "x"]).unwrap().models[0].served_name, "x");
+    }
+
+    #[test]
+    fn models_file_in_yaml_and_json() {
+        let defaults = ModelOptions { dtype: DTypeArg::Float32, ..ModelOptions::for_model("") };
+        let json = r#"{"models": [{"name": "minilm", "model": "/m/all-MiniLM-L6-v2"},
+            {"name": "splade", "model": "/m/splade-tiny", "pooler_config": {"pooling_type": "SPLADE"}, "max_model_len": 128}]}"#;
+        let yaml = "models:\n  - name: minilm\n    model: /m/all-MiniLM-L6-v2\n  - name: splade\n    model: /m/splade-tiny\n    pooler_config:\n      pooling_type: SPLADE\n    max_model_len: 128\n";
+        for text in [json, yaml] {
+            let models = models_file::parse(text, &defaults).unwrap();
+            assert_eq!(models.len(), 2);
+            assert_eq!((models[0].served_name.as_str(), models[0].dtype), ("minilm", DTypeArg::Float32));
+            assert_eq!(models[1].pooler.pooling_type, Some(crate::pooling::PoolingType::Splade));
+            assert_eq!(models[1].max_model_len, Some(128));
+        }
+        let unknown = models_file::parse(r#"{"models": [{"model": "/m/a", "pooler_confg": {}}]}"#, &defaults).unwrap_err();
+        assert!(unknown.contains("unknown field"), "{unknown}");
+        assert!(models_file::parse(r#"{"models": [{"model": "/m/a"}, {"model": "/m/a"}]}"#, &defaults).is_err());
+        assert!(models_file::parse(r#"{"models": []}"#, &defaults).is_err());
+        assert!(parse(&["--config", "x.yaml", "/m/a"]).is_err(), "a models file and MODEL arguments are exclusive");
     }
 }

@@ -13,14 +13,15 @@
 //! Prometheus exporter (TEI's choice) writes 0.0.4 but brings a recorder, a global registry and
 //! an HTTP stack of its own for what one mutex does here.
 //!
-//! Names (all prefixed `poolserve_`): `requests_total{endpoint,status}`,
-//! `request_duration_seconds{endpoint}`, `tokenization_duration_seconds`,
-//! `queue_duration_seconds`, `inference_duration_seconds` (histograms, per input),
-//! `input_tokens_total`, `batch_size` and `batch_tokens` (histograms, per forward batch),
-//! `queue_depth`, `requests_in_flight` (gauges), `cancelled_inputs_total` (inputs dropped because
-//! their client went away), `model_load_seconds`.
+//! Names (all prefixed `poolserve_`): `requests_total{endpoint,status,model}`,
+//! `request_duration_seconds{endpoint,model}`, and per `{model}`:
+//! `tokenization_duration_seconds`, `queue_duration_seconds`, `inference_duration_seconds`
+//! (histograms, per input), `input_tokens_total`, `batch_size` and `batch_tokens` (histograms,
+//! per forward batch), `queue_depth` (gauge), `cancelled_inputs_total` (inputs dropped because
+//! their client went away), `model_load_seconds`; `requests_in_flight` (gauge, server-wide).
+//! `model` is the served name; requests that resolved no model (404s, /health) have `model=""`.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::{LazyLock, Mutex};
@@ -65,9 +66,8 @@ impl Histogram {
     }
 }
 
-struct Registry {
-    requests: BTreeMap<(String, u16), u64>,
-    request_duration: BTreeMap<String, Histogram>,
+/// One model's series.
+struct ModelSeries {
     tokenization: Histogram,
     queue: Histogram,
     inference: Histogram,
@@ -76,26 +76,36 @@ struct Registry {
     input_tokens: u64,
     cancelled_inputs: u64,
     queue_depth: usize,
-    in_flight: i64,
-    model_load_seconds: f64,
+    load_seconds: f64,
 }
 
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
-    Mutex::new(Registry {
-        requests: BTreeMap::new(),
-        request_duration: BTreeMap::new(),
-        tokenization: Histogram::new(SECONDS),
-        queue: Histogram::new(SECONDS),
-        inference: Histogram::new(SECONDS),
-        batch_size: Histogram::new(SEQUENCES),
-        batch_tokens: Histogram::new(TOKENS),
-        input_tokens: 0,
-        cancelled_inputs: 0,
-        queue_depth: 0,
-        in_flight: 0,
-        model_load_seconds: 0.0,
-    })
-});
+impl Default for ModelSeries {
+    fn default() -> Self {
+        ModelSeries {
+            tokenization: Histogram::new(SECONDS),
+            queue: Histogram::new(SECONDS),
+            inference: Histogram::new(SECONDS),
+            batch_size: Histogram::new(SEQUENCES),
+            batch_tokens: Histogram::new(TOKENS),
+            input_tokens: 0,
+            cancelled_inputs: 0,
+            queue_depth: 0,
+            load_seconds: 0.0,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    /// (endpoint, status, model) → count; `model` is empty where a request named none that
+    /// resolved (404s, /health, /metrics).
+    requests: BTreeMap<(String, u16, String), u64>,
+    request_duration: BTreeMap<(String, String), Histogram>,
+    models: BTreeMap<String, ModelSeries>,
+    in_flight: i64,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registry::default()));
 
 fn with(f: impl FnOnce(&mut Registry)) {
     // A poisoned lock only means a panic elsewhere mid-update; the numbers are still usable.
@@ -103,85 +113,114 @@ fn with(f: impl FnOnce(&mut Registry)) {
     f(&mut registry);
 }
 
+fn with_model(model: &str, f: impl FnOnce(&mut ModelSeries)) {
+    with(|r| match r.models.get_mut(model) {
+        Some(series) => f(series),
+        None => f(r.models.entry(model.to_string()).or_default()),
+    });
+}
+
 pub fn request_started() {
     with(|r| r.in_flight += 1);
 }
 
-pub fn request_finished(endpoint: &str, status: u16, duration: Duration) {
+pub fn request_finished(endpoint: &str, status: u16, model: &str, duration: Duration) {
     with(|r| {
         r.in_flight -= 1;
-        *r.requests.entry((endpoint.to_string(), status)).or_default() += 1;
-        r.request_duration.entry(endpoint.to_string()).or_insert_with(|| Histogram::new(SECONDS)).observe(duration.as_secs_f64());
+        *r.requests.entry((endpoint.to_string(), status, model.to_string())).or_default() += 1;
+        r.request_duration
+            .entry((endpoint.to_string(), model.to_string()))
+            .or_insert_with(|| Histogram::new(SECONDS))
+            .observe(duration.as_secs_f64());
     });
 }
 
-pub fn tokenized(duration: Duration, tokens: usize) {
-    with(|r| {
-        r.tokenization.observe(duration.as_secs_f64());
-        r.input_tokens += tokens as u64;
+pub fn tokenized(model: &str, duration: Duration, tokens: usize) {
+    with_model(model, |m| {
+        m.tokenization.observe(duration.as_secs_f64());
+        m.input_tokens += tokens as u64;
     });
 }
 
 /// One forward batch: its shape, and every input's queue wait.
-pub fn batch_ran(sequences: usize, tokens: usize, inference: Duration, queue_waits: impl Iterator<Item = Duration>) {
-    with(|r| {
-        r.batch_size.observe(sequences as f64);
-        r.batch_tokens.observe(tokens as f64);
+pub fn batch_ran(model: &str, sequences: usize, tokens: usize, inference: Duration, queue_waits: impl Iterator<Item = Duration>) {
+    with_model(model, |m| {
+        m.batch_size.observe(sequences as f64);
+        m.batch_tokens.observe(tokens as f64);
         for wait in queue_waits {
-            r.queue.observe(wait.as_secs_f64());
-            r.inference.observe(inference.as_secs_f64());
+            m.queue.observe(wait.as_secs_f64());
+            m.inference.observe(inference.as_secs_f64());
         }
     });
 }
 
-pub fn queue_depth(depth: usize) {
-    with(|r| r.queue_depth = depth);
+pub fn queue_depth(model: &str, depth: usize) {
+    with_model(model, |m| m.queue_depth = depth);
 }
 
-pub fn inputs_cancelled(count: usize) {
-    with(|r| r.cancelled_inputs += count as u64);
+pub fn inputs_cancelled(model: &str, count: usize) {
+    with_model(model, |m| m.cancelled_inputs += count as u64);
 }
 
-pub fn model_loaded(duration: Duration) {
-    with(|r| r.model_load_seconds = duration.as_secs_f64());
+pub fn model_loaded(model: &str, duration: Duration) {
+    with_model(model, |m| m.load_seconds = duration.as_secs_f64());
 }
 
-/// The text exposition format.
 /// A label value as the text format writes it: backslash, double quote and newline escaped.
 fn label_value(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// The text exposition format.
 pub fn render() -> String {
     let mut out = String::new();
     with(|r| {
-        let _ = writeln!(out, "# HELP poolserve_requests_total HTTP requests by endpoint and status.\n# TYPE poolserve_requests_total counter");
-        for ((endpoint, status), count) in &r.requests {
-            let _ = writeln!(out, "poolserve_requests_total{{endpoint=\"{}\",status=\"{status}\"}} {count}", label_value(endpoint));
+        let _ = writeln!(out, "# HELP poolserve_requests_total HTTP requests by endpoint, status and model.\n# TYPE poolserve_requests_total counter");
+        for ((endpoint, status, model), count) in &r.requests {
+            let _ = writeln!(
+                out,
+                "poolserve_requests_total{{endpoint=\"{}\",status=\"{status}\",model=\"{}\"}} {count}",
+                label_value(endpoint),
+                label_value(model)
+            );
         }
         let _ = writeln!(out, "# HELP poolserve_request_duration_seconds Time from request to response.\n# TYPE poolserve_request_duration_seconds histogram");
-        for (endpoint, h) in &r.request_duration {
-            h.render(&mut out, "poolserve_request_duration_seconds", &format!("endpoint=\"{}\"", label_value(endpoint)));
+        for ((endpoint, model), h) in &r.request_duration {
+            let labels = format!("endpoint=\"{}\",model=\"{}\"", label_value(endpoint), label_value(model));
+            h.render(&mut out, "poolserve_request_duration_seconds", &labels);
         }
-        for (name, help, h) in [
-            ("tokenization_duration_seconds", "Tokenizing one request's inputs.", &r.tokenization),
-            ("queue_duration_seconds", "An input's wait between queueing and its batch starting.", &r.queue),
-            ("inference_duration_seconds", "The forward batch an input ran in.", &r.inference),
-            ("batch_size", "Sequences per forward batch.", &r.batch_size),
-            ("batch_tokens", "Tokens per forward batch.", &r.batch_tokens),
-        ] {
+        type Pick = fn(&ModelSeries) -> &Histogram;
+        let histograms: [(&str, &str, Pick); 5] = [
+            ("tokenization_duration_seconds", "Tokenizing one request's inputs.", |m| &m.tokenization),
+            ("queue_duration_seconds", "An input's wait between queueing and its batch starting.", |m| &m.queue),
+            ("inference_duration_seconds", "The forward batch an input ran in.", |m| &m.inference),
+            ("batch_size", "Sequences per forward batch.", |m| &m.batch_size),
+            ("batch_tokens", "Tokens per forward batch.", |m| &m.batch_tokens),
+        ];
+        for (name, help, pick) in histograms {
             let _ = writeln!(out, "# HELP poolserve_{name} {help}\n# TYPE poolserve_{name} histogram");
-            h.render(&mut out, &format!("poolserve_{name}"), "");
+            for (model, series) in &r.models {
+                pick(series).render(&mut out, &format!("poolserve_{name}"), &format!("model=\"{}\"", label_value(model)));
+            }
         }
-        for (name, kind, help, value) in [
-            ("input_tokens_total", "counter", "Tokens run through the model.", r.input_tokens as f64),
-            ("cancelled_inputs_total", "counter", "Queued inputs dropped because their client disconnected.", r.cancelled_inputs as f64),
-            ("queue_depth", "gauge", "Inputs waiting for the model.", r.queue_depth as f64),
-            ("requests_in_flight", "gauge", "Requests being answered.", r.in_flight as f64),
-            ("model_load_seconds", "gauge", "Time the model took to load.", r.model_load_seconds),
-        ] {
-            let _ = writeln!(out, "# HELP poolserve_{name} {help}\n# TYPE poolserve_{name} {kind}\npoolserve_{name} {value}");
+        type Value = fn(&ModelSeries) -> f64;
+        let values: [(&str, &str, &str, Value); 4] = [
+            ("input_tokens_total", "counter", "Tokens run through the model.", |m| m.input_tokens as f64),
+            ("cancelled_inputs_total", "counter", "Queued inputs dropped because their client disconnected.", |m| m.cancelled_inputs as f64),
+            ("queue_depth", "gauge", "Inputs waiting for the model.", |m| m.queue_depth as f64),
+            ("model_load_seconds", "gauge", "Time the model took to load.", |m| m.load_seconds),
+        ];
+        for (name, kind, help, value) in values {
+            let _ = writeln!(out, "# HELP poolserve_{name} {help}\n# TYPE poolserve_{name} {kind}");
+            for (model, series) in &r.models {
+                let _ = writeln!(out, "poolserve_{name}{{model=\"{}\"}} {}", label_value(model), value(series));
+            }
         }
+        let _ = writeln!(
+            out,
+            "# HELP poolserve_requests_in_flight Requests being answered.\n# TYPE poolserve_requests_in_flight gauge\npoolserve_requests_in_flight {}",
+            r.in_flight
+        );
     });
     out
 }
@@ -193,10 +232,17 @@ pub struct RequestTimings {
     pub tokenization: Cell<Duration>,
     pub queue: Cell<Duration>,
     pub inference: Cell<Duration>,
+    /// The served name of the model the request resolved to, once it has.
+    pub model: RefCell<Option<String>>,
 }
 
 tokio::task_local! {
     pub static TIMINGS: RequestTimings;
+}
+
+/// Records the model the current request resolved to (its metrics and log line carry it).
+pub fn note_model(name: &str) {
+    let _ = TIMINGS.try_with(|t| *t.model.borrow_mut() = Some(name.to_string()));
 }
 
 /// Adds to the current request's timings, if the caller runs inside one.

@@ -15,7 +15,7 @@ pub async fn warm_up(engine: &Engine) -> anyhow::Result<()> {
     let params = PoolingParams { truncate_prompt_tokens: Some(-1), ..Default::default() }.verify(task, engine.spec())?;
     let started = Instant::now();
     engine.encode(vec![Prompt::Text("warm up the model".into())], &params).await?;
-    tracing::info!("warm-up done in {:.2?}", started.elapsed());
+    tracing::info!(model = %engine.spec().served_name, "warm-up done in {:.2?}", started.elapsed());
     Ok(())
 }
 
@@ -42,7 +42,8 @@ async fn shutdown_signal() {
 }
 
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
-    let state = AppState::new(config.model.served_name.clone(), api::ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size });
+    let names = config.models.iter().map(|m| m.served_name.clone()).collect();
+    let state = AppState::new(names, api::ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size });
     let app = api::router(state.clone(), config.payload_limit);
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
@@ -64,15 +65,35 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     };
     let mut server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
 
-    let (model, options) = (config.model.clone(), config.engine.clone());
-    let load = tokio::task::spawn_blocking(move || Engine::load(&model, &options));
-    tokio::select! {
-        engine = load => {
-            let engine = engine??;
-            warm_up(&engine).await?;
+    // Every model loads and warms up at once, each on a blocking thread of its own; /health
+    // turns 200 when the last is ready. One that fails stops the server.
+    let total = config.models.len();
+    let mut loads = tokio::task::JoinSet::new();
+    for model in config.models.clone() {
+        let options = config.engine.clone();
+        loads.spawn(async move {
+            let name = model.served_name.clone();
+            let loaded = async {
+                let engine = tokio::task::spawn_blocking(move || Engine::load(&model, &options)).await??;
+                warm_up(&engine).await?;
+                anyhow::Ok(engine)
+            };
+            // With several models, the error names the one that failed.
+            loaded.await.map_err(|e| if total > 1 { e.context(format!("model `{name}`")) } else { e })
+        });
+    }
+    let loading = async {
+        let mut ready = 0;
+        while let Some(loaded) = loads.join_next().await {
+            let engine = loaded??;
+            ready += 1;
+            tracing::info!(model = %engine.spec().served_name, "ready to serve {} ({ready} of {total} models)", engine.spec().served_name);
             state.set_engine(engine);
-            tracing::info!("ready to serve {}", config.model.served_name);
         }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        loaded = loading => loaded?,
         // Stopped before the model was ready: nothing is in flight.
         finished = &mut server => {
             finished??;

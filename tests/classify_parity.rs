@@ -196,7 +196,7 @@ async fn qwen3_causal_lm_converts_to_the_reranker() {
             "classifier_from_token": ["no", "yes"],
             "is_original_qwen3_reranker": true
         });
-        c.model.hf_overrides = overrides.as_object().unwrap().clone();
+        c.models[0].hf_overrides = overrides.as_object().unwrap().clone();
     });
     assert!(engine.spec().supports(Task::Score));
     check_template_pairs("qwen3-causal-reranker", engine).await;

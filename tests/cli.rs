@@ -287,3 +287,50 @@ fn broken_model_folders_fail_with_one_line() {
     serve(&dir, "bias");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Issue 19: `serve NAME=MODEL NAME=MODEL` and `serve --config FILE` (YAML) run several models in
+/// one process, routed by `model`; a bad models file is a one-line error naming the problem.
+#[test]
+fn serves_several_models_from_arguments_and_from_a_models_file() {
+    let embedder = fixture_model("bert-embed-mean");
+    let reranker = fixture_model("bert-reranker");
+    let embed_reference = expected("bert-embed-mean");
+    let text = embed_reference["texts"][0]["text"].clone();
+    let check = |server: &mut Server| {
+        wait_ready(server);
+        let body = embed(server.port, json!({"model": "embedder", "input": text}));
+        assert_close(&floats(&body["data"][0]["embedding"]), &floats(&embed_reference["texts"][0]["embedding"]), "embedder");
+        let (status, reply) = http(server.port, "POST", "/rerank", Some(&json!({"model": "reranker", "query": "q", "documents": ["a", "b"]}))).unwrap();
+        assert_eq!(status, 200, "{reply}");
+        let (status, reply) = http(server.port, "POST", "/v1/embeddings", Some(&json!({"input": "x"}))).unwrap();
+        assert_eq!(status, 400, "{reply}");
+        assert!(reply.contains("`embedder`, `reranker`"), "{reply}");
+        let (_, models) = http(server.port, "GET", "/v1/models", None).unwrap();
+        let models: Value = serde_json::from_str(&models).unwrap();
+        assert_eq!(models["data"].as_array().unwrap().len(), 2, "{models}");
+    };
+    let mut server = start(&[&format!("embedder={}", embedder.display()), &format!("reranker={}", reranker.display())], &[]);
+    check(&mut server);
+    drop(server);
+
+    let dir = std::env::temp_dir().join(format!("poolserve-models-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("models.yaml");
+    std::fs::write(
+        &file,
+        format!("models:\n  - name: embedder\n    model: {}\n    max_model_len: 64\n  - name: reranker\n    model: {}\n", embedder.display(), reranker.display()),
+    )
+    .unwrap();
+    let mut server = start(&["--config", file.to_str().unwrap()], &[]);
+    check(&mut server);
+    let (_, models) = http(server.port, "GET", "/v1/models", None).unwrap();
+    assert!(models.contains(r#""max_model_len":64"#), "{models}");
+    drop(server);
+
+    std::fs::write(&file, "models:\n  - model: /x\n    pooler_confg: {}\n").unwrap();
+    assert_one_line_error(&["serve", "--config", file.to_str().unwrap()], "unknown field `pooler_confg`");
+    std::fs::write(&file, format!("models:\n  - name: a\n    model: {}\n  - name: b\n    model: /no/such/model\n", embedder.display())).unwrap();
+    assert_one_line_error(&["serve", "--config", file.to_str().unwrap()], "model `b`");
+    assert_one_line_error(&["serve", "a=/m/x", "a=/m/y"], "two models are named `a`");
+    let _ = std::fs::remove_dir_all(&dir);
+}

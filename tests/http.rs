@@ -145,7 +145,7 @@ async fn bad_requests_get_the_error_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn matryoshka_errors_follow_the_model() {
     let engine = engine(&fixture_model("bert-embed-mean"), |c| {
-        c.model.hf_overrides.insert("matryoshka_dimensions".into(), json!([8, 16]));
+        c.models[0].hf_overrides.insert("matryoshka_dimensions".into(), json!([8, 16]));
     });
     let router = router(engine, 2_000_000);
     let reply = post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 12})).await;
@@ -190,7 +190,7 @@ async fn concurrent_requests_all_get_their_own_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_model_routes_wait_for_the_model() {
-    let loading = api::router(AppState::new("m", api::ApiOptions::default()), 1000);
+    let loading = api::router(AppState::new(vec!["m".into()], api::ApiOptions::default()), 1000);
     assert_error(&send(&loading, "GET", "/health", None, &[]).await, StatusCode::SERVICE_UNAVAILABLE, "loading");
     assert_error(&post(&loading, "/v1/embeddings", json!({"input": "a"})).await, StatusCode::SERVICE_UNAVAILABLE, "loading");
     let version = send(&loading, "GET", "/version", None, &[]).await;

@@ -98,8 +98,8 @@ async fn metrics_and_timing_headers_describe_the_work() {
     .unwrap();
     let text = String::from_utf8(metrics.to_vec()).unwrap();
     for needle in [
-        "poolserve_requests_total{endpoint=\"/v1/embeddings\",status=\"200\"}",
-        "poolserve_request_duration_seconds_bucket{endpoint=\"/v1/embeddings\",le=\"+Inf\"}",
+        "poolserve_requests_total{endpoint=\"/v1/embeddings\",status=\"200\",model=\"",
+        "poolserve_request_duration_seconds_bucket{endpoint=\"/v1/embeddings\",model=\"",
         "poolserve_tokenization_duration_seconds_count",
         "poolserve_queue_duration_seconds_count",
         "poolserve_inference_duration_seconds_count",
@@ -148,14 +148,17 @@ async fn four_times_the_concurrency_limit_gets_answers_or_429_and_stays_healthy(
     assert_eq!(post(&router, "/v1/embeddings", json!({"input": "after"})).await.status, StatusCode::OK);
 }
 
-/// Extracts `poolserve_cancelled_inputs_total` from /metrics.
+/// `poolserve_cancelled_inputs_total` from /metrics, summed over the models.
 async fn cancelled_inputs(router: &axum::Router) -> f64 {
     let reply = tower::ServiceExt::oneshot(router.clone(), axum::http::Request::get("/metrics").body(axum::body::Body::empty()).unwrap())
         .await
         .unwrap();
     let bytes = axum::body::to_bytes(reply.into_body(), 1 << 20).await.unwrap();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
-    text.lines().find_map(|l| l.strip_prefix("poolserve_cancelled_inputs_total ")).unwrap().parse().unwrap()
+    text.lines()
+        .filter(|l| l.starts_with("poolserve_cancelled_inputs_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,7 +66,7 @@ fn router_for_fixture(name: &str) -> axum::Router {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embed_sparse_follows_tei() {
     let reference = expected("bert-splade");
-    let router = router(engine(&fixture_model("bert-splade"), |c| c.model.pooler.pooling_type = Some(PoolingType::Splade)), 2_000_000);
+    let router = router(engine(&fixture_model("bert-splade"), |c| c.models[0].pooler.pooling_type = Some(PoolingType::Splade)), 2_000_000);
     let text = reference["texts"][0]["text"].as_str().unwrap();
     let reply = post(&router, "/embed_sparse", json!({"inputs": text})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);

@@ -245,7 +245,7 @@ async fn activation_fn_and_logit_bias_change_the_score() {
     let identity = router(
         engine(&fixture_model("bert-reranker"), |c| {
             let overrides = json!({"sentence_transformers": {"activation_fn": "torch.nn.modules.linear.Identity"}});
-            c.model.hf_overrides = overrides.as_object().unwrap().clone();
+            c.models[0].hf_overrides = overrides.as_object().unwrap().clone();
         }),
         2_000_000,
     );
@@ -256,7 +256,7 @@ async fn activation_fn_and_logit_bias_change_the_score() {
     assert!(max_abs_diff(&floats(&reply.body["data"][0]["probs"]), &floats(&expected["texts"][0]["sigmoid"])) <= 1e-4);
 
     // --pooler-config logit_bias is subtracted before the activation.
-    let biased = router(engine(&fixture_model("bert-reranker"), |c| c.model.pooler.logit_bias = Some(0.5)), 2_000_000);
+    let biased = router(engine(&fixture_model("bert-reranker"), |c| c.models[0].pooler.logit_bias = Some(0.5)), 2_000_000);
     let reply = post(&biased, "/score", body).await;
     assert_score(&reply.body["data"][0]["score"], 1.0 / (1.0 + (-(logit - 0.5)).exp()), "logit bias");
 }
@@ -266,7 +266,7 @@ async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
     let expected = expected("qwen3-causal-reranker");
     let engine = engine(&fixture_model("qwen3-causal-reranker"), |c| {
         let overrides = json!({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
-        c.model.hf_overrides = overrides.as_object().unwrap().clone();
+        c.models[0].hf_overrides = overrides.as_object().unwrap().clone();
     });
     let router = router(engine, 2_000_000);
     let query = pair_text(&expected, 0, "query");
@@ -287,8 +287,8 @@ async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
     let by_flag = common::router(
         common::engine(&fixture_model("qwen3-causal-reranker"), |c| {
             let overrides = json!({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
-            c.model.hf_overrides = overrides.as_object().unwrap().clone();
-            c.model.reranker_instruction = Some("Find French cities".into());
+            c.models[0].hf_overrides = overrides.as_object().unwrap().clone();
+            c.models[0].reranker_instruction = Some("Find French cities".into());
         }),
         2_000_000,
     );

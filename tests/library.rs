@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use poolserve::pooler::{Pooler, PoolerError, PoolerOptions};
 use poolserve::pooling::Task;
-use poolserve::engine::params::PoolingParams;
+use poolserve::pooler::PoolingParams;
 
 fn load(name: &str) -> Pooler {
     Pooler::load(PoolerOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")
@@ -65,4 +65,28 @@ fn options_come_from_code_only_and_bad_ones_are_errors() {
     let mut zero = PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap());
     zero.engine.max_num_seqs = 0;
     assert!(matches!(Pooler::load(zero), Err(PoolerError::Load(message)) if message.contains("max_num_seqs")));
+}
+
+/// Several models in one host program: one `Pooler` each, used from several threads at once,
+/// sharing the process's compute pool; each keeps its reference answers.
+#[test]
+fn several_poolers_share_the_process() {
+    let embed_ref = expected("bert-embed-mean");
+    let classify_ref = expected("bert-seqcls");
+    let embedder = load("bert-embed-mean");
+    let classifier = load("bert-seqcls");
+    std::thread::scope(|scope| {
+        for round in 0..4 {
+            let (embedder, classifier, embed_ref, classify_ref) = (&embedder, &classifier, &embed_ref, &classify_ref);
+            scope.spawn(move || {
+                let i = round % 4;
+                let text = embed_ref["texts"][i]["text"].as_str().unwrap();
+                let vector = embedder.embed(&[text], &PoolingParams::default()).unwrap();
+                assert_close(&vector[0], &floats(&embed_ref["texts"][i]["embedding"]), "embedder beside a classifier");
+                let text = classify_ref["texts"][i]["text"].as_str().unwrap();
+                let result = classifier.classify(&[text], &PoolingParams::default()).unwrap();
+                assert!(max_abs_diff(&result[0].probs, &floats(&classify_ref["texts"][i]["softmax"])) <= 1e-4);
+            });
+        }
+    });
 }

@@ -37,7 +37,7 @@ async fn one_line_per_request_and_no_error_for_client_errors_or_loading() {
     tracing_subscriber::fmt().with_ansi(false).with_max_level(tracing::Level::INFO).with_writer(move || writer.clone()).init();
 
     // Still loading: /health and model routes answer 503.
-    let loading = api::router(AppState::new("m", ApiOptions::default()), 1_000_000);
+    let loading = api::router(AppState::new(vec!["m".into()], ApiOptions::default()), 1_000_000);
     assert_eq!(send(&loading, "GET", "/health", None, &[]).await.status, 503);
     assert_eq!(post(&loading, "/v1/embeddings", json!({"input": "a"})).await.status, 503);
     let lines = captured.take();

@@ -15,8 +15,8 @@ async fn long_input_is_the_token_weighted_mean_of_its_chunks() {
     let tokens = reference["num_tokens"].as_u64().unwrap();
     let chunked = router(
         engine(&fixture_model("bert-embed-mean"), |c| {
-            c.model.pooler.enable_chunked_processing = Some(true);
-            c.model.pooler.max_embed_len = Some(4000);
+            c.models[0].pooler.enable_chunked_processing = Some(true);
+            c.models[0].pooler.max_embed_len = Some(4000);
         }),
         2_000_000,
     );
@@ -35,8 +35,8 @@ async fn long_input_is_the_token_weighted_mean_of_its_chunks() {
     // Over max_embed_len: refused with vLLM's message.
     let capped = router(
         engine(&fixture_model("bert-embed-mean"), |c| {
-            c.model.pooler.enable_chunked_processing = Some(true);
-            c.model.pooler.max_embed_len = Some(1000);
+            c.models[0].pooler.enable_chunked_processing = Some(true);
+            c.models[0].pooler.max_embed_len = Some(1000);
         }),
         2_000_000,
     );

@@ -125,7 +125,7 @@ async fn qwen2_last_token_pooling_matches_reference() {
 async fn qwen3_matryoshka_block_matches_reference() {
     let expected = expected("qwen3-embed-last");
     let engine = engine(&fixture_model("qwen3-embed-last"), |c| {
-        c.model.hf_overrides.insert("is_matryoshka".into(), Value::Bool(true));
+        c.models[0].hf_overrides.insert("is_matryoshka".into(), Value::Bool(true));
     });
     let sliced = vectors(&engine, &texts(&expected), &params(&engine, Task::Embed, |p| p.dimensions = Some(16))).await;
     for (i, v) in sliced.iter().enumerate() {
@@ -137,7 +137,7 @@ async fn qwen3_matryoshka_block_matches_reference() {
 async fn matryoshka_dimensions_match_sentence_transformers_truncate_dim() {
     let expected = expected("bert-embed-mean");
     let engine = engine(&fixture_model("bert-embed-mean"), |c| {
-        c.model.hf_overrides.insert("is_matryoshka".into(), Value::Bool(true));
+        c.models[0].hf_overrides.insert("is_matryoshka".into(), Value::Bool(true));
     });
     let texts = texts(&expected);
     let sliced = vectors(&engine, &texts, &params(&engine, Task::Embed, |p| p.dimensions = Some(16))).await;
@@ -167,7 +167,7 @@ async fn dense_projection_per_token_matches_colbert_reference() {
 fn chunked_forward_equals_one_pass() {
     use poolserve::models::batch::Batch;
     let expected = expected("bert-embed-mean");
-    let model = poolserve::loader::load(&config_for(&fixture_model("bert-embed-mean"), |_| {}).model).unwrap();
+    let model = poolserve::loader::load(&config_for(&fixture_model("bert-embed-mean"), |_| {}).models[0]).unwrap();
     let inputs: Vec<_> = expected["texts"]
         .as_array()
         .unwrap()
@@ -203,13 +203,13 @@ async fn half_precision_stays_within_tolerance() {
     use poolserve::loader::options::DTypeArg;
     for (dtype, min_cosine, max_prob_diff) in [(DTypeArg::Float16, 0.9999, 1e-3), (DTypeArg::Bfloat16, 0.999, 1e-2)] {
         for name in ["bert-embed-mean", "xlmr-embed-cls", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
-            let worst = worst_embedding_cosine(name, |c| c.model.dtype = dtype).await;
+            let worst = worst_embedding_cosine(name, |c| c.models[0].dtype = dtype).await;
             eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
             assert!(worst >= min_cosine, "{name} {dtype:?}: cosine {worst}");
         }
         for name in ["bert-seqcls", "modernbert-seqcls", "qwen3-seqcls"] {
             let expected = expected(name);
-            let engine = engine(&fixture_model(name), |c| c.model.dtype = dtype);
+            let engine = engine(&fixture_model(name), |c| c.models[0].dtype = dtype);
             let probs = vectors(&engine, &texts(&expected), &params(&engine, Task::Classify, |_| {})).await;
             let key = if expected["labels"]["num_labels"] == 1 { "sigmoid" } else { "softmax" };
             let worst = probs
@@ -231,7 +231,7 @@ async fn half_precision_stays_within_tolerance() {
 async fn int8_quantization_runs_every_backbone_close_to_reference() {
     use poolserve::loader::options::Quantization;
     for name in ["bert-embed-mean", "xlmr-embed-cls", "distilbert-embed-mean-dense", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
-        let worst = worst_embedding_cosine(name, |c| c.model.quantization = Some(Quantization::Int8)).await;
+        let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");
         assert!(worst >= 0.999, "{name} int8: cosine {worst}");
     }

@@ -18,7 +18,7 @@ fn sparse_map(list: &Value) -> HashMap<u64, f32> {
 async fn splade_tiny_matches_transformers_and_ranks_the_query_terms() {
     let Some(dir) = real_model_dir("splade-tiny") else { return };
     let reference = expected("splade-tiny");
-    let router = router(engine(&dir, |c| c.model.pooler.pooling_type = Some(PoolingType::Splade)), 2_000_000);
+    let router = router(engine(&dir, |c| c.models[0].pooler.pooling_type = Some(PoolingType::Splade)), 2_000_000);
     let texts: Vec<&str> = reference["texts"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap()).collect();
     let reply = post(&router, "/embed_sparse", json!({"inputs": texts})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);

@@ -96,19 +96,19 @@ async fn prompts_match_sentence_transformers() {
 async fn prompt_flags_override_the_folder_default() {
     let expected = expected("bert-embed-prompts");
     let texts = texts(&expected);
-    let by_name = router(engine(&fixture_model("bert-embed-prompts"), |c| c.model.default_prompt_name = Some("passage".into())), 2_000_000);
+    let by_name = router(engine(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt_name = Some("passage".into())), 2_000_000);
     let reply = post(&by_name, "/v1/embeddings", json!({"input": texts[0]})).await;
     assert_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&expected["cases"]["passage"][0]["embedding"]), "--default-prompt-name");
     // A literal prompt: "" is no prompt at all.
-    let literal = router(engine(&fixture_model("bert-embed-prompts"), |c| c.model.default_prompt = Some(String::new())), 2_000_000);
+    let literal = router(engine(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt = Some(String::new())), 2_000_000);
     let reply = post(&literal, "/v1/embeddings", json!({"input": texts[0]})).await;
     assert_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&expected["cases"]["none"][0]["embedding"]), "--default-prompt ''");
     // A request's prompt_name still wins.
     let reply = post(&literal, "/v1/embeddings", json!({"input": texts[0], "prompt_name": "query"})).await;
     assert_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&expected["cases"]["query"][0]["embedding"]), "prompt_name over the flag");
     // A default name the folder lacks stops the load.
-    let config = config_for(&fixture_model("bert-embed-prompts"), |c| c.model.default_prompt_name = Some("nope".into()));
-    let err = poolserve::engine::Engine::load(&config.model, &config.engine).err().expect("load fails").to_string();
+    let config = config_for(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt_name = Some("nope".into()));
+    let err = poolserve::engine::Engine::load(&config.models[0], &config.engine).err().expect("load fails").to_string();
     assert!(err.contains("--default-prompt-name `nope`"), "{err}");
 }
 
@@ -116,7 +116,7 @@ async fn prompt_flags_override_the_folder_default() {
 async fn sparse_and_batch_routes_take_prompt_names() {
     let plain = common::router(engine(&fixture_model("bert-splade-st"), |_| {}), 2_000_000);
     let plain = post(&plain, "/tokenize", json!({"prompt": "query: a man"})).await;
-    let router = router(engine(&fixture_model("bert-splade-st"), |c| c.model.default_prompt = Some("query: ".into())), 2_000_000);
+    let router = router(engine(&fixture_model("bert-splade-st"), |c| c.models[0].default_prompt = Some("query: ".into())), 2_000_000);
     let prompted = post(&router, "/tokenize", json!({"prompt": "a man"})).await;
     assert_eq!(plain.body["tokens"], prompted.body["tokens"], "the default prompt is prepended before tokenization");
     // The SparseEncoder folder defines empty `query` and `document` prompts.
@@ -215,7 +215,7 @@ async fn cohere_embed_truncation_dimensions_and_refusals() {
     assert_error(&post(&router, "/v2/embed", json!({"texts": ["a"], "output_dimension": 16})).await, StatusCode::BAD_REQUEST, "does not support matryoshka");
     let matryoshka = common::router(
         engine(&fixture_model("bert-embed-mean"), |c| {
-            c.model.hf_overrides.insert("matryoshka_dimensions".into(), json!([16, 32]));
+            c.models[0].hf_overrides.insert("matryoshka_dimensions".into(), json!([16, 32]));
         }),
         2_000_000,
     );

@@ -91,7 +91,7 @@ async fn check_splade(name: &str, tweak: impl FnOnce(&mut ServerConfig)) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn splade_from_pooler_config_matches_reference() {
-    check_splade("bert-splade", |c| c.model.pooler.pooling_type = Some(PoolingType::Splade)).await;
+    check_splade("bert-splade", |c| c.models[0].pooler.pooling_type = Some(PoolingType::Splade)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,9 +108,9 @@ async fn step_pooling_selects_tagged_tokens_and_columns() {
     let ids: Vec<u32> = case["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     let tag = ids[ids.len() - 2]; // the "." before [SEP]
     let engine = engine(&fixture_model("bert-tokcls"), |c| {
-        c.model.pooler.pooling_type = Some(PoolingType::Step);
-        c.model.pooler.step_tag_id = Some(tag);
-        c.model.pooler.returned_token_ids = Some(vec![1, 3]);
+        c.models[0].pooler.pooling_type = Some(PoolingType::Step);
+        c.models[0].pooler.step_tag_id = Some(tag);
+        c.models[0].pooler.returned_token_ids = Some(vec![1, 3]);
     });
     let out = outputs(&engine, vec![Prompt::Text(case["text"].as_str().unwrap().into())], Task::TokenClassify).await.remove(0);
     let PoolingOutput::Tokens(rows) = out else { panic!("per-token output expected") };

@@ -57,7 +57,7 @@ pub async fn create(
             Ok(ClassifyData { index, label, num_classes: probs.len(), probs })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(ListResponse::new("classify", &headers, &state, data, tokens)))
+    Ok(Json(ListResponse::new("classify", &headers, engine, data, tokens)))
 }
 
 #[cfg(test)]

@@ -88,6 +88,6 @@ pub async fn create(
             Ok(EmbeddingData { index, object: "embedding", embedding })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    OffRuntimeJson(ListResponse::new("embd", &headers, &state, data, tokens)).into_response(permit).await
+    OffRuntimeJson(ListResponse::new("embd", &headers, engine, data, tokens)).into_response(permit).await
 }
 

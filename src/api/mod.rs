@@ -36,16 +36,21 @@ use tower_http::trace::TraceLayer;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Shared by every handler. The engine arrives once the model is loaded and warmed; until
-/// then model routes and /health answer 503.
+/// Shared by every handler: the served models by name. Each model's engine arrives once it is
+/// loaded and warmed; until then its routes answer 503, and /health until all have arrived.
 #[derive(Clone)]
 pub struct AppState {
     inner: Arc<StateInner>,
 }
 
-struct StateInner {
+/// One served model: the name clients send as `model`, and its engine once ready.
+struct Slot {
+    name: String,
     engine: OnceLock<Engine>,
-    served_name: String,
+}
+
+struct StateInner {
+    models: Vec<Slot>,
     started: u64,
     options: ApiOptions,
     /// Set on SIGTERM/SIGINT: /health answers 503 and new model requests are refused.
@@ -71,11 +76,11 @@ pub fn unix_now() -> u64 {
 }
 
 impl AppState {
-    pub fn new(served_name: impl Into<String>, options: ApiOptions) -> Self {
+    /// A state for the models named `served_names`, none ready yet.
+    pub fn new(served_names: Vec<String>, options: ApiOptions) -> Self {
         Self {
             inner: Arc::new(StateInner {
-                engine: OnceLock::new(),
-                served_name: served_name.into(),
+                models: served_names.into_iter().map(|name| Slot { name, engine: OnceLock::new() }).collect(),
                 started: unix_now(),
                 options,
                 draining: AtomicBool::new(false),
@@ -89,8 +94,15 @@ impl AppState {
     }
 
     pub fn ready_with(engine: Engine, options: ApiOptions) -> Self {
-        let state = Self::new(engine.spec().served_name.clone(), options);
-        state.set_engine(engine);
+        Self::ready_many(vec![engine], options)
+    }
+
+    /// Several models, ready at once (tests).
+    pub fn ready_many(engines: Vec<Engine>, options: ApiOptions) -> Self {
+        let state = Self::new(engines.iter().map(|e| e.spec().served_name.clone()).collect(), options);
+        for engine in engines {
+            state.set_engine(engine);
+        }
         state
     }
 
@@ -126,15 +138,74 @@ impl AppState {
         Ok(())
     }
 
+    /// Hands a model's engine to its slot (by its served name) once it is warmed.
     pub fn set_engine(&self, engine: Engine) {
-        let _ = self.inner.engine.set(engine);
+        if let Some(slot) = self.inner.models.iter().find(|s| s.name == engine.spec().served_name) {
+            let _ = slot.engine.set(engine);
+        }
     }
 
-    pub fn engine(&self) -> Result<&Engine, ApiError> {
+    /// The served names, in the order given.
+    pub fn served_names(&self) -> impl Iterator<Item = &str> {
+        self.inner.models.iter().map(|s| s.name.as_str())
+    }
+
+    /// The engine of the model a request names (404 for an unknown name); without a name, the
+    /// only model, or a 400 naming the models when there are several. 503 while it loads or
+    /// the server drains.
+    pub fn model(&self, model: Option<&str>) -> Result<&Engine, ApiError> {
+        let slot = match model {
+            Some(name) => self
+                .inner
+                .models
+                .iter()
+                .find(|s| s.name == name)
+                .ok_or_else(|| ApiError::NotFound(format!("The model `{name}` does not exist.")))?,
+            None => match self.inner.models.as_slice() {
+                [only] => only,
+                _ => return Err(self.name_required()),
+            },
+        };
         if self.is_draining() {
             return Err(ApiError::Unavailable("The server is shutting down".into()));
         }
-        self.inner.engine.get().ok_or_else(|| ApiError::Unavailable("The model is still loading".into()))
+        let engine = slot.engine.get().ok_or_else(|| ApiError::Unavailable(format!("The model `{}` is still loading", slot.name)))?;
+        crate::metrics::note_model(&slot.name);
+        Ok(engine)
+    }
+
+    /// For routes whose wire format has no `model` field (TEI's /embed_sparse): the only model
+    /// serving `task` when several are served.
+    pub fn model_for_task(&self, task: Task) -> Result<&Engine, ApiError> {
+        if self.inner.models.len() == 1 {
+            return self.model(None);
+        }
+        let serving: Vec<&Slot> = self.inner.models.iter().filter(|s| s.engine.get().is_some_and(|e| e.spec().supports(task))).collect();
+        match serving.as_slice() {
+            [one] => self.model(Some(&one.name)),
+            _ => Err(self.name_required()),
+        }
+    }
+
+    fn name_required(&self) -> ApiError {
+        let names: Vec<String> = self.served_names().map(|n| format!("`{n}`")).collect();
+        ApiError::BadRequest {
+            message: format!("This server serves several models; name one in `model`: {}", names.join(", ")),
+            param: Some("model"),
+        }
+    }
+
+    /// Every model's engine, once all are ready (/health, /v1/models); 503 before, or while
+    /// draining.
+    pub fn engines(&self) -> Result<Vec<&Engine>, ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::Unavailable("The server is shutting down".into()));
+        }
+        self.inner
+            .models
+            .iter()
+            .map(|s| s.engine.get().ok_or_else(|| ApiError::Unavailable(format!("The model `{}` is still loading", s.name))))
+            .collect()
     }
 
     /// The first steps of every model request, in one order on every route: the model named
@@ -154,8 +225,7 @@ impl AppState {
     /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
     /// in the "does not support" message).
     pub fn engine_for(&self, model: Option<&str>, task: Task, api: &str) -> Result<&Engine, ApiError> {
-        self.check_model(model)?;
-        let engine = self.engine()?;
+        let engine = self.model(model)?;
         if !engine.spec().supports(task) {
             return Err(ApiError::bad_request(format!("The model does not support {api} API")));
         }
@@ -165,25 +235,11 @@ impl AppState {
     /// The engine for a pair-scoring request (`/score`, `/rerank`): any model with a
     /// [`crate::engine::score::ScoreMode`] (cross-encoder, bi-encoder or late interaction).
     pub fn scoring_engine(&self, model: Option<&str>, api: &str) -> Result<&Engine, ApiError> {
-        self.check_model(model)?;
-        let engine = self.engine()?;
+        let engine = self.model(model)?;
         if engine.score_mode().is_none() {
             return Err(ApiError::bad_request(format!("The model does not support {api} API")));
         }
         Ok(engine)
-    }
-
-    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
-        match model {
-            Some(name) if name != self.inner.served_name => {
-                Err(ApiError::NotFound(format!("The model `{name}` does not exist.")))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    pub fn served_name(&self) -> &str {
-        &self.inner.served_name
     }
 
     pub fn started(&self) -> u64 {
@@ -217,12 +273,12 @@ pub struct ListResponse<T> {
 }
 
 impl<T> ListResponse<T> {
-    pub fn new(prefix: &str, headers: &HeaderMap, state: &AppState, data: Vec<T>, tokens: usize) -> Self {
+    pub fn new(prefix: &str, headers: &HeaderMap, engine: &Engine, data: Vec<T>, tokens: usize) -> Self {
         ListResponse {
             id: response_id(prefix, headers),
             object: "list",
             created: unix_now(),
-            model: state.served_name().to_string(),
+            model: engine.spec().served_name.clone(),
             data,
             usage: Usage::new(tokens),
         }
@@ -351,7 +407,7 @@ mod tests {
     async fn a_panicking_handler_answers_500_in_the_error_shape() {
         use tower::ServiceExt;
         let routes = Router::new().route("/boom", get(|| async { panic!("handler bug") as &'static str }));
-        let app = with_layers(routes, 1000).with_state(AppState::new("m", ApiOptions::default()));
+        let app = with_layers(routes, 1000).with_state(AppState::new(vec!["m".into()], ApiOptions::default()));
         let request = axum::http::Request::get("/boom").body(axum::body::Body::empty()).unwrap();
         let response = app.oneshot(request).await.unwrap();
         assert_eq!(response.status(), axum::http::StatusCode::INTERNAL_SERVER_ERROR);

@@ -18,12 +18,17 @@ use std::time::{Duration, Instant};
 pub fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
     let status = response.status().as_u16();
     let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
+    let model = response.extensions().get::<ModelNote>().map_or("", |m| m.0.as_str());
     match response.extensions().get::<ErrorNote>() {
-        Some(ErrorNote(error)) if status == 500 => tracing::error!(status, latency_ms, error = %error, "request failed"),
-        Some(ErrorNote(error)) => tracing::info!(status, latency_ms, error = %error, "request refused"),
-        None => tracing::info!(status, latency_ms, "request done"),
+        Some(ErrorNote(error)) if status == 500 => tracing::error!(status, latency_ms, model, error = %error, "request failed"),
+        Some(ErrorNote(error)) => tracing::info!(status, latency_ms, model, error = %error, "request refused"),
+        None => tracing::info!(status, latency_ms, model, "request done"),
     }
 }
+
+/// The served name of the model a request resolved to, carried to its log line.
+#[derive(Debug, Clone)]
+pub struct ModelNote(pub String);
 
 pub async fn metrics_text() -> impl IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render())
@@ -44,10 +49,10 @@ impl InFlight {
         Self { endpoint, started, done: false }
     }
 
-    fn finish(&mut self, status: u16) {
+    fn finish(&mut self, status: u16, model: &str) {
         if !self.done {
             self.done = true;
-            metrics::request_finished(&self.endpoint, status, self.started.elapsed());
+            metrics::request_finished(&self.endpoint, status, model, self.started.elapsed());
         }
     }
 }
@@ -55,7 +60,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         // Unwinding from a handler panic: the client gets a 500 (CatchPanicLayer).
-        self.finish(if std::thread::panicking() { 500 } else { CLIENT_CLOSED_REQUEST });
+        self.finish(if std::thread::panicking() { 500 } else { CLIENT_CLOSED_REQUEST }, "");
     }
 }
 
@@ -84,15 +89,17 @@ pub async fn track(request: Request, next: Next) -> Response {
     let endpoint = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let started = Instant::now();
     let mut in_flight = InFlight::start(endpoint, started);
-    let (mut response, tokenization, queue, inference) = TIMINGS
+    let (mut response, tokenization, queue, inference, model) = TIMINGS
         .scope(RequestTimings::default(), async {
             let response = next.run(request).await;
-            let (t, q, i) = TIMINGS.with(|t| (t.tokenization.get(), t.queue.get(), t.inference.get()));
-            (response, t, q, i)
+            let (t, q, i, m) = TIMINGS.with(|t| (t.tokenization.get(), t.queue.get(), t.inference.get(), t.model.borrow_mut().take()));
+            (response, t, q, i, m)
         })
         .await;
     let total = started.elapsed();
-    in_flight.finish(response.status().as_u16());
+    let model = model.unwrap_or_default();
+    in_flight.finish(response.status().as_u16(), &model);
+    response.extensions_mut().insert(ModelNote(model));
     let headers = response.headers_mut();
     for (name, value) in [
         ("x-total-time", total),

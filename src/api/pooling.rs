@@ -73,8 +73,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<PoolingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
-    state.check_model(request.model.as_deref())?;
-    let engine = state.engine()?;
+    let engine = state.model(request.model.as_deref())?;
     let spec = engine.spec();
     // `score` is a pair task: /score and /rerank serve it.
     let poolable: Vec<Task> = spec.tasks.iter().copied().filter(|t| *t != Task::Score).collect();
@@ -101,7 +100,7 @@ pub async fn create(
             PoolingData { index, object: "pooling", data }
         })
         .collect();
-    OffRuntimeJson(ListResponse::new("pool", &headers, &state, data, tokens)).into_response(permit).await
+    OffRuntimeJson(ListResponse::new("pool", &headers, engine, data, tokens)).into_response(permit).await
 }
 
 #[cfg(test)]

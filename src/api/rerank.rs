@@ -107,7 +107,7 @@ pub async fn create(
         .collect();
     Ok(Json(RerankResponse {
         id: response_id("rerank", &headers),
-        model: state.served_name().to_string(),
+        model: engine.spec().served_name.clone(),
         usage: Usage::new(tokens),
         results,
     }))

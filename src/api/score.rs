@@ -136,7 +136,7 @@ pub async fn create(
     state.check_batch_size(queries.len().max(documents.len()))?;
     let (scores, tokens) = engine.score(&queries, &documents, &params, request.pair.instruction.as_deref()).await?;
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
-    Ok(Json(ListResponse::new("score", &headers, &state, data, tokens)))
+    Ok(Json(ListResponse::new("score", &headers, engine, data, tokens)))
 }
 
 #[cfg(test)]

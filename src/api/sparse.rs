@@ -46,7 +46,11 @@ pub struct SparseRequest {
         ErrorResponses
     ))]
 pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<SparseRequest>) -> Result<Json<Vec<Vec<SparseValue>>>, ApiError> {
-    let (engine, _permit) = state.begin(None, Task::EmbedSparse, "Sparse Embeddings")?;
+    let engine = state.model_for_task(Task::EmbedSparse)?;
+    if !engine.spec().supports(Task::EmbedSparse) {
+        return Err(ApiError::bad_request("The model does not support Sparse Embeddings API"));
+    }
+    let _permit = super::admit(engine)?;
     let params = PoolingParams {
         truncate_prompt_tokens: request.truncate.unwrap_or(false).then_some(-1),
         truncation_side: request.truncation_direction.map(|d| match d {

@@ -57,8 +57,7 @@ pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
-    state.check_model(request.model.as_deref())?;
-    let engine = state.engine()?;
+    let engine = state.model(request.model.as_deref())?;
     let _permit = super::admit(engine)?;
     let options = EncodeOptions {
         add_special_tokens: request.add_special_tokens,
@@ -84,8 +83,7 @@ pub async fn detokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
-    state.check_model(request.model.as_deref())?;
-    let engine = state.engine()?;
+    let engine = state.model(request.model.as_deref())?;
     let _permit = super::admit(engine)?;
     let vocab = engine.tokenizer().vocab_size();
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {

@@ -198,7 +198,8 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
         return Err("--chunk must be greater than 0".into());
     }
     let config = ServerConfig::try_from(args.model.clone()).map_err(|e| e.to_string())?;
-    let pooler = Pooler::load(crate::pooler::PoolerOptions { model: config.model, engine: config.engine }).map_err(|e| e.to_string())?;
+    let [model] = <[_; 1]>::try_from(config.models).map_err(|_| "the batch commands run one model (MODEL or --config with one entry)".to_string())?;
+    let pooler = Pooler::load(crate::pooler::PoolerOptions { model, engine: config.engine }).map_err(|e| e.to_string())?;
     let spec = pooler.spec();
     let task = match command {
         Command::Embed => Task::Embed,

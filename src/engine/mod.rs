@@ -136,13 +136,13 @@ impl EngineOptions {
     }
 }
 
-/// `--max-batch-tokens` when unset: cache-sized on the CPU, TEI's default on a GPU (larger
-/// products fill it).
+/// `--max-batch-tokens` when unset: cache-sized on the CPU (and Metal), TEI's default on CUDA
+/// (larger products fill a GPU).
 pub fn default_batch_tokens(device: &candle_core::Device) -> usize {
-    if device.is_cpu() {
-        4_096
-    } else {
+    if device.is_cuda() {
         16_384
+    } else {
+        4_096
     }
 }
 
@@ -155,10 +155,11 @@ impl Engine {
     /// Loads the model and starts its engine (blocking: run it off the async runtime).
     pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineStartError> {
         let started = std::time::Instant::now();
-        tracing::info!("loading {}", model.source);
+        tracing::info!(model = %model.served_name, "loading {}", model.source);
         let loaded = crate::loader::load(model)?;
-        crate::metrics::model_loaded(started.elapsed());
+        crate::metrics::model_loaded(&model.served_name, started.elapsed());
         tracing::info!(
+            model = %model.served_name,
             architecture = %loaded.spec.architecture,
             pooling = ?loaded.spec.pooling,
             max_model_len = loaded.spec.max_model_len,
@@ -191,7 +192,7 @@ impl Engine {
         };
         let vocab_size = backbone.vocab_size();
         let chunk_tokens = crate::models::forward_chunk_tokens(&device);
-        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens };
+        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone() };
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
         let tokenizers = TokenizerPool::new(Arc::new(tokenizer), options.tokenizer_workers)?;
@@ -273,7 +274,7 @@ impl Engine {
         let started = std::time::Instant::now();
         let inputs = self.tokenize_and_check(prompts, params).await?;
         let elapsed = started.elapsed();
-        crate::metrics::tokenized(elapsed, inputs.iter().map(TokenizedInput::len).sum());
+        crate::metrics::tokenized(&self.inner.spec.served_name, elapsed, inputs.iter().map(TokenizedInput::len).sum());
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
         Ok(inputs)
     }
@@ -298,7 +299,7 @@ impl Engine {
             self.check_length(input.len(), params)?;
         }
         let elapsed = started.elapsed();
-        crate::metrics::tokenized(elapsed, inputs.iter().map(TokenizedInput::len).sum());
+        crate::metrics::tokenized(&self.inner.spec.served_name, elapsed, inputs.iter().map(TokenizedInput::len).sum());
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
         Ok(inputs)
     }

@@ -69,6 +69,8 @@ pub struct Runner {
     pub limits: BatchLimits,
     /// Tokens per forward pass ([`crate::models::forward_chunk_tokens`]).
     pub chunk_tokens: usize,
+    /// The served name, the `model` label of this thread's metrics.
+    pub model: String,
 }
 
 /// Removes the next batch from `pending`, taking turns between requests: in each round every
@@ -78,11 +80,7 @@ pub struct Runner {
 /// big requests still fill batches when they are alone. The oldest job always runs, even alone
 /// over the budget. Jobs whose client disconnected are dropped here.
 fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
-    let before = pending.len();
     pending.retain(|job| !job.reply.is_closed());
-    if pending.len() < before {
-        metrics::inputs_cancelled(before - pending.len());
-    }
     // Each request's candidate jobs (indices into `pending`, oldest first), requests by first
     // arrival.
     let mut requests: Vec<VecDeque<usize>> = Vec::new();
@@ -145,8 +143,13 @@ impl Runner {
             if pending.iter().any(|job| job.request == STOP_REQUEST) {
                 return;
             }
+            let before = pending.len();
+            pending.retain(|job| !job.reply.is_closed());
+            if pending.len() < before {
+                metrics::inputs_cancelled(&self.model, before - pending.len());
+            }
             let batch = take_batch(&mut pending, self.limits);
-            metrics::queue_depth(pending.len());
+            metrics::queue_depth(&self.model, pending.len());
             if batch.is_empty() {
                 continue;
             }
@@ -158,7 +161,7 @@ impl Runner {
                 Ok(outputs) => {
                     let inference = started.elapsed();
                     let tokens = batch.iter().map(|j| j.input.len()).sum();
-                    metrics::batch_ran(batch.len(), tokens, inference, batch.iter().map(|j| started - j.enqueued));
+                    metrics::batch_ran(&self.model, batch.len(), tokens, inference, batch.iter().map(|j| started - j.enqueued));
                     for (job, out) in batch.into_iter().zip(outputs) {
                         let timing = JobTiming { queue: started - job.enqueued, inference };
                         let _ = job.reply.send(Ok((out, timing)));

@@ -51,8 +51,11 @@ pub struct TokenizerPool {
 impl TokenizerPool {
     pub fn new(tokenizer: Arc<TextTokenizer>, workers: usize) -> std::io::Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(workers)
+            .num_threads(workers.max(1))
             .thread_name(|i| format!("tokenizer-{i}"))
+            // A panic outside a job's own catch (logging, replying) is logged, and the worker
+            // goes on; without a handler rayon would abort the process.
+            .panic_handler(|_| tracing::error!("a tokenizer worker panicked outside a job; it goes on"))
             .build()
             .map_err(std::io::Error::other)?;
         Ok(Self { tokenizer, pool: Arc::new(pool) })

@@ -64,7 +64,7 @@ pub fn config_for(model: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)
 
 pub fn engine(model: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> Engine {
     let config = config_for(model, tweak);
-    poolserve::engine::Engine::load(&config.model, &config.engine).expect("model loads")
+    poolserve::engine::Engine::load(&config.models[0], &config.engine).expect("model loads")
 }
 
 pub fn router(engine: Engine, payload_limit: usize) -> axum::Router {
