@@ -155,3 +155,41 @@ fn embed_takes_a_prompt_name() {
     let (ok, stderr) = run(&["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--prompt-name", "nope"]);
     assert!(!ok && stderr.contains("Unknown prompt_name 'nope'"), "{stderr}");
 }
+
+/// Several models in one batch run (`NAME=MODEL` arguments): each JSON line names the model it
+/// runs on, and each answer matches that model's reference; an unnamed or unknown model is a
+/// bad line.
+#[test]
+fn encode_routes_each_line_to_the_model_it_names() {
+    let dir = workdir("models");
+    let embed_ref = expected("bert-embed-mean");
+    let tokcls_ref = expected("bert-tokcls");
+    let lines = [
+        serde_json::json!({"id": "e0", "model": "embedder", "text": embed_ref["texts"][0]["text"]}),
+        serde_json::json!({"id": "n0", "model": "ner", "text": tokcls_ref["texts"][0]["text"]}),
+        serde_json::json!({"id": "e1", "model": "embedder", "text": embed_ref["texts"][1]["text"]}),
+        serde_json::json!({"id": "x", "text": "no model"}),
+        serde_json::json!({"id": "y", "model": "other", "text": "unknown model"}),
+    ];
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let out = dir.join("out.jsonl");
+    let embedder = format!("embedder={}", fixture_model("bert-embed-mean").display());
+    let ner = format!("ner={}", fixture_model("bert-tokcls").display());
+    let args = ["encode", &embedder, &ner, "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--skip-errors"];
+    let (ok, stderr) = run(&args);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("line 4: several models are loaded") && stderr.contains("line 5: model `other` is not loaded"), "{stderr}");
+    let written = read_lines(&out);
+    let ids: Vec<&str> = written.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["e0", "n0", "e1"]);
+    // `encode` runs each model's first task: embed for the embedder, token_classify for NER.
+    assert_close(&floats(&written[0]["embedding"]), &floats(&embed_ref["texts"][0]["embedding"]), "embedder line");
+    assert_close(&floats(&written[2]["embedding"]), &floats(&embed_ref["texts"][1]["embedding"]), "embedder line 2");
+    let rows = written[1]["data"].as_array().unwrap();
+    let want = tokcls_ref["texts"][0]["softmax"].as_array().unwrap();
+    assert_eq!(rows.len(), want.len());
+    for (row, want) in rows.iter().zip(want) {
+        assert!(max_abs_diff(&floats(row), &floats(want)) <= 1e-4);
+    }
+}

@@ -1,5 +1,6 @@
 //! Input lines of the batch commands: JSON Lines (`{"id", "text"}` or `{"id", "text_1",
-//! "text_2"}`) or plain text (one input per line, the line number as its id).
+//! "text_2"}`, with `model` naming the model when several are loaded) or plain text (one input
+//! per line, the line number as its id).
 
 use serde_json::Value;
 
@@ -18,6 +19,8 @@ pub struct Record {
     /// The record's `id` (any JSON value), or its line number for plain text.
     pub id: Value,
     pub payload: Payload,
+    /// The served name of the model to run it on (`model`; needed when several are loaded).
+    pub model: Option<String>,
 }
 
 /// How the input file is written.
@@ -32,7 +35,7 @@ pub enum InputFormat {
 /// Parses one non-blank line; the error says what is wrong (the caller adds the line number).
 pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, String> {
     if !jsonl {
-        return Ok(Record { line, id: Value::from(line), payload: Payload::Text(text.to_string()) });
+        return Ok(Record { line, id: Value::from(line), payload: Payload::Text(text.to_string()), model: None });
     }
     let value: Value = serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
     let object = value.as_object().ok_or("not a JSON object")?;
@@ -49,7 +52,7 @@ pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, String
         (None, Some(a), Some(b)) => Payload::Pair(a, b),
         _ => return Err("expected `text`, or `text_1` and `text_2`".into()),
     };
-    Ok(Record { line, id, payload })
+    Ok(Record { line, id, payload, model: field("model")? })
 }
 
 /// Which of `n` shards line `line` belongs to: consecutive lines go round-robin, so every line is

@@ -77,6 +77,47 @@ pub struct Summary {
     pub message: String,
 }
 
+/// The loaded models by served name: each record runs on the one it names.
+struct Router {
+    jobs: std::collections::HashMap<String, std::sync::Arc<Job>>,
+    /// The model of records that name none: the only one, when one is loaded.
+    only: Option<String>,
+    names: Vec<String>,
+}
+
+impl Router {
+    /// A chunk, split by model; each model's records run as one chunk of their own.
+    async fn run_chunk(&self, records: Vec<Record>) -> ChunkResult {
+        let mut groups: Vec<(std::sync::Arc<Job>, Vec<Record>)> = Vec::new();
+        let mut results = Vec::new();
+        for record in records {
+            let name = record.model.clone().or_else(|| self.only.clone());
+            let job = match name.as_deref().map(|n| self.jobs.get(n).ok_or(n)) {
+                Some(Ok(job)) => job,
+                Some(Err(unknown)) => {
+                    results.push((record.line, Err(format!("model `{unknown}` is not loaded (loaded: {})", self.names.join(", ")))));
+                    continue;
+                }
+                None => {
+                    results.push((record.line, Err(format!("several models are loaded; name one in `model` ({})", self.names.join(", ")))));
+                    continue;
+                }
+            };
+            match groups.iter_mut().find(|(j, _)| std::sync::Arc::ptr_eq(j, job)) {
+                Some((_, group)) => group.push(record),
+                None => groups.push((job.clone(), vec![record])),
+            }
+        }
+        let mut tokens = 0;
+        for (job, group) in groups {
+            let (group_results, group_tokens) = job.run_chunk(group).await;
+            results.extend(group_results);
+            tokens += group_tokens;
+        }
+        (results, tokens)
+    }
+}
+
 struct Job {
     engine: Engine,
     params: ResolvedParams,
@@ -88,6 +129,29 @@ struct Job {
 type ChunkResult = (Vec<(usize, Result<String, String>)>, usize);
 
 impl Job {
+    /// The command's task on one loaded model, with the request parameters it runs under.
+    fn for_model(pooler: &Pooler, command: Command, args: &BatchArgs) -> Result<Job, String> {
+        let spec = pooler.spec();
+        let task = match command {
+            Command::Embed => Task::Embed,
+            Command::Classify => Task::Classify,
+            Command::Score => Task::Score,
+            Command::Encode => match &args.task {
+                Some(name) => name.parse().map_err(|_| format!("unknown task `{name}`"))?,
+                None => *spec.tasks.first().ok_or("the model serves no task")?,
+            },
+        };
+        let supported = if task == Task::Score { pooler.engine().score_mode().is_some() } else { spec.supports(task) };
+        if !supported {
+            return Err(format!("the model does not support the {task} task"));
+        }
+        let params = PoolingParams::default()
+            .verify(task, spec)
+            .and_then(|p| p.with_prompt_name(args.prompt_name.as_deref(), spec))
+            .map_err(|e| e.to_string())?;
+        Ok(Job { engine: pooler.engine().clone(), params, task, labels: spec.labels.clone() })
+    }
+
     fn line_of(&self, record: &Record, output: PoolingOutput) -> String {
         let id = &record.id;
         match (self.task, output) {
@@ -198,27 +262,20 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
         return Err("--chunk must be greater than 0".into());
     }
     let config = ServerConfig::try_from(args.model.clone()).map_err(|e| e.to_string())?;
-    let [model] = <[_; 1]>::try_from(config.models).map_err(|_| "the batch commands run one model (MODEL or --config with one entry)".to_string())?;
-    let pooler = Pooler::load(crate::pooler::PoolerOptions { model, engine: config.engine }).map_err(|e| e.to_string())?;
-    let spec = pooler.spec();
-    let task = match command {
-        Command::Embed => Task::Embed,
-        Command::Classify => Task::Classify,
-        Command::Score => Task::Score,
-        Command::Encode => match &args.task {
-            Some(name) => name.parse().map_err(|_| format!("unknown task `{name}`"))?,
-            None => *spec.tasks.first().ok_or("the model serves no task")?,
-        },
-    };
-    let supported = if task == Task::Score { pooler.engine().score_mode().is_some() } else { spec.supports(task) };
-    if !supported {
-        return Err(format!("the model does not support the {task} task"));
+    let several = config.models.len() > 1;
+    let mut jobs = std::collections::HashMap::new();
+    // Every model loads into one process; their engines share the compute pool.
+    let mut poolers = Vec::new();
+    for model in config.models {
+        let name = model.served_name.clone();
+        let pooler = Pooler::load(crate::pooler::PoolerOptions { model, engine: config.engine.clone() })
+            .map_err(|e| if several { format!("model `{name}`: {e}") } else { e.to_string() })?;
+        let job = Job::for_model(&pooler, command, &args).map_err(|e| if several { format!("model `{name}`: {e}") } else { e })?;
+        jobs.insert(name, std::sync::Arc::new(job));
+        poolers.push(pooler);
     }
-    let params = PoolingParams::default()
-        .verify(task, spec)
-        .and_then(|p| p.with_prompt_name(args.prompt_name.as_deref(), spec))
-        .map_err(|e| e.to_string())?;
-    let job = std::sync::Arc::new(Job { engine: pooler.engine().clone(), params, task, labels: spec.labels.clone() });
+    let names: Vec<String> = poolers.iter().map(|p| p.spec().served_name.clone()).collect();
+    let router = std::sync::Arc::new(Router { jobs, only: (!several).then(|| names[0].clone()), names });
 
     let done = if args.resume && args.output.exists() { ids_in(&args.output)? } else { HashSet::new() };
     let output = std::fs::OpenOptions::new()
@@ -294,9 +351,9 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
                     Err(message) => early_errors.push((line_number, Err(message))),
                 }
             }
-            let job = job.clone();
+            let router = router.clone();
             in_flight.push_back(runtime.spawn(async move {
-                let (mut results, tokens) = job.run_chunk(records).await;
+                let (mut results, tokens) = router.run_chunk(records).await;
                 results.extend(early_errors);
                 results.sort_by_key(|(line, _)| *line);
                 (results, tokens)
