@@ -192,7 +192,12 @@ impl Engine {
         };
         let vocab_size = backbone.vocab_size();
         let chunk_tokens = crate::models::forward_chunk_tokens(&device);
-        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone() };
+        let solo = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "model-solo".into())
+            .build()
+            .map_err(std::io::Error::other)?;
+        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone(), solo };
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
         let tokenizers = TokenizerPool::new(Arc::new(tokenizer), options.tokenizer_workers)?;

@@ -57,7 +57,7 @@ pub fn supported_architectures() -> String {
 }
 
 /// What the engine needs from a transformer body.
-pub trait Backbone: Send {
+pub trait Backbone: Send + Sync {
     /// Final hidden states of every token of the batch, `[batch.num_tokens(), hidden_size]`.
     fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor>;
     fn hidden_size(&self) -> usize;
