@@ -42,8 +42,8 @@ pub struct ServeArgs {
     #[arg(long, env = "POOLSERVE_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
     /// Name clients send as `model` (default: the MODEL argument); one model only (use
-    /// `NAME=MODEL` for several).
-    #[arg(long, env = "POOLSERVE_SERVED_MODEL_NAME")]
+    /// `NAME=MODEL` for several, `name` in a models file).
+    #[arg(long, env = "POOLSERVE_SERVED_MODEL_NAME", conflicts_with = "config")]
     pub served_model_name: Option<String>,
     #[arg(long, default_value = "0.0.0.0", env = "POOLSERVE_HOST")]
     pub host: String,
@@ -141,9 +141,16 @@ fn named_models(models: &[String], served_model_name: Option<&str>, defaults: &M
     }
     let mut out = Vec::with_capacity(models.len());
     for entry in models {
-        // `NAME=MODEL`; a folder whose path holds `=` can be named in a models file instead.
-        let (name, source) = match entry.split_once('=') {
-            Some((name, source)) if !name.is_empty() && !source.is_empty() => (name.to_string(), source.to_string()),
+        // `NAME=MODEL`, unless the whole entry is an existing path or what precedes `=` holds a
+        // `/` (a folder such as `runs/lr=2e-5` or a hub id): such a MODEL stays whole.
+        let split = entry.split_once('=').filter(|(name, _)| !name.contains('/') && !std::path::Path::new(entry).exists());
+        let (name, source) = match split {
+            Some((name, source)) if !name.is_empty() && !source.is_empty() => {
+                if served_model_name.is_some() {
+                    return Err(ConfigError(format!("`{entry}` is named already; drop --served-model-name")));
+                }
+                (name.to_string(), source.to_string())
+            }
             Some(_) => return Err(ConfigError(format!("`{entry}`: expected MODEL or NAME=MODEL"))),
             None => (served_model_name.unwrap_or(entry).to_string(), entry.clone()),
         };
@@ -165,7 +172,8 @@ fn unique_names(models: &[ModelOptions]) -> Result<(), ConfigError> {
 
 /// `--config FILE`: the models file. One schema, in YAML or JSON (JSON is read as YAML, of
 /// which it is a subset): `models`, a list of entries with `model` (folder or hub id), an
-/// optional `name`, and any per-model serve option under its flag's snake_case name.
+/// optional `name`, and any per-model serve option under its flag's snake_case name. An
+/// entry's option replaces the flag's value (objects such as `pooler_config` are not merged).
 mod models_file {
     use super::{unique_names, ConfigError};
     use crate::loader::options::{Convert, DTypeArg, DeviceArg, ModelOptions, Quantization};
@@ -203,11 +211,21 @@ mod models_file {
 
     pub(super) fn parse(text: &str, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, String> {
         let file: ModelsFile = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        if let Some(e) = file.models.iter().find(|e| e.default_prompt_name.is_some() && e.default_prompt.is_some()) {
+            return Err(format!("model `{}`: default_prompt_name and default_prompt exclude each other", e.name.as_deref().unwrap_or(&e.model)));
+        }
         let models: Vec<ModelOptions> = file
             .models
             .into_iter()
             .map(|e| {
                 let d = defaults.clone();
+                // An entry that sets a default prompt sets it alone: the flags' prompt defaults
+                // do not mix with it (one would silently win).
+                let (default_prompt_name, default_prompt) = if e.default_prompt_name.is_some() || e.default_prompt.is_some() {
+                    (e.default_prompt_name, e.default_prompt)
+                } else {
+                    (d.default_prompt_name, d.default_prompt)
+                };
                 ModelOptions {
                     served_name: e.name.unwrap_or_else(|| e.model.clone()),
                     source: e.model,
@@ -220,8 +238,8 @@ mod models_file {
                     dtype: e.dtype.unwrap_or(d.dtype),
                     quantization: e.quantization.or(d.quantization),
                     reranker_instruction: e.reranker_instruction.or(d.reranker_instruction),
-                    default_prompt_name: e.default_prompt_name.or(d.default_prompt_name),
-                    default_prompt: e.default_prompt.or(d.default_prompt),
+                    default_prompt_name,
+                    default_prompt,
                 }
             })
             .collect();
@@ -367,6 +385,10 @@ mod tests {
         assert!(parse(&["/m/a", "/m/b", "--served-model-name", "x"]).is_err());
         assert!(parse(&["=/m/a"]).is_err());
         assert_eq!(parse(&["/m/a", "--served-model-name", "x"]).unwrap().models[0].served_name, "x");
+        assert!(parse(&["a=/m/a", "--served-model-name", "x"]).is_err());
+        // A MODEL whose `=` follows a `/` stays whole (a run folder, a hub id).
+        let whole = parse(&["runs/lr=2e-5"]).unwrap();
+        assert_eq!((whole.models[0].served_name.as_str(), whole.models[0].source.as_str()), ("runs/lr=2e-5", "runs/lr=2e-5"));
     }
 
     #[test]
@@ -387,5 +409,11 @@ mod tests {
         assert!(models_file::parse(r#"{"models": [{"model": "/m/a"}, {"model": "/m/a"}]}"#, &defaults).is_err());
         assert!(models_file::parse(r#"{"models": []}"#, &defaults).is_err());
         assert!(parse(&["--config", "x.yaml", "/m/a"]).is_err(), "a models file and MODEL arguments are exclusive");
+        assert!(parse(&["--config", "x.yaml", "--served-model-name", "n"]).is_err());
+        let both = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt": "q: ", "default_prompt_name": "query"}]}"#, &defaults);
+        assert!(both.unwrap_err().contains("exclude each other"));
+        let flagged = ModelOptions { default_prompt: Some("flag: ".into()), ..defaults.clone() };
+        let entry = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt_name": "query"}]}"#, &flagged).unwrap();
+        assert_eq!((entry[0].default_prompt_name.as_deref(), entry[0].default_prompt.as_deref()), (Some("query"), None));
     }
 }

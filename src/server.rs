@@ -87,8 +87,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         while let Some(loaded) = loads.join_next().await {
             let engine = loaded??;
             ready += 1;
-            tracing::info!(model = %engine.spec().served_name, "ready to serve {} ({ready} of {total} models)", engine.spec().served_name);
+            let name = engine.spec().served_name.clone();
             state.set_engine(engine);
+            match total {
+                1 => tracing::info!("ready to serve {name}"),
+                _ => tracing::info!(model = %name, "ready to serve {name} ({ready} of {total} models)"),
+            }
         }
         anyhow::Ok(())
     };

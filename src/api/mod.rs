@@ -166,23 +166,25 @@ impl AppState {
                 _ => return Err(self.name_required()),
             },
         };
+        crate::metrics::note_model(&slot.name);
         if self.is_draining() {
             return Err(ApiError::Unavailable("The server is shutting down".into()));
         }
-        let engine = slot.engine.get().ok_or_else(|| ApiError::Unavailable(format!("The model `{}` is still loading", slot.name)))?;
-        crate::metrics::note_model(&slot.name);
-        Ok(engine)
+        slot.engine.get().ok_or_else(|| self.loading(slot))
     }
 
-    /// For routes whose wire format has no `model` field (TEI's /embed_sparse): the only model
-    /// serving `task` when several are served.
-    pub fn model_for_task(&self, task: Task) -> Result<&Engine, ApiError> {
+    /// [`Self::begin`] for a request that named no model on a route whose reference API has no
+    /// `model` field (TEI's /embed_sparse): with several models, the only one serving `task`
+    /// (503 while any is loading, the usual 400 when none serves it).
+    pub fn begin_unnamed(&self, task: Task, api: &str) -> Result<(&Engine, tokio::sync::OwnedSemaphorePermit), ApiError> {
         if self.inner.models.len() == 1 {
-            return self.model(None);
+            return self.begin(None, task, api);
         }
-        let serving: Vec<&Slot> = self.inner.models.iter().filter(|s| s.engine.get().is_some_and(|e| e.spec().supports(task))).collect();
+        let engines = self.engines()?;
+        let serving: Vec<&&Engine> = engines.iter().filter(|e| e.spec().supports(task)).collect();
         match serving.as_slice() {
-            [one] => self.model(Some(&one.name)),
+            [] => Err(ApiError::bad_request(format!("No served model supports {api} API"))),
+            [one] => self.begin(Some(&one.spec().served_name), task, api),
             _ => Err(self.name_required()),
         }
     }
@@ -204,8 +206,16 @@ impl AppState {
         self.inner
             .models
             .iter()
-            .map(|s| s.engine.get().ok_or_else(|| ApiError::Unavailable(format!("The model `{}` is still loading", s.name))))
+            .map(|s| s.engine.get().ok_or_else(|| self.loading(s)))
             .collect()
+    }
+
+    /// 503 for a model not ready yet (naming it when there are several).
+    fn loading(&self, slot: &Slot) -> ApiError {
+        match self.inner.models.len() {
+            1 => ApiError::Unavailable("The model is still loading".into()),
+            _ => ApiError::Unavailable(format!("The model `{}` is still loading", slot.name)),
+        }
     }
 
     /// The first steps of every model request, in one order on every route: the model named

@@ -30,6 +30,9 @@ pub enum TruncationDirection {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct SparseRequest {
     pub inputs: SparseInputs,
+    /// The served model (not in TEI's API; needed when several models serve SPLADE).
+    #[serde(default)]
+    pub model: Option<String>,
     /// Cut inputs longer than the model's limit instead of refusing them (TEI's default: no).
     #[serde(default)]
     pub truncate: Option<bool>,
@@ -46,11 +49,10 @@ pub struct SparseRequest {
         ErrorResponses
     ))]
 pub async fn create(State(state): State<AppState>, ApiJson(request): ApiJson<SparseRequest>) -> Result<Json<Vec<Vec<SparseValue>>>, ApiError> {
-    let engine = state.model_for_task(Task::EmbedSparse)?;
-    if !engine.spec().supports(Task::EmbedSparse) {
-        return Err(ApiError::bad_request("The model does not support Sparse Embeddings API"));
-    }
-    let _permit = super::admit(engine)?;
+    let (engine, _permit) = match request.model.as_deref() {
+        Some(name) => state.begin(Some(name), Task::EmbedSparse, "Sparse Embeddings")?,
+        None => state.begin_unnamed(Task::EmbedSparse, "Sparse Embeddings")?,
+    };
     let params = PoolingParams {
         truncate_prompt_tokens: request.truncate.unwrap_or(false).then_some(-1),
         truncation_side: request.truncation_direction.map(|d| match d {

@@ -52,7 +52,9 @@ pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, String
         (None, Some(a), Some(b)) => Payload::Pair(a, b),
         _ => return Err("expected `text`, or `text_1` and `text_2`".into()),
     };
-    Ok(Record { line, id, payload, model: field("model")? })
+    // Only a string names a model; anything else is left for the one-model case to ignore.
+    let model = object.get("model").and_then(Value::as_str).map(String::from);
+    Ok(Record { line, id, payload, model })
 }
 
 /// Which of `n` shards line `line` belongs to: consecutive lines go round-robin, so every line is

@@ -91,7 +91,9 @@ impl Router {
         let mut groups: Vec<(std::sync::Arc<Job>, Vec<Record>)> = Vec::new();
         let mut results = Vec::new();
         for record in records {
-            let name = record.model.clone().or_else(|| self.only.clone());
+            // With one model loaded, a line's `model` is not looked at (as before several
+            // models could be loaded: OpenAI-style batch lines carry one).
+            let name = self.only.clone().or_else(|| record.model.clone());
             let job = match name.as_deref().map(|n| self.jobs.get(n).ok_or(n)) {
                 Some(Ok(job)) => job,
                 Some(Err(unknown)) => {

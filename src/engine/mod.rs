@@ -197,9 +197,11 @@ impl Engine {
             .thread_name(|_| "model-solo".into())
             .build()
             .map_err(std::io::Error::other)?;
-        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone(), solo };
+        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone(), solo, on_cpu: device.is_cpu() };
         let (tx, rx) = mpsc::unbounded_channel();
-        std::thread::Builder::new().name("model".into()).spawn(move || runner.run(rx))?;
+        // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
+        let thread_name: String = format!("model-{}", spec.served_name.rsplit('/').next().unwrap_or_default()).chars().take(15).collect();
+        std::thread::Builder::new().name(thread_name).spawn(move || runner.run(rx))?;
         let tokenizers = TokenizerPool::new(Arc::new(tokenizer), options.tokenizer_workers)?;
         Ok(Self {
             inner: Arc::new(Inner {

@@ -74,6 +74,8 @@ pub struct Runner {
     /// A one-thread pool of this model's own for small batches while another model computes
     /// ([`SOLO_TOKENS`]).
     pub solo: rayon::ThreadPool,
+    /// Whether the backbone runs on the CPU (and so shares the compute pool).
+    pub on_cpu: bool,
 }
 
 /// Batches of at most this many tokens run on the model's own thread while another model is
@@ -182,12 +184,13 @@ impl Runner {
             }
             let started = Instant::now();
             let batch_tokens: usize = batch.iter().map(|j| j.input.len()).sum();
-            let _busy = BusyModel::enter();
+            // Only CPU models share the compute pool; a GPU model's batch leaves it free.
+            let _busy = self.on_cpu.then(BusyModel::enter);
             // A small batch while another model's batch holds the shared pool runs on this
             // model's own thread: queued behind the other model's kernels, each of its ops
             // would wait for one of theirs (measured: a 16-token query went from 3.4 ms to 66 ms
             // beside a flooded model).
-            let solo = _busy.others_busy && batch_tokens <= SOLO_TOKENS;
+            let solo = _busy.as_ref().is_some_and(|b| b.others_busy) && batch_tokens <= SOLO_TOKENS;
             // A bug in model code must fail this batch, not kill the thread and hang everyone.
             let outcome = catch_unwind(AssertUnwindSafe(|| if solo { self.solo.install(|| self.execute(&batch)) } else { self.execute(&batch) }))
                 .unwrap_or_else(|_| Err("the model thread panicked while running a batch".to_string()));
@@ -202,7 +205,7 @@ impl Runner {
                     }
                 }
                 Err(message) => {
-                    tracing::error!("batch of {} inputs failed: {message}", batch.len());
+                    tracing::error!(model = %self.model, "batch of {} inputs failed: {message}", batch.len());
                     for job in batch {
                         let _ = job.reply.send(Err(EngineError::Model(message.clone())));
                     }
