@@ -106,6 +106,9 @@ async fn requests_are_routed_by_model() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert_error(&post(&router, "/tokenize", json!({"prompt": "a test"})).await, StatusCode::BAD_REQUEST, "name one in `model`");
 
+    assert_eq!(post(&router, "/embed_sparse", json!({"model": "splade", "inputs": "a test"})).await.status, StatusCode::OK);
+    assert_error(&post(&router, "/embed_sparse", json!({"model": "ner", "inputs": "a"})).await, StatusCode::BAD_REQUEST, "does not support Sparse Embeddings API");
+
     // Every request metric carries the model it resolved to.
     let metrics = send(&router, "GET", "/metrics", None, &[]).await.body;
     let text = metrics.as_str().unwrap();
