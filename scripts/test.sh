@@ -79,6 +79,9 @@ serve tests/fixtures/models/bert-seqcls --served-model-name bert-seqcls
 POOLSERVE_BASE="$base" examples/classify.sh | tee target/example-classify.json
 grep -q '"num_classes":3' target/example-classify.json
 echo "classify example: ok"
+serve tests/fixtures/models/clip-tiny
+POOLSERVE_BASE="$base" .venv/bin/python examples/image_search.py
+echo "image search example (OpenAI and Cohere SDKs, CLIP): ok"
 
 # The OpenAPI description against the running server: every check but "schema-valid data must be
 # accepted" (the schema cannot say which parameters each model's task allows, so valid-looking

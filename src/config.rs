@@ -93,6 +93,18 @@ pub struct ServeArgs {
     /// model runs. 2^24 = 64 MiB of f32, about 170 MB of JSON.
     #[arg(long, default_value_t = 1 << 24, env = "POOLSERVE_MAX_OUTPUT_FLOATS")]
     pub max_output_floats: usize,
+    /// Largest image decoded, in pixels (width × height); larger ones get 400 from their
+    /// header, before decoding (decompression bombs).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_IMAGE_PIXELS, env = "POOLSERVE_MAX_IMAGE_PIXELS")]
+    pub max_image_pixels: u64,
+    /// Hosts whose http(s) image URLs the server fetches (comma-separated, exact host names;
+    /// vLLM's flag). Without it only data URLs are accepted.
+    #[arg(long, value_delimiter = ',', env = "POOLSERVE_ALLOWED_MEDIA_DOMAINS")]
+    pub allowed_media_domains: Vec<String>,
+    /// Seconds an image fetch may take (vLLM's VLLM_IMAGE_FETCH_TIMEOUT default); the fetched
+    /// size is bounded by --payload-limit.
+    #[arg(long, default_value_t = 5, env = "POOLSERVE_MEDIA_FETCH_TIMEOUT")]
+    pub media_fetch_timeout: u64,
     /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30, env = "POOLSERVE_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: u64,
@@ -120,6 +132,9 @@ pub struct ServerConfig {
     pub max_client_batch_size: usize,
     pub shutdown_timeout: std::time::Duration,
     pub log_format: LogFormat,
+    /// Hosts whose image URLs are fetched, and the fetch's time limit.
+    pub allowed_media_domains: Vec<String>,
+    pub media_fetch_timeout: std::time::Duration,
 }
 
 /// A flag value that cannot be used; printed as one line before exiting.
@@ -295,6 +310,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,
             tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
             max_output_floats: positive("max-output-floats", args.max_output_floats)?,
+            max_image_pixels: positive("max-image-pixels", args.max_image_pixels as usize)? as u64,
         };
         Ok(ServerConfig {
             models,
@@ -309,6 +325,8 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_client_batch_size: positive("max-client-batch-size", args.max_client_batch_size)?,
             shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
             log_format: args.log_format,
+            allowed_media_domains: args.allowed_media_domains.iter().map(|d| d.trim().to_ascii_lowercase()).filter(|d| !d.is_empty()).collect(),
+            media_fetch_timeout: std::time::Duration::from_secs(positive("media-fetch-timeout", args.media_fetch_timeout as usize)? as u64),
         })
     }
 }
@@ -328,6 +346,8 @@ impl ServerConfig {
             max_client_batch_size: 1024,
             shutdown_timeout: std::time::Duration::from_secs(30),
             log_format: LogFormat::Text,
+            allowed_media_domains: Vec::new(),
+            media_fetch_timeout: std::time::Duration::from_secs(5),
         }
     }
 }

@@ -87,7 +87,8 @@ impl Pooler {
         &self.engine
     }
 
-    /// Any task over text or token-id inputs; one output per input, in order.
+    /// Any task over text, token-id or (for image-text models, `embed`) image inputs; one
+    /// output per input, in order.
     pub async fn encode_async(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
         if !self.engine.spec().supports(task) {
             return Err(PoolerError::Unsupported(task));
@@ -103,6 +104,14 @@ impl Pooler {
     /// One embedding per text (normalized unless `params.normalize` is false).
     pub fn embed(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
         let outputs = self.encode(Task::Embed, texts_to_prompts(texts), params)?;
+        outputs.into_iter().map(vector).collect()
+    }
+
+    /// One embedding per encoded image (PNG, JPEG or WebP bytes), in the space of the texts'
+    /// embeddings: image-text models (CLIP, SigLIP) only. Mixed texts and images go through
+    /// [`Self::encode`] with [`Prompt::Image`].
+    pub fn embed_images(&self, images: &[&[u8]], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
+        let outputs = self.encode(Task::Embed, images.iter().map(|bytes| Prompt::Image(bytes.to_vec())).collect(), params)?;
         outputs.into_iter().map(vector).collect()
     }
 

@@ -43,7 +43,12 @@ async fn shutdown_signal() {
 
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let names = config.models.iter().map(|m| m.served_name.clone()).collect();
-    let state = AppState::new(names, api::ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size });
+    let media = api::media::MediaOptions {
+        allowed_domains: config.allowed_media_domains.clone(),
+        fetch_timeout: config.media_fetch_timeout,
+        max_bytes: config.payload_limit,
+    };
+    let state = AppState::new(names, api::ApiOptions { api_key: config.api_key.clone(), max_client_batch_size: config.max_client_batch_size, media });
     let app = api::router(state.clone(), config.payload_limit);
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await

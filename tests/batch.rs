@@ -193,3 +193,34 @@ fn encode_routes_each_line_to_the_model_it_names() {
         assert!(max_abs_diff(&floats(row), &floats(want)) <= 1e-4);
     }
 }
+
+#[test]
+fn embed_takes_images_by_path_and_data_url() {
+    use base64::Engine as _;
+    let dir = workdir("images");
+    let model = fixture_model("siglip-tiny");
+    let reference = expected("siglip-tiny");
+    let images = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
+    let png = images.join("gradient_97x61.png");
+    let data_url = format!("data:image/webp;base64,{}", base64::engine::general_purpose::STANDARD.encode(std::fs::read(images.join("checker_33x77.webp")).unwrap()));
+    let text = reference["texts"][0]["text"].as_str().unwrap();
+    let lines = [
+        serde_json::json!({"id": "png", "image": png.to_str().unwrap()}),
+        serde_json::json!({"id": "text", "text": text}),
+        serde_json::json!({"id": "webp", "image": data_url}),
+        serde_json::json!({"id": "missing", "image": dir.join("nope.png").to_str().unwrap()}),
+    ];
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
+    let out = dir.join("out.jsonl");
+    let (ok, stderr) = run(&["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--skip-errors"]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("line 4: image") && stderr.contains("nope.png"), "{stderr}");
+    let written = read_lines(&out);
+    assert_eq!(written.len(), 3);
+    let image = |file: &str| reference["images"].as_array().unwrap().iter().find(|i| i["file"] == file).unwrap()["image_embeds_normalized"].clone();
+    let cos_png = cosine(&floats(&written[0]["embedding"]), &floats(&image("gradient_97x61.png")));
+    let cos_webp = cosine(&floats(&written[2]["embedding"]), &floats(&image("checker_33x77.webp")));
+    assert!(cos_png >= 0.999 && cos_webp >= 0.999, "{cos_png} {cos_webp}");
+    assert_close(&floats(&written[1]["embedding"]), &floats(&reference["texts"][0]["text_embeds_normalized"]), "text line");
+}

@@ -90,3 +90,23 @@ fn several_poolers_share_the_process() {
         }
     });
 }
+
+#[test]
+fn image_text_models_embed_images() {
+    let reference = expected("clip-tiny");
+    let pooler = load("clip-tiny");
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
+    let files: Vec<&str> = reference["images"].as_array().unwrap().iter().map(|i| i["file"].as_str().unwrap()).collect();
+    let bytes: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(dir.join(f)).unwrap()).collect();
+    let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let vectors = pooler.embed_images(&slices, &PoolingParams::default()).unwrap();
+    for (i, v) in vectors.iter().enumerate() {
+        let cos = cosine(v, &floats(&reference["images"][i]["image_embeds_normalized"]));
+        assert!(cos >= 0.999, "library image {}: cosine {cos}", files[i]);
+    }
+    let text = reference["texts"][1]["text"].as_str().unwrap();
+    assert_close(&pooler.embed(&[text], &PoolingParams::default()).unwrap()[0], &floats(&reference["texts"][1]["text_embeds_normalized"]), "library text");
+    // A text model refuses images with a typed error.
+    let err = load("bert-embed-mean").embed_images(&slices[..1], &PoolingParams::default()).unwrap_err();
+    assert!(err.to_string().contains("image"), "{err}");
+}

@@ -11,7 +11,9 @@
 //!   NONE refuses longer inputs with vLLM's 400. `max_tokens` lowers the kept length (at most
 //!   `max_model_len`) and needs START or END.
 //! - `inputs`: the text parts of one input are joined with a newline; image parts (and
-//!   `images`, `input_type: image`) need an image model and are refused for text models.
+//!   `images`, `input_type: image`) need an image-text model (CLIP, SigLIP) and are refused
+//!   for text models. For image-text models an input holds one text or one image
+//!   ([`super::media::content_prompt`]); `texts` in the response echoes the texts only.
 //! - `embedding_types` (default `float`) are encoded as [`super::encoding`] documents;
 //!   `meta.billed_units.input_tokens` counts the tokens run through the model, prompts and
 //!   special tokens included.
@@ -19,6 +21,7 @@
 //!   float vectors), as Cohere's v1 does; v2 always answers `embeddings_by_type`.
 
 use super::encoding;
+use super::media::{self, MediaOptions};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{response_id, AppState};
@@ -177,6 +180,54 @@ impl CohereEmbedRequest {
         Ok(texts)
     }
 
+    /// The inputs and the texts to echo back. A text model takes `texts` or the text parts
+    /// of `inputs`; an image-text model also `images` (data URLs, or URLs of allowed hosts)
+    /// and `inputs` whose content is one text or one image each.
+    async fn prompts(&self, takes_images: bool, media: &MediaOptions) -> Result<(Vec<Prompt>, Vec<String>), ApiError> {
+        if !takes_images {
+            let texts = self.texts()?;
+            return Ok((texts.iter().cloned().map(Prompt::Text).collect(), texts));
+        }
+        let empty = |field: &'static str| ApiError::BadRequest { message: format!("{field} must not be empty"), param: Some(field) };
+        match (&self.texts, &self.images, &self.inputs) {
+            (Some(_), None, None) if self.input_type == Some(InputType::Image) => {
+                Err(ApiError::BadRequest { message: "input_type `image` goes with `images`, not `texts`".into(), param: Some("input_type") })
+            }
+            (Some(_), None, None) => {
+                let texts = self.texts()?;
+                Ok((texts.iter().cloned().map(Prompt::Text).collect(), texts))
+            }
+            (None, Some(images), None) => {
+                let shape = || ApiError::BadRequest { message: "images must be a list of data URLs (data:image/png;base64,…)".into(), param: Some("images") };
+                let urls = images.as_array().ok_or_else(shape)?;
+                if urls.is_empty() {
+                    return Err(empty("images"));
+                }
+                let mut prompts = Vec::with_capacity(urls.len());
+                for url in urls {
+                    prompts.push(Prompt::Image(media::image_bytes(url.as_str().ok_or_else(shape)?, media).await?));
+                }
+                Ok((prompts, Vec::new()))
+            }
+            (None, None, Some(inputs)) => {
+                if inputs.is_empty() {
+                    return Err(empty("inputs"));
+                }
+                let mut prompts = Vec::with_capacity(inputs.len());
+                for input in inputs {
+                    let content = input.get("content").ok_or_else(|| ApiError::BadRequest {
+                        message: "each input must be {\"content\": [content parts]}".into(),
+                        param: Some("inputs"),
+                    })?;
+                    prompts.push(media::content_prompt(content, media).await?);
+                }
+                let texts = prompts.iter().filter_map(|p| if let Prompt::Text(t) = p { Some(t.clone()) } else { None }).collect();
+                Ok((prompts, texts))
+            }
+            _ => Err(ApiError::bad_request("An embed request needs exactly one of texts, images or inputs")),
+        }
+    }
+
     /// `truncate_prompt_tokens` and side from `truncate` and `max_tokens`.
     fn truncation(&self, max_model_len: usize) -> Result<(Option<i64>, Option<TruncationSide>), ApiError> {
         let keep = match self.max_tokens {
@@ -253,9 +304,11 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
         e
     })?;
     params.prompt = prompt_for(request.input_type, &spec.prompts).map(Into::into);
-    let texts = request.texts()?;
-    state.check_batch_size(texts.len())?;
-    let (outputs, tokens) = engine.encode(texts.iter().cloned().map(Prompt::Text).collect(), &params).await?;
+    // Before any image is fetched or decoded.
+    let count = [request.texts.as_ref().map(Vec::len), request.images.as_ref().and_then(Value::as_array).map(Vec::len), request.inputs.as_ref().map(Vec::len)];
+    state.check_batch_size(count.into_iter().flatten().max().unwrap_or(0))?;
+    let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
+    let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let vectors = outputs
         .into_iter()
         .map(|o| match o {

@@ -23,7 +23,13 @@ pub enum EncodingFormat {
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
+    /// Texts or token ids (absent when `messages` is sent).
+    #[serde(default)]
     pub input: serde_json::Value,
+    /// vLLM's chat-style inputs, one embedding per message; images as `image_url` parts.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<serde_json::Value>,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
@@ -68,9 +74,10 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
+    AppState::require_input(&request.input, request.messages.as_ref())?;
     let (engine, permit) = state.begin(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
-    let prompts = state.prompts(&request.input)?;
+    let prompts = state.inputs(&request.input, request.messages.as_ref()).await?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let format = request.encoding_format.unwrap_or_default();
     let (dtype, endianness) = (request.embed_dtype.unwrap_or_default(), request.endianness.unwrap_or_default());

@@ -137,7 +137,7 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }
-            EngineError::Tokenizer(_) => ApiError::bad_request(e.to_string()),
+            EngineError::Tokenizer(_) | EngineError::Image(_) | EngineError::ImagesUnsupported => ApiError::bad_request(e.to_string()),
             EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
             EngineError::Model(_) => ApiError::Internal(e.to_string()),
             EngineError::Stopped | EngineError::Dead(_) => ApiError::Unavailable(e.to_string()),

@@ -8,6 +8,7 @@ pub mod embeddings;
 pub mod encoding;
 pub mod error;
 pub mod json;
+pub mod media;
 pub mod meta;
 pub mod observe;
 pub mod openapi;
@@ -62,11 +63,13 @@ struct StateInner {
 pub struct ApiOptions {
     pub api_key: Option<String>,
     pub max_client_batch_size: usize,
+    /// Where images named by URL may come from.
+    pub media: media::MediaOptions,
 }
 
 impl Default for ApiOptions {
     fn default() -> Self {
-        ApiOptions { api_key: None, max_client_batch_size: 1024 }
+        ApiOptions { api_key: None, max_client_batch_size: 1024, media: media::MediaOptions::default() }
     }
 }
 
@@ -124,6 +127,30 @@ impl AppState {
         let prompts = parse_input(input)?;
         self.check_batch_size(prompts.len())?;
         Ok(prompts)
+    }
+
+    /// A body with neither `input` nor `messages` is malformed: 400 before any model lookup,
+    /// as a missing required field always was.
+    pub fn require_input(input: &serde_json::Value, messages: Option<&serde_json::Value>) -> Result<(), ApiError> {
+        if input.is_null() && messages.is_none() {
+            return Err(ApiError::BadRequest { message: "missing field `input` (or vLLM's `messages`)".into(), param: Some("input") });
+        }
+        Ok(())
+    }
+
+    /// The inputs of a request that takes text `input` or vLLM's chat-style `messages` (one
+    /// input per message, images allowed): exactly one of the two.
+    pub async fn inputs(&self, input: &serde_json::Value, messages: Option<&serde_json::Value>) -> Result<Vec<Prompt>, ApiError> {
+        match messages {
+            None => self.prompts(input),
+            Some(_) if !input.is_null() => Err(ApiError::BadRequest { message: "Send either `input` or `messages`, not both".into(), param: Some("messages") }),
+            Some(messages) => {
+                if let Some(count) = messages.as_array().map(Vec::len) {
+                    self.check_batch_size(count)?;
+                }
+                media::message_prompts(messages, &self.inner.options.media).await
+            }
+        }
     }
 
     /// `--max-client-batch-size`, checked in this one place for every endpoint.

@@ -14,7 +14,13 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct PoolingRequest {
+    /// Texts or token ids (absent when `messages` is sent).
+    #[serde(default)]
     pub input: serde_json::Value,
+    /// vLLM's chat-style inputs, one embedding per message; images as `image_url` parts.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<serde_json::Value>,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
@@ -73,6 +79,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<PoolingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
+    AppState::require_input(&request.input, request.messages.as_ref())?;
     let engine = state.model(request.model.as_deref())?;
     let spec = engine.spec();
     // `score` is a pair task: /score and /rerank serve it.
@@ -86,7 +93,7 @@ pub async fn create(
     };
     let permit = admit(engine)?;
     let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
-    let prompts = state.prompts(&request.input)?;
+    let prompts = state.inputs(&request.input, request.messages.as_ref()).await?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let data = outputs
         .into_iter()

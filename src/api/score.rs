@@ -1,10 +1,14 @@
 //! `POST /score` (and `/v1/score`): relevance of text pairs, vLLM's request forms
 //! (`text_1`/`text_2`, `queries`/`documents`, `data_1`/`data_2`) and 1:1, 1:N, N:N pairing.
+//! A side may also be vLLM's multimodal `{"content": [parts]}`: each part (a text or an
+//! image) is one input, scored by the cosine of embeddings (image-text models).
 //! The request helpers here are shared with `/rerank`.
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{AppState, ListResponse};
+use super::media::{self, MediaOptions};
+use crate::engine::Prompt;
 use crate::loader::tokenizer::PairLimits;
 use crate::engine::Engine;
 use crate::pooling::Task;
@@ -99,7 +103,32 @@ pub fn score_params(engine: &Engine, params: &PoolingParams, pair: &PairFields) 
     Ok(resolved)
 }
 
+/// One side as inputs: a side of texts, or vLLM's `{"content": [parts]}`, each part one
+/// input (a text or an image).
+async fn side_prompts(side: &Value, media: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
+    match side.get("content").and_then(Value::as_array) {
+        Some(parts) if parts.is_empty() => Err(ApiError::bad_request("`content` must not be empty")),
+        Some(parts) => {
+            let mut prompts = Vec::with_capacity(parts.len());
+            for part in parts {
+                prompts.push(media::content_prompt(&Value::Array(vec![part.clone()]), media).await?);
+            }
+            Ok(prompts)
+        }
+        None => Ok(texts_of(side, "content")?.into_iter().map(Prompt::Text).collect()),
+    }
+}
+
 impl ScoreRequest {
+    /// Both sides, when one of them is vLLM's multimodal `{"content": […]}` form.
+    fn content_sides(&self) -> Option<(&Value, &Value)> {
+        let forms = [(&self.text_1, &self.text_2), (&self.queries, &self.documents), (&self.data_1, &self.data_2)];
+        forms.into_iter().find_map(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) if a.get("content").is_some() || b.get("content").is_some() => Some((a, b)),
+            _ => None,
+        })
+    }
+
     /// The two sides, from whichever of the three field pairs the request used.
     fn sides(&self) -> Result<(Vec<String>, Vec<String>), ApiError> {
         let forms = [
@@ -132,6 +161,16 @@ pub async fn create(
 ) -> Result<Json<ListResponse<ScoreData>>, ApiError> {
     let (engine, _permit) = state.begin_scoring(request.model.as_deref(), "Score")?;
     let params = score_params(engine, &request.params, &request.pair)?;
+    if let Some((first, second)) = request.content_sides() {
+        // A side of content parts (vLLM's multimodal form): texts and images, embedded.
+        let counts = [first, second].map(|side| side.get("content").and_then(Value::as_array).map_or(1, Vec::len));
+        state.check_batch_size(counts[0].max(counts[1]))?;
+        let media = &state.options().media;
+        let (queries, documents) = (side_prompts(first, media).await?, side_prompts(second, media).await?);
+        let (scores, tokens) = engine.score_embedded(queries, documents, &params).await?;
+        let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
+        return Ok(Json(ListResponse::new("score", &headers, engine, data, tokens)));
+    }
     let (queries, documents) = request.sides()?;
     state.check_batch_size(queries.len().max(documents.len()))?;
     let (scores, tokens) = engine.score(&queries, &documents, &params, request.pair.instruction.as_deref()).await?;

@@ -1,6 +1,6 @@
-//! Input lines of the batch commands: JSON Lines (`{"id", "text"}` or `{"id", "text_1",
-//! "text_2"}`, with `model` naming the model when several are loaded) or plain text (one input
-//! per line, the line number as its id).
+//! Input lines of the batch commands: JSON Lines (`{"id", "text"}`, `{"id", "image"}` for
+//! image-text models, or `{"id", "text_1", "text_2"}`, with `model` naming the model when
+//! several are loaded) or plain text (one input per line, the line number as its id).
 
 use serde_json::Value;
 
@@ -9,6 +9,8 @@ use serde_json::Value;
 pub enum Payload {
     Text(String),
     Pair(String, String),
+    /// An image: a file path (relative to the working directory) or a data URL.
+    Image(String),
 }
 
 /// One input line, parsed.
@@ -47,10 +49,11 @@ pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, String
             Some(_) => Err(format!("`{name}` must be a string")),
         }
     };
-    let payload = match (field("text")?, field("text_1")?, field("text_2")?) {
-        (Some(text), None, None) => Payload::Text(text),
-        (None, Some(a), Some(b)) => Payload::Pair(a, b),
-        _ => return Err("expected `text`, or `text_1` and `text_2`".into()),
+    let payload = match (field("text")?, field("text_1")?, field("text_2")?, field("image")?) {
+        (Some(text), None, None, None) => Payload::Text(text),
+        (None, Some(a), Some(b), None) => Payload::Pair(a, b),
+        (None, None, None, Some(image)) => Payload::Image(image),
+        _ => return Err("expected `text`, `image`, or `text_1` and `text_2`".into()),
     };
     // Only a string names a model; anything else is left for the one-model case to ignore.
     let model = object.get("model").and_then(Value::as_str).map(String::from);
@@ -85,6 +88,9 @@ mod tests {
         assert_eq!((r.id, r.payload), (json!("a"), Payload::Text("hi".into())));
         let r = parse_line(2, r#"{"id": 7, "text_1": "q", "text_2": "d"}"#, true).unwrap();
         assert_eq!(r.payload, Payload::Pair("q".into(), "d".into()));
+        let r = parse_line(4, r#"{"image": "cat.png"}"#, true).unwrap();
+        assert_eq!(r.payload, Payload::Image("cat.png".into()));
+        assert!(parse_line(5, r#"{"image": "cat.png", "text": "a"}"#, true).is_err());
         assert!(parse_line(4, "{broken", true).is_err());
         assert!(parse_line(5, r#"{"id": 1}"#, true).is_err());
         assert!(parse_line(6, r#"{"text": 5}"#, true).is_err());

@@ -187,6 +187,7 @@ impl Job {
             .iter()
             .map(|r| match &r.payload {
                 Payload::Text(t) => Ok(Prompt::Text(t.clone())),
+                Payload::Image(source) => image_bytes(source).map(Prompt::Image),
                 Payload::Pair(..) => Err(format!("{} takes `text`, not a pair", self.task)),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -209,6 +210,14 @@ impl Job {
         }
         (out, tokens)
     }
+}
+
+/// The bytes of a line's `image`: a data URL, or a file path.
+fn image_bytes(source: &str) -> Result<Vec<u8>, String> {
+    if source.starts_with("data:") {
+        return crate::loader::image::decode_data_url(source);
+    }
+    std::fs::read(source).map_err(|e| format!("image `{source}`: {e}"))
 }
 
 /// One output line: `id` first, then the task's fields, in declaration order.

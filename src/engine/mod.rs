@@ -14,7 +14,8 @@ use crate::engine::params::ParamsError;
 use crate::pooling::Task;
 use crate::engine::params::ResolvedParams;
 use crate::models::batch::TokenizedInput;
-use scheduler::{BatchLimits, Job, Runner};
+use scheduler::{BatchLimits, Job, JobInput, Runner};
+use crate::loader::image::{ImageLimits, ImageProcessorConfig};
 pub use scheduler::PoolingOutput;
 use std::sync::Arc;
 use crate::loader::tokenizer::{self, EncodeOptions, TextInput};
@@ -49,6 +50,11 @@ pub enum EngineError {
     OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
     #[error("This model's maximum context length is {max} tokens. However, you sent a text of {bytes} bytes, longer than any text that fits ({limit} bytes). Please reduce the length of the input, or set truncate_prompt_tokens.")]
     TextTooLong { bytes: usize, limit: usize, max: usize },
+    /// An image that cannot be used (undecodable, too large, not an image).
+    #[error("{0}")]
+    Image(String),
+    #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP) embed images")]
+    ImagesUnsupported,
 }
 
 /// Why an engine could not start.
@@ -82,6 +88,8 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// A (query, document) pair for a cross-encoder, tokenized together.
     Pair(String, String),
+    /// An encoded image (PNG, JPEG or WebP bytes), for image-text models.
+    Image(Vec<u8>),
 }
 
 struct Inner {
@@ -95,6 +103,16 @@ struct Inner {
     admission: Arc<Semaphore>,
     max_concurrent_requests: usize,
     vocab_size: usize,
+    /// How images become pixel values, for image-text models.
+    images: Option<ImageSide>,
+}
+
+/// An image-text model's image preprocessing.
+struct ImageSide {
+    processor: Arc<ImageProcessorConfig>,
+    limits: ImageLimits,
+    /// What one image costs in a batch ([`crate::models::VisionTower::tokens_per_image`]).
+    tokens_per_image: usize,
 }
 
 /// How the engine batches and admits work, whatever the model.
@@ -110,12 +128,14 @@ pub struct EngineOptions {
     pub tokenizer_workers: usize,
     /// Most floats one request may produce in token-level outputs.
     pub max_output_floats: usize,
+    /// Largest image (width × height) decoded; larger ones are refused before decoding.
+    pub max_image_pixels: u64,
 }
 
 impl Default for EngineOptions {
     /// `serve`'s defaults.
     fn default() -> Self {
-        EngineOptions { max_batch_tokens: None, max_num_seqs: 256, max_concurrent_requests: 512, tokenizer_workers: 1, max_output_floats: 1 << 24 }
+        EngineOptions { max_batch_tokens: None, max_num_seqs: 256, max_concurrent_requests: 512, tokenizer_workers: 1, max_output_floats: 1 << 24, max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS }
     }
 }
 
@@ -128,6 +148,7 @@ impl EngineOptions {
             ("max_concurrent_requests", self.max_concurrent_requests),
             ("tokenizer_workers", self.tokenizer_workers),
             ("max_output_floats", self.max_output_floats),
+            ("max_image_pixels", self.max_image_pixels.min(1) as usize),
         ];
         match fields.iter().find(|(_, value)| *value == 0) {
             Some((name, _)) => Err(format!("{name} must be greater than 0")),
@@ -135,6 +156,10 @@ impl EngineOptions {
         }
     }
 }
+
+/// `--max-image-pixels` by default: a 40-megapixel photo decodes (160 MB as RGBA); a
+/// decompression bomb that claims more is refused from its header.
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 40_000_000;
 
 /// `--max-batch-tokens` when unset: cache-sized on the CPU (and Metal), TEI's default on CUDA
 /// (larger products fill a GPU).
@@ -174,7 +199,12 @@ impl Engine {
 
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device } = model;
+        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision } = model;
+        let images = vision.as_ref().map(|v| ImageSide {
+            processor: Arc::new(v.processor.clone()),
+            limits: ImageLimits { max_pixels: options.max_image_pixels },
+            tokens_per_image: v.tower.tokens_per_image(),
+        });
         let max_batch_tokens = options.max_batch_tokens.unwrap_or_else(|| default_batch_tokens(&device));
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
@@ -197,7 +227,7 @@ impl Engine {
             .thread_name(|_| "model-solo".into())
             .build()
             .map_err(std::io::Error::other)?;
-        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone(), solo, on_cpu: device.is_cpu() };
+        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone(), solo, on_cpu: device.is_cpu(), vision: vision.map(|v| v.tower) };
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
         let thread_name: String = format!("model-{}", spec.served_name.rsplit('/').next().unwrap_or_default()).chars().take(15).collect();
@@ -213,6 +243,7 @@ impl Engine {
                 admission: Arc::new(Semaphore::new(options.max_concurrent_requests)),
                 max_concurrent_requests: options.max_concurrent_requests,
                 vocab_size,
+                images,
             }),
         })
     }
@@ -235,7 +266,7 @@ impl Engine {
     #[doc(hidden)]
     pub fn stop_model_thread(&self) {
         let (reply, _) = oneshot::channel();
-        let input = TokenizedInput { ids: vec![0], type_ids: vec![0] };
+        let input = JobInput::Text(TokenizedInput { ids: vec![0], type_ids: vec![0] });
         let params = ResolvedParams {
             task: Task::Embed,
             truncate_to: None,
@@ -246,7 +277,7 @@ impl Engine {
             pair_limits: Default::default(),
             prompt: None,
         };
-        let _ = self.inner.jobs.send(Job { request: scheduler::STOP_REQUEST, input, params, reply, enqueued: std::time::Instant::now() });
+        let _ = self.inner.jobs.send(Job { request: scheduler::STOP_REQUEST, input, cost: 1, params, reply, enqueued: std::time::Instant::now() });
     }
 
     /// Test hook for [`TokenizerPool::panic_in_a_worker`].
@@ -383,7 +414,7 @@ impl Engine {
                 Prompt::Pair(q, d) => Some(self.bounded_side(q, params, params.pair_limits.query).and_then(|q| {
                     Ok(TextInput::Pair(q.into_owned(), self.bounded_side(d, params, params.pair_limits.document)?.into_owned()))
                 })),
-                Prompt::Tokens(_) => None,
+                Prompt::Tokens(_) | Prompt::Image(_) => None,
             })
             .collect::<Result<_, _>>()?;
         let mut encoded = if texts.is_empty() {
@@ -404,11 +435,81 @@ impl Engine {
                     }
                     tokenizer::truncate_ids(ids, options)
                 }
+                Prompt::Image(_) => return Err(EngineError::Model("an image reached the tokenizer".into())),
             };
             self.check_length(input.len(), params)?;
-            inputs.push(input);
+            inputs.push(self.padded(input));
         }
         Ok(inputs)
+    }
+
+    /// `input` padded to the model's fixed text length, for models trained so (SigLIP).
+    fn padded(&self, mut input: TokenizedInput) -> TokenizedInput {
+        if let Some((len, pad)) = self.inner.spec.pad_text_to {
+            if input.len() < len {
+                input.type_ids.resize(len, 0);
+                input.ids.resize(len, pad);
+            }
+        }
+        input
+    }
+
+    /// Decodes and preprocesses images on the tokenizer workers (as texts are tokenized
+    /// there), into the pixel values the vision tower takes.
+    pub async fn prepare_images(&self, images: Vec<Vec<u8>>) -> Result<Vec<Vec<f32>>, EngineError> {
+        let side = self.inner.images.as_ref().ok_or(EngineError::ImagesUnsupported)?;
+        let started = std::time::Instant::now();
+        let (processor, limits) = (Arc::clone(&side.processor), side.limits);
+        let pixels = self
+            .inner
+            .tokenizers
+            .execute(move || {
+                images
+                    .iter()
+                    .enumerate()
+                    .map(|(i, bytes)| {
+                        crate::loader::image::preprocess(bytes, &processor, &limits)
+                            .map(|p| p.data)
+                            .map_err(|e| EngineError::Image(if images.len() > 1 { format!("image {i}: {e}") } else { e.to_string() }))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await??;
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        Ok(pixels)
+    }
+
+    /// [`Self::encode`] for a request holding images: texts and images in one request,
+    /// embedded by their towers into one space, outputs in input order.
+    async fn encode_with_images(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
+        let side = self.inner.images.as_ref().ok_or(EngineError::ImagesUnsupported)?;
+        if params.task != Task::Embed {
+            return Err(EngineError::Params(ParamsError { message: "images can only be embedded (task `embed`)".into(), param: None }));
+        }
+        let mut texts = Vec::new();
+        let mut images = Vec::new();
+        let mut is_image = Vec::with_capacity(prompts.len());
+        for prompt in prompts {
+            is_image.push(matches!(prompt, Prompt::Image(_)));
+            match prompt {
+                Prompt::Image(bytes) => images.push(bytes),
+                other => texts.push(other),
+            }
+        }
+        let image_count = images.len();
+        let pixels = self.prepare_images(images).await?;
+        let texts = if texts.is_empty() { Vec::new() } else { self.prepare(texts, params).await? };
+        let mut tokens: usize = texts.iter().map(TokenizedInput::len).sum();
+        tokens += image_count * side.tokens_per_image;
+        let (mut texts, mut pixels) = (texts.into_iter(), pixels.into_iter());
+        let inputs = is_image
+            .into_iter()
+            .map(|image| {
+                let next = if image { pixels.next().map(JobInput::Image) } else { texts.next().map(JobInput::Text) };
+                next.ok_or(EngineError::Stopped)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((self.run_inputs(inputs, params).await?, tokens))
     }
 
     fn check_length(&self, len: usize, params: &ResolvedParams) -> Result<(), EngineError> {
@@ -429,13 +530,23 @@ impl Engine {
     /// Queues every input and waits for all outputs, in input order. Dropping the returned
     /// future (a client disconnect) withdraws the inputs that have not run yet.
     pub async fn run(&self, inputs: Vec<TokenizedInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
+        self.run_inputs(inputs.into_iter().map(JobInput::Text).collect(), params).await
+    }
+
+    /// [`Self::run`] for texts and images.
+    async fn run_inputs(&self, inputs: Vec<JobInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let image_cost = self.inner.images.as_ref().map_or(1, |side| side.tokens_per_image);
         for input in inputs {
             let (reply, rx) = oneshot::channel();
+            let cost = match &input {
+                JobInput::Text(t) => t.len(),
+                JobInput::Image(_) => image_cost,
+            };
             self.inner
                 .jobs
-                .send(Job { request, input, params: params.clone(), reply, enqueued: std::time::Instant::now() })
+                .send(Job { request, input, cost, params: params.clone(), reply, enqueued: std::time::Instant::now() })
                 .map_err(|_| EngineError::Stopped)?;
             receivers.push(rx);
         }
@@ -474,6 +585,9 @@ impl Engine {
 
     /// `prepare` then `run`; also returns the number of tokens the model processed.
     pub async fn encode(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
+        if prompts.iter().any(|p| matches!(p, Prompt::Image(_))) {
+            return self.encode_with_images(prompts, params).await;
+        }
         let inputs = self.prepare(prompts, params).await?;
         let tokens = inputs.iter().map(TokenizedInput::len).sum();
         self.check_output_budget(tokens, params)?;

@@ -9,7 +9,7 @@
 
 use crate::models::batch::{Batch, TokenizedInput};
 use super::EngineError;
-use crate::models::Backbone;
+use crate::models::{Backbone, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::{finish_embedding, EmbeddingHead};
 use crate::pooling::sparse::SparseHead;
@@ -34,14 +34,38 @@ pub enum PoolingOutput {
     Sparse(Vec<(u32, f32)>),
 }
 
+/// What one job runs: a text's tokens, or an image's pixel values (`[3, size, size]`, as the
+/// model's processor made them).
+#[derive(Debug, Clone)]
+pub enum JobInput {
+    Text(TokenizedInput),
+    Image(Vec<f32>),
+}
+
+/// What an image job's token accessor returns: images have no tokens.
+static NO_TOKENS: TokenizedInput = TokenizedInput { ids: Vec::new(), type_ids: Vec::new() };
+
 pub struct Job {
     /// The request the input belongs to: batches take turns between requests.
     pub request: u64,
-    pub input: TokenizedInput,
+    pub input: JobInput,
+    /// What the input costs in a batch's token budget: its tokens, or the sequence an image
+    /// becomes in the vision tower.
+    pub cost: usize,
     pub params: ResolvedParams,
     pub reply: oneshot::Sender<Result<(PoolingOutput, JobTiming), EngineError>>,
     /// When the job was queued (its queue time ends when its batch starts).
     pub enqueued: Instant,
+}
+
+impl Job {
+    /// The text's tokens (none for an image).
+    pub fn tokens(&self) -> &TokenizedInput {
+        match &self.input {
+            JobInput::Text(t) => t,
+            JobInput::Image(_) => &NO_TOKENS,
+        }
+    }
 }
 
 /// Where one input's time went on the model thread.
@@ -76,6 +100,8 @@ pub struct Runner {
     pub solo: rayon::ThreadPool,
     /// Whether the backbone runs on the CPU (and so shares the compute pool).
     pub on_cpu: bool,
+    /// The image tower of an image-text model.
+    pub vision: Option<Box<dyn VisionTower>>,
 }
 
 /// Batches of at most this many tokens run on the model's own thread while another model is
@@ -133,8 +159,8 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
             // batch, so it leaves the candidates (each job is looked at once per batch).
             while let Some(&i) = jobs.front() {
                 jobs.pop_front();
-                if chosen.is_empty() || tokens + pending[i].input.len() <= limits.max_tokens {
-                    tokens += pending[i].input.len();
+                if chosen.is_empty() || tokens + pending[i].cost <= limits.max_tokens {
+                    tokens += pending[i].cost;
                     chosen.push(i);
                     added = true;
                     break;
@@ -183,7 +209,7 @@ impl Runner {
                 continue;
             }
             let started = Instant::now();
-            let batch_tokens: usize = batch.iter().map(|j| j.input.len()).sum();
+            let batch_tokens: usize = batch.iter().map(|j| j.cost).sum();
             // Only CPU models share the compute pool; a GPU model's batch leaves it free.
             let _busy = self.on_cpu.then(BusyModel::enter);
             // A small batch while another model's batch holds the shared pool runs on this
@@ -214,9 +240,48 @@ impl Runner {
         }
     }
 
-    /// Forward pass, pooling and heads for one batch; outputs in job order.
+    /// Forward passes, pooling and heads for one batch; outputs in job order. Texts and
+    /// images run through their own towers.
     pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
-        let batch = Batch::from_inputs(jobs.iter().map(|j| &j.input));
+        let (images, texts): (Vec<(usize, &Job)>, Vec<(usize, &Job)>) =
+            jobs.iter().enumerate().partition(|(_, j)| matches!(j.input, JobInput::Image(_)));
+        if images.is_empty() {
+            return self.execute_texts(&jobs.iter().collect::<Vec<_>>());
+        }
+        let mut outputs: Vec<Option<PoolingOutput>> = vec![None; jobs.len()];
+        if !texts.is_empty() {
+            let done = self.execute_texts(&texts.iter().map(|(_, j)| *j).collect::<Vec<_>>())?;
+            texts.iter().zip(done).for_each(|((i, _), out)| outputs[*i] = Some(out));
+        }
+        let done = self.execute_images(&images.iter().map(|(_, j)| *j).collect::<Vec<_>>())?;
+        images.iter().zip(done).for_each(|((i, _), out)| outputs[*i] = Some(out));
+        outputs.into_iter().map(|o| o.ok_or_else(|| "an input got no output".to_string())).collect()
+    }
+
+    /// Image embeddings: one dense pass of the vision tower over every image of the batch.
+    fn execute_images(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, String> {
+        let tower = self.vision.as_ref().ok_or("this model takes no images")?;
+        let mut pixels = Vec::new();
+        for job in jobs {
+            if let JobInput::Image(p) = &job.input {
+                pixels.extend_from_slice(p);
+            }
+        }
+        let embeddings = tower
+            .forward(&pixels, jobs.len())
+            .and_then(|e| e.to_device(&Device::Cpu))
+            .and_then(|e| e.to_vec2::<f32>())
+            .map_err(|e| crate::models::describe(&e))?;
+        Ok(jobs
+            .iter()
+            .zip(embeddings)
+            .map(|(job, row)| PoolingOutput::Vector(finish_embedding(row, job.params.dimensions, job.params.activation)))
+            .collect())
+    }
+
+    /// Text forward pass, pooling and heads; outputs in job order.
+    fn execute_texts(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, String> {
+        let batch = Batch::from_inputs(jobs.iter().map(|j| j.tokens()));
         let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, self.chunk_tokens)
             .and_then(|h| h.to_device(&Device::Cpu))
             .and_then(|h| h.to_dtype(candle_core::DType::F32))
@@ -276,7 +341,7 @@ impl Runner {
                     };
                     match (params.task, &head.step) {
                         (Task::TokenClassify, Some(step)) => {
-                            PoolingOutput::Tokens(step.apply(&job.input.ids, block, labels).iter().map(|r| activate(r)).collect())
+                            PoolingOutput::Tokens(step.apply(&job.tokens().ids, block, labels).iter().map(|r| activate(r)).collect())
                         }
                         (Task::TokenClassify, None) => PoolingOutput::Tokens(block.chunks(labels).map(activate).collect()),
                         _ => PoolingOutput::Vector(activate(block)),
@@ -323,8 +388,8 @@ mod tests {
             pair_limits: Default::default(),
             prompt: None,
         };
-        let input = TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] };
-        (Job { request: 0, input, params, reply, enqueued: Instant::now() }, rx)
+        let input = JobInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
+        (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now() }, rx)
     }
 
     #[test]
@@ -358,7 +423,7 @@ mod tests {
             pending.push_back(j);
             receivers.push(rx);
         }
-        let lens = |b: &Vec<Job>| b.iter().map(|j| j.input.len()).collect::<Vec<_>>();
+        let lens = |b: &Vec<Job>| b.iter().map(|j| j.cost).collect::<Vec<_>>();
         let first = take_batch(&mut pending, limits);
         assert_eq!(lens(&first), vec![6, 3, 1]); // the second 6 does not fit; smaller ones do
         let second = take_batch(&mut pending, limits);
@@ -375,7 +440,7 @@ mod tests {
         let mut pending: VecDeque<Job> = [a, b].into_iter().collect();
         let batch = take_batch(&mut pending, limits);
         assert_eq!(batch.len(), 1);
-        assert_eq!(batch[0].input.len(), 9);
+        assert_eq!(batch[0].cost, 9);
         drop(rx_b);
     }
 }

@@ -131,14 +131,8 @@ impl Engine {
                 Ok((scores, tokens))
             }
             Some(ScoreMode::BiEncoder) => {
-                // Normalized embeddings of every text, queries first; cosine is then exact.
-                let embed = ResolvedParams { task: Task::Embed, dimensions: None, activation: true, ..params.clone() };
-                let query_count = queries.len();
-                let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
-                let (outputs, tokens) = self.encode(prompts, &embed).await?;
-                let vectors = outputs.into_iter().map(vector).collect::<Result<Vec<_>, _>>()?;
-                let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
-                Ok((scores, tokens))
+                let as_prompts = |texts: &[String]| texts.iter().cloned().map(Prompt::Text).collect();
+                self.score_embedded(as_prompts(queries), as_prompts(documents), params).await
             }
             Some(ScoreMode::LateInteraction) => {
                 let per_token = ResolvedParams { task: Task::TokenEmbed, dimensions: None, activation: true, ..params.clone() };
@@ -155,6 +149,22 @@ impl Engine {
             }
             None => Err(EngineError::Model("this model cannot score pairs".into())),
         }
+    }
+
+    /// Bi-encoder scores: the cosine of each pair's embeddings, the sides being texts or (for
+    /// image-text models) images; pairs as [`pair_up`] makes them.
+    pub async fn score_embedded(&self, queries: Vec<Prompt>, documents: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<f32>, usize), EngineError> {
+        if self.score_mode() != Some(ScoreMode::BiEncoder) {
+            return Err(EngineError::ImagesUnsupported);
+        }
+        let pairs = pair_up(queries.len(), documents.len())?;
+        // Normalized embeddings of every input, queries first; cosine is then exact.
+        let embed = ResolvedParams { task: Task::Embed, dimensions: None, activation: true, ..params.clone() };
+        let query_count = queries.len();
+        let (outputs, tokens) = self.encode(queries.into_iter().chain(documents).collect(), &embed).await?;
+        let vectors = outputs.into_iter().map(vector).collect::<Result<Vec<_>, _>>()?;
+        let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
+        Ok((scores, tokens))
     }
 }
 

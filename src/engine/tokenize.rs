@@ -105,6 +105,27 @@ impl TokenizerPool {
         rx.await.map_err(|_| EngineError::Stopped)
     }
 
+    /// Other input work (decoding images) on the same workers, with the same containment: a
+    /// panic fails this request only.
+    pub async fn execute<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.pool.spawn(move || {
+            if reply.is_closed() {
+                return;
+            }
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+                Ok(out) => {
+                    let _ = reply.send(Ok(out));
+                }
+                Err(_) => {
+                    tracing::error!("an input worker panicked; the request fails, the worker goes on");
+                    let _ = reply.send(Err(EngineError::Model("an input worker panicked on this request".into())));
+                }
+            }
+        });
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
     /// Test hook: makes the worker that takes this job panic (the job's request fails; the
     /// worker must survive).
     #[doc(hidden)]

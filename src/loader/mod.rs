@@ -4,6 +4,7 @@
 //! [`tokenizer`] and the heads the spec's tasks need.
 
 pub mod hub;
+pub mod image;
 pub mod options;
 pub mod sentence;
 pub mod spec;
@@ -67,6 +68,14 @@ pub struct LoadedModel {
     pub sparse_head: Option<SparseHead>,
     /// Where the backbone runs.
     pub device: Device,
+    /// The image tower and its processor, for image-text models (CLIP, SigLIP).
+    pub vision: Option<VisionInput>,
+}
+
+/// An image-text model's image side: its tower and how images become its pixel values.
+pub struct VisionInput {
+    pub tower: Box<dyn models::VisionTower>,
+    pub processor: image::ImageProcessorConfig,
 }
 
 fn device(kind: DeviceArg) -> Result<Device, LoadError> {
@@ -128,6 +137,10 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         }
     }
 
+    let vision = match architecture.vision_tower(&config, vb.clone())? {
+        Some(tower) => Some(VisionInput { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
+        None => None,
+    };
     let spec = ModelSpec::decide(SpecInputs {
         options,
         config: &config,
@@ -137,6 +150,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         tokenizer_config: &tokenizer_config,
         hidden_size: backbone.hidden_size(),
         max_positions: backbone.max_positions(),
+        vision: vision.is_some(),
     })?;
     let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?;
 
@@ -153,7 +167,24 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
     let sparse_head = if spec.supports(Task::EmbedSparse) { Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? }) } else { None };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device })
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision })
+}
+
+/// `preprocessor_config.json`, checked against the tower it feeds.
+fn image_processor(source: &ModelSource, tower: &dyn models::VisionTower, text_size: usize) -> Result<image::ImageProcessorConfig, LoadError> {
+    let path = source.required("preprocessor_config.json")?;
+    let processor = image::ImageProcessorConfig::from_file(&path).map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
+    let (height, width) = processor.output_size();
+    if (height, width) != (tower.image_size(), tower.image_size()) {
+        return Err(LoadError::Invalid(format!(
+            "preprocessor_config.json makes {height}x{width} images; the vision tower takes {0}x{0}",
+            tower.image_size()
+        )));
+    }
+    if tower.embedding_size() != text_size {
+        return Err(LoadError::Invalid(format!("image embeddings have {} dimensions, text embeddings {text_size}", tower.embedding_size())));
+    }
+    Ok(processor)
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.

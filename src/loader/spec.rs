@@ -136,6 +136,10 @@ pub struct ModelSpec {
     /// `max_embed_len` when `enable_chunked_processing` is on: longer embedding inputs are
     /// split into chunks of `max_model_len` instead of refused.
     pub chunked_up_to: Option<usize>,
+    /// Whether `embed` also takes images (CLIP, SigLIP: a vision tower and a processor).
+    pub images: bool,
+    /// `(length, pad id)`: texts are padded to this length before they run (SigLIP).
+    pub pad_text_to: Option<(usize, u32)>,
 }
 
 /// What a spec is decided from.
@@ -151,12 +155,14 @@ pub struct SpecInputs<'a> {
     pub hidden_size: usize,
     /// Longest sequence the backbone's positions allow.
     pub max_positions: usize,
+    /// Whether the architecture loaded a vision tower (image-text models embed only).
+    pub vision: bool,
 }
 
 impl ModelSpec {
     /// Every decision about the model, in one place.
     pub fn decide(input: SpecInputs) -> Result<ModelSpec, LoadError> {
-        let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions } = input;
+        let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision } = input;
         let pooler = &options.pooler;
         let num_labels = num_labels_of(config);
         let hints = TaskHints {
@@ -165,9 +171,17 @@ impl ModelSpec {
             multi_vector: sentence.multi_vector,
             sentence_pooling: sentence.pooling_module,
         };
-        let tasks = tasks_for(&architecture_name, options.convert, hints)?;
+        let tasks = if vision {
+            // An image-text model's one job: embeddings of texts and images in one space.
+            if !matches!(options.convert, Convert::Auto | Convert::Embed) {
+                return Err(LoadError::Unsupported(format!("`{architecture_name}` embeds texts and images; it is served with --convert auto or embed only")));
+            }
+            vec![Task::Embed]
+        } else {
+            tasks_for(&architecture_name, options.convert, hints)?
+        };
         let supports = |task| tasks.contains(&task);
-        let default_pooling = if architecture.is_decoder() { PoolingType::Last } else { PoolingType::Cls };
+        let default_pooling = if architecture.pools_last_token() { PoolingType::Last } else { PoolingType::Cls };
         let pooling = pooler.pooling_type.or(sentence.pooling).unwrap_or(default_pooling);
         if pooler.pooling_type == Some(PoolingType::Step) && !supports(Task::TokenClassify) {
             return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
@@ -243,6 +257,8 @@ impl ModelSpec {
                 options.default_prompt.as_deref(),
             )?,
             chunked_up_to: (pooler.enable_chunked_processing == Some(true)).then(|| pooler.max_embed_len.unwrap_or(usize::MAX)),
+            images: vision,
+            pad_text_to: architecture.pads_text(config),
         })
     }
 }
@@ -450,6 +466,8 @@ impl ModelSpec {
             rerank_template: None,
             prompts: Prompts::default(),
             chunked_up_to: None,
+            images: false,
+            pad_text_to: None,
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod bert;
+pub mod clip;
 pub mod distilbert;
 pub mod gte;
 pub mod heads;
@@ -16,6 +17,7 @@ pub mod modernbert;
 pub mod mpnet;
 pub mod ops;
 pub mod qwen;
+pub mod siglip;
 
 use batch::Batch;
 use candle_core::{Device, Tensor};
@@ -34,6 +36,8 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &gte::GTE,
     &qwen::QWEN2,
     &qwen::QWEN3,
+    &clip::CLIP,
+    &siglip::SIGLIP,
 ];
 
 /// The architecture serving a config.json's `architectures[0]` (by its stem), or else its
@@ -51,7 +55,7 @@ pub fn detect(architecture: &str, model_type: &str) -> Option<&'static dyn Archi
 pub fn supported_architectures() -> String {
     let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name()).collect();
     format!(
-        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, and decoders' causal LMs as embedders)",
+        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, and CLIPModel / SiglipModel image-text embedders)",
         names.join(", ")
     )
 }
@@ -75,6 +79,19 @@ pub trait Backbone: Send + Sync {
     /// the worst cosine to float32 from 0.99962 to 0.99927 for 7% (32×128) to 14% (1×16) less
     /// time; with the VNNI kernels' 8-bit activations it was 0.9991 to 0.9980, so they stay f32.
     fn attention_input_linears(&mut self) -> Vec<&mut Linear>;
+}
+
+/// What the engine needs from an image tower (CLIP, SigLIP): images in, embeddings out.
+pub trait VisionTower: Send + Sync {
+    /// Embeddings `[images, embedding_size]` (f32) of `images` images, whose pixel values
+    /// (`[3, size, size]` each, as the processor makes them) lie end to end in `pixels`.
+    fn forward(&self, pixels: &[f32], images: usize) -> candle_core::Result<Tensor>;
+    /// Height and width the tower takes.
+    fn image_size(&self) -> usize;
+    /// The sequence an image becomes (patches, plus a class token where there is one): what
+    /// an image costs in a batch's token budget.
+    fn tokens_per_image(&self) -> usize;
+    fn embedding_size(&self) -> usize;
 }
 
 /// Quantizes the layers [`Backbone::int8_linears`] names (`--quantization int8`), and
@@ -145,11 +162,22 @@ pub trait Architecture: Sync {
     fn architecture_stems(&self) -> &'static [&'static str];
     /// The `model_type`s it serves when `architectures` is missing or unknown.
     fn model_types(&self) -> &'static [&'static str];
-    /// Decoders (causal attention) read the last token; encoders the first.
-    fn is_decoder(&self) -> bool {
+    /// Whether embeddings read the last token by default: decoders (causal attention) and the
+    /// text towers of CLIP and SigLIP do; encoders read the first.
+    fn pools_last_token(&self) -> bool {
         false
     }
+    /// The text backbone (for CLIP and SigLIP, the text tower).
     fn backbone(&self, config: &Value, vb: VarBuilder) -> Result<Box<dyn Backbone>, ModelError>;
+    /// The image tower of an image-text model; `None` for text-only architectures.
+    fn vision_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn VisionTower>>, ModelError> {
+        Ok(None)
+    }
+    /// `(length, pad id)` when the model was trained on texts padded to a fixed length with
+    /// the pads attended (SigLIP): every text is padded so before it runs.
+    fn pads_text(&self, _config: &Value) -> Option<(usize, u32)> {
+        None
+    }
     /// A `*ForSequenceClassification` head with `num_labels` outputs, or for a causal LM
     /// converted with `classifier_from_token`, the LM-head rows of `from_tokens`.
     fn classifier(&self, _config: &Value, _vb: VarBuilder, _num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {

@@ -39,7 +39,7 @@ impl Architecture for QwenVersion {
         }
     }
 
-    fn is_decoder(&self) -> bool {
+    fn pools_last_token(&self) -> bool {
         true
     }
 

@@ -16,6 +16,8 @@ pub enum Activation {
     GeluTanh,
     Relu,
     Silu,
+    /// CLIP's `x·σ(1.702·x)` (`"quick_gelu"`).
+    QuickGelu,
 }
 
 impl Activation {
@@ -28,6 +30,7 @@ impl Activation {
             Activation::GeluTanh => KernelActivation::GeluTanh,
             Activation::Relu => KernelActivation::Relu,
             Activation::Silu => KernelActivation::Silu,
+            Activation::QuickGelu => KernelActivation::QuickGelu,
         }
     }
 
@@ -37,6 +40,7 @@ impl Activation {
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Some(Self::GeluTanh),
             "relu" => Some(Self::Relu),
             "silu" | "swish" => Some(Self::Silu),
+            "quick_gelu" => Some(Self::QuickGelu),
             _ => None,
         }
     }
@@ -70,6 +74,7 @@ impl Activation {
             Self::GeluTanh => x.gelu(),
             Self::Relu => x.relu(),
             Self::Silu => x.silu(),
+            Self::QuickGelu => x * candle_nn::ops::sigmoid(&(x * 1.702)?)?,
         }
     }
 
@@ -83,6 +88,7 @@ impl Activation {
             }
             Self::Relu => x.max(0.0),
             Self::Silu => x / (1.0 + exp(-x)),
+            Self::QuickGelu => x / (1.0 + exp(-1.702 * x)),
         }
     }
 }
@@ -127,6 +133,7 @@ multiversion! {
             Activation::GeluTanh => each!(Activation::GeluTanh),
             Activation::Relu => each!(Activation::Relu),
             Activation::Silu => each!(Activation::Silu),
+            Activation::QuickGelu => each!(Activation::QuickGelu),
         }
     }
 }
@@ -143,6 +150,8 @@ mod tests {
         assert!(max_diff(&ours, &x.gelu_erf().unwrap()) < 1e-6);
         let ours = Activation::GeluTanh.forward(&x).unwrap();
         assert!(max_diff(&ours, &x.gelu().unwrap()) < 1e-5);
+        let ours = Activation::QuickGelu.forward(&x).unwrap();
+        assert!(max_diff(&ours, &Activation::composite(&x, Activation::QuickGelu).unwrap()) < 1e-5);
         let bias = Bias::new(random((1, 300), 11).flatten_all().unwrap()).unwrap();
         let ours = Activation::Gelu.forward_biased(x.copy().unwrap(), Some(&bias)).unwrap();
         assert!(max_diff(&ours, &x.broadcast_add(&bias.tensor).unwrap().gelu_erf().unwrap()) < 1e-6);

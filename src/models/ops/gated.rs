@@ -61,6 +61,7 @@ multiversion! {
             Activation::GeluTanh => each!(Activation::GeluTanh),
             Activation::Relu => each!(Activation::Relu),
             Activation::Silu => each!(Activation::Silu),
+            Activation::QuickGelu => each!(Activation::QuickGelu),
         }
     }
 }

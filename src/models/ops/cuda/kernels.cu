@@ -51,12 +51,14 @@ __device__ float block_sum(float v, float *scratch) {
 #define ACT_GELU_TANH 1
 #define ACT_RELU 2
 #define ACT_SILU 3
+#define ACT_QUICK_GELU 4
 
 __device__ __forceinline__ float activate(float x, int act) {
     switch (act) {
     case ACT_GELU: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
     case ACT_GELU_TANH: return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     case ACT_RELU: return fmaxf(x, 0.f);
+    case ACT_QUICK_GELU: return x / (1.f + expf(-1.702f * x));
     default: return x / (1.f + expf(-x));
     }
 }

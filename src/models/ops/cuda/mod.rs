@@ -126,6 +126,7 @@ pub(crate) enum KernelActivation {
     GeluTanh = 1,
     Relu = 2,
     Silu = 3,
+    QuickGelu = 4,
 }
 
 /// A mask as the attention kernel applies it.

@@ -1,0 +1,179 @@
+//! Images in requests: where their bytes come from, and the chat-style content parts that
+//! carry them (vLLM's `messages`, Cohere's `inputs`, `/score`'s `{"content": […]}` sides).
+//!
+//! A data URL (`data:image/png;base64,…`) always works. An http(s) URL is fetched only when
+//! its host is one the server allows (`--allowed-media-domains`, as vLLM names it; exact host
+//! names), with no redirects (a redirect could leave the allowed hosts), a time limit
+//! (`--media-fetch-timeout`) and a size limit (`--payload-limit`, the bound a data URL has).
+//! Decoding happens in the engine, which refuses what is not a PNG, JPEG or WebP image.
+
+use super::error::ApiError;
+use crate::engine::Prompt;
+use crate::loader::image::decode_data_url;
+use serde_json::Value;
+use std::io::Read;
+use std::time::Duration;
+
+/// How the server gets images that requests name by URL.
+#[derive(Debug, Clone)]
+pub struct MediaOptions {
+    /// Hosts whose http(s) image URLs are fetched; empty: none (data URLs only).
+    pub allowed_domains: Vec<String>,
+    pub fetch_timeout: Duration,
+    /// Largest image fetched, in bytes.
+    pub max_bytes: usize,
+}
+
+impl Default for MediaOptions {
+    fn default() -> Self {
+        MediaOptions { allowed_domains: Vec::new(), fetch_timeout: Duration::from_secs(5), max_bytes: 2_000_000 }
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(message.into())
+}
+
+/// The bytes of the image at `url`.
+pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, ApiError> {
+    if url.starts_with("data:") {
+        return decode_data_url(url).map_err(bad);
+    }
+    let parsed = url::Url::parse(url).map_err(|_| bad(format!("Invalid image URL `{}`: expected a data URL (data:image/png;base64,…) or an http(s) URL", shorten(url))))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(bad(format!("Unsupported image URL scheme `{}`: send a data URL (data:image/png;base64,…) or an http(s) URL", parsed.scheme())));
+    }
+    let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
+    if !options.allowed_domains.iter().any(|d| d.eq_ignore_ascii_case(&host)) {
+        return Err(ApiError::BadRequest {
+            message: format!(
+                "The image URL's host `{host}` is not allowed: this server fetches images only from the hosts of --allowed-media-domains{}; send the image as a data URL",
+                if options.allowed_domains.is_empty() { " (none set)".to_string() } else { format!(" ({})", options.allowed_domains.join(", ")) }
+            ),
+            param: None,
+        });
+    }
+    let (url, options) = (url.to_string(), options.clone());
+    tokio::task::spawn_blocking(move || fetch(&url, &options)).await.map_err(|_| ApiError::Internal("the image fetch panicked".into()))?
+}
+
+fn fetch(url: &str, options: &MediaOptions) -> Result<Vec<u8>, ApiError> {
+    let agent = ureq::AgentBuilder::new().timeout(options.fetch_timeout).redirects(0).build();
+    let response = agent.get(url).call().map_err(|e| match e {
+        ureq::Error::Status(code, _) => bad(format!("Fetching the image at {} failed: HTTP {code}", shorten(url))),
+        ureq::Error::Transport(t) => bad(format!("Fetching the image at {} failed: {t}", shorten(url))),
+    })?;
+    if (300..400).contains(&response.status()) {
+        return Err(bad(format!("Fetching the image at {} failed: it redirects, and redirects are not followed", shorten(url))));
+    }
+    let mut bytes = Vec::new();
+    response
+        .into_reader()
+        .take(options.max_bytes as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(format!("Fetching the image at {} failed: {e}", shorten(url))))?;
+    if bytes.len() > options.max_bytes {
+        return Err(bad(format!("The image at {} is larger than the server's limit of {} bytes", shorten(url), options.max_bytes)));
+    }
+    Ok(bytes)
+}
+
+/// A URL as messages quote it: a data URL's megabytes are not echoed back.
+fn shorten(url: &str) -> String {
+    match url.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &url[..i]),
+        None => url.to_string(),
+    }
+}
+
+/// One embedding input from chat-style content: a string, or a list of parts
+/// (`{"type": "text", "text": …}`, `{"type": "image_url", "image_url": {"url": …}}`). Text
+/// parts are joined with a newline. **Decision**: image-text models (CLIP, SigLIP) embed a
+/// text or an image, not both together, so an input holding both, or several images, is a
+/// 400 asking to send them as separate inputs.
+pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<Prompt, ApiError> {
+    let parts = match content {
+        Value::String(text) => return Ok(Prompt::Text(text.clone())),
+        Value::Array(parts) => parts,
+        _ => return Err(bad("`content` must be a string or a list of content parts")),
+    };
+    let mut texts = Vec::new();
+    let mut images = Vec::new();
+    for part in parts {
+        match part.get("type").and_then(Value::as_str) {
+            Some("text") => texts.push(part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?),
+            Some("image_url") => images.push(image_url_of(part)?),
+            Some(other) => return Err(bad(format!("Unsupported content part type `{other}`: use `text` or `image_url`"))),
+            None => return Err(bad("every content part needs a `type` (`text` or `image_url`)")),
+        }
+    }
+    match (texts.is_empty(), images.as_slice()) {
+        (false, []) => Ok(Prompt::Text(texts.join("\n"))),
+        (true, [url]) => Ok(Prompt::Image(image_bytes(url, options).await?)),
+        (true, []) => Err(bad("an input's content holds no text and no image")),
+        _ => Err(bad("one input holds several parts (text and an image, or several images): image-text models embed one text or one image per input; send them as separate inputs")),
+    }
+}
+
+/// `part["image_url"]["url"]` (OpenAI and Cohere), or `part["image_url"]` as a plain string.
+fn image_url_of(part: &Value) -> Result<&str, ApiError> {
+    let field = part.get("image_url").ok_or_else(|| bad("an `image_url` content part needs an `image_url`"))?;
+    field
+        .as_str()
+        .or_else(|| field.get("url").and_then(Value::as_str))
+        .ok_or_else(|| bad("`image_url` must be {\"url\": \"data:image/…;base64,…\"} or a URL string"))
+}
+
+/// vLLM's chat-style embedding request: one input per message, from its `content`.
+pub async fn message_prompts(messages: &Value, options: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
+    let messages = messages.as_array().ok_or_else(|| ApiError::BadRequest { message: "`messages` must be a list of messages".into(), param: Some("messages") })?;
+    if messages.is_empty() {
+        return Err(ApiError::BadRequest { message: "`messages` must not be empty".into(), param: Some("messages") });
+    }
+    let mut prompts = Vec::with_capacity(messages.len());
+    for message in messages {
+        let content = message.get("content").ok_or_else(|| ApiError::BadRequest { message: "every message needs a `content`".into(), param: Some("messages") })?;
+        prompts.push(content_prompt(content, options).await?);
+    }
+    Ok(prompts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn data_urls_decode_and_refuse_what_is_not_base64_image_data() {
+        assert_eq!(decode_data_url("data:image/png;base64,aGVs\nbG8=").unwrap(), b"hello");
+        assert!(decode_data_url("data:image/png,hello").is_err());
+        assert!(decode_data_url("data:text/plain;base64,aGVsbG8=").is_err());
+        assert!(decode_data_url("data:image/png;base64,!!!").is_err());
+    }
+
+    #[test]
+    fn urls_of_hosts_not_allowed_are_refused_without_a_fetch() {
+        let options = MediaOptions::default();
+        for url in ["https://example.com/cat.png", "file:///etc/passwd", "ftp://example.com/a.png", "not a url"] {
+            assert!(run(image_bytes(url, &options)).is_err(), "{url}");
+        }
+    }
+
+    #[test]
+    fn content_holds_one_text_or_one_image() {
+        let options = MediaOptions::default();
+        let image = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}});
+        assert_eq!(run(content_prompt(&json!("hi"), &options)).unwrap(), Prompt::Text("hi".into()));
+        let texts = json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]);
+        assert_eq!(run(content_prompt(&texts, &options)).unwrap(), Prompt::Text("a\nb".into()));
+        assert_eq!(run(content_prompt(&json!([image]), &options)).unwrap(), Prompt::Image(b"hello".to_vec()));
+        assert!(run(content_prompt(&json!([image, {"type": "text", "text": "a"}]), &options)).is_err());
+        assert!(run(content_prompt(&json!([image, image]), &options)).is_err());
+        assert!(run(content_prompt(&json!([{"type": "audio_url"}]), &options)).is_err());
+        assert!(run(content_prompt(&json!([]), &options)).is_err());
+    }
+}
