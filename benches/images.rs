@@ -1,4 +1,5 @@
-//! Image-embedding benchmark (issue 20): the vision tower alone on preprocessed pixels, at
+//! Image-embedding benchmark (issue 20): the vision tower alone on preprocessed pixels (in
+//! the cache-sized groups the model thread runs), at
 //! batch 1 (latency) and batch 32 (throughput), and one image through the whole path
 //! (PNG decode, resize, crop, normalize, tower) via the engine.
 //!
@@ -11,6 +12,7 @@ use poolserve::config::ServerConfig;
 use poolserve::engine::params::PoolingParams;
 use poolserve::engine::{Engine, Prompt};
 use poolserve::loader;
+use poolserve::models;
 use poolserve::pooling::Task;
 use std::time::{Duration, Instant};
 
@@ -44,7 +46,7 @@ fn main() {
     for (batch, iterations) in [(1usize, 30usize), (32, 5)] {
         let pixels = pixels_of(batch);
         let median = median_of(iterations, || {
-            vision.tower.forward(&pixels, batch).expect("forward");
+            models::forward_images_chunked(vision.tower.as_ref(), &pixels, batch, models::FORWARD_CHUNK_TOKENS).expect("forward");
         });
         println!("batch {batch}: median {:.2} ms, {:.1} images/s", median.as_secs_f64() * 1e3, batch as f64 / median.as_secs_f64());
     }

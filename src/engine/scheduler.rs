@@ -267,8 +267,7 @@ impl Runner {
                 pixels.extend_from_slice(p);
             }
         }
-        let embeddings = tower
-            .forward(&pixels, jobs.len())
+        let embeddings = crate::models::forward_images_chunked(tower.as_ref(), &pixels, jobs.len(), self.chunk_tokens)
             .and_then(|e| e.to_device(&Device::Cpu))
             .and_then(|e| e.to_vec2::<f32>())
             .map_err(|e| crate::models::describe(&e))?;

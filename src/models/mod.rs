@@ -128,6 +128,21 @@ pub fn forward_chunked(backbone: &dyn Backbone, batch: &Batch, chunk_tokens: usi
     Tensor::cat(&parts, 0)
 }
 
+/// Runs `images` images through `tower` in cache-sized groups (about `chunk_tokens` tokens
+/// each, as [`forward_chunked`] does for texts); embeddings in image order.
+pub fn forward_images_chunked(tower: &dyn VisionTower, pixels: &[f32], images: usize, chunk_tokens: usize) -> candle_core::Result<Tensor> {
+    let per_group = (chunk_tokens / tower.tokens_per_image().max(1)).max(1);
+    if images <= per_group {
+        return tower.forward(pixels, images);
+    }
+    let per_image = pixels.len() / images.max(1);
+    let parts = pixels
+        .chunks(per_group * per_image)
+        .map(|group| tower.forward(group, group.len() / per_image))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&parts, 0)
+}
+
 /// A candle error as one line: candle appends a backtrace when RUST_BACKTRACE is set, which
 /// must not reach clients or the one-line startup error.
 pub fn describe(e: &candle_core::Error) -> String {
