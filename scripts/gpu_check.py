@@ -162,6 +162,19 @@ def check_image_text(server, expected):
     return results
 
 
+def check_rewards(server, expected, key="token_rewards"):
+    """Reward models: per-token rewards (or per-step probabilities) through /pooling token_classify."""
+    results = []
+    for case in expected["texts"]:
+        rows = server.post("/pooling", {"input": case["text"], "task": "token_classify"})["data"][0]["data"]
+        want = case[key]
+        # Raw rewards are logits of any scale: their error is relative to the largest one.
+        scale = max(1.0, max((abs(v) for w in want for v in w), default=1.0))
+        results.append(("diff", max((max_abs_diff(r, w) for r, w in zip(rows, want)), default=0.0) / scale if len(rows) == len(want) else float("inf")))
+    return results
+
+
+PRM_STEP = ["--pooler-config", json.dumps({"pooling_type": "STEP", "step_tag_id": 1000, "returned_token_ids": [0, 1]})]
 QWEN3_RERANKER = json.dumps({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": True})
 SPLADE = ["--pooler-config", json.dumps({"pooling_type": "SPLADE"})]
 
@@ -186,6 +199,8 @@ CHECKS = {
     "mpnet-embed-mean": ([], [check_embeddings]),
     "mpnet-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "qwen2-embed-last": ([], [check_embeddings]),
+    "qwen2-process-reward": (PRM_STEP, [lambda s, e: check_rewards(s, e, "step_probs")]),
+    "qwen2-reward": ([], [check_rewards]),
     "qwen3-causal-reranker": (["--hf-overrides", QWEN3_RERANKER], [check_pairs]),
     "qwen3-embed-last": ([], [check_embeddings]),
     "qwen3-seqcls": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),

@@ -115,6 +115,21 @@ impl Pooler {
         outputs.into_iter().map(vector).collect()
     }
 
+    /// Per-token outputs of a reward model, vLLM's `LLM.reward`: one row per token (raw
+    /// rewards for `Qwen2ForRewardModel`), or one row per step for a process reward model
+    /// (STEP pooling: softmax over the kept columns at each step tag). Any token classifier
+    /// answers the same way (its per-token probabilities).
+    pub fn reward(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<Vec<f32>>>, PoolerError> {
+        let outputs = self.encode(Task::TokenClassify, texts_to_prompts(texts), params)?;
+        outputs
+            .into_iter()
+            .map(|o| match o {
+                PoolingOutput::Tokens(rows) => Ok(rows),
+                _ => Err(PoolerError::Unsupported(Task::TokenClassify)),
+            })
+            .collect()
+    }
+
     /// Label and probabilities per text.
     pub fn classify(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Classification>, PoolerError> {
         let outputs = self.encode(Task::Classify, texts_to_prompts(texts), params)?;

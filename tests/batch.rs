@@ -224,3 +224,24 @@ fn embed_takes_images_by_path_and_data_url() {
     assert!(cos_png >= 0.999 && cos_webp >= 0.999, "{cos_png} {cos_webp}");
     assert_close(&floats(&written[1]["embedding"]), &floats(&reference["texts"][0]["text_embeds_normalized"]), "text line");
 }
+
+#[test]
+fn encode_token_classify_gives_per_token_rewards() {
+    let dir = workdir("rewards");
+    let reference = expected("qwen2-reward");
+    let input = dir.join("input.jsonl");
+    let lines: String = reference["texts"].as_array().unwrap().iter().enumerate().map(|(i, t)| serde_json::json!({"id": i, "text": t["text"]}).to_string() + "\n").collect();
+    std::fs::write(&input, lines).unwrap();
+    let out = dir.join("out.jsonl");
+    let model = fixture_model("qwen2-reward");
+    let (ok, stderr) = run(&["encode", model.to_str().unwrap(), "--task", "token_classify", "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    for (line, case) in read_lines(&out).iter().zip(reference["texts"].as_array().unwrap()) {
+        let ours = line["data"].as_array().unwrap();
+        let want = case["token_rewards"].as_array().unwrap();
+        assert_eq!(ours.len(), want.len());
+        for (a, b) in ours.iter().zip(want) {
+            assert!(max_abs_diff(&floats(a), &floats(b)) <= 1e-4, "{a} vs {b}");
+        }
+    }
+}

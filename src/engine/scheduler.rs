@@ -301,7 +301,7 @@ impl Runner {
                 Task::Embed => (&mut embedding_rows, self.pooling()?.pool(&states, start, len)),
                 Task::TokenEmbed => (&mut embedding_rows, All.pool(&states, start, len)),
                 Task::Classify | Task::Score | Task::TokenClassify => {
-                    (&mut classifier_rows, self.classifier(task)?.pool(&states, start, len))
+                    (&mut classifier_rows, self.classifier(task)?.pool(task, &states, start, len))
                 }
                 Task::EmbedSparse => {
                     let head = self.sparse_head.as_ref().ok_or("SPLADE needs a masked-LM head, which this model lacks")?;

@@ -158,7 +158,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let classifier = if spec.supports(Task::Classify) {
         let from_tokens = classifier_token_ids(spec.classifier_from_token.as_deref(), &tokenizer)?;
         let weights = architecture.classifier(&config, vb.clone(), spec.num_labels, from_tokens.as_deref())?;
-        Some(ClassifierHead::new(weights, None, logit_bias, spec.classify_activation, spec.score_activation))
+        Some(ClassifierHead::new(weights, spec.step.clone(), logit_bias, spec.classify_activation, spec.score_activation))
     } else if spec.supports(Task::TokenClassify) {
         let weights = architecture.token_classifier(&config, vb.clone(), spec.num_labels)?;
         Some(ClassifierHead::new(weights, spec.step.clone(), logit_bias, spec.classify_activation, spec.score_activation))

@@ -181,7 +181,12 @@ impl ModelSpec {
             tasks_for(&architecture_name, options.convert, hints)?
         };
         let supports = |task| tasks.contains(&task);
-        let default_pooling = if architecture.pools_last_token() { PoolingType::Last } else { PoolingType::Cls };
+        let default_pooling = match () {
+            // vLLM's process reward models pool the step tags.
+            _ if architecture_name == PROCESS_REWARD_MODEL && supports(Task::TokenClassify) => PoolingType::Step,
+            _ if architecture.pools_last_token() => PoolingType::Last,
+            _ => PoolingType::Cls,
+        };
         let pooling = pooler.pooling_type.or(sentence.pooling).unwrap_or(default_pooling);
         if pooler.pooling_type == Some(PoolingType::Step) && !supports(Task::TokenClassify) {
             return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
@@ -207,7 +212,7 @@ impl ModelSpec {
             _ if classifies || supports(Task::TokenClassify) => labels_of(config, num_labels),
             _ => Vec::new(),
         };
-        let step = (pooler.pooling_type == Some(PoolingType::Step)).then(|| StepFilter {
+        let step = (pooling == PoolingType::Step).then(|| StepFilter {
             step_tag_id: pooler.step_tag_id,
             columns: pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
         });
@@ -224,7 +229,9 @@ impl ModelSpec {
         } else {
             None
         };
-        let classify_activation = classify_activation(config, num_labels);
+        // Rewards are raw head outputs, as vLLM serves them.
+        let classify_activation =
+            if architecture_name == REWARD_MODEL && supports(Task::TokenClassify) { ClassifierActivation::Identity } else { classify_activation(config, num_labels) };
         Ok(ModelSpec {
             served_name: options.served_name.clone(),
             root: options.source.clone(),
@@ -362,6 +369,18 @@ pub fn labels_of(config: &Value, num_labels: usize) -> Vec<String> {
 }
 
 /// Whether the checkpoint carries a sequence-classification head.
+/// Qwen2.5-Math-RM's layout: per-token rewards (token_classify) and the last token's
+/// (classify), no activation.
+pub const REWARD_MODEL: &str = "Qwen2ForRewardModel";
+/// Qwen2.5-Math-PRM's layout: per-step probabilities by STEP pooling.
+pub const PROCESS_REWARD_MODEL: &str = "Qwen2ForProcessRewardModel";
+
+/// Reward checkpoints by their architecture name (`*ForRewardModel`, `*ForProcessRewardModel`,
+/// `*ForRewardModeling`, `*RewardModel`).
+pub fn is_reward_layout(architecture: &str) -> bool {
+    architecture.ends_with("RewardModel") || architecture.ends_with("RewardModeling")
+}
+
 pub fn is_sequence_classifier(architecture: &str) -> bool {
     architecture.ends_with("ForSequenceClassification")
 }
@@ -404,6 +423,11 @@ pub fn tasks_for(architecture: &str, convert: Convert, hints: TaskHints) -> Resu
     let masked_lm = architecture.ends_with("ForMaskedLM");
     match convert {
         Convert::Embed => Ok(embedder()),
+        Convert::Auto | Convert::Classify if architecture == PROCESS_REWARD_MODEL => Ok(vec![Task::TokenClassify]),
+        Convert::Auto | Convert::Classify if architecture == REWARD_MODEL => Ok(vec![Task::TokenClassify, Task::Classify]),
+        Convert::Auto | Convert::Classify if is_reward_layout(architecture) => Err(LoadError::Unsupported(format!(
+            "`{architecture}` is a reward-model layout poolserve does not know (known: {REWARD_MODEL}, {PROCESS_REWARD_MODEL}); serve its backbone with --convert embed (token_embed and embed, as vLLM converts *ForRewardModeling and *RewardModel)"
+        ))),
         Convert::Auto if hints.sentence_pooling => Ok(embedder()),
         Convert::Auto | Convert::Classify if is_sequence_classifier(architecture) => Ok(classifier_tasks()),
         Convert::Auto | Convert::Classify if architecture.ends_with("ForTokenClassification") => Ok(vec![Task::TokenClassify]),

@@ -6,7 +6,7 @@
 //! projection and gate/up into another at load time.
 
 use super::batch::Batch;
-use super::heads::{on_host, ClassifierWeights, HeadInput, RerankTemplate};
+use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier, RerankTemplate};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Result, Tensor};
@@ -55,6 +55,10 @@ impl Architecture for QwenVersion {
     fn classifier(&self, raw: &Value, vb: VarBuilder, num_labels: usize, from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
         let config: QwenConfig = parse_config(raw)?;
         let h = config.hidden_size;
+        if vb.contains_tensor("score.0.weight") {
+            // A reward model's sequence reward: its head on the last token.
+            return reward_head(&vb, h, num_labels, HeadInput::Last);
+        }
         let Some(tokens) = from_tokens else {
             let input = match raw.get("pad_token_id").and_then(Value::as_u64) {
                 Some(pad) => HeadInput::LastNonPad { pad_token_id: pad as u32 },
@@ -73,6 +77,14 @@ impl Architecture for QwenVersion {
         let original_reranker = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false);
         let weight = if original_reranker && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
         Ok(ClassifierWeights { pre: None, classifier: Linear::new(weight, None)?, input: HeadInput::Last })
+    }
+
+    /// The reward head of `Qwen2ForRewardModel` / `Qwen2ForProcessRewardModel` on every token.
+    fn token_classifier(&self, raw: &Value, vb: VarBuilder, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
+        if !vb.contains_tensor("score.0.weight") {
+            return Err(ModelError::NoHead(format!("token classification heads for {} are the reward heads of Qwen2ForRewardModel / Qwen2ForProcessRewardModel (`score.0`, `score.2`); this checkpoint has none", self.name())));
+        }
+        reward_head(&vb, parse_config::<QwenConfig>(raw)?.hidden_size, num_labels, HeadInput::EveryToken)
     }
 
     /// Qwen3 one-label classifiers are Qwen3-Reranker conversions, whose pairs are always wrapped
@@ -283,3 +295,13 @@ impl Backbone for Qwen {
     }
 }
 
+/// Qwen2.5-Math-RM / -PRM's `score`: Linear(hidden, hidden) → ReLU → Linear(hidden,
+/// num_labels), both with biases (`score.0`, `score.2` of an `nn.Sequential`).
+fn reward_head(vb: &VarBuilder, h: usize, num_labels: usize, input: HeadInput) -> std::result::Result<ClassifierWeights, ModelError> {
+    let dense = host_linear(&vb.pp("score.0"), h, h)?;
+    Ok(ClassifierWeights {
+        pre: Some(PreClassifier { dense, activation: Some(Activation::Relu), norm: None }),
+        classifier: host_linear(&vb.pp("score.2"), num_labels, h)?,
+        input,
+    })
+}

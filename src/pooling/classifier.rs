@@ -102,8 +102,13 @@ impl ClassifierHead {
     }
 
     /// Pools one sequence for the head.
-    pub fn pool(&self, hidden: &HiddenStates, start: usize, len: usize) -> Vec<f32> {
-        self.pooling.pool(hidden, start, len)
+    pub fn pool(&self, task: Task, hidden: &HiddenStates, start: usize, len: usize) -> Vec<f32> {
+        // token_classify reads every token whatever token the sequence-level head reads (a
+        // reward model serves both from one head).
+        match task {
+            Task::TokenClassify => super::method::All.pool(hidden, start, len),
+            _ => self.pooling.pool(hidden, start, len),
+        }
     }
 
     /// Logits for every pooled row (row-major, `width` columns), as one batched product;
