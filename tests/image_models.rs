@@ -252,6 +252,15 @@ async fn bad_images_and_urls_are_refused_with_400() {
         assert_eq!(reply.status, 400, "{what}: {}", reply.body);
         assert!(reply.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {}", reply.body);
     }
+    // A strip of 1001×1 pixels: over the 1000:1 aspect ratio.
+    let strip = {
+        let mut png = std::io::Cursor::new(Vec::new());
+        image::RgbImage::new(1001, 1).write_to(&mut png, image::ImageFormat::Png).unwrap();
+        format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png.into_inner()))
+    };
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [image_message(&strip)]})).await;
+    assert_eq!(reply.status, 400, "strip: {}", reply.body);
+    assert!(reply.body["error"]["message"].as_str().unwrap().contains("1000:1"), "{}", reply.body);
     // The small image within the limit still embeds, after all those refusals.
     let reply = post(&router, "/v1/embeddings", json!({"messages": [image_message(&data_url("gray_19x25.png"))]})).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
@@ -295,24 +304,37 @@ async fn serve_once(status: u16, body: Vec<u8>) -> u16 {
 async fn urls_of_allowed_hosts_are_fetched_within_limits() {
     let expected = expected("clip-tiny");
     let image = image_bytes("gray_19x25.png");
-    let media = MediaOptions { allowed_domains: vec!["127.0.0.1".into()], fetch_timeout: std::time::Duration::from_secs(5), max_bytes: 100_000 };
-    let router = router_with("clip-tiny", media.clone(), |_| {});
     let ok = serve_once(200, image.clone()).await;
+    let redirect = serve_once(302, Vec::new()).await;
+    let missing = serve_once(404, Vec::new()).await;
+    let large = serve_once(200, vec![0u8; 200_000]).await;
+    // A bare host allows its default port only; these servers' ports are allowed one by one.
+    let mut allowed: Vec<String> = [ok, redirect, missing, large].iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    allowed.push("localhost".into());
+    let media = MediaOptions { allowed_domains: allowed, fetch_timeout: std::time::Duration::from_secs(5), max_bytes: 100_000 };
+    let router = router_with("clip-tiny", media, |_| {});
     let reply = post(&router, "/v1/embeddings", json!({"messages": [image_message(&format!("http://127.0.0.1:{ok}/gray.png"))]})).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     let gray = expected["images"].as_array().unwrap().iter().find(|i| i["file"] == "gray_19x25.png").unwrap();
     assert_image_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&gray["image_embeds_normalized"]), "fetched image");
 
-    let redirect = serve_once(302, Vec::new()).await;
-    let missing = serve_once(404, Vec::new()).await;
-    let large = serve_once(200, vec![0u8; 200_000]).await;
     for (what, url) in [
         ("redirect", format!("http://127.0.0.1:{redirect}/a.png")),
         ("404", format!("http://127.0.0.1:{missing}/a.png")),
         ("over max_bytes", format!("http://127.0.0.1:{large}/a.png")),
-        ("other host", format!("http://localhost:{ok}/a.png")),
+        ("other host", format!("http://127.0.0.2:{ok}/a.png")),
+        ("allowed host, port not allowed", format!("http://localhost:{ok}/a.png")),
     ] {
         let reply = post(&router, "/v1/embeddings", json!({"messages": [image_message(&url)]})).await;
         assert_eq!(reply.status, 400, "{what}: {}", reply.body);
     }
+}
+
+#[test]
+fn chunked_processing_is_refused_for_image_text_models() {
+    let config = config_for(&fixture_model("clip-tiny"), |c| {
+        c.models[0].pooler = serde_json::from_value(json!({"enable_chunked_processing": true, "max_embed_len": 1000})).unwrap();
+    });
+    let error = Engine::load(&config.models[0], &config.engine).err().expect("load fails").to_string();
+    assert!(error.contains("chunked processing does not apply to image-text models"), "{error}");
 }

@@ -96,22 +96,15 @@ async fn process_reward_model_scores_steps() {
     // Only token_classify: /classify is refused.
     assert_eq!(post(&router, "/classify", json!({"input": "a"})).await.status, 400);
 
-    // Without step_tag_id the STEP pooler keeps every token (vLLM): softmax of every row.
+    // Without step_tag_id the PRM uses vLLM's default, Qwen2.5-Math-PRM's `<extra_0>` (151651),
+    // which the tiny fixture's vocabulary lacks: no step rows.
     let router = router_without_step();
     let reply = post(&router, "/pooling", json!({"input": cases[1]["text"]})).await;
-    let every: Vec<Vec<f32>> = rows(&cases[1]["token_rewards"]).iter().map(|r| softmax(r)).collect();
-    assert_rows_close(&rows(&reply.body["data"][0]["data"]), &every, "every token");
+    assert_eq!(reply.body["data"][0]["data"], json!([]), "{}", reply.body);
 }
 
 fn router_without_step() -> axum::Router {
     router(engine(&fixture_model("qwen2-process-reward"), |_| {}), 2_000_000)
-}
-
-fn softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = row.iter().map(|x| (x - max).exp()).collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
 }
 
 #[test]

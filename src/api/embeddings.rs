@@ -77,7 +77,7 @@ pub async fn create(
     AppState::require_input(&request.input, request.messages.as_ref())?;
     let (engine, permit) = state.begin(request.model.as_deref(), Task::Embed, "Embeddings")?;
     let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
-    let prompts = state.inputs(&request.input, request.messages.as_ref()).await?;
+    let prompts = state.inputs(&request.input, request.messages.as_ref(), engine.spec().images).await?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let format = request.encoding_format.unwrap_or_default();
     let (dtype, endianness) = (request.embed_dtype.unwrap_or_default(), request.endianness.unwrap_or_default());

@@ -3,7 +3,7 @@
 //!
 //! A data URL (`data:image/png;base64,…`) always works. An http(s) URL is fetched only when
 //! its host is one the server allows (`--allowed-media-domains`, as vLLM names it; exact host
-//! names), with no redirects (a redirect could leave the allowed hosts), a time limit
+//! names, on the scheme's default port unless an entry is `host:port`), with no redirects (a redirect could leave the allowed hosts), a time limit
 //! (`--media-fetch-timeout`) and a size limit (`--payload-limit`, the bound a data URL has).
 //! Decoding happens in the engine, which refuses what is not a PNG, JPEG or WebP image.
 
@@ -44,7 +44,12 @@ pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, A
         return Err(bad(format!("Unsupported image URL scheme `{}`: send a data URL (data:image/png;base64,…) or an http(s) URL", parsed.scheme())));
     }
     let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
-    if !options.allowed_domains.iter().any(|d| d.eq_ignore_ascii_case(&host)) {
+    // A bare host allows its scheme's default port only; `host:port` entries allow that port.
+    let allowed = match parsed.port() {
+        None => options.allowed_domains.iter().any(|d| d.eq_ignore_ascii_case(&host)),
+        Some(port) => options.allowed_domains.iter().any(|d| d.eq_ignore_ascii_case(&format!("{host}:{port}"))),
+    };
+    if !allowed {
         return Err(ApiError::BadRequest {
             message: format!(
                 "The image URL's host `{host}` is not allowed: this server fetches images only from the hosts of --allowed-media-domains{}; send the image as a data URL",

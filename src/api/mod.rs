@@ -140,10 +140,17 @@ impl AppState {
 
     /// The inputs of a request that takes text `input` or vLLM's chat-style `messages` (one
     /// input per message, images allowed): exactly one of the two.
-    pub async fn inputs(&self, input: &serde_json::Value, messages: Option<&serde_json::Value>) -> Result<Vec<Prompt>, ApiError> {
+    /// **Decision**: `messages` is taken for image-text models only. vLLM renders a text
+    /// model's messages through its chat template into one input, which we do not; refusing
+    /// beats a silently different embedding.
+    pub async fn inputs(&self, input: &serde_json::Value, messages: Option<&serde_json::Value>, takes_images: bool) -> Result<Vec<Prompt>, ApiError> {
         match messages {
             None => self.prompts(input),
             Some(_) if !input.is_null() => Err(ApiError::BadRequest { message: "Send either `input` or `messages`, not both".into(), param: Some("messages") }),
+            Some(_) if !takes_images => Err(ApiError::BadRequest {
+                message: "`messages` is accepted for image-text models (CLIP, SigLIP) only: this model takes text in `input` (chat templates are not applied)".into(),
+                param: Some("messages"),
+            }),
             Some(messages) => {
                 if let Some(count) = messages.as_array().map(Vec::len) {
                     self.check_batch_size(count)?;

@@ -93,7 +93,7 @@ pub async fn create(
     };
     let permit = admit(engine)?;
     let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
-    let prompts = state.inputs(&request.input, request.messages.as_ref()).await?;
+    let prompts = state.inputs(&request.input, request.messages.as_ref(), spec.images).await?;
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
     let data = outputs
         .into_iter()

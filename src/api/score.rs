@@ -163,8 +163,14 @@ pub async fn create(
     let params = score_params(engine, &request.params, &request.pair)?;
     if let Some((first, second)) = request.content_sides() {
         // A side of content parts (vLLM's multimodal form): texts and images, embedded.
-        let counts = [first, second].map(|side| side.get("content").and_then(Value::as_array).map_or(1, Vec::len));
-        state.check_batch_size(counts[0].max(counts[1]))?;
+        if !engine.spec().images {
+            return Err(ApiError::bad_request("Sides of content parts (`{\"content\": [...]}`) need an image-text model (CLIP, SigLIP); this model does not take images"));
+        }
+        let count = |side: &Value| match side.get("content").and_then(Value::as_array) {
+            Some(parts) => Ok(parts.len()),
+            None => texts_of(side, "content").map(|t| t.len()),
+        };
+        state.check_batch_size(count(first)?.max(count(second)?))?;
         let media = &state.options().media;
         let (queries, documents) = (side_prompts(first, media).await?, side_prompts(second, media).await?);
         let (scores, tokens) = engine.score_embedded(queries, documents, &params).await?;

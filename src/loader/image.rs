@@ -27,6 +27,8 @@ pub enum ImageError {
     Undecodable(String),
     #[error("the image is {width}x{height} pixels, more than the {max_pixels} allowed")]
     TooLarge { width: u32, height: u32, max_pixels: u64 },
+    #[error("the image is {width}x{height} pixels: sides over {MAX_ASPECT}:1 are refused (resampling cost grows with the ratio)")]
+    AspectRatio { width: u32, height: u32 },
     #[error("unsupported image format: only PNG, JPEG and WebP are accepted")]
     UnsupportedFormat,
     #[error("image processor config: {0}")]
@@ -100,6 +102,9 @@ const OPENAI_CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
 const OPENAI_CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 /// Output sizes above this are refused: no vision tower uses them and they would size allocations.
 const MAX_SIDE: usize = 16384;
+/// Longest side over shortest side accepted: a 40-megapixel 1-pixel-high strip would make
+/// resampling tables of hundreds of megabytes; no photo or scan comes near this.
+pub const MAX_ASPECT: usize = 1000;
 
 impl TryFrom<RawConfig> for ImageProcessorConfig {
     type Error = String;
@@ -231,6 +236,9 @@ pub fn preprocess(bytes: &[u8], config: &ImageProcessorConfig, limits: &ImageLim
     config.check()?;
     let (img, source) = decode(bytes, limits)?;
     let (w, h) = (img.width() as usize, img.height() as usize);
+    if w.max(h) > w.min(h).saturating_mul(MAX_ASPECT) {
+        return Err(ImageError::AspectRatio { width: w as u32, height: h as u32 });
+    }
     let rgb = to_rgb(img);
     // transformers' get_resize_output_image_size: int(s * long / short) truncates.
     let (rh, rw) = match (config.do_resize, config.size) {

@@ -173,7 +173,9 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
 /// `preprocessor_config.json`, checked against the tower it feeds.
 fn image_processor(source: &ModelSource, tower: &dyn models::VisionTower, text_size: usize) -> Result<image::ImageProcessorConfig, LoadError> {
     let path = source.required("preprocessor_config.json")?;
-    let processor = image::ImageProcessorConfig::from_file(&path).map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
+    let processor = image::ImageProcessorConfig::from_file(&path)
+        .and_then(|p| p.check().map(|()| p))
+        .map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
     let (height, width) = processor.output_size();
     if (height, width) != (tower.image_size(), tower.image_size()) {
         return Err(LoadError::Invalid(format!(

@@ -164,13 +164,21 @@ impl ModelSpec {
     pub fn decide(input: SpecInputs) -> Result<ModelSpec, LoadError> {
         let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision } = input;
         let pooler = &options.pooler;
-        let num_labels = num_labels_of(config);
+        // vLLM fixes the reward heads' sizes (Qwen2.5-Math-RM's config.json names none).
+        let num_labels = match architecture_name.as_str() {
+            REWARD_MODEL => 1,
+            PROCESS_REWARD_MODEL => 2,
+            _ => num_labels_of(config),
+        };
         let hints = TaskHints {
             num_labels,
             pooling: pooler.pooling_type.or(sentence.pooling),
             multi_vector: sentence.multi_vector,
             sentence_pooling: sentence.pooling_module,
         };
+        if vision && pooler.enable_chunked_processing == Some(true) {
+            return Err(LoadError::Unsupported(format!("`{architecture_name}`: chunked processing does not apply to image-text models (their texts are read at one token)")));
+        }
         let tasks = if vision {
             // An image-text model's one job: embeddings of texts and images in one space.
             if !matches!(options.convert, Convert::Auto | Convert::Embed) {
@@ -213,7 +221,8 @@ impl ModelSpec {
             _ => Vec::new(),
         };
         let step = (pooling == PoolingType::Step).then(|| StepFilter {
-            step_tag_id: pooler.step_tag_id,
+            // vLLM's default for Qwen2.5-Math-PRM: its `<extra_0>` step separator.
+            step_tag_id: pooler.step_tag_id.or((architecture_name == PROCESS_REWARD_MODEL).then_some(QWEN_PRM_STEP_TAG)),
             columns: pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
         });
         if let Some(bad) = step.as_ref().and_then(|s| s.columns.as_ref()).and_then(|c| c.iter().find(|&&c| c >= num_labels)) {
@@ -374,6 +383,9 @@ pub fn labels_of(config: &Value, num_labels: usize) -> Vec<String> {
 pub const REWARD_MODEL: &str = "Qwen2ForRewardModel";
 /// Qwen2.5-Math-PRM's layout: per-step probabilities by STEP pooling.
 pub const PROCESS_REWARD_MODEL: &str = "Qwen2ForProcessRewardModel";
+/// Qwen2.5-Math-PRM's step separator `<extra_0>`: the PRM's `step_tag_id` unless
+/// `--pooler-config` names another (vLLM's default).
+pub const QWEN_PRM_STEP_TAG: u32 = 151_651;
 
 /// Reward checkpoints by their architecture name (`*ForRewardModel`, `*ForProcessRewardModel`,
 /// `*ForRewardModeling`, `*RewardModel`).

@@ -117,6 +117,8 @@ pub(super) struct TowerConfig {
     pub patch_size: Option<usize>,
     pub num_channels: Option<usize>,
     pub vision_use_head: Option<bool>,
+    /// SigLIP's text `head` output size.
+    pub projection_size: Option<usize>,
 }
 
 /// transformers' defaults for a tower's shape.

@@ -69,7 +69,7 @@ impl Architecture for Siglip {
             position_embedding: tv.get((max_positions, h), "embeddings.position_embedding.weight")?,
             encoder: PreLnEncoder::load(&tv.pp("encoder"), &text)?,
             final_norm: layer_norm(&tv.pp("final_layer_norm"), h, text.layer_norm_eps)?,
-            projection: linear(&tv.pp("head"), h, h)?,
+            projection: linear(&tv.pp("head"), config.text_config.projection_size.unwrap_or(h), h)?,
             mask: AttentionMask::Bidirectional,
             vocab_size,
             max_positions,
