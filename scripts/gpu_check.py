@@ -162,6 +162,29 @@ def check_image_text(server, expected):
     return results
 
 
+def check_chat(server, expected):
+    """The chat template's token ids (transformers' apply_chat_template), and a conversation's
+    embedding equal to its rendered text's."""
+    chat = expected["chat"]
+    results = []
+    for case in chat["cases"]:
+        if case["template"] != "folder":
+            continue
+        body = {"messages": chat["conversations"][case["conversation"]], "add_generation_prompt": False}
+        for key, value in case["options"].items():
+            if key == "enable_thinking":
+                body["chat_template_kwargs"] = {"enable_thinking": value}
+            else:
+                body[key] = value
+        tokens = server.post("/tokenize", body)["tokens"]
+        results.append(("diff", 0.0 if tokens == case["input_ids"] else float("inf")))
+    case = chat["cases"][0]
+    rendered = server.post("/v1/embeddings", {"input": case["text"], "add_special_tokens": False})["data"][0]["embedding"]
+    chatted = server.post("/v1/embeddings", {"messages": chat["conversations"][case["conversation"]]})["data"][0]["embedding"]
+    results.append(("cosine", cosine(rendered, chatted)))
+    return results
+
+
 def check_rewards(server, expected, key="token_rewards"):
     """Reward models: per-token rewards (or per-step probabilities) through /pooling token_classify."""
     results = []
@@ -198,6 +221,7 @@ CHECKS = {
     "mpnet-embed-masked-lm": ([], [check_embeddings]),
     "mpnet-embed-mean": ([], [check_embeddings]),
     "mpnet-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "qwen2-embed-chat": ([], [check_embeddings, check_chat]),
     "qwen2-embed-last": ([], [check_embeddings]),
     "qwen2-process-reward": (PRM_STEP, [lambda s, e: check_rewards(s, e, "step_probs")]),
     "qwen2-reward": ([], [check_rewards]),
