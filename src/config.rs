@@ -29,12 +29,37 @@ pub struct ServeArgs {
     pub runner: Runner,
     #[arg(long, value_enum, default_value = "auto", env = "POOLSERVE_CONVERT")]
     pub convert: Convert,
-    /// JSON object: pooling_type, normalize, dimensions, use_activation, ...
+    /// JSON object: task, pooling_type, use_activation, dimensions, ... (vLLM's PoolerConfig;
+    /// also as `--pooler-config.KEY VALUE`).
     #[arg(long, env = "POOLSERVE_POOLER_CONFIG")]
     pub pooler_config: Option<String>,
-    /// JSON object merged into config.json before anything reads it.
+    /// JSON object merged into config.json before anything reads it (also as
+    /// `--hf-overrides.KEY VALUE`).
     #[arg(long, env = "POOLSERVE_HF_OVERRIDES")]
     pub hf_overrides: Option<String>,
+    /// The chat template that renders `messages`: a file, or the Jinja template itself
+    /// (default: the model folder's).
+    #[arg(long, env = "POOLSERVE_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// How the template reads a message's content: `string` (text parts joined), `openai`
+    /// (a list of parts) or `auto` (decided from the template).
+    #[arg(long, default_value = "auto", env = "POOLSERVE_CHAT_TEMPLATE_CONTENT_FORMAT")]
+    pub chat_template_content_format: String,
+    /// Let requests send their own `chat_template` (rendered under the same work limit).
+    #[arg(long, env = "POOLSERVE_TRUST_REQUEST_CHAT_TEMPLATE")]
+    pub trust_request_chat_template: bool,
+    /// vLLM flags that a command line written for vLLM may carry and that change nothing
+    /// here (no GPU memory pool, no CUDA graphs, no custom model code): accepted, ignored.
+    #[arg(long, hide = true)]
+    pub enforce_eager: bool,
+    #[arg(long, hide = true)]
+    pub trust_remote_code: bool,
+    #[arg(long, hide = true)]
+    pub gpu_memory_utilization: Option<f64>,
+    #[arg(long, hide = true)]
+    pub disable_log_requests: bool,
+    #[arg(long, hide = true)]
+    pub disable_log_stats: bool,
     /// Hub revision (branch, tag or commit) for hub ids.
     #[arg(long, env = "POOLSERVE_REVISION")]
     pub revision: Option<String>,
@@ -68,7 +93,8 @@ pub struct ServeArgs {
     pub reranker_instruction: Option<String>,
     /// Token budget of one forward pass (sum of the batch's sequence lengths); default 4096 on
     /// the CPU (cache-sized), 16384 on CUDA (TEI's default: larger products fill a GPU).
-    #[arg(long, env = "POOLSERVE_MAX_BATCH_TOKENS")]
+    /// vLLM's `--max-num-batched-tokens` is the same setting.
+    #[arg(long, env = "POOLSERVE_MAX_BATCH_TOKENS", alias = "max-num-batched-tokens")]
     pub max_batch_tokens: Option<usize>,
     /// Most sequences in one forward pass.
     #[arg(long, default_value_t = 256, env = "POOLSERVE_MAX_NUM_SEQS")]
@@ -130,6 +156,8 @@ pub struct ServerConfig {
     pub payload_limit: usize,
     pub api_key: Option<String>,
     pub max_client_batch_size: usize,
+    /// `--trust-request-chat-template`: requests may bring their own chat template.
+    pub trust_request_chat_template: bool,
     pub shutdown_timeout: std::time::Duration,
     pub log_format: LogFormat,
     /// Hosts whose image URLs are fetched, and the fetch's time limit.
@@ -185,6 +213,108 @@ fn unique_names(models: &[ModelOptions]) -> Result<(), ConfigError> {
     }
 }
 
+/// A command line written for vLLM, as clap reads ours: flag names with underscores
+/// (`--hf_overrides`) take dashes, and vLLM's dotted JSON flags (`--pooler-config.task
+/// token_embed`, `--hf-overrides.a.b 1`) become one JSON object per flag, merged over the
+/// flag's own JSON when it is given too. A dotted value is read as JSON, else as a string.
+pub fn vllm_style_args(args: Vec<String>) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::with_capacity(args.len());
+    let mut dotted: Vec<(String, serde_json::Map<String, serde_json::Value>)> = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let Some(flag) = arg.strip_prefix("--").filter(|f| !f.is_empty()) else {
+            out.push(arg);
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((name, value)) => (name.replace('_', "-"), Some(value.to_string())),
+            None => (flag.replace('_', "-"), None),
+        };
+        let Some((base, path)) = name.split_once('.') else {
+            out.push(match inline {
+                Some(value) => format!("--{name}={value}"),
+                None => format!("--{name}"),
+            });
+            continue;
+        };
+        let value = match inline {
+            Some(value) => value,
+            None => args.next().ok_or_else(|| format!("--{name} needs a value"))?,
+        };
+        let value = serde_json::from_str(&value).unwrap_or(serde_json::Value::String(value));
+        let object = match dotted.iter_mut().find(|(flag, _)| *flag == base) {
+            Some((_, object)) => object,
+            None => {
+                dotted.push((base.to_string(), serde_json::Map::new()));
+                &mut dotted.last_mut().expect("just pushed").1
+            }
+        };
+        let keys: Vec<&str> = path.split('.').collect();
+        insert_path(object, &keys, value);
+    }
+    for (flag, object) in dotted {
+        // Merged over the flag's own JSON, which then leaves the command line.
+        let long = format!("--{flag}");
+        let position = out.iter().position(|a| *a == long || a.starts_with(&format!("{long}=")));
+        let mut merged = match position {
+            Some(i) => {
+                let own = match out[i].split_once('=') {
+                    Some((_, value)) => value.to_string(),
+                    None => out.get(i + 1).cloned().ok_or_else(|| format!("{long} needs a value"))?,
+                };
+                let taken = if out[i].contains('=') { 1 } else { 2 };
+                out.drain(i..i + taken);
+                match serde_json::from_str(&own) {
+                    Ok(serde_json::Value::Object(map)) => map,
+                    _ => return Err(format!("{long} must be a JSON object to take {long}.KEY values")),
+                }
+            }
+            None => serde_json::Map::new(),
+        };
+        merge(&mut merged, object);
+        out.push(long);
+        out.push(serde_json::Value::Object(merged).to_string());
+    }
+    Ok(out)
+}
+
+fn insert_path(object: &mut serde_json::Map<String, serde_json::Value>, keys: &[&str], value: serde_json::Value) {
+    match keys {
+        [] => {}
+        [last] => {
+            object.insert(last.to_string(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = object.entry(first.to_string()).or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if !entry.is_object() {
+                *entry = serde_json::Value::Object(Default::default());
+            }
+            if let serde_json::Value::Object(inner) = entry {
+                insert_path(inner, rest, value);
+            }
+        }
+    }
+}
+
+fn merge(base: &mut serde_json::Map<String, serde_json::Value>, over: serde_json::Map<String, serde_json::Value>) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(serde_json::Value::Object(inner)), serde_json::Value::Object(more)) => merge(inner, more),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// `--chat-template-content-format`: `auto` (`None`) or a fixed format.
+fn content_format(value: &str) -> Result<Option<crate::loader::chat_template::ContentFormat>, String> {
+    match value {
+        "auto" => Ok(None),
+        other => other.parse().map(Some).map_err(|e| format!("--chat-template-content-format: {e}")),
+    }
+}
+
 /// `--config FILE`: the models file. One schema, in YAML or JSON (JSON is read as YAML, of
 /// which it is a subset): `models`, a list of entries with `model` (folder or hub id), an
 /// optional `name`, and any per-model serve option under its flag's snake_case name. An
@@ -217,6 +347,8 @@ mod models_file {
         default_prompt_name: Option<String>,
         default_prompt: Option<String>,
         reranker_instruction: Option<String>,
+        chat_template: Option<String>,
+        chat_template_content_format: Option<String>,
     }
 
     pub(super) fn read(path: &std::path::Path, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
@@ -232,7 +364,7 @@ mod models_file {
         let models: Vec<ModelOptions> = file
             .models
             .into_iter()
-            .map(|e| {
+            .map(|e| -> Result<ModelOptions, String> {
                 let d = defaults.clone();
                 // An entry that sets a default prompt sets it alone: the flags' prompt defaults
                 // do not mix with it (one would silently win).
@@ -241,7 +373,7 @@ mod models_file {
                 } else {
                     (d.default_prompt_name, d.default_prompt)
                 };
-                ModelOptions {
+                Ok(ModelOptions {
                     served_name: e.name.unwrap_or_else(|| e.model.clone()),
                     source: e.model,
                     revision: e.revision.or(d.revision),
@@ -255,9 +387,14 @@ mod models_file {
                     reranker_instruction: e.reranker_instruction.or(d.reranker_instruction),
                     default_prompt_name,
                     default_prompt,
-                }
+                    chat_template: e.chat_template.or(d.chat_template),
+                    chat_template_content_format: match e.chat_template_content_format {
+                        Some(format) => super::content_format(&format)?,
+                        None => d.chat_template_content_format,
+                    },
+                })
             })
-            .collect();
+            .collect::<Result<_, String>>()?;
         unique_names(&models).map_err(|e| e.to_string())?;
         Ok(models)
     }
@@ -293,6 +430,8 @@ impl TryFrom<ServeArgs> for ServerConfig {
             reranker_instruction: args.reranker_instruction,
             default_prompt_name: args.default_prompt_name,
             default_prompt: args.default_prompt,
+            chat_template: args.chat_template,
+            chat_template_content_format: content_format(&args.chat_template_content_format).map_err(ConfigError)?,
         };
         let models = match &args.config {
             Some(path) => models_file::read(path, &defaults)?,
@@ -323,6 +462,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
                 key => key,
             },
             max_client_batch_size: positive("max-client-batch-size", args.max_client_batch_size)?,
+            trust_request_chat_template: args.trust_request_chat_template,
             shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
             log_format: args.log_format,
             allowed_media_domains: args.allowed_media_domains.iter().map(|d| d.trim().to_ascii_lowercase()).filter(|d| !d.is_empty()).collect(),
@@ -344,6 +484,7 @@ impl ServerConfig {
             payload_limit: 2_000_000,
             api_key: None,
             max_client_batch_size: 1024,
+            trust_request_chat_template: false,
             shutdown_timeout: std::time::Duration::from_secs(30),
             log_format: LogFormat::Text,
             allowed_media_domains: Vec::new(),
@@ -355,6 +496,19 @@ impl ServerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vllm(args: &[&str]) -> Vec<String> {
+        vllm_style_args(args.iter().map(|a| a.to_string()).collect()).unwrap()
+    }
+
+    #[test]
+    fn vllm_command_lines_read_as_ours() {
+        assert_eq!(vllm(&["serve", "m", "--hf_overrides", "{}", "--max_model_len=5"]), ["serve", "m", "--hf-overrides", "{}", "--max-model-len=5"]);
+        assert_eq!(vllm(&["serve", "m", "--pooler-config.task", "token_embed"]), ["serve", "m", "--pooler-config", r#"{"task":"token_embed"}"#]);
+        let merged = vllm(&["serve", "m", "--pooler-config", r#"{"use_activation": false, "task": "embed"}"#, "--pooler-config.task=token_classify", "--hf-overrides.a.b", "2"]);
+        assert_eq!(merged, ["serve", "m", "--pooler-config", r#"{"task":"token_classify","use_activation":false}"#, "--hf-overrides", r#"{"a":{"b":2}}"#]);
+        assert!(vllm_style_args(vec!["--pooler-config.task".into()]).is_err());
+    }
 
     /// `for_model` spells out the flags' defaults: they must stay equal to what clap gives
     /// (compared field by field through Debug, with none of the flags' variables set).

@@ -27,7 +27,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // vLLM's spellings of the flags (`--pooler-config.task X`, `--hf_overrides`) read as ours.
+    let args = match poolserve::config::vllm_style_args(std::env::args().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     let (batch, args) = match cli.command {
         Command::Serve(args) => (None, args),
         Command::Embed(b) => (Some((batch::Command::Embed, b.clone())), b.model),

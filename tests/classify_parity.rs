@@ -201,3 +201,27 @@ async fn qwen3_causal_lm_converts_to_the_reranker() {
     assert!(engine.spec().supports(Task::Score));
     check_template_pairs("qwen3-causal-reranker", engine).await;
 }
+
+/// token_classify of sequence classifiers (vLLM's `DispatchPooler.for_seq_cls`: the classifier
+/// on every token; BERT's pooler, DistilBERT's pre_classifier and ModernBERT's head stay
+/// sequence-level, RoBERTa's and MPNet's dense layer runs per token), against transformers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequence_classifiers_classify_every_token() {
+    let reference = expected("vllm-compat");
+    for (name, case) in reference["token_classify"].as_object().unwrap() {
+        let engine = engine(&fixture_model(name), |c| c.models[0].pooler.task = Some("token_classify".into()));
+        assert_eq!(engine.spec().pooling_task, Task::TokenClassify, "{name}");
+        let params = params(&engine, Task::TokenClassify, None);
+        let inputs = case["inputs"].as_array().unwrap();
+        let prompts = inputs.iter().map(|i| Prompt::Text(i["text"].as_str().unwrap().to_string())).collect();
+        let (outputs, _) = engine.encode(prompts, &params).await.unwrap();
+        for (output, input) in outputs.into_iter().zip(inputs) {
+            let PoolingOutput::Tokens(rows) = output else { panic!("{name}: expected one row per token") };
+            let want = input["probs"].as_array().unwrap();
+            assert_eq!(rows.len(), want.len(), "{name}: tokens");
+            for (t, (row, want)) in rows.iter().zip(want).enumerate() {
+                assert_within(row, &floats(want), &format!("{name} token {t}"));
+            }
+        }
+    }
+}

@@ -6,83 +6,20 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_poolserve");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A running server, killed if the test ends early.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::server::{run_to_exit, start, wait_ready, Server, BIN};
 
 fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
-}
-
-fn start(args: &[&str], envs: &[(&str, &str)]) -> Server {
-    let port = free_port();
-    let port_text = port.to_string();
-    let mut command = Command::new(BIN);
-    command.arg("serve").args(args).env("POOLSERVE_PORT", &port_text).env("POOLSERVE_HOST", "127.0.0.1");
-    for (k, v) in envs {
-        command.env(k, v);
-    }
-    let child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("binary starts");
-    Server { child, port }
-}
-
-fn wait_ready(server: &mut Server) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Instant::now() < deadline {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            panic!("server exited during startup: {status}");
-        }
-        if let Some((200, _)) = http(server.port, "GET", "/health", None) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("server not ready within 120 s");
+    common::server::request(port, method, path, body, &[]).map(|a| (a.status, a.text()))
 }
 
 fn embed(port: u16, body: Value) -> Value {
     let (status, text) = http(port, "POST", "/v1/embeddings", Some(&body)).expect("answer");
     assert_eq!(status, 200, "{text}");
     serde_json::from_str(&text).unwrap()
-}
-
-/// Runs the binary to completion; returns (success, stderr).
-fn run_to_exit(args: &[&str]) -> (bool, String) {
-    let output = Command::new(BIN).args(args).env("RUST_LOG", "error").output().expect("binary runs");
-    (output.status.success(), String::from_utf8_lossy(&output.stderr).to_string())
 }
 
 fn assert_one_line_error(args: &[&str], part: &str) {

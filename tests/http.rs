@@ -117,7 +117,7 @@ async fn bad_requests_get_the_error_shape() {
     assert_error(&post(&router, "/v1/embeddings", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
     assert_error(&post(&router, "/v1/embeddings", json!({"input": [[]]})).await, StatusCode::BAD_REQUEST, "empty");
     assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": "8"})).await, StatusCode::BAD_REQUEST, "invalid type");
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "encoding_format": "int8"})).await, StatusCode::BAD_REQUEST, "unknown variant");
+    assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "encoding_format": "int8"})).await, StatusCode::BAD_REQUEST, "literal_error");
     assert_error(&post(&router, "/v1/embeddings", json!({"input": [5, 100000]})).await, StatusCode::BAD_REQUEST, "Token id 100000 is out of vocabulary");
     let name = served_name();
     assert_error(
@@ -128,14 +128,14 @@ async fn bad_requests_get_the_error_shape() {
     assert_error(
         &post(&router, "/v1/embeddings", json!({"input": "a", "truncate_prompt_tokens": 500})).await,
         StatusCode::BAD_REQUEST,
-        "truncate_prompt_tokens value (500) is greater than max_model_len (128). Please, select a smaller truncation size.",
+        "truncate_prompt_tokens value is greater than max_model_len. Please request a smaller truncation size.",
     );
     let long = "word ".repeat(300);
     let too_long = post(&router, "/v1/embeddings", json!({"input": ["short", long]})).await;
     assert_error(
         &too_long,
         StatusCode::BAD_REQUEST,
-        "This model's maximum context length is 128 tokens. However, you requested 302 tokens in the input for embedding generation. Please reduce the length of the input.",
+        "This model's maximum context length is 128 tokens. However, your prompt contains at least 129 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
     );
     assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "model": "other"})).await, StatusCode::NOT_FOUND, "The model `other` does not exist.");
     assert_error(&send(&router, "GET", "/v1/embeddings", None, &[]).await, StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");

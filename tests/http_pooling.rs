@@ -24,13 +24,16 @@ async fn pooling_answers_each_task_in_its_shape() {
 
     let reply = send(&router, "POST", "/pooling", Some(json!({"input": text}).to_string()), &[("x-request-id", "p1")]).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-    assert_eq!(reply.body["id"], "pool-p1");
+    assert_eq!(reply.body["id"], "pooling-p1");
     assert_eq!(reply.body["object"], "list");
     assert_eq!(reply.body["data"][0]["object"], "pooling");
     assert_close(&floats(&reply.body["data"][0]["data"]), &floats(&reference["texts"][0]["embedding"]), "default task embed");
     assert_eq!(reply.body["usage"]["prompt_tokens"], n);
 
-    let reply = post(&router, "/pooling", json!({"input": [text], "task": "token_embed", "normalize": false})).await;
+    // token_embed is the model's once the pooler config says so (vLLM 0.33).
+    assert_error(&post(&router, "/pooling", json!({"input": [text], "task": "token_embed"})).await, StatusCode::BAD_REQUEST, "Try switching the model's pooling_task via --pooler-config.task token_embed.");
+    let tokens = common::router(engine(&fixture_model("bert-embed-mean"), |c| c.models[0].pooler.task = Some("token_embed".into())), 2_000_000);
+    let reply = post(&tokens, "/pooling", json!({"input": [text], "task": "token_embed", "normalize": false})).await;
     let rows = reply.body["data"][0]["data"].as_array().unwrap();
     assert_eq!(rows.len(), n);
     assert_close(&floats(&rows[1]), &floats(&reference["texts"][0]["last_hidden_state"][1]), "token 1");
@@ -40,10 +43,10 @@ async fn pooling_answers_each_task_in_its_shape() {
         StatusCode::BAD_REQUEST,
         "Unsupported task: 'classify' Supported tasks: ('embed', 'token_embed')",
     );
-    assert_error(&post(&router, "/pooling", json!({"input": text, "task": "score"})).await, StatusCode::BAD_REQUEST, "Unsupported task: 'score'");
-    assert_error(&post(&router, "/pooling", json!({"input": text, "task": 3})).await, StatusCode::BAD_REQUEST, "expected a string");
+    assert_error(&post(&router, "/pooling", json!({"input": text, "task": "score"})).await, StatusCode::BAD_REQUEST, "`score` task was removed; use `classify` instead.");
+    assert_error(&post(&router, "/pooling", json!({"input": text, "task": 3})).await, StatusCode::BAD_REQUEST, "literal_error");
     assert_error(&post(&router, "/pooling", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
-    assert_error(&post(&router, "/embed_sparse", json!({"inputs": "x"})).await, StatusCode::BAD_REQUEST, "does not support Sparse Embeddings API");
+    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": "x"})).await, StatusCode::FAILED_DEPENDENCY, "Backend", "Model is not an embedding model with SPLADE pooling");
 
     // Classifiers: classify by default; token classifiers: token_classify, probabilities per token.
     let classifier = router_for_fixture("bert-seqcls");
@@ -56,7 +59,7 @@ async fn pooling_answers_each_task_in_its_shape() {
     let tokcls = expected("bert-tokcls");
     assert_eq!(rows.len(), tokcls["texts"][0]["input_ids"].as_array().unwrap().len());
     assert!(max_abs_diff(&floats(&rows[0]), &floats(&tokcls["texts"][0]["softmax"][0])) <= 1e-4);
-    assert_error(&post(&tagger, "/classify", json!({"input": text})).await, StatusCode::BAD_REQUEST, "does not support Classification API");
+    assert_route_not_registered(&post(&tagger, "/classify", json!({"input": text})).await);
 }
 
 fn router_for_fixture(name: &str) -> axum::Router {
@@ -75,13 +78,15 @@ async fn embed_sparse_follows_tei() {
     assert_eq!(list[0]["index"], reference["texts"][0]["sparse"]["indices"][0]);
     assert!(list[0]["value"].is_number());
 
-    assert_error(&post(&router, "/embed_sparse", json!({"inputs": []})).await, StatusCode::BAD_REQUEST, "inputs must not be empty");
-    assert_error(&post(&router, "/embed_sparse", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "inputs");
+    // TEI's errors: `[]` is one empty input, a missing field a 422, an over-long input is cut
+    // unless `truncate` is false (TEI's --auto-truncate default).
+    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": []})).await, StatusCode::BAD_REQUEST, "Empty", "Input validation error: `inputs` cannot be empty");
+    assert_tei_error(&post(&router, "/embed_sparse", json!({"input": "x"})).await, StatusCode::UNPROCESSABLE_ENTITY, "Validation", "missing field `inputs`");
     let long = "word ".repeat(300);
-    assert_error(&post(&router, "/embed_sparse", json!({"inputs": long})).await, StatusCode::BAD_REQUEST, "maximum context length");
-    let reply = post(&router, "/embed_sparse", json!({"inputs": [long], "truncate": true})).await;
+    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": long, "truncate": false})).await, StatusCode::UNPROCESSABLE_ENTITY, "Validation", "Input validation error: `inputs` must have less than 128 tokens. Given: 302");
+    let reply = post(&router, "/embed_sparse", json!({"inputs": [long]})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "does not support Embeddings API");
+    assert_route_not_registered(&post(&router, "/v1/embeddings", json!({"input": "x"})).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -101,5 +106,8 @@ async fn multi_vector_models_rerank_by_maxsim() {
             assert!((scored - score).abs() <= 1e-5, "{route}: /score gives {scored}, /rerank {score}");
         }
     }
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": "x"})).await, StatusCode::BAD_REQUEST, "does not support Embeddings API");
+    // The pooling task is token_embed: /v1/embeddings answers token embeddings, as vLLM's.
+    let reply = post(&router, "/v1/embeddings", json!({"input": "x"})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body["data"][0]["embedding"][0].is_array(), "{}", reply.body);
 }

@@ -44,7 +44,7 @@ async fn long_input_is_the_token_weighted_mean_of_its_chunks() {
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         reply.body["error"]["message"],
-        format!("This model's maximum embedding input length is 1000 tokens. However, you requested {tokens} tokens in the input for embedding generation. Please reduce the length of the input.")
+        "This model's maximum context length is 1000 tokens. However, your prompt contains at least 1001 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt."
     );
 
     // Without chunking: the usual too-long error; token tasks never chunk.

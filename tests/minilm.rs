@@ -50,7 +50,7 @@ async fn minilm_matches_sentence_transformers() {
     assert_eq!(long.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         long.body["error"]["message"],
-        "This model's maximum context length is 256 tokens. However, you requested 722 tokens in the input for embedding generation. Please reduce the length of the input."
+        "This model's maximum context length is 256 tokens. However, your prompt contains at least 257 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt."
     );
 }
 

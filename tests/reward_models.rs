@@ -54,7 +54,13 @@ async fn reward_model_per_token_and_sequence_rewards() {
     for (i, (item, case)) in reply.body["data"].as_array().unwrap().iter().zip(expected["texts"].as_array().unwrap()).enumerate() {
         assert_rows_close(&rows(&item["data"]), &rows(&case["token_rewards"]), &format!("batched text {i}"));
     }
-    // The sequence reward: the last token's, raw, on /classify and /pooling classify.
+    // The pooling task is token_classify (vLLM's): /classify answers 501 until the pooler
+    // config switches the task; the sequence reward is then the last token's, raw, on /classify
+    // and /pooling classify.
+    assert_eq!(post(&router, "/classify", json!({"input": texts})).await.status, 501);
+    // Reward models do not embed or score.
+    assert_route_not_registered(&post(&router, "/v1/embeddings", json!({"input": "a"})).await);
+    let router = common::router(engine_with_task("qwen2-reward", "classify"), 2_000_000);
     let classify = post(&router, "/classify", json!({"input": texts})).await;
     assert_eq!(classify.status, 200, "{}", classify.body);
     let pooled = post(&router, "/pooling", json!({"input": texts, "task": "classify"})).await;
@@ -63,8 +69,10 @@ async fn reward_model_per_token_and_sequence_rewards() {
         assert!(max_abs_diff(&floats(&classify.body["data"][i]["probs"]), &reference) <= TOLERANCE, "classify {i}: {}", classify.body);
         assert!(max_abs_diff(&floats(&pooled.body["data"][i]["data"]), &reference) <= TOLERANCE, "pooling classify {i}");
     }
-    // Reward models do not embed or score.
-    assert_eq!(post(&router, "/v1/embeddings", json!({"input": "a"})).await.status, 400);
+}
+
+fn engine_with_task(name: &str, task: &str) -> poolserve::engine::Engine {
+    engine(&fixture_model(name), |c| c.models[0].pooler.task = Some(task.into()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,8 +101,8 @@ async fn process_reward_model_scores_steps() {
     let logits = rows(&cases[0]["token_rewards"]);
     let want: Vec<Vec<f32>> = positions.iter().map(|&p| logits[p].clone()).collect();
     assert_rows_close(&rows(&raw.body["data"][0]["data"]), &want, "raw step logits");
-    // Only token_classify: /classify is refused.
-    assert_eq!(post(&router, "/classify", json!({"input": "a"})).await.status, 400);
+    // Only token_classify: no /classify route.
+    assert_route_not_registered(&post(&router, "/classify", json!({"input": "a"})).await);
 
     // Without step_tag_id the PRM uses vLLM's default, Qwen2.5-Math-PRM's `<extra_0>` (151651),
     // which the tiny fixture's vocabulary lacks: no step rows.

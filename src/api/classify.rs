@@ -1,6 +1,8 @@
 //! `POST /classify`: class probabilities (or raw logits with `use_activation: false`) and the
-//! winning label for every input, as vLLM answers it.
+//! winning label for every input, as vLLM answers it; texts, token ids, or a chat conversation
+//! (`messages`, rendered through the chat template, see [`super::chat`]).
 
+use super::chat::{self, ChatFields};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{AppState, ListResponse};
@@ -14,9 +16,20 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct ClassifyRequest {
+    /// Texts or token ids (absent when `messages` is sent).
+    #[serde(default)]
     pub input: serde_json::Value,
+    /// vLLM's chat input: one conversation rendered through the chat template.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<serde_json::Value>,
     #[serde(default)]
     pub model: Option<String>,
+    /// vLLM: names the response (`classify-{request_id}`) when no `X-Request-Id` header does.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(flatten)]
+    pub chat: ChatFields,
     #[serde(flatten)]
     pub params: PoolingParams,
 }
@@ -41,10 +54,12 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<ClassifyRequest>,
 ) -> Result<Json<ListResponse<ClassifyData>>, ApiError> {
+    AppState::require_input(&request.input, request.messages.as_ref())?;
     let (engine, _permit) = state.begin(request.model.as_deref(), Task::Classify, "Classification")?;
     let params = request.params.verify(Task::Classify, engine.spec())?;
-    let prompts = state.prompts(&request.input)?;
-    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
+    let params = inputs.params(params, request.params.add_special_tokens);
+    let (outputs, tokens) = engine.encode(inputs.prompts, &params).await?;
     let labels = &engine.spec().labels;
     let data = outputs
         .into_iter()
@@ -57,7 +72,7 @@ pub async fn create(
             Ok(ClassifyData { index, label, num_classes: probs.len(), probs })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(ListResponse::new("classify", &headers, engine, data, tokens)))
+    Ok(Json(ListResponse::new("classify", &headers, request.request_id.as_deref(), engine, data, tokens)))
 }
 
 #[cfg(test)]

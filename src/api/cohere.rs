@@ -5,8 +5,13 @@
 //! - `input_type` picks a sentence-transformers prompt of the model: search_query → the prompt
 //!   named `search_query`, else `query`; search_document → `search_document`, else `document`,
 //!   else `passage`; classification and clustering → the prompt of that name. When the model has
-//!   none of those names, no prompt is used (not even the default); without `input_type` the
-//!   model's default prompt applies, as on every other route.
+//!   none of those names, no prompt is used (not even the default), so that Cohere's clients
+//!   work with any model; without `input_type` the model's default prompt applies, as on every
+//!   other route. Any other `input_type` must name one of the model's prompts (as vLLM reads
+//!   them), else 400 in vLLM's words (`Unsupported input_type 'x'. Supported values: …`).
+//! - `meta.billed_units`: `input_tokens` counts the text tokens run through the model
+//!   (prompts and special tokens included), `image_tokens` the sequence each image becomes in
+//!   the vision tower (0 for text requests), as vLLM bills them.
 //! - `truncate`: END (the default) keeps the first `max_model_len` tokens, START the last,
 //!   NONE refuses longer inputs with vLLM's 400. `max_tokens` lowers the kept length (at most
 //!   `max_model_len`) and needs START or END.
@@ -36,8 +41,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+/// Cohere's own input types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputType {
     SearchQuery,
     SearchDocument,
@@ -47,6 +52,17 @@ pub enum InputType {
 }
 
 impl InputType {
+    fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "search_query" => InputType::SearchQuery,
+            "search_document" => InputType::SearchDocument,
+            "classification" => InputType::Classification,
+            "clustering" => InputType::Clustering,
+            "image" => InputType::Image,
+            _ => return None,
+        })
+    }
+
     /// The prompt names this input type selects, in order of preference.
     fn prompt_names(self) -> &'static [&'static str] {
         match self {
@@ -92,8 +108,9 @@ pub struct CohereEmbedRequest {
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub inputs: Option<Vec<Value>>,
+    /// Cohere's input types, or the name of one of the model's prompts.
     #[serde(default)]
-    pub input_type: Option<InputType>,
+    pub input_type: Option<String>,
     #[serde(default)]
     pub embedding_types: Option<Vec<EmbeddingType>>,
     /// Matryoshka size, with the rules of `dimensions`.
@@ -138,6 +155,7 @@ pub struct ApiVersion {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BilledUnits {
     pub input_tokens: usize,
+    pub image_tokens: usize,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -166,7 +184,7 @@ fn no_images() -> ApiError {
 impl CohereEmbedRequest {
     /// The texts to embed, from `texts` or the text parts of `inputs`.
     fn texts(&self) -> Result<Vec<String>, ApiError> {
-        if self.images.is_some() || self.input_type == Some(InputType::Image) {
+        if self.images.is_some() || self.input_type.as_deref() == Some("image") {
             return Err(no_images());
         }
         let texts = match (&self.texts, &self.inputs) {
@@ -190,7 +208,7 @@ impl CohereEmbedRequest {
         }
         let empty = |field: &'static str| ApiError::BadRequest { message: format!("{field} must not be empty"), param: Some(field) };
         match (&self.texts, &self.images, &self.inputs) {
-            (Some(_), None, None) if self.input_type == Some(InputType::Image) => {
+            (Some(_), None, None) if self.input_type.as_deref() == Some("image") => {
                 Err(ApiError::BadRequest { message: "input_type `image` goes with `images`, not `texts`".into(), param: Some("input_type") })
             }
             (Some(_), None, None) => {
@@ -268,11 +286,24 @@ fn input_text(input: &Value) -> Result<String, ApiError> {
 }
 
 /// The prompt an `input_type` selects (module docs), or the default without one.
-fn prompt_for(input_type: Option<InputType>, prompts: &Prompts) -> Option<String> {
-    match input_type {
-        None => prompts.default.clone(),
-        Some(kind) => kind.prompt_names().iter().find(|name| prompts.has(name)).and_then(|name| prompts.resolve(Some(name)).ok().flatten()),
+fn prompt_for(input_type: Option<&str>, prompts: &Prompts) -> Result<Option<String>, ApiError> {
+    let Some(name) = input_type else {
+        return Ok(prompts.default.clone());
+    };
+    if let Some(kind) = InputType::parse(name) {
+        let named = kind.prompt_names().iter().find(|name| prompts.has(name));
+        return Ok(named.and_then(|name| prompts.named.get(*name).cloned()));
     }
+    if let Some(text) = prompts.named.get(name) {
+        return Ok(Some(text.clone()));
+    }
+    let message = if prompts.named.is_empty() {
+        format!("Unsupported input_type '{name}'. This model does not define any input_type task instructions.")
+    } else {
+        let names: Vec<&str> = prompts.named.keys().map(String::as_str).collect();
+        format!("Unsupported input_type '{name}'. Supported values: {}", names.join(", "))
+    };
+    Err(ApiError::BadRequest { message, param: Some("input_type") })
 }
 
 /// Every requested encoding of the float vectors.
@@ -292,7 +323,13 @@ fn by_type(vectors: &[Vec<f32>], types: &[EmbeddingType]) -> EmbeddingsByType {
 }
 
 async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest, version: &'static str) -> Result<Json<CohereEmbedResponse>, ApiError> {
-    let (engine, _permit) = state.begin(request.model.as_deref(), Task::Embed, "Embed")?;
+    let engine = state.model(request.model.as_deref())?;
+    // vLLM registers /v2/embed beside /v1/embeddings, which a token_embed model replaces.
+    if engine.spec().pooling_task == Task::TokenEmbed {
+        return Err(ApiError::RouteNotFound);
+    }
+    super::serves(engine.spec(), Task::Embed, "Embeddings")?;
+    let _permit = super::admit(engine)?;
     let spec = engine.spec();
     let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
     let pooling = PoolingParams { truncate_prompt_tokens, truncation_side, dimensions: request.output_dimension, ..Default::default() };
@@ -303,12 +340,14 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
         }
         e
     })?;
-    params.prompt = prompt_for(request.input_type, &spec.prompts).map(Into::into);
+    params.prompt = prompt_for(request.input_type.as_deref(), &spec.prompts)?.map(Into::into);
     // Before any image is fetched or decoded.
     let count = [request.texts.as_ref().map(Vec::len), request.images.as_ref().and_then(Value::as_array).map(Vec::len), request.inputs.as_ref().map(Vec::len)];
     state.check_batch_size(count.into_iter().flatten().max().unwrap_or(0))?;
     let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
+    let images = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let image_tokens = images * engine.tokens_per_image();
     let vectors = outputs
         .into_iter()
         .map(|o| match o {
@@ -324,11 +363,11 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
         }
     };
     Ok(Json(CohereEmbedResponse {
-        id: response_id("embed", &headers),
+        id: response_id("embed", &headers, None),
         response_type,
         embeddings,
         texts,
-        meta: CohereMeta { api_version: ApiVersion { version }, billed_units: BilledUnits { input_tokens: tokens } },
+        meta: CohereMeta { api_version: ApiVersion { version }, billed_units: BilledUnits { input_tokens: tokens - image_tokens, image_tokens } },
     }))
 }
 
@@ -363,11 +402,17 @@ mod tests {
     fn input_types_pick_prompts_by_alias() {
         let named = [("query", "q: "), ("passage", "p: "), ("clustering", "c: ")].map(|(k, v)| (k.to_string(), v.to_string())).into();
         let prompts = Prompts::new(named, Some("query"), None, None).unwrap();
-        assert_eq!(prompt_for(Some(InputType::SearchQuery), &prompts).as_deref(), Some("q: "));
-        assert_eq!(prompt_for(Some(InputType::SearchDocument), &prompts).as_deref(), Some("p: "));
-        assert_eq!(prompt_for(Some(InputType::Clustering), &prompts).as_deref(), Some("c: "));
-        assert_eq!(prompt_for(Some(InputType::Classification), &prompts), None);
-        assert_eq!(prompt_for(None, &prompts).as_deref(), Some("q: "));
+        assert_eq!(prompt_for(Some("search_query"), &prompts).unwrap().as_deref(), Some("q: "));
+        assert_eq!(prompt_for(Some("search_document"), &prompts).unwrap().as_deref(), Some("p: "));
+        assert_eq!(prompt_for(Some("clustering"), &prompts).unwrap().as_deref(), Some("c: "));
+        assert_eq!(prompt_for(Some("classification"), &prompts).unwrap(), None);
+        assert_eq!(prompt_for(None, &prompts).unwrap().as_deref(), Some("q: "));
+        // Any prompt of the model by its name; others in vLLM's words.
+        assert_eq!(prompt_for(Some("passage"), &prompts).unwrap().as_deref(), Some("p: "));
+        let err = prompt_for(Some("nonexistent_type"), &prompts).unwrap_err();
+        assert_eq!(err.to_string(), "Unsupported input_type 'nonexistent_type'. Supported values: clustering, passage, query");
+        let err = prompt_for(Some("nonexistent_type"), &Prompts::default()).unwrap_err();
+        assert_eq!(err.to_string(), "Unsupported input_type 'nonexistent_type'. This model does not define any input_type task instructions.");
     }
 
     #[test]

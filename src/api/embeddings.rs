@@ -1,67 +1,90 @@
 //! `POST /v1/embeddings` (and `/embeddings`): the OpenAI embeddings API with vLLM's pooling
-//! parameters, sentence-transformers' `prompt_name`, and vLLM's `embed_dtype` / `endianness`
-//! for base64 (see [`super::encoding`]).
+//! parameters and chat inputs ([`super::chat`]), sentence-transformers' `prompt_name`, and
+//! vLLM's encodings (`base64`, `bytes`, `bytes_only`, with `embed_dtype` / `endianness`, see
+//! [`super::encoding`]).
+//!
+//! A model whose pooling task is `token_embed` answers here as vLLM does: one matrix per input
+//! (a vector per token), and with `late_chunking_params: {"chunk_size": n}` one vector per run
+//! of `n` tokens (the mean of their states before the head, then the head and normalization),
+//! each input's `late_chunking` saying which tokens and which characters of the text each
+//! vector covers.
 
+use super::chat::{self, ChatFields};
+use super::encoding::{self, EncodedValue, EncodingFormat, EncodingParams};
 use super::error::{ApiError, ErrorResponses};
 use super::json::{ApiJson, OffRuntimeJson};
-use super::{AppState, ListResponse};
-use crate::engine::PoolingOutput;
+use super::{admit, serves, AppState, ListResponse};
+use crate::engine::literal;
+use crate::engine::params::{PoolingParams, ResolvedParams};
+use crate::engine::{Engine, PoolingOutput, Prompt};
 use crate::pooling::Task;
-use crate::engine::params::PoolingParams;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use super::encoding::{self, EmbedDtype, Endianness};
+use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum EncodingFormat {
-    #[default]
-    Float,
-    Base64,
-}
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
-    /// Texts or token ids (absent when `messages` is sent).
+    /// Texts or token ids (absent when `messages` is sent); a chat conversation is read as
+    /// `messages`.
     #[serde(default)]
     pub input: serde_json::Value,
-    /// vLLM's chat-style inputs, one embedding per message; images as `image_url` parts.
+    /// vLLM's chat input: one conversation rendered through the chat template (a list of
+    /// conversations: one embedding each); image-text models embed each message.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub messages: Option<serde_json::Value>,
     #[serde(default)]
     pub model: Option<String>,
-    #[serde(default)]
-    pub encoding_format: Option<EncodingFormat>,
+    #[serde(flatten)]
+    pub encoding: EncodingParams,
     #[serde(default)]
     pub user: Option<String>,
     /// A sentence-transformers prompt of the model (`config_sentence_transformers.json`),
     /// prepended to every text input; default: the model's default prompt, if any.
     #[serde(default)]
     pub prompt_name: Option<String>,
-    /// vLLM: element type of base64 embeddings (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2).
+    /// vLLM: names the response (`embd-{request_id}`) when no `X-Request-Id` header does.
     #[serde(default)]
-    pub embed_dtype: Option<EmbedDtype>,
-    /// vLLM: byte order of base64 embeddings (native, little, big).
+    pub request_id: Option<String>,
+    /// vLLM's late chunking (`{"chunk_size": n}`), for models whose pooling task is token_embed.
     #[serde(default)]
-    pub endianness: Option<Endianness>,
+    #[schema(value_type = Option<Object>)]
+    pub late_chunking_params: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub chat: ChatFields,
     #[serde(flatten)]
     pub params: PoolingParams,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[serde(untagged)]
-pub enum EmbeddingValue {
-    Float(Vec<f32>),
-    Base64(String),
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EmbeddingData {
     pub index: usize,
     pub object: &'static str,
-    pub embedding: EmbeddingValue,
+    pub embedding: EncodedValue,
+    /// Late chunking's token and character ranges (token_embed models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub late_chunking: Option<LateChunking>,
+}
+
+/// Which tokens and characters each late-chunking vector covers (vLLM's
+/// `LateChunkingMetadata`).
+#[derive(Debug, Serialize)]
+pub struct LateChunking {
+    pub chunk_size: u64,
+    pub input_tokens: usize,
+    pub chunks: Vec<LateChunk>,
+    pub strategy: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LateChunk {
+    /// `[start, end)` token positions, special tokens counted.
+    pub token_range: [usize; 2],
+    /// `[start, end)` characters of the text the chunk's tokens cover; `null` for a chunk of
+    /// special tokens only.
+    pub char_range: Option<[usize; 2]>,
 }
 
 #[utoipa::path(post, tag = "Embeddings (OpenAI)", path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
@@ -75,26 +98,234 @@ pub async fn create(
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     AppState::require_input(&request.input, request.messages.as_ref())?;
-    let (engine, permit) = state.begin(request.model.as_deref(), Task::Embed, "Embeddings")?;
-    let params = request.params.verify(Task::Embed, engine.spec())?.with_prompt_name(request.prompt_name.as_deref(), engine.spec())?;
-    let prompts = state.inputs(&request.input, request.messages.as_ref(), engine.spec().images).await?;
-    let (outputs, tokens) = engine.encode(prompts, &params).await?;
-    let format = request.encoding_format.unwrap_or_default();
-    let (dtype, endianness) = (request.embed_dtype.unwrap_or_default(), request.endianness.unwrap_or_default());
-    let data = outputs
+    let engine = state.model(request.model.as_deref())?;
+    if engine.spec().pooling_task == Task::TokenEmbed {
+        return token_embeddings(&state, engine, &headers, request).await;
+    }
+    serves(engine.spec(), Task::Embed, "Embeddings")?;
+    if request.late_chunking_params.is_some() {
+        return Err(ApiError::BadRequest {
+            message: "late_chunking_params needs a model whose pooling task is token_embed (--pooler-config '{\"task\": \"token_embed\"}')".into(),
+            param: Some("late_chunking_params"),
+        });
+    }
+    let permit = admit(engine)?;
+    let spec = engine.spec();
+    let params = request.params.verify(Task::Embed, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
+    let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
+    let params = inputs.params(params, request.params.add_special_tokens);
+    let (outputs, tokens) = engine.encode(inputs.prompts, &params).await?;
+    let vectors = outputs.into_iter().map(vector).collect::<Result<Vec<_>, _>>()?;
+    let response = ListResponse::new("embd", &headers, request.request_id.as_deref(), engine, Vec::<EmbeddingData>::new(), tokens);
+    if request.encoding.is_bytes() {
+        let shaped: Vec<(Vec<usize>, Vec<f32>)> = vectors.into_iter().map(|v| (vec![v.len()], v)).collect();
+        return bytes_response(request.encoding, shaped, response).await;
+    }
+    let encoding = request.encoding;
+    let data = vectors
         .into_iter()
         .enumerate()
-        .map(|(index, output)| {
-            let PoolingOutput::Vector(v) = output else {
-                return Err(ApiError::Internal("embedding task returned per-token output".into()));
-            };
-            let embedding = match format {
-                EncodingFormat::Float => EmbeddingValue::Float(v),
-                EncodingFormat::Base64 => EmbeddingValue::Base64(encoding::base64_as(&v, dtype, endianness)),
-            };
-            Ok(EmbeddingData { index, object: "embedding", embedding })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    OffRuntimeJson(ListResponse::new("embd", &headers, engine, data, tokens)).into_response(permit).await
+        .map(|(index, v)| EmbeddingData { index, object: "embedding", embedding: encoding.vector(v), late_chunking: None })
+        .collect();
+    OffRuntimeJson(ListResponse { data, ..response }).into_response(permit).await
 }
 
+fn vector(output: PoolingOutput) -> Result<Vec<f32>, ApiError> {
+    match output {
+        PoolingOutput::Vector(v) => Ok(v),
+        _ => Err(ApiError::Internal("embedding task returned per-token output".into())),
+    }
+}
+
+/// A `bytes` / `bytes_only` response (see [`super::encoding`]): `outputs` are `(shape,
+/// elements)`; `envelope` gives the metadata's `id`, `created`, `model` and `usage`. The bytes
+/// are written on a blocking thread (they may be megabytes).
+pub async fn bytes_response<T>(encoding: EncodingParams, outputs: Vec<(Vec<usize>, Vec<f32>)>, envelope: ListResponse<T>) -> Result<axum::response::Response, ApiError> {
+    let mut meta = serde_json::Map::new();
+    meta.insert("id".into(), envelope.id.into());
+    meta.insert("created".into(), envelope.created.into());
+    meta.insert("model".into(), envelope.model.into());
+    meta.insert("usage".into(), serde_json::json!({"prompt_tokens": envelope.usage.prompt_tokens, "total_tokens": envelope.usage.total_tokens}));
+    let (body, metadata) = tokio::task::spawn_blocking(move || {
+        let views: Vec<(Vec<usize>, &[f32])> = outputs.iter().map(|(shape, v)| (shape.clone(), v.as_slice())).collect();
+        encoding::bytes_body(&encoding, &views, meta)
+    })
+    .await
+    .map_err(|_| ApiError::Internal("writing the bytes response failed".into()))?;
+    let mut response = ([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], body).into_response();
+    if let Some(metadata) = metadata {
+        let value = axum::http::HeaderValue::from_str(&ascii_json(&metadata)).map_err(|e| ApiError::Internal(format!("the metadata header: {e}")))?;
+        response.headers_mut().insert("metadata", value);
+    }
+    Ok(response)
+}
+
+/// JSON text with every non-ASCII character escaped (`\uXXXX`, as Python's `json.dumps`
+/// writes by default), so that it fits an HTTP header.
+fn ascii_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
+/// vLLM's token-embedding endpoint on `/v1/embeddings` (its `TokenEmbeddingRequest`): float
+/// matrices only, no `dimensions`, text or token inputs, optional late chunking.
+async fn token_embeddings(state: &AppState, engine: &Engine, headers: &HeaderMap, request: EmbeddingRequest) -> Result<axum::response::Response, ApiError> {
+    if let Some(format) = request.encoding.encoding_format.filter(|f| *f != EncodingFormat::Float) {
+        let name = match format {
+            EncodingFormat::Base64 => "base64",
+            EncodingFormat::Bytes => "bytes",
+            _ => "bytes_only",
+        };
+        return Err(literal_error("encoding_format", name.into(), &["float"]));
+    }
+    if let Some(dimensions) = request.params.dimensions {
+        return Err(ApiError::BadRequest {
+            message: literal::validation_error("none_required", "body.dimensions", "Input should be None", Some(&dimensions.into()), None),
+            param: Some("dimensions"),
+        });
+    }
+    if request.messages.is_some() {
+        return Err(ApiError::BadRequest {
+            message: literal::validation_error("missing", "body.input", "Field required", None, None),
+            param: Some("input"),
+        });
+    }
+    let chunk_size = match &request.late_chunking_params {
+        Some(value) => Some(late_chunk_size(value)?),
+        None => None,
+    };
+    let permit = admit(engine)?;
+    let spec = engine.spec();
+    let mut params = request.params.verify(Task::TokenEmbed, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
+    let prompts = state.prompts(&request.input)?;
+    let mut texts = Vec::new();
+    if let Some(size) = chunk_size {
+        texts = late_chunking_texts(&prompts, &params, &request.params, spec.lowercase)?;
+        params = ResolvedParams { late_chunk: Some(usize::try_from(size).unwrap_or(usize::MAX)), ..params };
+    }
+    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let mut data = Vec::with_capacity(outputs.len());
+    for (index, output) in outputs.into_iter().enumerate() {
+        let PoolingOutput::Tokens(rows) = output else {
+            return Err(ApiError::Internal("token_embed returned one vector".into()));
+        };
+        let late_chunking = match (chunk_size, texts.get(index)) {
+            (Some(size), Some(text)) => Some(late_chunking_ranges(engine, text, &params, size).await?),
+            _ => None,
+        };
+        data.push(EmbeddingData { index, object: "embedding", embedding: EncodedValue::Tokens(rows), late_chunking });
+    }
+    OffRuntimeJson(ListResponse::new("embd", headers, request.request_id.as_deref(), engine, data, tokens)).into_response(permit).await
+}
+
+fn literal_error(param: &'static str, input: serde_json::Value, expected: &[&str]) -> ApiError {
+    ApiError::BadRequest { message: literal::message(param, &input, expected), param: Some(param) }
+}
+
+/// `late_chunking_params` as vLLM's pydantic model checks it: an object with only
+/// `chunk_size`, a strict integer in `[1, 2^63 - 1]`.
+fn late_chunk_size(value: &serde_json::Value) -> Result<u64, ApiError> {
+    let error = |kind: &str, loc: &str, msg: &str, input: &serde_json::Value, ctx: Option<&str>| ApiError::BadRequest {
+        message: literal::validation_error(kind, loc, msg, Some(input), ctx),
+        param: Some("late_chunking_params"),
+    };
+    let Some(object) = value.as_object() else {
+        return Err(error("model_type", "body.late_chunking_params", "Input should be a valid dictionary or instance of LateChunkingConfig", value, Some("{'class_name': 'LateChunkingConfig'}")));
+    };
+    if let Some((key, extra)) = object.iter().find(|(k, _)| k.as_str() != "chunk_size") {
+        return Err(error("extra_forbidden", &format!("body.late_chunking_params.{key}"), "Extra inputs are not permitted", extra, None));
+    }
+    let loc = "body.late_chunking_params.chunk_size";
+    let Some(size) = object.get("chunk_size") else {
+        return Err(error("missing", loc, "Field required", value, None));
+    };
+    match size {
+        serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => match n.as_i64() {
+            Some(k) if k > 0 => Ok(k as u64),
+            Some(_) => Err(error("greater_than", loc, "Input should be greater than 0", size, Some("{'gt': 0}"))),
+            None => Err(error("less_than_equal", loc, "Input should be less than or equal to 9223372036854775807", size, Some("{'le': 9223372036854775807}"))),
+        },
+        // Past u64, serde_json reads the number as a float: still an integer too large.
+        serde_json::Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > 0.0) => {
+            Err(error("less_than_equal", loc, "Input should be less than or equal to 9223372036854775807", size, Some("{'le': 9223372036854775807}")))
+        }
+        _ => Err(error("int_type", loc, "Input should be a valid integer", size, None)),
+    }
+}
+
+/// The texts of a late-chunking request, refused as vLLM refuses what late chunking cannot
+/// map back to the text: token ids or empty texts, truncation, padding, lowercasing.
+fn late_chunking_texts(prompts: &[Prompt], params: &ResolvedParams, sent: &PoolingParams, lowercase: bool) -> Result<Vec<String>, ApiError> {
+    if sent.truncate_prompt_tokens.is_some() || params.pad_to_max_length || lowercase {
+        return Err(ApiError::bad_request("Late chunking does not support input padding, truncation or renderer text normalization"));
+    }
+    prompts
+        .iter()
+        .map(|p| match p {
+            Prompt::Text(text) if !text.is_empty() => Ok(text.clone()),
+            _ => Err(ApiError::bad_request("Late chunking requires nonempty plain-text input")),
+        })
+        .collect()
+}
+
+/// vLLM's late-chunking metadata of one text: each chunk's token range, and the characters
+/// its tokens cover (special tokens cover none). A sentence-transformers prompt is part of the
+/// tokens but not of the text: its characters are not counted.
+async fn late_chunking_ranges(engine: &Engine, text: &str, params: &ResolvedParams, chunk_size: u64) -> Result<LateChunking, ApiError> {
+    let prompt = params.prompt.as_deref().unwrap_or("");
+    let offsets = engine.char_offsets(format!("{prompt}{text}"), params.add_special_tokens).await?;
+    let skip = prompt.chars().count();
+    let offsets: Vec<(usize, usize)> = offsets.into_iter().map(|(a, b)| if b <= skip { (0, 0) } else { (a.saturating_sub(skip), b - skip) }).collect();
+    let tokens = offsets.len();
+    let size = usize::try_from(chunk_size).unwrap_or(usize::MAX).min(tokens.max(1));
+    let chunks = (0..tokens)
+        .step_by(size)
+        .map(|start| {
+            let end = (start + size).min(tokens);
+            let covered: Vec<&(usize, usize)> = offsets[start..end].iter().filter(|(a, b)| a < b).collect();
+            let char_range = (!covered.is_empty()).then(|| [covered.iter().map(|r| r.0).min().unwrap_or(0), covered.iter().map(|r| r.1).max().unwrap_or(0)]);
+            LateChunk { token_range: [start, end], char_range }
+        })
+        .collect();
+    Ok(LateChunking { chunk_size, input_tokens: tokens, chunks, strategy: "fixed_tokens" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn late_chunking_params_are_checked_as_pydantic_does() {
+        assert_eq!(late_chunk_size(&json!({"chunk_size": 5})).unwrap(), 5);
+        assert_eq!(late_chunk_size(&json!({"chunk_size": 9223372036854775807u64})).unwrap(), (1 << 63) - 1);
+        for (bad, kind) in [
+            (json!({"chunk_size": 0}), "greater_than"),
+            (json!({"chunk_size": 9223372036854775808u64}), "less_than_equal"),
+            (json!({"chunk_size": 18446744073709551616.0}), "less_than_equal"),
+            (json!({"chunk_size": "5"}), "int_type"),
+            (json!({"chunk_size": 5.5}), "int_type"),
+            (json!({"chunk_size": 5, "x": 1}), "extra_forbidden"),
+            (json!({}), "missing"),
+            (json!(5), "model_type"),
+        ] {
+            let ApiError::BadRequest { message, .. } = late_chunk_size(&bad).unwrap_err() else { panic!() };
+            assert!(message.contains(&format!("'type': '{kind}'")), "{bad}: {message}");
+        }
+    }
+
+    #[test]
+    fn metadata_headers_are_ascii() {
+        assert_eq!(ascii_json("{\"model\": \"é😀\"}"), "{\"model\": \"\\u00e9\\ud83d\\ude00\"}");
+    }
+}

@@ -1,6 +1,13 @@
 //! How an embedding leaves the server besides a list of floats: Cohere's `embedding_types`
-//! (int8, uint8, binary, ubinary, base64) and vLLM's `embed_dtype` / `endianness` for base64
-//! on `/v1/embeddings`.
+//! (int8, uint8, binary, ubinary, base64) and vLLM's `encoding_format` (`float`, `base64`,
+//! `bytes`, `bytes_only`) with `embed_dtype` / `endianness` on `/v1/embeddings` and `/pooling`.
+//!
+//! - **bytes / bytes_only** (vLLM) answer `application/octet-stream`: every output's elements
+//!   in `embed_dtype` and `endianness`, one after another in input order. `bytes` adds a
+//!   `metadata` header, the JSON `{"id", "created", "model", "data": [{"index", "embed_dtype",
+//!   "endianness", "start", "end", "shape"}], "usage"}` locating each output in the body
+//!   (`start`/`end` in bytes); `bytes_only` sends the body alone (a client that knows the
+//!   shapes slices it itself).
 //!
 //! - **binary / ubinary** are sentence-transformers' `quantize_embeddings`: `ubinary` =
 //!   `numpy.packbits(x > 0)` (8 dimensions a byte, the first one in the high bit; a width that
@@ -13,9 +20,10 @@
 //!   Compare such vectors by cosine, not by raw dot product.
 //! - **base64** is the float32 little-endian bytes, base64-encoded (Cohere's and OpenAI's).
 
+use crate::engine::params::optional;
 use base64::Engine as _;
 use half::{bf16, f16};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// ubinary: the sign bits of `x > 0`, packed 8 to a byte, most significant bit first.
 pub fn ubinary(v: &[f32]) -> Vec<u8> {
@@ -55,31 +63,158 @@ fn base64_bytes(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// vLLM's `embed_dtype`: the element type of base64 embeddings.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+/// vLLM's `encoding_format`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    Base64,
+    Bytes,
+    BytesOnly,
+}
+
+/// vLLM's `embed_dtype`: the element type of base64 and bytes outputs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EmbedDtype {
     #[default]
     Float32,
     Float16,
     Bfloat16,
     /// float8 e4m3 "fn" (no infinities; torch.float8_e4m3fn), as vLLM encodes it.
-    #[serde(rename = "fp8_e4m3")]
     Fp8E4m3,
     /// float8 e5m2 (torch.float8_e5m2).
-    #[serde(rename = "fp8_e5m2")]
     Fp8E5m2,
 }
 
-/// vLLM's `endianness` of base64 embeddings; `native` is this server's (little on x86-64 and
-/// arm64).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+const DTYPES: [(&str, EmbedDtype); 5] = [
+    ("float32", EmbedDtype::Float32),
+    ("float16", EmbedDtype::Float16),
+    ("bfloat16", EmbedDtype::Bfloat16),
+    ("fp8_e4m3", EmbedDtype::Fp8E4m3),
+    ("fp8_e5m2", EmbedDtype::Fp8E5m2),
+];
+
+/// vLLM's `endianness` of base64 and bytes outputs; `native` is this server's (little on
+/// x86-64 and arm64).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Endianness {
     #[default]
     Native,
     Little,
     Big,
+}
+
+const ENDIANNESS: [(&str, Endianness); 3] = [("native", Endianness::Native), ("little", Endianness::Little), ("big", Endianness::Big)];
+
+/// The encoding fields of a request (`/v1/embeddings`, `/pooling`), each a vLLM literal.
+#[derive(Debug, Clone, Copy, Default, Deserialize, utoipa::ToSchema)]
+pub struct EncodingParams {
+    /// `float` (default), `base64`, `bytes` or `bytes_only`.
+    #[serde(default, deserialize_with = "encoding_format")]
+    #[schema(value_type = Option<String>)]
+    pub encoding_format: Option<EncodingFormat>,
+    /// vLLM: element type of base64 and bytes outputs (float32, float16, bfloat16, fp8_e4m3, fp8_e5m2).
+    #[serde(default, deserialize_with = "embed_dtype")]
+    #[schema(value_type = Option<String>)]
+    pub embed_dtype: Option<EmbedDtype>,
+    /// vLLM: byte order of base64 and bytes outputs (native, little, big).
+    #[serde(default, deserialize_with = "endianness")]
+    #[schema(value_type = Option<String>)]
+    pub endianness: Option<Endianness>,
+}
+
+fn encoding_format<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<EncodingFormat>, D::Error> {
+    let formats = [("float", EncodingFormat::Float), ("base64", EncodingFormat::Base64), ("bytes", EncodingFormat::Bytes), ("bytes_only", EncodingFormat::BytesOnly)];
+    optional(d, "encoding_format", &formats)
+}
+
+fn embed_dtype<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<EmbedDtype>, D::Error> {
+    optional(d, "embed_dtype", &DTYPES)
+}
+
+fn endianness<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Endianness>, D::Error> {
+    optional(d, "endianness", &ENDIANNESS)
+}
+
+/// One output as JSON: floats, or the bytes of [`bytes_as`] in base64.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum EncodedValue {
+    Float(Vec<f32>),
+    Tokens(Vec<Vec<f32>>),
+    Base64(String),
+}
+
+impl EncodingParams {
+    pub fn format(&self) -> EncodingFormat {
+        self.encoding_format.unwrap_or_default()
+    }
+
+    /// Whether the response is a binary body ([`bytes_body`]) rather than JSON.
+    pub fn is_bytes(&self) -> bool {
+        matches!(self.format(), EncodingFormat::Bytes | EncodingFormat::BytesOnly)
+    }
+
+    /// A vector for a JSON response.
+    pub fn vector(&self, v: Vec<f32>) -> EncodedValue {
+        match self.format() {
+            EncodingFormat::Base64 => EncodedValue::Base64(base64_bytes(&self.bytes(&v))),
+            _ => EncodedValue::Float(v),
+        }
+    }
+
+    /// A matrix (one row per token) for a JSON response; base64 holds its rows one after
+    /// another, as vLLM encodes a 2-D tensor.
+    pub fn matrix(&self, rows: Vec<Vec<f32>>) -> EncodedValue {
+        match self.format() {
+            EncodingFormat::Base64 => EncodedValue::Base64(base64_bytes(&rows.iter().flat_map(|r| self.bytes(r)).collect::<Vec<u8>>())),
+            _ => EncodedValue::Tokens(rows),
+        }
+    }
+
+    /// `v` as `embed_dtype` elements in `endianness` byte order.
+    pub fn bytes(&self, v: &[f32]) -> Vec<u8> {
+        bytes_as(v, self.embed_dtype.unwrap_or_default(), self.endianness.unwrap_or_default())
+    }
+
+    fn dtype_name(&self) -> &'static str {
+        let dtype = self.embed_dtype.unwrap_or_default();
+        DTYPES.iter().find(|(_, d)| *d == dtype).map_or("float32", |(n, _)| n)
+    }
+
+    fn endianness_name(&self) -> &'static str {
+        let endianness = self.endianness.unwrap_or_default();
+        ENDIANNESS.iter().find(|(_, e)| *e == endianness).map_or("native", |(n, _)| n)
+    }
+}
+
+/// What a `bytes` response says of one output: where its elements lie in the body.
+#[derive(Debug, Serialize)]
+struct BytesItem {
+    index: usize,
+    embed_dtype: &'static str,
+    endianness: &'static str,
+    start: usize,
+    end: usize,
+    shape: Vec<usize>,
+}
+
+/// The body and (for `bytes`, not `bytes_only`) the `metadata` header of a binary response:
+/// `outputs` are `(shape, elements)` in input order; `envelope` holds the response's `id`,
+/// `created`, `model` and `usage`, to which the items are added as `data`.
+pub fn bytes_body(encoding: &EncodingParams, outputs: &[(Vec<usize>, &[f32])], mut envelope: serde_json::Map<String, serde_json::Value>) -> (Vec<u8>, Option<String>) {
+    let mut body = Vec::new();
+    let mut items = Vec::with_capacity(outputs.len());
+    for (index, (shape, values)) in outputs.iter().enumerate() {
+        let start = body.len();
+        body.extend(encoding.bytes(values));
+        items.push(BytesItem { index, embed_dtype: encoding.dtype_name(), endianness: encoding.endianness_name(), start, end: body.len(), shape: shape.clone() });
+    }
+    let metadata = (encoding.format() == EncodingFormat::Bytes).then(|| {
+        envelope.insert("data".into(), serde_json::to_value(&items).unwrap_or_default());
+        serde_json::Value::Object(envelope).to_string()
+    });
+    (body, metadata)
 }
 
 impl Endianness {
@@ -94,8 +229,13 @@ impl Endianness {
 
 /// The embedding as `dtype` elements in `endianness` byte order, base64-encoded.
 pub fn base64_as(v: &[f32], dtype: EmbedDtype, endianness: Endianness) -> String {
+    base64_bytes(&bytes_as(v, dtype, endianness))
+}
+
+/// The embedding as `dtype` elements in `endianness` byte order.
+pub fn bytes_as(v: &[f32], dtype: EmbedDtype, endianness: Endianness) -> Vec<u8> {
     let big = endianness.big();
-    let bytes: Vec<u8> = match dtype {
+    match dtype {
         EmbedDtype::Float32 => v.iter().flat_map(|x| if big { x.to_be_bytes() } else { x.to_le_bytes() }).collect(),
         EmbedDtype::Float16 => v.iter().flat_map(|&x| {
             let h = f16::from_f32(x);
@@ -107,8 +247,7 @@ pub fn base64_as(v: &[f32], dtype: EmbedDtype, endianness: Endianness) -> String
         }).collect(),
         EmbedDtype::Fp8E4m3 => v.iter().map(|&x| fp8(x, Fp8::E4m3)).collect(),
         EmbedDtype::Fp8E5m2 => v.iter().map(|&x| fp8(x, Fp8::E5m2)).collect(),
-    };
-    base64_bytes(&bytes)
+    }
 }
 
 #[derive(Clone, Copy)]

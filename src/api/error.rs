@@ -17,6 +17,14 @@ pub enum ApiError {
     Unauthorized(String),
     #[error("{0}")]
     NotFound(String),
+    /// A route that vLLM does not register for this model (its pooling task has no such
+    /// endpoint): FastAPI's own 404, `{"detail": "Not Found"}`, which vLLM's clients and tests
+    /// match on.
+    #[error("Not Found")]
+    RouteNotFound,
+    /// A route the model's tasks have but its pooling task does not serve (vLLM's 501).
+    #[error("{0}")]
+    NotImplemented(String),
     #[error("{0}")]
     MethodNotAllowed(String),
     #[error("{0}")]
@@ -74,7 +82,8 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -87,7 +96,8 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => "BadRequestError",
             ApiError::Unauthorized(_) => "AuthenticationError",
-            ApiError::NotFound(_) => "NotFoundError",
+            ApiError::NotFound(_) | ApiError::RouteNotFound => "NotFoundError",
+            ApiError::NotImplemented(_) => "NotImplementedError",
             ApiError::MethodNotAllowed(_) => "MethodNotAllowedError",
             ApiError::PayloadTooLarge(_) => "PayloadTooLargeError",
             ApiError::TooManyRequests(_) => "TooManyRequestsError",
@@ -113,8 +123,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let message = self.to_string();
-        let body = ErrorBody { error: ErrorInfo { message: message.clone(), kind: self.kind(), param: self.param(), code: status.as_u16() } };
-        let mut response = (status, Json(body)).into_response();
+        let mut response = match self {
+            ApiError::RouteNotFound => (status, Json(serde_json::json!({"detail": "Not Found"}))).into_response(),
+            _ => {
+                let body = ErrorBody { error: ErrorInfo { message: message.clone(), kind: self.kind(), param: self.param(), code: status.as_u16() } };
+                (status, Json(body)).into_response()
+            }
+        };
         response.extensions_mut().insert(ErrorNote(message));
         response
     }
@@ -130,14 +145,14 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Params(p) => p.into(),
-            EngineError::InputTooLong { .. } | EngineError::EmbedInputTooLong { .. } | EngineError::TextTooLong { .. } => {
+            EngineError::InputTooLong { .. } | EngineError::TextTooLong { .. } => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }
             EngineError::InvalidPairing | EngineError::OutputTooLarge { .. } => ApiError::bad_request(e.to_string()),
             EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }
-            EngineError::Tokenizer(_) | EngineError::Image(_) | EngineError::ImagesUnsupported => ApiError::bad_request(e.to_string()),
+            EngineError::Tokenizer(_) | EngineError::Image(_) | EngineError::ImagesUnsupported | EngineError::Chat(_) => ApiError::bad_request(e.to_string()),
             EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
             EngineError::Model(_) => ApiError::Internal(e.to_string()),
             EngineError::Stopped | EngineError::Dead(_) => ApiError::Unavailable(e.to_string()),

@@ -120,8 +120,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 ApiError::bad_request(format!("Could not read the request body: {}", rejection.body_text()))
             }
         })?;
-        serde_json::from_slice(&bytes)
-            .map(ApiJson)
-            .map_err(|e| ApiError::bad_request(format!("Invalid JSON body: {e}")))
+        serde_json::from_slice(&bytes).map(ApiJson).map_err(invalid_body)
+    }
+}
+
+/// A request body already parsed (`/invocations`, `/vertex` dispatch by its shape) as the
+/// request type of the route it goes to, refused as [`ApiJson`] refuses a body.
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    serde_json::from_value(value).map_err(invalid_body)
+}
+
+fn invalid_body(e: serde_json::Error) -> ApiError {
+    let text = e.to_string();
+    match crate::engine::literal::recognize(&text) {
+        Some((param, message)) => ApiError::BadRequest { message, param: Some(param) },
+        None => ApiError::bad_request(format!("Invalid JSON body: {text}")),
     }
 }

@@ -2,11 +2,13 @@
 //! parse, resolve the model, validate parameters, call the engine, shape the response.
 
 pub mod auth;
+pub mod chat;
 pub mod classify;
 pub mod cohere;
 pub mod embeddings;
 pub mod encoding;
 pub mod error;
+pub mod invocations;
 pub mod json;
 pub mod media;
 pub mod meta;
@@ -15,7 +17,7 @@ pub mod openapi;
 pub mod pooling;
 pub mod rerank;
 pub mod score;
-pub mod sparse;
+pub mod tei;
 pub mod tokenize;
 
 use crate::engine::{Engine, EngineError, Prompt};
@@ -36,6 +38,10 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// Set (internally) on a request whose `X-Request-Id` the server made up: the body's
+/// `request_id` then names the response instead, as vLLM takes the header first, then the
+/// body's field. A client's own copy of this header is dropped.
+const GENERATED_REQUEST_ID: HeaderName = HeaderName::from_static("x-poolserve-generated-request-id");
 
 /// Shared by every handler: the served models by name. Each model's engine arrives once it is
 /// loaded and warmed; until then its routes answer 503, and /health until all have arrived.
@@ -63,13 +69,15 @@ struct StateInner {
 pub struct ApiOptions {
     pub api_key: Option<String>,
     pub max_client_batch_size: usize,
+    /// Whether a request may bring its own `chat_template`.
+    pub trust_request_chat_template: bool,
     /// Where images named by URL may come from.
     pub media: media::MediaOptions,
 }
 
 impl Default for ApiOptions {
     fn default() -> Self {
-        ApiOptions { api_key: None, max_client_batch_size: 1024, media: media::MediaOptions::default() }
+        ApiOptions { api_key: None, max_client_batch_size: 1024, trust_request_chat_template: false, media: media::MediaOptions::default() }
     }
 }
 
@@ -138,28 +146,6 @@ impl AppState {
         Ok(())
     }
 
-    /// The inputs of a request that takes text `input` or vLLM's chat-style `messages` (one
-    /// input per message, images allowed): exactly one of the two.
-    /// **Decision**: `messages` is taken for image-text models only. vLLM renders a text
-    /// model's messages through its chat template into one input, which we do not; refusing
-    /// beats a silently different embedding.
-    pub async fn inputs(&self, input: &serde_json::Value, messages: Option<&serde_json::Value>, takes_images: bool) -> Result<Vec<Prompt>, ApiError> {
-        match messages {
-            None => self.prompts(input),
-            Some(_) if !input.is_null() => Err(ApiError::BadRequest { message: "Send either `input` or `messages`, not both".into(), param: Some("messages") }),
-            Some(_) if !takes_images => Err(ApiError::BadRequest {
-                message: "`messages` is accepted for image-text models (CLIP, SigLIP) only: this model takes text in `input` (chat templates are not applied)".into(),
-                param: Some("messages"),
-            }),
-            Some(messages) => {
-                if let Some(count) = messages.as_array().map(Vec::len) {
-                    self.check_batch_size(count)?;
-                }
-                media::message_prompts(messages, &self.inner.options.media).await
-            }
-        }
-    }
-
     /// `--max-client-batch-size`, checked in this one place for every endpoint.
     pub fn check_batch_size(&self, inputs: usize) -> Result<(), ApiError> {
         let max = self.inner.options.max_client_batch_size;
@@ -215,7 +201,7 @@ impl AppState {
             return self.begin(None, task, api);
         }
         let engines = self.engines()?;
-        let serving: Vec<&&Engine> = engines.iter().filter(|e| e.spec().supports(task)).collect();
+        let serving: Vec<&&Engine> = engines.iter().filter(|e| e.spec().pooling_task == task).collect();
         match serving.as_slice() {
             [] => Err(ApiError::bad_request(format!("No served model supports {api} API"))),
             [one] => self.begin(Some(&one.spec().served_name), task, api),
@@ -267,27 +253,41 @@ impl AppState {
     }
 
     /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
-    /// in the "does not support" message).
+    /// in the "does not support" message), see [`serves`].
     pub fn engine_for(&self, model: Option<&str>, task: Task, api: &str) -> Result<&Engine, ApiError> {
         let engine = self.model(model)?;
-        if !engine.spec().supports(task) {
-            return Err(ApiError::bad_request(format!("The model does not support {api} API")));
-        }
+        serves(engine.spec(), task, api)?;
         Ok(engine)
     }
 
-    /// The engine for a pair-scoring request (`/score`, `/rerank`): any model with a
-    /// [`crate::engine::score::ScoreMode`] (cross-encoder, bi-encoder or late interaction).
-    pub fn scoring_engine(&self, model: Option<&str>, api: &str) -> Result<&Engine, ApiError> {
+    /// The engine for a pair-scoring request (`/score`, `/rerank`): a model whose pooling task
+    /// scores ([`crate::loader::spec::ModelSpec::scores`]); vLLM registers no such route for
+    /// others (404 `{"detail": "Not Found"}`).
+    pub fn scoring_engine(&self, model: Option<&str>, _api: &str) -> Result<&Engine, ApiError> {
         let engine = self.model(model)?;
         if engine.score_mode().is_none() {
-            return Err(ApiError::bad_request(format!("The model does not support {api} API")));
+            return Err(ApiError::RouteNotFound);
         }
         Ok(engine)
     }
 
     pub fn started(&self) -> u64 {
         self.inner.started
+    }
+}
+
+/// Whether a model serves `task`'s endpoint, as vLLM 0.33 registers them: the route exists when
+/// the model's tasks include `task` and answers when `task` is its pooling task; with the
+/// task but another pooling task it answers 501 `The model does not support {api} API`
+/// (switch with `--pooler-config '{"task": …}'`); without the task the route is not there
+/// (404 `{"detail": "Not Found"}`).
+pub fn serves(spec: &crate::loader::spec::ModelSpec, task: Task, api: &str) -> Result<(), ApiError> {
+    if spec.pooling_task == task {
+        Ok(())
+    } else if spec.supports(task) {
+        Err(ApiError::NotImplemented(format!("The model does not support {api} API")))
+    } else {
+        Err(ApiError::RouteNotFound)
     }
 }
 
@@ -317,9 +317,10 @@ pub struct ListResponse<T> {
 }
 
 impl<T> ListResponse<T> {
-    pub fn new(prefix: &str, headers: &HeaderMap, engine: &Engine, data: Vec<T>, tokens: usize) -> Self {
+    /// `request_id`: the body's `request_id` field (see [`response_id`]).
+    pub fn new(prefix: &str, headers: &HeaderMap, request_id: Option<&str>, engine: &Engine, data: Vec<T>, tokens: usize) -> Self {
         ListResponse {
-            id: response_id(prefix, headers),
+            id: response_id(prefix, headers, request_id),
             object: "list",
             created: unix_now(),
             model: engine.spec().served_name.clone(),
@@ -329,12 +330,28 @@ impl<T> ListResponse<T> {
     }
 }
 
-/// `{prefix}-{X-Request-Id}` (set by the request-id layer when the client sent none).
-pub fn response_id(prefix: &str, headers: &HeaderMap) -> String {
-    match headers.get(REQUEST_ID).and_then(|v| v.to_str().ok()) {
-        Some(id) => format!("{prefix}-{id}"),
-        None => format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
+/// `{prefix}-{id}`, the id as vLLM picks it: the client's `X-Request-Id` header, else the
+/// body's `request_id`, else one made up (the request-id layer's).
+pub fn response_id(prefix: &str, headers: &HeaderMap, request_id: Option<&str>) -> String {
+    let header = headers.get(REQUEST_ID).and_then(|v| v.to_str().ok());
+    let made_up = headers.contains_key(GENERATED_REQUEST_ID);
+    match (header, request_id) {
+        (Some(_), Some(body)) if made_up => format!("{prefix}-{body}"),
+        (None, Some(body)) => format!("{prefix}-{body}"),
+        (Some(id), _) => format!("{prefix}-{id}"),
+        (None, None) => format!("{prefix}-{}", uuid::Uuid::new_v4().simple()),
     }
+}
+
+/// Marks a request that came without `X-Request-Id` before the request-id layer makes one
+/// up ([`GENERATED_REQUEST_ID`]).
+async fn mark_made_up_request_id(mut request: axum::extract::Request, next: middleware::Next) -> axum::response::Response {
+    let headers = request.headers_mut();
+    headers.remove(GENERATED_REQUEST_ID);
+    if !headers.contains_key(REQUEST_ID) {
+        headers.insert(GENERATED_REQUEST_ID, axum::http::HeaderValue::from_static("1"));
+    }
+    next.run(request).await
 }
 
 /// The `input` field's four forms: a string, strings, token ids, or lists of token ids.
@@ -348,6 +365,15 @@ pub fn parse_input(input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
     };
     let token = |v: &Value| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32);
     let tokens = |items: &[Value]| items.iter().map(token).collect::<Option<Vec<u32>>>();
+    // A negative id is out of vocabulary (vLLM's words), not a shape error.
+    let negative = |items: &[Value]| items.iter().filter_map(Value::as_i64).filter(|&t| t < 0).min();
+    let lowest = match input {
+        Value::Array(items) => negative(items).or_else(|| items.iter().filter_map(Value::as_array).filter_map(|inner| negative(inner)).min()),
+        _ => None,
+    };
+    if let Some(id) = lowest {
+        return Err(EngineError::InvalidTokenId { id }.into());
+    }
     match input {
         Value::String(s) => Ok(vec![Prompt::Text(s.clone())]),
         Value::Array(items) if items.is_empty() => {
@@ -391,7 +417,15 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/embeddings", post(embeddings::create))
         .route("/classify", post(classify::create))
         .route("/pooling", post(pooling::create))
-        .route("/embed_sparse", post(sparse::create))
+        .route("/embed_sparse", post(tei::embed_sparse))
+        .route("/embed", post(tei::embed))
+        .route("/embed_all", post(tei::embed_all))
+        .route("/predict", post(tei::predict))
+        .route("/similarity", post(tei::similarity))
+        .route("/decode", post(tei::decode))
+        .route("/vertex", post(tei::vertex))
+        .route("/info", get(tei::info))
+        .route("/", post(tei::root))
         .route("/score", post(score::create))
         .route("/v1/score", post(score::create))
         .route("/rerank", post(rerank::create))
@@ -401,11 +435,14 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/v1/embed", post(cohere::create_v1))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/invocations", post(invocations::invocations))
         .route("/v1/models", get(meta::models))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     let routes = Router::new()
         .merge(protected)
         .route("/health", get(meta::health))
+        .route("/ping", get(meta::health).post(meta::health))
+        .route("/", get(meta::health))
         .route("/version", get(meta::version))
         .route("/metrics", get(observe::metrics_text))
         .route("/openapi.json", get(openapi::openapi_json))
@@ -440,6 +477,7 @@ fn with_layers(routes: Router<AppState>, payload_limit: usize) -> Router<AppStat
         )
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        .layer(middleware::from_fn(mark_made_up_request_id))
 }
 
 #[cfg(test)]
@@ -469,7 +507,8 @@ mod tests {
         assert_eq!(parse_input(&json!([[1], [2, 3]])).unwrap().len(), 2);
         assert!(parse_input(&json!([])).is_err());
         assert!(parse_input(&json!(["a", 1])).is_err());
-        assert!(parse_input(&json!([-1])).is_err());
+        assert_eq!(parse_input(&json!([-1])).unwrap_err().to_string(), "Token id -1 is out of vocabulary");
+        assert_eq!(parse_input(&json!([[1], [3, -2, -5]])).unwrap_err().to_string(), "Token id -5 is out of vocabulary");
         assert!(parse_input(&json!(5)).is_err());
         assert!(parse_input(&json!([[1], "a"])).is_err());
     }

@@ -1,13 +1,23 @@
-//! `POST /pooling`: vLLM's task-generic endpoint. `task` picks embed, classify, token_embed,
-//! token_classify or embed_sparse (default: the model's first task); per-token tasks answer
-//! nested lists, embed_sparse lists of `{"index", "value"}`.
+//! `POST /pooling`: vLLM's task-generic endpoint. `task` must be the model's pooling task
+//! (its default), as vLLM 0.33 checks it: a task the model has but does not serve says how to
+//! switch (`--pooler-config.task`), one it lacks lists the tasks it has, `plugin` needs an
+//! IO-processor plugin (there are none here). Per-token tasks answer nested lists,
+//! embed_sparse lists of `{"index", "value"}`. `encoding_format` (`float`, `base64`, `bytes`,
+//! `bytes_only`), `embed_dtype` and `endianness` apply as on `/v1/embeddings`; a matrix's
+//! base64 holds its rows one after another.
 
+use super::chat::{self, ChatFields};
+use super::embeddings::bytes_response;
+use super::encoding::{EncodedValue, EncodingParams};
 use super::error::{ApiError, ErrorResponses};
 use super::json::{ApiJson, OffRuntimeJson};
 use super::{admit, AppState, ListResponse};
-use crate::engine::PoolingOutput;
-use crate::pooling::Task;
+use crate::engine::literal;
 use crate::engine::params::PoolingParams;
+use crate::engine::PoolingOutput;
+use crate::loader::spec::ModelSpec;
+use crate::pooling::config::POOLER_TASKS;
+use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
@@ -17,17 +27,25 @@ pub struct PoolingRequest {
     /// Texts or token ids (absent when `messages` is sent).
     #[serde(default)]
     pub input: serde_json::Value,
-    /// vLLM's chat-style inputs, one embedding per message; images as `image_url` parts.
+    /// vLLM's chat input, rendered through the chat template; image-text models embed each
+    /// message.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub messages: Option<serde_json::Value>,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
-    pub task: Option<String>,
+    pub task: Option<serde_json::Value>,
     /// A sentence-transformers prompt of the model, prepended to every text input.
     #[serde(default)]
     pub prompt_name: Option<String>,
+    /// vLLM: names the response (`pooling-{request_id}`) when no `X-Request-Id` header does.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(flatten)]
+    pub encoding: EncodingParams,
+    #[serde(flatten)]
+    pub chat: ChatFields,
     #[serde(flatten)]
     pub params: PoolingParams,
 }
@@ -48,8 +66,7 @@ impl SparseValue {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum PoolingValue {
-    Vector(Vec<f32>),
-    Tokens(Vec<Vec<f32>>),
+    Encoded(EncodedValue),
     Sparse(Vec<SparseValue>),
 }
 
@@ -60,12 +77,29 @@ pub struct PoolingData {
     pub data: PoolingValue,
 }
 
-/// Python's repr of a tuple of strings, as vLLM prints the supported tasks.
-fn py_tuple(tasks: &[Task]) -> String {
-    let items: Vec<String> = tasks.iter().map(|t| format!("'{t}'")).collect();
-    match items.as_slice() {
-        [one] => format!("({one},)"),
-        _ => format!("({})", items.join(", ")),
+/// The task a request names, checked as vLLM's `_verify_pooling_task` checks it.
+fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Result<Task, ApiError> {
+    let name = match requested {
+        None | Some(serde_json::Value::Null) => return Ok(spec.pooling_task),
+        Some(serde_json::Value::String(name)) => name.as_str(),
+        Some(other) => return Err(ApiError::BadRequest { message: literal::message("task", other, &POOLER_TASKS[..6]), param: Some("task") }),
+    };
+    let bad = |message: String| ApiError::BadRequest { message, param: Some("task") };
+    match name {
+        "score" => return Err(bad("`score` task was removed; use `classify` instead.".into())),
+        "encode" => return Err(bad("`encode` task was removed; use `token_embed` or `token_classify` instead.".into())),
+        "plugin" => {
+            return Err(bad(
+                "No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details.".into(),
+            ))
+        }
+        _ if !POOLER_TASKS.contains(&name) => return Err(bad(literal::message("task", &name.into(), &POOLER_TASKS[..6]))),
+        _ => {}
+    }
+    match name.parse::<Task>().ok().filter(|t| *t != Task::Score) {
+        Some(task) if task == spec.pooling_task => Ok(task),
+        Some(task) if spec.supports(task) => Err(bad(format!("Try switching the model's pooling_task via --pooler-config.task {name}."))),
+        _ => Err(bad(format!("Unsupported task: '{name}' Supported tasks: {}", Task::py_tuple(&spec.pooling_tasks())))),
     }
 }
 
@@ -82,41 +116,64 @@ pub async fn create(
     AppState::require_input(&request.input, request.messages.as_ref())?;
     let engine = state.model(request.model.as_deref())?;
     let spec = engine.spec();
-    // `score` is a pair task: /score and /rerank serve it.
-    let poolable: Vec<Task> = spec.tasks.iter().copied().filter(|t| *t != Task::Score).collect();
-    let task = match request.task.as_deref() {
-        None => poolable.first().copied().ok_or_else(|| ApiError::bad_request("The model does not support Pooling API"))?,
-        Some(name) => name.parse::<Task>().ok().filter(|t| poolable.contains(t)).ok_or_else(|| ApiError::BadRequest {
-            message: format!("Unsupported task: '{name}' Supported tasks: {}", py_tuple(&poolable)),
-            param: Some("task"),
-        })?,
-    };
+    let task = pooling_task(request.task.as_ref(), spec)?;
+    if task == Task::EmbedSparse && request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
+        return Err(ApiError::BadRequest { message: "embed_sparse outputs are `float` only (lists of {\"index\", \"value\"})".into(), param: Some("encoding_format") });
+    }
     let permit = admit(engine)?;
     let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
-    let prompts = state.inputs(&request.input, request.messages.as_ref(), spec.images).await?;
-    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
+    let params = inputs.params(params, request.params.add_special_tokens);
+    let (outputs, tokens) = engine.encode(inputs.prompts, &params).await?;
+    let response = ListResponse::new("pooling", &headers, request.request_id.as_deref(), engine, Vec::<PoolingData>::new(), tokens);
+    let encoding = request.encoding;
+    if encoding.is_bytes() {
+        let shaped = outputs
+            .into_iter()
+            .map(|output| match output {
+                PoolingOutput::Vector(v) => Ok((vec![v.len()], v)),
+                PoolingOutput::Tokens(rows) => Ok((vec![rows.len(), rows.first().map_or(0, Vec::len)], rows.concat())),
+                PoolingOutput::Sparse(_) => Err(ApiError::Internal("sparse outputs have no bytes form".into())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        return bytes_response(encoding, shaped, response).await;
+    }
     let data = outputs
         .into_iter()
         .enumerate()
         .map(|(index, output)| {
             let data = match output {
-                PoolingOutput::Vector(v) => PoolingValue::Vector(v),
-                PoolingOutput::Tokens(t) => PoolingValue::Tokens(t),
+                PoolingOutput::Vector(v) => PoolingValue::Encoded(encoding.vector(v)),
+                PoolingOutput::Tokens(rows) => PoolingValue::Encoded(encoding.matrix(rows)),
                 PoolingOutput::Sparse(s) => PoolingValue::Sparse(SparseValue::list(s)),
             };
             PoolingData { index, object: "pooling", data }
         })
         .collect();
-    OffRuntimeJson(ListResponse::new("pool", &headers, engine, data, tokens)).into_response(permit).await
+    OffRuntimeJson(ListResponse { data, ..response }).into_response(permit).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn message(requested: serde_json::Value, spec: &ModelSpec) -> String {
+        match pooling_task(Some(&requested), spec).unwrap_err() {
+            ApiError::BadRequest { message, .. } => message,
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
-    fn tasks_print_as_python_tuples() {
-        assert_eq!(py_tuple(&[Task::Embed, Task::TokenEmbed]), "('embed', 'token_embed')");
-        assert_eq!(py_tuple(&[Task::Classify]), "('classify',)");
+    fn tasks_are_checked_as_vllm_checks_them() {
+        let spec = ModelSpec::for_tests(8, 16);
+        assert_eq!(pooling_task(None, &spec).unwrap(), Task::Embed);
+        assert_eq!(pooling_task(Some(&json!("embed")), &spec).unwrap(), Task::Embed);
+        assert_eq!(message(json!("token_embed"), &spec), "Try switching the model's pooling_task via --pooler-config.task token_embed.");
+        assert_eq!(message(json!("classify"), &spec), "Unsupported task: 'classify' Supported tasks: ('embed', 'token_embed')");
+        assert!(message(json!("plugin"), &spec).starts_with("No IOProcessor plugin installed."));
+        assert!(message(json!("score"), &spec).contains("`score` task was removed"));
+        assert!(message(json!("embedding"), &spec).contains("literal_error"));
     }
 }

@@ -5,6 +5,9 @@
 //! embedding model (bi-encoder) by the cosine of the two embeddings, a late-interaction model by
 //! MaxSim; `relevance_score` is always what `/score` gives for the same pair.
 //!
+//! TEI's body (`query` and `texts`, no `documents`) is answered as TEI's `/rerank`
+//! ([`super::tei`]).
+//!
 //! Decisions: `top_n` absent or 0 returns every document, a `top_n` above the number of
 //! documents also returns them all (as Cohere does), a negative one is a 400.
 
@@ -29,6 +32,9 @@ pub struct RerankRequest {
     pub top_n: Option<i64>,
     #[serde(default)]
     pub return_documents: Option<bool>,
+    /// vLLM: names the response (`rerank-{request_id}`) when no `X-Request-Id` header does.
+    #[serde(default)]
+    pub request_id: Option<String>,
     #[serde(flatten)]
     pub pair: PairFields,
     #[serde(flatten)]
@@ -76,8 +82,14 @@ fn result_count(top_n: Option<i64>, documents: usize) -> Result<usize, ApiError>
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
-    ApiJson(request): ApiJson<RerankRequest>,
-) -> Result<Json<RerankResponse>, ApiError> {
+    ApiJson(body): ApiJson<Value>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    // TEI's body (`texts`, no `documents`): TEI's rerank, answered in TEI's shape.
+    if super::tei::is_tei_rerank(&body) {
+        return Ok(super::tei::rerank(&state, body).await);
+    }
+    let request: RerankRequest = super::json::from_value(body)?;
     let (engine, _permit) = state.begin_scoring(request.model.as_deref(), "Rerank (Score)")?;
     let params = score_params(engine, &request.params, &request.pair)?;
     if !request.documents.is_array() {
@@ -106,11 +118,12 @@ pub async fn create(
         })
         .collect();
     Ok(Json(RerankResponse {
-        id: response_id("rerank", &headers),
+        id: response_id("rerank", &headers, request.request_id.as_deref()),
         model: engine.spec().served_name.clone(),
         usage: Usage::new(tokens),
         results,
-    }))
+    })
+    .into_response())
 }
 
 #[cfg(test)]

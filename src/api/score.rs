@@ -1,5 +1,6 @@
 //! `POST /score` (and `/v1/score`): relevance of text pairs, vLLM's request forms
-//! (`text_1`/`text_2`, `queries`/`documents`, `data_1`/`data_2`) and 1:1, 1:N, N:N pairing.
+//! (`text_1`/`text_2`, `queries`/`documents` or `queries`/`items`, `data_1`/`data_2`) and
+//! 1:1, 1:N, N:N pairing.
 //! A side may also be vLLM's multimodal `{"content": [parts]}`: each part (a text or an
 //! image) is one input, scored by the cosine of embeddings (image-text models).
 //! The request helpers here are shared with `/rerank`.
@@ -31,10 +32,16 @@ pub struct ScoreRequest {
     pub queries: Option<Value>,
     #[serde(default)]
     pub documents: Option<Value>,
+    /// vLLM's other name of `documents` beside `queries`.
+    #[serde(default)]
+    pub items: Option<Value>,
     #[serde(default)]
     pub data_1: Option<Value>,
     #[serde(default)]
     pub data_2: Option<Value>,
+    /// vLLM: names the response (`score-{request_id}`) when no `X-Request-Id` header does.
+    #[serde(default)]
+    pub request_id: Option<String>,
     #[serde(flatten)]
     pub pair: PairFields,
     #[serde(flatten)]
@@ -55,15 +62,16 @@ pub struct PairFields {
 }
 
 impl PairFields {
+    /// The per-side caps; 0 (vLLM's default) means none, negative is refused in vLLM's words.
     pub fn resolve(&self) -> Result<PairLimits, ApiError> {
-        let positive = |value: Option<i64>, param: &'static str| match value {
-            None => Ok(None),
+        let cap = |value: Option<i64>, param: &'static str| match value {
+            None | Some(0) => Ok(None),
             Some(n) if n >= 1 => Ok(Some(n as usize)),
-            Some(n) => Err(ApiError::BadRequest { message: format!("{param} must be a positive integer, got {n}"), param: Some(param) }),
+            Some(_) => Err(ApiError::BadRequest { message: format!("{param} must be a non-negative integer"), param: Some(param) }),
         };
         Ok(PairLimits {
-            query: positive(self.max_tokens_per_query, "max_tokens_per_query")?,
-            document: positive(self.max_tokens_per_doc, "max_tokens_per_doc")?,
+            query: cap(self.max_tokens_per_query, "max_tokens_per_query")?,
+            document: cap(self.max_tokens_per_doc, "max_tokens_per_doc")?,
         })
     }
 }
@@ -122,24 +130,33 @@ async fn side_prompts(side: &Value, media: &MediaOptions) -> Result<Vec<Prompt>,
 impl ScoreRequest {
     /// Both sides, when one of them is vLLM's multimodal `{"content": […]}` form.
     fn content_sides(&self) -> Option<(&Value, &Value)> {
-        let forms = [(&self.text_1, &self.text_2), (&self.queries, &self.documents), (&self.data_1, &self.data_2)];
+        let forms = [(&self.text_1, &self.text_2), (&self.queries, self.second_of_queries().1), (&self.data_1, &self.data_2)];
         forms.into_iter().find_map(|(a, b)| match (a, b) {
             (Some(a), Some(b)) if a.get("content").is_some() || b.get("content").is_some() => Some((a, b)),
             _ => None,
         })
     }
 
+    /// What pairs with `queries`: `documents`, or vLLM's `items`.
+    fn second_of_queries(&self) -> (&'static str, &Option<Value>) {
+        match (&self.documents, &self.items) {
+            (None, Some(_)) => ("items", &self.items),
+            _ => ("documents", &self.documents),
+        }
+    }
+
     /// The two sides, from whichever of the three field pairs the request used.
     fn sides(&self) -> Result<(Vec<String>, Vec<String>), ApiError> {
+        let (second_name, second) = self.second_of_queries();
         let forms = [
             ("text_1", &self.text_1, "text_2", &self.text_2),
-            ("queries", &self.queries, "documents", &self.documents),
+            ("queries", &self.queries, second_name, second),
             ("data_1", &self.data_1, "data_2", &self.data_2),
         ];
         let used: Vec<_> = forms.iter().filter(|(_, a, _, b)| a.is_some() || b.is_some()).collect();
         let [(first_name, first, second_name, second)] = used.as_slice() else {
             return Err(ApiError::bad_request(
-                "A score request needs exactly one of the field pairs text_1/text_2, queries/documents or data_1/data_2",
+                "A score request needs exactly one of the field pairs text_1/text_2, queries/documents (or queries/items) or data_1/data_2",
             ));
         };
         let missing = |name: &'static str| ApiError::BadRequest { message: format!("{name} is required"), param: Some(name) };
@@ -175,13 +192,13 @@ pub async fn create(
         let (queries, documents) = (side_prompts(first, media).await?, side_prompts(second, media).await?);
         let (scores, tokens) = engine.score_embedded(queries, documents, &params).await?;
         let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
-        return Ok(Json(ListResponse::new("score", &headers, engine, data, tokens)));
+        return Ok(Json(ListResponse::new("score", &headers, request.request_id.as_deref(), engine, data, tokens)));
     }
     let (queries, documents) = request.sides()?;
     state.check_batch_size(queries.len().max(documents.len()))?;
     let (scores, tokens) = engine.score(&queries, &documents, &params, request.pair.instruction.as_deref()).await?;
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
-    Ok(Json(ListResponse::new("score", &headers, engine, data, tokens)))
+    Ok(Json(ListResponse::new("score", &headers, request.request_id.as_deref(), engine, data, tokens)))
 }
 
 #[cfg(test)]
@@ -202,6 +219,8 @@ mod tests {
     fn pair_limits_must_be_positive() {
         let fields = PairFields { max_tokens_per_query: Some(4), ..Default::default() };
         assert_eq!(fields.resolve().unwrap(), PairLimits { query: Some(4), document: None });
-        assert!(PairFields { max_tokens_per_doc: Some(0), ..Default::default() }.resolve().is_err());
+        assert_eq!(PairFields { max_tokens_per_doc: Some(0), ..Default::default() }.resolve().unwrap(), PairLimits::default());
+        let err = PairFields { max_tokens_per_doc: Some(-5), ..Default::default() }.resolve().unwrap_err();
+        assert_eq!(err.to_string(), "max_tokens_per_doc must be a non-negative integer");
     }
 }

@@ -1,5 +1,8 @@
-//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes).
+//! `POST /tokenize` and `POST /detokenize` (vLLM's shapes). `/tokenize` takes a `prompt`, or
+//! vLLM's chat form (`messages` rendered through the chat template, `add_generation_prompt`
+//! true by default there, `add_special_tokens` false).
 
+use super::chat::{self, ChatFields};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::AppState;
@@ -11,21 +14,26 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct TokenizeRequest {
-    pub prompt: String,
+    /// The text (absent when `messages` is sent).
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// vLLM's chat form: one conversation, rendered through the chat template.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub messages: Option<serde_json::Value>,
     #[serde(default)]
     pub model: Option<String>,
-    #[serde(default = "yes")]
-    pub add_special_tokens: bool,
+    /// Default: true for `prompt`, false for `messages`.
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
     #[serde(default)]
     pub return_token_strs: bool,
     /// A sentence-transformers prompt of the model, prepended as the embedding routes do (the
     /// model's default prompt applies when none is named).
     #[serde(default)]
     pub prompt_name: Option<String>,
-}
-
-fn yes() -> bool {
-    true
+    #[serde(flatten)]
+    pub chat: ChatFields,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -53,25 +61,39 @@ pub struct DetokenizeResponse {
         (status = 200, body = TokenizeResponse),
         ErrorResponses
     ))]
-pub async fn tokenize(
-    State(state): State<AppState>,
-    ApiJson(request): ApiJson<TokenizeRequest>,
-) -> Result<Json<TokenizeResponse>, ApiError> {
+pub async fn tokenize(State(state): State<AppState>, ApiJson(body): ApiJson<serde_json::Value>) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    // TEI's body (`inputs`): TEI's tokens with their offsets.
+    if super::tei::is_tei_tokenize(&body) {
+        return Ok(super::tei::tokenize(&state, body).await);
+    }
+    let request: TokenizeRequest = super::json::from_value(body)?;
     let engine = state.model(request.model.as_deref())?;
     let _permit = super::admit(engine)?;
+    let text = match (request.prompt, &request.messages) {
+        (Some(_), Some(_)) => return Err(ApiError::BadRequest { message: "Send either `prompt` or `messages`, not both".into(), param: Some("messages") }),
+        (None, None) => return Err(ApiError::BadRequest { message: "missing field `prompt` (or vLLM's `messages`)".into(), param: Some("prompt") }),
+        (None, Some(messages)) => {
+            let inputs = chat::inputs(&state, engine, &serde_json::Value::Null, Some(messages), &request.chat, true).await?;
+            match inputs.prompts.as_slice() {
+                [crate::engine::Prompt::Text(text)] => text.clone(),
+                _ => return Err(ApiError::BadRequest { message: "/tokenize takes one conversation".into(), param: Some("messages") }),
+            }
+        }
+        (Some(prompt), None) => match engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)? {
+            Some(prefix) => prefix + &prompt,
+            None => prompt,
+        },
+    };
     let options = EncodeOptions {
-        add_special_tokens: request.add_special_tokens,
+        add_special_tokens: request.add_special_tokens.unwrap_or(request.messages.is_none()),
         truncate_to: None,
         side: engine.spec().truncation_side,
         pair_limits: Default::default(),
     };
-    let text = match engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)? {
-        Some(prompt) => prompt + &request.prompt,
-        None => request.prompt,
-    };
     let tokens = engine.tokenize(text, options).await?.ids;
     let token_strs = request.return_token_strs.then(|| engine.tokenizer().token_strings(&tokens));
-    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }))
+    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }).into_response())
 }
 
 #[utoipa::path(post, tag = "Tokens", path = "/detokenize", description = "Token ids back to text.", request_body = DetokenizeRequest,
@@ -87,7 +109,7 @@ pub async fn detokenize(
     let _permit = super::admit(engine)?;
     let vocab = engine.tokenizer().vocab_size();
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
-        return Err(EngineError::InvalidTokenId { id, vocab }.into());
+        return Err(EngineError::InvalidTokenId { id: id as i64 }.into());
     }
     Ok(Json(DetokenizeResponse { prompt: engine.detokenize(request.tokens).await? }))
 }

@@ -2,6 +2,7 @@
 //! cheap-to-clone [`Engine`] handle. The HTTP layer (and the library API) hand it prompts and
 //! validated parameters and get one output per prompt back, in order; it never sees tensors.
 
+pub mod literal;
 pub mod params;
 pub mod scheduler;
 pub mod score;
@@ -24,12 +25,13 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
-    #[error("This model's maximum context length is {max} tokens. However, you requested {got} tokens in the input for {purpose}. Please reduce the length of the input.")]
-    InputTooLong { max: usize, got: usize, purpose: &'static str },
-    #[error("This model's maximum embedding input length is {max} tokens. However, you requested {got} tokens in the input for embedding generation. Please reduce the length of the input.")]
-    EmbedInputTooLong { max: usize, got: usize },
-    #[error("Token id {id} is out of vocabulary (the vocabulary has {vocab} tokens)")]
-    InvalidTokenId { id: u32, vocab: usize },
+    /// vLLM 0.33's words. A text over the limit reads "at least {max + 1}" there (its
+    /// tokenizer stops one token past the limit), so it does here too; `got` keeps the true
+    /// length (TEI's routes report it).
+    #[error("This model's maximum context length is {max} tokens. However, your prompt contains {} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.", if *from_text { format!("at least {}", max + 1) } else { got.to_string() })]
+    InputTooLong { max: usize, got: usize, from_text: bool },
+    #[error("Token id {id} is out of vocabulary")]
+    InvalidTokenId { id: i64 },
     #[error("The prompt cannot be empty")]
     EmptyPrompt,
     #[error("Input lengths must be either 1:1, 1:N or N:N")]
@@ -48,13 +50,16 @@ pub enum EngineError {
     Dead(&'static str),
     #[error("This request's output would be {floats} floats ({tokens} tokens × {width}), over the server's limit of {max} (--max-output-floats). Please send fewer or shorter inputs.")]
     OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
-    #[error("This model's maximum context length is {max} tokens. However, you sent a text of {bytes} bytes, longer than any text that fits ({limit} bytes). Please reduce the length of the input, or set truncate_prompt_tokens.")]
+    #[error("This model's maximum context length is {max} tokens. However, your prompt contains {bytes} bytes (more than {limit} bytes, which is the upper bound for {max} input tokens). Please reduce the length of the input prompt.")]
     TextTooLong { bytes: usize, limit: usize, max: usize },
     /// An image that cannot be used (undecodable, too large, not an image).
     #[error("{0}")]
     Image(String),
     #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP) embed images")]
     ImagesUnsupported,
+    /// A conversation the chat template could not render (the template's reason).
+    #[error("{0}")]
+    Chat(String),
 }
 
 /// Why an engine could not start.
@@ -102,9 +107,14 @@ struct Inner {
     next_request: std::sync::atomic::AtomicU64,
     admission: Arc<Semaphore>,
     max_concurrent_requests: usize,
+    /// The token budget of a batch, as the scheduler applies it.
+    max_batch_tokens: usize,
+    tokenizer_workers: usize,
     vocab_size: usize,
     /// How images become pixel values, for image-text models.
     images: Option<ImageSide>,
+    /// How `messages` become text.
+    chat_template: Arc<crate::loader::chat_template::ChatTemplate>,
 }
 
 /// An image-text model's image preprocessing.
@@ -199,7 +209,7 @@ impl Engine {
 
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision } = model;
+        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision, chat_template } = model;
         let images = vision.as_ref().map(|v| ImageSide {
             processor: Arc::new(v.processor.clone()),
             limits: ImageLimits { max_pixels: options.max_image_pixels },
@@ -242,14 +252,33 @@ impl Engine {
                 max_output_floats: options.max_output_floats,
                 admission: Arc::new(Semaphore::new(options.max_concurrent_requests)),
                 max_concurrent_requests: options.max_concurrent_requests,
+                max_batch_tokens: limits.max_tokens,
+                tokenizer_workers: options.tokenizer_workers,
                 vocab_size,
                 images,
+                chat_template: Arc::new(chat_template),
             }),
         })
     }
 
     pub fn spec(&self) -> &ModelSpec {
         &self.inner.spec
+    }
+
+    /// `(max_concurrent_requests, max_batch_tokens, tokenizer_workers)`, as TEI's `/info`
+    /// reports them.
+    pub fn limits(&self) -> (usize, usize, usize) {
+        (self.inner.max_concurrent_requests, self.inner.max_batch_tokens, self.inner.tokenizer_workers)
+    }
+
+    /// The size of the model's vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.vocab_size
+    }
+
+    /// What one image counts in `usage` (its sequence in the vision tower); 0 for text models.
+    pub fn tokens_per_image(&self) -> usize {
+        self.inner.images.as_ref().map_or(0, |side| side.tokens_per_image)
     }
 
     /// Whether the engine can serve: its model thread is running (tokenizer jobs catch their
@@ -274,6 +303,8 @@ impl Engine {
             dimensions: None,
             activation: true,
             add_special_tokens: true,
+            pad_to_max_length: false,
+            late_chunk: None,
             pair_limits: Default::default(),
             prompt: None,
         };
@@ -299,7 +330,60 @@ impl Engine {
 
     /// The text of token ids (/detokenize), off the async runtime.
     pub async fn detokenize(&self, ids: Vec<u32>) -> Result<String, EngineError> {
-        self.inner.tokenizers.decode(ids).await
+        self.inner.tokenizers.decode(ids, false).await
+    }
+
+    /// Each conversation rendered by the chat template into one text, on the worker pool (a
+    /// long conversation through a large template is not the async runtime's work).
+    /// `template`: a request's own template (the HTTP layer has checked that it may).
+    pub async fn render_chat(
+        &self,
+        conversations: Vec<Vec<serde_json::Value>>,
+        options: crate::loader::chat_template::ChatOptions,
+        template: Option<String>,
+    ) -> Result<Vec<String>, EngineError> {
+        let chat = Arc::clone(&self.inner.chat_template);
+        self.inner
+            .tokenizers
+            .execute(move || {
+                conversations
+                    .iter()
+                    .map(|messages| match &template {
+                        Some(source) => chat.render_source(source, messages, &options),
+                        None => chat.render(messages, &options),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| EngineError::Chat(e.0))
+            })
+            .await?
+    }
+
+    /// The texts of several id lists (TEI's `/decode`), on a blocking thread.
+    pub async fn decode_all(&self, ids: Vec<Vec<u32>>, skip_special_tokens: bool) -> Result<Vec<String>, EngineError> {
+        let tokenizer = self.inner.tokenizers.shared();
+        tokio::task::spawn_blocking(move || ids.iter().map(|i| tokenizer.decode(i, skip_special_tokens)).collect::<Result<Vec<_>, _>>())
+            .await
+            .map_err(|_| EngineError::Stopped)?
+            .map_err(EngineError::from)
+    }
+
+    /// TEI's `/tokenize` tokens of each text ([`tokenizer::TextTokenizer::tokens`]), on the
+    /// worker pool.
+    pub async fn tokens(&self, texts: Vec<String>, add_special_tokens: bool) -> Result<Vec<Vec<(u32, bool, Option<(usize, usize)>)>>, EngineError> {
+        let tokenizer = self.inner.tokenizers.shared();
+        self.inner
+            .tokenizers
+            .execute(move || texts.iter().map(|t| tokenizer.tokens(t, add_special_tokens)).collect::<Result<Vec<_>, _>>())
+            .await?
+            .map_err(EngineError::from)
+    }
+
+    /// Each token's character range in `text` (late chunking's source ranges), on the worker
+    /// pool.
+    pub async fn char_offsets(&self, text: String, add_special_tokens: bool) -> Result<Vec<(usize, usize)>, EngineError> {
+        let pool = &self.inner.tokenizers;
+        let tokenizer = pool.shared();
+        pool.execute(move || tokenizer.char_offsets(&text, add_special_tokens)).await?.map_err(EngineError::from)
     }
 
     /// Tokenizes one text on the worker pool, without length checks (/tokenize).
@@ -334,7 +418,7 @@ impl Engine {
         let encoded = self.inner.tokenizers.encode_pairs(queries, documents, pairs, Self::encode_options(params)).await?;
         let inputs = encoded.into_iter().collect::<Result<Vec<_>, _>>()?;
         for input in &inputs {
-            self.check_length(input.len(), params)?;
+            self.check_length(input.len(), params, true)?;
         }
         let elapsed = started.elapsed();
         crate::metrics::tokenized(&self.inner.spec.served_name, elapsed, inputs.iter().map(TokenizedInput::len).sum());
@@ -424,34 +508,53 @@ impl Engine {
         };
         let mut inputs = Vec::with_capacity(prompts.len());
         for prompt in prompts {
+            let from_text = !matches!(prompt, Prompt::Tokens(_));
             let input = match prompt {
                 Prompt::Text(_) | Prompt::Pair(..) => encoded.next().ok_or(EngineError::Stopped)??,
                 Prompt::Tokens(ids) => {
                     if ids.is_empty() {
                         return Err(EngineError::EmptyPrompt);
                     }
-                    if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.inner.vocab_size) {
-                        return Err(EngineError::InvalidTokenId { id, vocab: self.inner.vocab_size });
-                    }
+                    self.check_token_ids(&ids)?;
                     tokenizer::truncate_ids(ids, options)
                 }
                 Prompt::Image(_) => return Err(EngineError::Model("an image reached the tokenizer".into())),
             };
-            self.check_length(input.len(), params)?;
-            inputs.push(self.padded(input));
+            let input = self.padded(input, params)?;
+            self.check_length(input.len(), params, from_text)?;
+            inputs.push(input);
         }
         Ok(inputs)
     }
 
-    /// `input` padded to the model's fixed text length, for models trained so (SigLIP).
-    fn padded(&self, mut input: TokenizedInput) -> TokenizedInput {
-        if let Some((len, pad)) = self.inner.spec.pad_text_to {
+    /// Token ids the model can embed: vLLM names the largest id past the vocabulary.
+    pub fn check_token_ids(&self, ids: &[u32]) -> Result<(), EngineError> {
+        match ids.iter().max() {
+            Some(&id) if id as usize >= self.inner.vocab_size => Err(EngineError::InvalidTokenId { id: id as i64 }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `input` padded with the tokenizer's pad token: to `max_model_len` when the request asks
+    /// for `padding: "max_length"` (vLLM pads after truncating, before the length check), or
+    /// to the model's fixed text length for models trained so (SigLIP).
+    fn padded(&self, mut input: TokenizedInput, params: &ResolvedParams) -> Result<TokenizedInput, EngineError> {
+        let target = match (params.pad_to_max_length, self.inner.spec.pad_text_to) {
+            (true, _) => {
+                let pad = self.tokenizer().pad_id().ok_or_else(|| {
+                    EngineError::Params(ParamsError::new("padding: \"max_length\" needs a pad token, and this model's tokenizer has none", "padding"))
+                })?;
+                Some((self.inner.spec.max_model_len, pad))
+            }
+            (false, fixed) => fixed,
+        };
+        if let Some((len, pad)) = target {
             if input.len() < len {
                 input.type_ids.resize(len, 0);
                 input.ids.resize(len, pad);
             }
         }
-        input
+        Ok(input)
     }
 
     /// Decodes and preprocesses images on the tokenizer workers (as texts are tokenized
@@ -512,14 +615,16 @@ impl Engine {
         Ok((self.run_inputs(inputs, params).await?, tokens))
     }
 
-    fn check_length(&self, len: usize, params: &ResolvedParams) -> Result<(), EngineError> {
-        let max = self.inner.spec.max_model_len;
-        if let (Task::Embed, Some(limit)) = (params.task, self.inner.spec.chunked_up_to) {
-            if len > limit {
-                return Err(EngineError::EmbedInputTooLong { max: limit, got: len });
-            }
-        } else if len > max {
-            return Err(EngineError::InputTooLong { max, got: len, purpose: params.task.purpose() });
+    /// The input's length against the model's limit (`max_embed_len` for chunked embeddings).
+    /// `from_text`: the input was tokenized from text, whose excess vLLM reports as "at least
+    /// {limit + 1}" (see [`EngineError::InputTooLong`]).
+    fn check_length(&self, len: usize, params: &ResolvedParams, from_text: bool) -> Result<(), EngineError> {
+        let max = match (params.task, self.inner.spec.chunked_up_to) {
+            (Task::Embed, Some(limit)) => limit,
+            _ => self.inner.spec.max_model_len,
+        };
+        if len > max {
+            return Err(EngineError::InputTooLong { max, got: len, from_text });
         }
         if len == 0 {
             return Err(EngineError::EmptyPrompt);

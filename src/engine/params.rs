@@ -15,8 +15,15 @@ use serde::Deserialize;
 pub struct PoolingParams {
     #[serde(default)]
     pub truncate_prompt_tokens: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "truncation_side")]
+    #[schema(value_type = Option<String>)]
     pub truncation_side: Option<TruncationSide>,
+    /// vLLM's `padding`: `max_length` pads every input to `max_model_len` with the pad token
+    /// (after truncation; the pad tokens are attended and counted in `usage`), `do_not_pad`
+    /// (the default) leaves it as it is.
+    #[serde(default, deserialize_with = "padding")]
+    #[schema(value_type = Option<String>)]
+    pub padding: Option<Padding>,
     #[serde(default)]
     pub dimensions: Option<i64>,
     #[serde(default)]
@@ -25,6 +32,30 @@ pub struct PoolingParams {
     pub use_activation: Option<bool>,
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
+}
+
+/// vLLM's `padding` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Padding {
+    MaxLength,
+    DoNotPad,
+}
+
+fn padding<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Padding>, D::Error> {
+    optional(d, "padding", &[("max_length", Padding::MaxLength), ("do_not_pad", Padding::DoNotPad)])
+}
+
+fn truncation_side<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TruncationSide>, D::Error> {
+    optional(d, "truncation_side", &[("left", TruncationSide::Left), ("right", TruncationSide::Right)])
+}
+
+/// An optional literal field: `null` is unset.
+pub fn optional<'de, D: serde::Deserializer<'de>, T: Copy>(d: D, param: &'static str, options: &[(&str, T)]) -> Result<Option<T>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(value) => super::literal::deserialize(value, param, options).map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// Parameters after validation: everything the engine needs, nothing left optional.
@@ -39,6 +70,11 @@ pub struct ResolvedParams {
     /// embed / token_embed: L2-normalize; other tasks: apply the activation.
     pub activation: bool,
     pub add_special_tokens: bool,
+    /// `padding: "max_length"`: pad each input to `max_model_len` with the pad token.
+    pub pad_to_max_length: bool,
+    /// token_embed with vLLM's late chunking: the token states are averaged over consecutive
+    /// chunks of this many tokens before the head, one row per chunk.
+    pub late_chunk: Option<usize>,
     /// Per-side token caps of cross-encoder pairs (set by the score and rerank endpoints).
     pub pair_limits: PairLimits,
     /// Text prepended to every text input before tokenization (a sentence-transformers prompt):
@@ -134,17 +170,17 @@ impl PoolingParams {
         let truncate_to = match self.truncate_prompt_tokens {
             None => None,
             Some(-1) => Some(max_len),
-            Some(k) if k < 1 => {
+            // pydantic's `Field(ge=-1)`, worded as vLLM's validation handler prints it.
+            Some(k) if k < -1 => {
                 return Err(ParamsError::new(
-                    format!("truncate_prompt_tokens must be -1 or a positive integer, got {k}"),
+                    format!("1 validation error:\n  {{'type': 'greater_than_equal', 'loc': 'body.truncate_prompt_tokens', 'msg': 'Input should be greater than or equal to -1', 'input': {k}, 'ctx': {{'ge': -1}}}}"),
                     "truncate_prompt_tokens",
                 ))
             }
+            Some(0) => return Err(ParamsError::new("truncate_prompt_tokens must be -1 or a positive integer, got 0", "truncate_prompt_tokens")),
             Some(k) if k as u64 > max_len as u64 => {
                 return Err(ParamsError::new(
-                    format!(
-                        "truncate_prompt_tokens value ({k}) is greater than max_model_len ({max_len}). Please, select a smaller truncation size."
-                    ),
+                    "truncate_prompt_tokens value is greater than max_model_len. Please request a smaller truncation size.",
                     "truncate_prompt_tokens",
                 ))
             }
@@ -158,6 +194,8 @@ impl PoolingParams {
             dimensions,
             activation,
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
+            pad_to_max_length: self.padding == Some(Padding::MaxLength),
+            late_chunk: None,
             pair_limits: PairLimits::default(),
             prompt: spec.prompts.default.as_deref().map(Into::into),
         })
@@ -290,7 +328,7 @@ mod tests {
         assert_eq!(params(|p| p.truncate_prompt_tokens = Some(-1)).verify(Task::Embed, &s).unwrap().truncate_to, Some(256));
         assert_eq!(params(|p| p.truncate_prompt_tokens = Some(10)).verify(Task::Embed, &s).unwrap().truncate_to, Some(10));
         let err = params(|p| p.truncate_prompt_tokens = Some(300)).verify(Task::Embed, &s).unwrap_err();
-        assert_eq!(err.message, "truncate_prompt_tokens value (300) is greater than max_model_len (256). Please, select a smaller truncation size.");
+        assert_eq!(err.message, "truncate_prompt_tokens value is greater than max_model_len. Please request a smaller truncation size.");
         assert!(params(|p| p.truncate_prompt_tokens = Some(-2)).verify(Task::Embed, &s).is_err());
     }
 

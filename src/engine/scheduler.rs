@@ -293,16 +293,24 @@ impl Runner {
         // Pool every job into its head's rows, then run each head once over all its rows.
         let mut embedding_rows = Vec::new();
         let mut classifier_rows = Vec::new();
+        // Token states of token_classify: some heads skip their pooler layer on them.
+        let mut token_classifier_rows = Vec::new();
         let mut sparse = Vec::new();
         let mut row_counts = Vec::with_capacity(jobs.len());
         for (job, (start, len)) in jobs.iter().zip(batch.spans()) {
             let task = job.params.task;
             let (rows, pooled) = match task {
                 Task::Embed => (&mut embedding_rows, self.pooling()?.pool(&states, start, len)),
-                Task::TokenEmbed => (&mut embedding_rows, All.pool(&states, start, len)),
-                Task::Classify | Task::Score | Task::TokenClassify => {
-                    (&mut classifier_rows, self.classifier(task)?.pool(task, &states, start, len))
+                Task::TokenEmbed => {
+                    let rows = All.pool(&states, start, len);
+                    let rows = match job.params.late_chunk {
+                        Some(size) => crate::pooling::method::chunk_means(&rows, hidden_size, size),
+                        None => rows,
+                    };
+                    (&mut embedding_rows, rows)
                 }
+                Task::Classify | Task::Score => (&mut classifier_rows, self.classifier(task)?.pool(task, &states, start, len)),
+                Task::TokenClassify => (&mut token_classifier_rows, self.classifier(task)?.pool(task, &states, start, len)),
                 Task::EmbedSparse => {
                     let head = self.sparse_head.as_ref().ok_or("SPLADE needs a masked-LM head, which this model lacks")?;
                     let rows = All.pool(&states, start, len);
@@ -315,13 +323,16 @@ impl Runner {
             rows.extend(pooled);
         }
         let (embeddings, width) = self.embedding_head.project(embedding_rows, hidden_size).map_err(|e| crate::models::describe(&e))?;
-        let logits = match &self.classifier {
-            Some(head) => head.logits(classifier_rows, hidden_size).map_err(|e| crate::models::describe(&e))?,
-            None => Vec::new(),
+        let (logits, token_logits) = match &self.classifier {
+            Some(head) => (
+                head.logits(classifier_rows, hidden_size, false).map_err(|e| crate::models::describe(&e))?,
+                head.logits(token_classifier_rows, hidden_size, true).map_err(|e| crate::models::describe(&e))?,
+            ),
+            None => (Vec::new(), Vec::new()),
         };
 
         let mut outputs = Vec::with_capacity(jobs.len());
-        let (mut embedding_offset, mut logit_offset) = (0, 0);
+        let (mut embedding_offset, mut logit_offset, mut token_logit_offset) = (0, 0, 0);
         let mut sparse = sparse.into_iter();
         for (job, count) in jobs.iter().zip(row_counts) {
             let params = &job.params;
@@ -329,8 +340,12 @@ impl Runner {
                 Task::Classify | Task::Score | Task::TokenClassify => {
                     let head = self.classifier(params.task)?;
                     let labels = head.num_labels();
-                    let block = &logits[logit_offset * labels..(logit_offset + count) * labels];
-                    logit_offset += count;
+                    let (source, offset) = match params.task {
+                        Task::TokenClassify => (&token_logits, &mut token_logit_offset),
+                        _ => (&logits, &mut logit_offset),
+                    };
+                    let block = &source[*offset * labels..(*offset + count) * labels];
+                    *offset += count;
                     let activate = |row: &[f32]| {
                         let mut values = row.to_vec();
                         if params.activation {
@@ -384,6 +399,8 @@ mod tests {
             dimensions: None,
             activation: true,
             add_special_tokens: true,
+            pad_to_max_length: false,
+            late_chunk: None,
             pair_limits: Default::default(),
             prompt: None,
         };

@@ -73,17 +73,18 @@ fn bounded_all<'a>(engine: &Engine, texts: &'a [String], params: &ResolvedParams
 }
 
 impl Engine {
-    /// How this model scores pairs, if it can.
+    /// How this model scores pairs, if it can: vLLM's score type of its pooling task (classify
+    /// with one label: cross-encoder; embed: bi-encoder; token_embed: late interaction).
     pub fn score_mode(&self) -> Option<ScoreMode> {
         let spec = self.spec();
-        if spec.supports(Task::Score) && spec.supports(Task::Classify) {
-            Some(ScoreMode::CrossEncoder)
-        } else if spec.supports(Task::Score) && spec.supports(Task::TokenEmbed) {
-            Some(ScoreMode::LateInteraction)
-        } else if spec.supports(Task::Embed) {
-            Some(ScoreMode::BiEncoder)
-        } else {
-            None
+        if !spec.scores() {
+            return None;
+        }
+        match spec.pooling_task {
+            Task::Classify => Some(ScoreMode::CrossEncoder),
+            Task::TokenEmbed => Some(ScoreMode::LateInteraction),
+            Task::Embed => Some(ScoreMode::BiEncoder),
+            _ => None,
         }
     }
 

@@ -65,11 +65,16 @@ impl TokenizerPool {
         &self.tokenizer
     }
 
+    /// The tokenizer, for work handed to [`Self::execute`].
+    pub fn shared(&self) -> Arc<TextTokenizer> {
+        Arc::clone(&self.tokenizer)
+    }
+
     /// The text of `ids`, decoded on a blocking thread (a long id list is milliseconds of work
     /// that must not hold a runtime worker).
-    pub async fn decode(&self, ids: Vec<u32>) -> Result<String, EngineError> {
+    pub async fn decode(&self, ids: Vec<u32>, skip_special_tokens: bool) -> Result<String, EngineError> {
         let tokenizer = Arc::clone(&self.tokenizer);
-        Ok(tokio::task::spawn_blocking(move || tokenizer.decode(&ids)).await.map_err(|_| EngineError::Stopped)??)
+        Ok(tokio::task::spawn_blocking(move || tokenizer.decode(&ids, skip_special_tokens)).await.map_err(|_| EngineError::Stopped)??)
     }
 
     pub async fn encode(&self, texts: Vec<TextInput>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {

@@ -3,6 +3,7 @@
 //! (`models::ARCHITECTURES`), decide everything model-specific once ([`spec`]), then build the
 //! [`tokenizer`] and the heads the spec's tasks need.
 
+pub mod chat_template;
 pub mod hub;
 pub mod image;
 pub mod options;
@@ -16,6 +17,7 @@ use crate::pooling::head::EmbeddingHead;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
 use candle_core::Device;
+use chat_template::ChatTemplate;
 use candle_nn::VarBuilder;
 use hub::ModelSource;
 use options::{DeviceArg, ModelOptions};
@@ -70,6 +72,8 @@ pub struct LoadedModel {
     pub device: Device,
     /// The image tower and its processor, for image-text models (CLIP, SigLIP).
     pub vision: Option<VisionInput>,
+    /// How `messages` become text (`--chat-template`, else the folder's template).
+    pub chat_template: ChatTemplate,
 }
 
 /// An image-text model's image side: its tower and how images become its pixel values.
@@ -152,22 +156,28 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         max_positions: backbone.max_positions(),
         vision: vision.is_some(),
     })?;
-    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?;
+    let pad_token = tokenizer::special_token(&tokenizer_config, "pad_token");
+    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?.with_pad_token(pad_token.as_deref());
 
-    let logit_bias = spec.pooler_defaults.logit_bias.map(|b| b as f32);
+    let calibration = (spec.pooler_defaults.logit_bias.map(|b| b as f32), spec.pooler_defaults.logit_sigma.map(|s| s as f32));
     let classifier = if spec.supports(Task::Classify) {
         let from_tokens = classifier_token_ids(spec.classifier_from_token.as_deref(), &tokenizer)?;
         let weights = architecture.classifier(&config, vb.clone(), spec.num_labels, from_tokens.as_deref())?;
-        Some(ClassifierHead::new(weights, spec.step.clone(), logit_bias, spec.classify_activation, spec.score_activation))
+        Some(ClassifierHead::new(weights, spec.step.clone(), calibration, spec.classify_activation, spec.score_activation))
     } else if spec.supports(Task::TokenClassify) {
         let weights = architecture.token_classifier(&config, vb.clone(), spec.num_labels)?;
-        Some(ClassifierHead::new(weights, spec.step.clone(), logit_bias, spec.classify_activation, spec.score_activation))
+        Some(ClassifierHead::new(weights, spec.step.clone(), calibration, spec.classify_activation, spec.score_activation))
     } else {
         None
     };
     let sparse_head = if spec.supports(Task::EmbedSparse) { Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? }) } else { None };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision })
+    let template = match &options.chat_template {
+        Some(flag) => Some(chat_template::read_flag(flag)?),
+        None => chat_template::from_folder(&tokenizer_config, source.file("chat_template.jinja")?.as_deref(), source.file("chat_template.json")?.as_deref())?,
+    };
+    let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision, chat_template })
 }
 
 /// `preprocessor_config.json`, checked against the tower it feeds.

@@ -90,6 +90,11 @@ pub struct ModelOptions {
     pub default_prompt_name: Option<String>,
     /// A literal prompt text, used when a request names none.
     pub default_prompt: Option<String>,
+    /// `--chat-template`: a template file, or the template itself (vLLM's rule, see
+    /// [`crate::loader::chat_template::read_flag`]); `None`: the folder's.
+    pub chat_template: Option<String>,
+    /// `--chat-template-content-format`: `None` decides from the template (`auto`).
+    pub chat_template_content_format: Option<crate::loader::chat_template::ContentFormat>,
 }
 
 impl ModelOptions {
@@ -110,6 +115,8 @@ impl ModelOptions {
             reranker_instruction: None,
             default_prompt_name: None,
             default_prompt: None,
+            chat_template: None,
+            chat_template_content_format: None,
         }
     }
 

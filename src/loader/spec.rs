@@ -104,8 +104,12 @@ pub struct ModelSpec {
     pub root: String,
     /// `architectures[0]` of config.json (empty when it names none).
     pub architecture: String,
-    /// Tasks in preference order; the first is the default for /pooling.
+    /// Tasks in preference order (the first is the default pooling task).
     pub tasks: Vec<Task>,
+    /// vLLM's "pooling task": the one task the model serves (`--pooler-config` `task`, else
+    /// the first of `tasks`). `/pooling` takes it alone; `/v1/embeddings`, `/classify`,
+    /// `/score` and `/rerank` follow it as vLLM registers its routes.
+    pub pooling_task: Task,
     pub pooling: PoolingType,
     pub max_model_len: usize,
     pub hidden_size: usize,
@@ -140,6 +144,8 @@ pub struct ModelSpec {
     pub images: bool,
     /// `(length, pad id)`: texts are padded to this length before they run (SigLIP).
     pub pad_text_to: Option<(usize, u32)>,
+    /// The weights' type as it runs (`float32`, `float16`, `bfloat16`).
+    pub dtype: &'static str,
 }
 
 /// What a spec is decided from.
@@ -189,6 +195,12 @@ impl ModelSpec {
             tasks_for(&architecture_name, options.convert, hints)?
         };
         let supports = |task| tasks.contains(&task);
+        let pooling_task = match pooler.task.as_deref() {
+            None => tasks[0],
+            Some(name) => name.parse::<Task>().ok().filter(|t| *t != Task::Score && supports(*t)).ok_or_else(|| {
+                LoadError::Unsupported(format!("Unsupported task: '{name}' Supported tasks: {}", Task::py_tuple(&pooling_tasks(&tasks))))
+            })?,
+        };
         let default_pooling = match () {
             // vLLM's process reward models pool the step tags.
             _ if architecture_name == PROCESS_REWARD_MODEL && supports(Task::TokenClassify) => PoolingType::Step,
@@ -246,6 +258,7 @@ impl ModelSpec {
             root: options.source.clone(),
             architecture: architecture_name,
             tasks: tasks.clone(),
+            pooling_task,
             pooling,
             max_model_len: max_model_len(options.max_model_len, sentence.max_seq_length, max_positions)?,
             hidden_size,
@@ -275,6 +288,11 @@ impl ModelSpec {
             chunked_up_to: (pooler.enable_chunked_processing == Some(true)).then(|| pooler.max_embed_len.unwrap_or(usize::MAX)),
             images: vision,
             pad_text_to: architecture.pads_text(config),
+            dtype: match options.dtype.dtype_on(options.device) {
+                candle_core::DType::F16 => "float16",
+                candle_core::DType::BF16 => "bfloat16",
+                _ => "float32",
+            },
         })
     }
 }
@@ -425,11 +443,14 @@ pub fn tasks_for(architecture: &str, convert: Convert, hints: TaskHints) -> Resu
             vec![Task::Embed, Task::TokenEmbed]
         }
     };
+    // A sequence classifier also classifies every token (its classifier on each token state,
+    // as vLLM's `DispatchPooler.for_seq_cls` does).
     let classifier_tasks = || {
         let mut tasks = vec![Task::Classify];
         if hints.num_labels == 1 {
             tasks.push(Task::Score);
         }
+        tasks.push(Task::TokenClassify);
         tasks
     };
     let masked_lm = architecture.ends_with("ForMaskedLM");
@@ -484,6 +505,7 @@ impl ModelSpec {
             root: "test-model".into(),
             architecture: "BertModel".into(),
             tasks: vec![Task::Embed, Task::TokenEmbed],
+            pooling_task: Task::Embed,
             pooling: PoolingType::Mean,
             max_model_len,
             hidden_size: embedding_size,
@@ -504,12 +526,36 @@ impl ModelSpec {
             chunked_up_to: None,
             images: false,
             pad_text_to: None,
+            dtype: "float32",
         }
     }
 
     pub fn supports(&self, task: Task) -> bool {
         self.tasks.contains(&task)
     }
+
+    /// vLLM's "supported tasks" of the model, as its messages list them (sorted; the pair
+    /// task `score` is not a pooling task).
+    pub fn pooling_tasks(&self) -> Vec<Task> {
+        pooling_tasks(&self.tasks)
+    }
+
+    /// Whether `/score` and `/rerank` exist for this model: vLLM enables them for an embed or
+    /// token_embed pooling task (cosine, MaxSim) and for classify with exactly one label.
+    pub fn scores(&self) -> bool {
+        match self.pooling_task {
+            Task::Embed | Task::TokenEmbed => true,
+            Task::Classify => self.num_labels == 1,
+            _ => false,
+        }
+    }
+}
+
+/// `tasks` without the pair task, sorted as vLLM sorts a model's supported tasks.
+fn pooling_tasks(tasks: &[Task]) -> Vec<Task> {
+    let mut pooling: Vec<Task> = tasks.iter().copied().filter(|t| *t != Task::Score).collect();
+    pooling.sort_by_key(|t| t.as_str());
+    pooling
 }
 
 #[cfg(test)]
@@ -557,8 +603,8 @@ mod tests {
         let embed = vec![Task::Embed, Task::TokenEmbed];
         let labels = |n| TaskHints { num_labels: n, ..Default::default() };
         assert_eq!(tasks_for("BertModel", Convert::Auto, labels(2)).unwrap(), embed);
-        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Auto, labels(3)).unwrap(), vec![Task::Classify]);
-        assert_eq!(tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, labels(1)).unwrap(), vec![Task::Classify, Task::Score]);
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Auto, labels(3)).unwrap(), vec![Task::Classify, Task::TokenClassify]);
+        assert_eq!(tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, labels(1)).unwrap(), vec![Task::Classify, Task::Score, Task::TokenClassify]);
         assert_eq!(tasks_for("BertForSequenceClassification", Convert::Embed, labels(1)).unwrap(), embed);
         assert!(tasks_for("BertModel", Convert::Classify, labels(2)).is_err());
         assert_eq!(tasks_for("BertForTokenClassification", Convert::Auto, labels(5)).unwrap(), vec![Task::TokenClassify]);
@@ -572,7 +618,7 @@ mod tests {
         for architecture in ["MPNetForMaskedLM", "BertForPreTraining", "RobertaForCausalLM", "Qwen3ForCausalLM", "BertForSequenceClassification"] {
             assert_eq!(tasks_for(architecture, Convert::Auto, st).unwrap(), embed, "{architecture}");
         }
-        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Classify, TaskHints { sentence_pooling: true, num_labels: 1, ..Default::default() }).unwrap(), vec![Task::Classify, Task::Score]);
+        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Classify, TaskHints { sentence_pooling: true, num_labels: 1, ..Default::default() }).unwrap(), vec![Task::Classify, Task::Score, Task::TokenClassify]);
     }
 
     #[test]

@@ -63,14 +63,38 @@ pub struct TextTokenizer {
     lowercase: bool,
     /// Keep the post-processor's segment ids; otherwise every token gets type 0.
     type_ids: bool,
+    /// The pad token (`tokenizer_config.json`'s `pad_token`, else `tokenizer.json`'s padding).
+    pad_id: Option<u32>,
 }
 
 impl TextTokenizer {
     pub fn from_file(path: &Path, lowercase: bool, type_ids: bool) -> Result<Self, LoadError> {
         let mut inner = Tokenizer::from_file(path).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let pad_id = inner.get_padding().map(|p| p.pad_id);
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
-        Ok(Self { inner, lowercase, type_ids })
+        Ok(Self { inner, lowercase, type_ids, pad_id })
+    }
+
+    /// Names the pad token (`tokenizer_config.json`'s `pad_token`), when the vocabulary has it.
+    pub fn with_pad_token(mut self, token: Option<&str>) -> Self {
+        if let Some(id) = token.and_then(|t| self.inner.token_to_id(t)) {
+            self.pad_id = Some(id);
+        }
+        self
+    }
+
+    /// Each token's `(start, end)` in `text`, counted in characters (as Python's fast
+    /// tokenizers report `offset_mapping`); special tokens have `(0, 0)`. The same tokens as
+    /// [`Self::encode`] without truncation.
+    pub fn char_offsets(&self, text: &str, add_special_tokens: bool) -> Result<Vec<(usize, usize)>, TokenizeError> {
+        let encoding = self.inner.encode_char_offsets(text, add_special_tokens).map_err(tokenizer_error)?;
+        Ok(encoding.get_offsets().to_vec())
+    }
+
+    /// The pad token's id, if the tokenizer has one.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad_id
     }
 
     /// Tokens of `text` alone, without special tokens.
@@ -175,8 +199,22 @@ impl TextTokenizer {
         Ok(TokenizedInput { ids, type_ids })
     }
 
-    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizeError> {
-        self.inner.decode(ids, false).map_err(|e| TokenizeError::Failed(e.to_string()))
+    /// The text of `ids`; `skip_special_tokens` leaves the special tokens out.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizeError> {
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizeError::Failed(e.to_string()))
+    }
+
+    /// Every token of `text` as TEI's `/tokenize` lists it: its id, whether it is special, and
+    /// its `[start, stop)` byte range in `text` (none for special tokens).
+    pub fn tokens(&self, text: &str, add_special_tokens: bool) -> Result<Vec<(u32, bool, Option<(usize, usize)>)>, TokenizeError> {
+        let encoding = self.inner.encode(text, add_special_tokens).map_err(tokenizer_error)?;
+        Ok(encoding
+            .get_ids()
+            .iter()
+            .zip(encoding.get_special_tokens_mask())
+            .zip(encoding.get_offsets())
+            .map(|((&id, &special), &(start, stop))| (id, special == 1, (special == 0).then_some((start, stop))))
+            .collect())
     }
 
     pub fn token_strings(&self, ids: &[u32]) -> Vec<String> {
@@ -205,6 +243,16 @@ fn direction(side: TruncationSide) -> TruncationDirection {
 }
 
 /// Token-id inputs skip the tokenizer but follow the same truncation rule.
+/// A special token of `tokenizer_config.json` (`pad_token`, `bos_token`, …): written as the
+/// token itself or as an added-token object with its `content`.
+pub fn special_token(tokenizer_config: &serde_json::Value, name: &str) -> Option<String> {
+    match tokenizer_config.get(name)? {
+        serde_json::Value::String(token) => Some(token.clone()),
+        serde_json::Value::Object(added) => added.get("content").and_then(serde_json::Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
 pub fn truncate_ids(mut ids: Vec<u32>, options: EncodeOptions) -> TokenizedInput {
     if let Some(limit) = options.truncate_to {
         if ids.len() > limit {

@@ -62,6 +62,7 @@ impl Architecture for BertKind {
                 pre: Some(PreClassifier::tanh(host_linear(&encoder_root(vb.clone()).pp("pooler.dense"), h, h)?)),
                 classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
                 input: HeadInput::First,
+                pre_on_tokens: false,
             }),
         }
     }
@@ -82,6 +83,7 @@ pub(super) fn roberta_classifier(vb: &VarBuilder, h: usize, num_labels: usize) -
         pre: Some(PreClassifier::tanh(host_linear(&vb.pp("classifier.dense"), h, h)?)),
         classifier: host_linear(&vb.pp("classifier.out_proj"), num_labels, h)?,
         input: HeadInput::First,
+        pre_on_tokens: true,
     })
 }
 

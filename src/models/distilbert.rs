@@ -37,6 +37,7 @@ impl Architecture for DistilBert {
             pre: Some(PreClassifier { dense, activation: Some(Activation::Relu), norm: None }),
             classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
             input: HeadInput::First,
+            pre_on_tokens: false,
         })
     }
 

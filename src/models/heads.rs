@@ -68,13 +68,18 @@ pub struct ClassifierWeights {
     pub pre: Option<PreClassifier>,
     pub classifier: Linear,
     pub input: HeadInput,
+    /// Whether `token_classify` runs `pre` on every token: vLLM counts it part of the
+    /// classifier for RoBERTa's and MPNet's `classifier.dense` and the reward heads, and part of
+    /// the sequence pooling (not run per token) for BERT's pooler, DistilBERT's
+    /// `pre_classifier` and ModernBERT's `head`.
+    pub pre_on_tokens: bool,
 }
 
 impl ClassifierWeights {
     /// The `classifier` layer applied to every token, as the encoders' `*ForTokenClassification`
     /// have it.
     pub fn per_token(vb: &VarBuilder, num_labels: usize, hidden: usize) -> std::result::Result<Self, ModelError> {
-        Ok(ClassifierWeights { pre: None, classifier: host_linear(&vb.pp("classifier"), num_labels, hidden)?, input: HeadInput::EveryToken })
+        Ok(ClassifierWeights { pre: None, classifier: host_linear(&vb.pp("classifier"), num_labels, hidden)?, input: HeadInput::EveryToken, pre_on_tokens: true })
     }
 }
 

@@ -110,6 +110,7 @@ impl Architecture for ModernBertArchitecture {
             pre: Some(PreClassifier { dense, activation: Some(activation), norm: Some(head_norm) }),
             classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
             input,
+            pre_on_tokens: false,
         })
     }
 }

@@ -65,7 +65,7 @@ impl Architecture for QwenVersion {
                 None => HeadInput::Last,
             };
             let classifier = Linear::new(on_host(vb.pp("score").get((num_labels, h), "weight")?)?, None)?;
-            return Ok(ClassifierWeights { pre: None, classifier, input });
+            return Ok(ClassifierWeights { pre: None, classifier, input, pre_on_tokens: false });
         };
         let lm_head = if vb.contains_tensor("lm_head.weight") {
             vb.get((config.vocab_size, h), "lm_head.weight")?
@@ -76,7 +76,7 @@ impl Architecture for QwenVersion {
         let rows = on_host(lm_head.index_select(&ids, 0)?)?;
         let original_reranker = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false);
         let weight = if original_reranker && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
-        Ok(ClassifierWeights { pre: None, classifier: Linear::new(weight, None)?, input: HeadInput::Last })
+        Ok(ClassifierWeights { pre: None, classifier: Linear::new(weight, None)?, input: HeadInput::Last, pre_on_tokens: false })
     }
 
     /// The reward head of `Qwen2ForRewardModel` / `Qwen2ForProcessRewardModel` on every token.
@@ -303,5 +303,6 @@ fn reward_head(vb: &VarBuilder, h: usize, num_labels: usize, input: HeadInput) -
         pre: Some(PreClassifier { dense, activation: Some(Activation::Relu), norm: None }),
         classifier: host_linear(&vb.pp("score.2"), num_labels, h)?,
         input,
+        pre_on_tokens: true,
     })
 }

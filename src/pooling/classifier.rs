@@ -1,5 +1,5 @@
 //! The sequence-classification head: pooled token → optional pooler layer → classifier →
-//! minus `logit_bias` → activation. Cross-encoders are classifiers with one label whose
+//! minus `logit_bias`, over `logit_sigma` → activation. Cross-encoders are classifiers with one label whose
 //! activated logit is the relevance score.
 //!
 //! Which weights form the pooler and the classifier is architecture knowledge and lives with
@@ -69,9 +69,14 @@ pub struct ClassifierHead {
     /// Which token feeds the head (CLS for BERT-style heads, the last one for decoders).
     pub pooling: Box<dyn PoolingMethod>,
     pub pooler: Option<PreClassifier>,
+    /// Whether token rows go through `pooler` too ([`ClassifierWeights::pre_on_tokens`]).
+    pub pooler_on_tokens: bool,
     pub classifier: Linear,
-    /// Subtracted from every logit before the activation (`--pooler-config logit_bias`).
+    /// Subtracted from every logit before the activation (`--pooler-config logit_mean`, or
+    /// `logit_bias`).
     pub logit_bias: Option<f32>,
+    /// Divides every logit after the bias (`--pooler-config logit_sigma`, Platt scaling).
+    pub logit_sigma: Option<f32>,
     pub classify_activation: ClassifierActivation,
     pub score_activation: ClassifierActivation,
 }
@@ -82,7 +87,7 @@ impl ClassifierHead {
     pub fn new(
         weights: ClassifierWeights,
         step: Option<StepFilter>,
-        logit_bias: Option<f32>,
+        (logit_bias, logit_sigma): (Option<f32>, Option<f32>),
         classify_activation: ClassifierActivation,
         score_activation: ClassifierActivation,
     ) -> Self {
@@ -90,8 +95,10 @@ impl ClassifierHead {
             step,
             pooling: super::method::for_head(weights.input),
             pooler: weights.pre,
+            pooler_on_tokens: weights.pre_on_tokens,
             classifier: weights.classifier,
             logit_bias,
+            logit_sigma,
             classify_activation,
             score_activation,
         }
@@ -112,19 +119,23 @@ impl ClassifierHead {
     }
 
     /// Logits for every pooled row (row-major, `width` columns), as one batched product;
-    /// returns `num_labels` logits per row, `logit_bias` already subtracted.
-    pub fn logits(&self, rows: Vec<f32>, width: usize) -> Result<Vec<f32>> {
+    /// returns `num_labels` logits per row, calibrated: `(logit - logit_bias) / logit_sigma`.
+    /// `tokens`: the rows are token states of `token_classify`, not pooled sequences.
+    pub fn logits(&self, rows: Vec<f32>, width: usize, tokens: bool) -> Result<Vec<f32>> {
         if rows.is_empty() {
             return Ok(rows);
         }
         let n = rows.len() / width;
         let mut x = Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
-        if let Some(pooler) = &self.pooler {
+        if let Some(pooler) = self.pooler.as_ref().filter(|_| !tokens || self.pooler_on_tokens) {
             x = pooler.forward(&x)?;
         }
         let mut logits = self.classifier.forward(&x)?.flatten_all()?.to_vec1::<f32>()?;
         if let Some(bias) = self.logit_bias {
             logits.iter_mut().for_each(|l| *l -= bias);
+        }
+        if let Some(sigma) = self.logit_sigma {
+            logits.iter_mut().for_each(|l| *l /= sigma);
         }
         Ok(logits)
     }

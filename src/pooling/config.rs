@@ -1,22 +1,122 @@
-//! `--pooler-config` (vLLM's `PoolerConfig`): a model's pooling defaults, and the rules its
-//! fields must satisfy together.
+//! `--pooler-config` (vLLM's `PoolerConfig`): a model's pooling task and defaults, and the
+//! rules its fields must satisfy together.
+//!
+//! The fields are vLLM 0.33's (`task`, `pooling_type` or its split forms `seq_pooling_type` /
+//! `tok_pooling_type`, `use_activation`, `dimensions`, `logit_mean` / `logit_sigma`,
+//! `step_tag_id`, `returned_token_ids`, `enable_chunked_processing`, `max_embed_len`,
+//! `enable_flash_late_interaction`), plus two that older vLLM releases had and we keep for
+//! their users: `normalize` (embeddings) and `logit_bias` (= `logit_mean`).
 
 use super::PoolingType;
 use serde::Deserialize;
 
 /// Pooling defaults of a served model; every field optional (unset: the model's own choice).
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawPoolerConfig")]
 pub struct PoolerConfig {
+    /// vLLM's `task`: the one pooling task the model serves (its "pooling task"), checked
+    /// against the model's tasks when it loads. `None`: the model's first task.
+    pub task: Option<String>,
     pub pooling_type: Option<PoolingType>,
     pub normalize: Option<bool>,
     pub dimensions: Option<i64>,
     pub use_activation: Option<bool>,
+    /// Subtracted from classifier logits before the activation (`logit_mean`, `logit_bias`).
     pub logit_bias: Option<f64>,
+    /// Divides the logits after `logit_bias` (vLLM's `logit_sigma`, Platt scaling).
+    pub logit_sigma: Option<f64>,
     pub step_tag_id: Option<u32>,
     pub returned_token_ids: Option<Vec<u32>>,
     pub enable_chunked_processing: Option<bool>,
     pub max_embed_len: Option<usize>,
+}
+
+/// The tasks vLLM's `PoolerConfig.task` takes, in its order (its message lists them so), and
+/// ours: `embed_sparse` (SPLADE).
+pub const POOLER_TASKS: [&str; 7] = ["embed", "classify", "token_embed", "token_classify", "plugin", "embed&token_classify", "embed_sparse"];
+
+/// The configuration as written, before aliases are folded.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPoolerConfig {
+    task: Option<String>,
+    pooling_type: Option<PoolingType>,
+    seq_pooling_type: Option<PoolingType>,
+    tok_pooling_type: Option<PoolingType>,
+    normalize: Option<bool>,
+    dimensions: Option<i64>,
+    use_activation: Option<bool>,
+    logit_bias: Option<f64>,
+    logit_mean: Option<f64>,
+    logit_sigma: Option<f64>,
+    step_tag_id: Option<u32>,
+    returned_token_ids: Option<Vec<u32>>,
+    enable_chunked_processing: Option<bool>,
+    max_embed_len: Option<usize>,
+    /// vLLM's switch for a GPU MaxSim kernel: accepted, nothing to switch here.
+    #[allow(dead_code)]
+    enable_flash_late_interaction: Option<bool>,
+}
+
+impl TryFrom<RawPoolerConfig> for PoolerConfig {
+    type Error = String;
+
+    fn try_from(raw: RawPoolerConfig) -> Result<Self, String> {
+        if let Some(task) = &raw.task {
+            check_task(task)?;
+        }
+        let pooling_type = match (raw.pooling_type, raw.seq_pooling_type, raw.tok_pooling_type) {
+            (Some(_), Some(_), _) => return Err("Cannot set both `pooling_type` and `seq_pooling_type`".into()),
+            (Some(_), _, Some(_)) => return Err("Cannot set both `pooling_type` and `tok_pooling_type`".into()),
+            // A model here pools one way: a sequence and a token pooling together would need two.
+            (None, Some(_), Some(_)) => return Err("set one of `seq_pooling_type` and `tok_pooling_type` (poolserve pools a model one way)".into()),
+            (Some(p), None, None) => Some(p),
+            (None, Some(p), None) | (None, None, Some(p)) => Some(p),
+            (None, None, None) => None,
+        };
+        let seq_only = |p: PoolingType| matches!(p, PoolingType::Cls | PoolingType::Last | PoolingType::Mean);
+        match (raw.seq_pooling_type, raw.tok_pooling_type) {
+            (Some(p), _) if !seq_only(p) => return Err(format!("seq_pooling_type: {p:?} is not a sequence pooling (CLS, LAST, MEAN)")),
+            (_, Some(p)) if !matches!(p, PoolingType::All | PoolingType::Step) => {
+                return Err(format!("tok_pooling_type: {p:?} is not a token pooling (ALL, STEP)"))
+            }
+            _ => {}
+        }
+        if raw.logit_bias.is_some() && raw.logit_mean.is_some() {
+            return Err("Cannot set both `logit_bias` and `logit_mean` (the same setting)".into());
+        }
+        if raw.logit_sigma == Some(0.0) {
+            return Err("logit_sigma cannot be 0 (division by zero)".into());
+        }
+        Ok(PoolerConfig {
+            task: raw.task,
+            pooling_type,
+            normalize: raw.normalize,
+            dimensions: raw.dimensions,
+            use_activation: raw.use_activation,
+            logit_bias: raw.logit_bias.or(raw.logit_mean),
+            logit_sigma: raw.logit_sigma,
+            step_tag_id: raw.step_tag_id,
+            returned_token_ids: raw.returned_token_ids,
+            enable_chunked_processing: raw.enable_chunked_processing,
+            max_embed_len: raw.max_embed_len,
+        })
+    }
+}
+
+/// vLLM's checks of a `task` value: the tasks it removed say what replaced them; anything
+/// else it does not know is pydantic's literal error.
+fn check_task(task: &str) -> Result<(), String> {
+    match task {
+        "score" => Err("`score` task was removed; use `classify` instead.".into()),
+        "encode" => Err("`encode` task was removed; use `token_embed` or `token_classify` instead.".into()),
+        _ if POOLER_TASKS.contains(&task) => Ok(()),
+        _ => {
+            let quoted: Vec<String> = POOLER_TASKS.iter().map(|t| format!("'{t}'")).collect();
+            let (last, rest) = quoted.split_last().expect("tasks are listed");
+            Err(format!("task: Input should be {} or {last}, not '{task}'", rest.join(", ")))
+        }
+    }
 }
 
 impl PoolerConfig {
@@ -36,12 +136,36 @@ impl PoolerConfig {
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> Result<PoolerConfig, String> {
+        serde_json::from_str::<PoolerConfig>(text).map_err(|e| e.to_string())
+    }
+
     #[test]
     fn rejects_unknown_fields() {
-        let err = serde_json::from_str::<PoolerConfig>(r#"{"pooling_typ": "MEAN"}"#).unwrap_err();
-        assert!(err.to_string().contains("unknown field"));
-        let ok: PoolerConfig = serde_json::from_str(r#"{"pooling_type": "MEAN", "normalize": false}"#).unwrap();
+        let err = parse(r#"{"pooling_typ": "MEAN"}"#).unwrap_err();
+        assert!(err.contains("unknown field"), "{err}");
+        let ok = parse(r#"{"pooling_type": "MEAN", "normalize": false}"#).unwrap();
         assert_eq!(ok.pooling_type, Some(PoolingType::Mean));
+    }
+
+    #[test]
+    fn takes_vllm_033_fields() {
+        let config = parse(r#"{"task": "token_embed", "seq_pooling_type": "CLS", "logit_mean": 0.5, "logit_sigma": 2.0, "enable_flash_late_interaction": false}"#).unwrap();
+        assert_eq!(config.task.as_deref(), Some("token_embed"));
+        assert_eq!(config.pooling_type, Some(PoolingType::Cls));
+        assert_eq!((config.logit_bias, config.logit_sigma), (Some(0.5), Some(2.0)));
+        assert_eq!(parse(r#"{"tok_pooling_type": "STEP"}"#).unwrap().pooling_type, Some(PoolingType::Step));
+    }
+
+    #[test]
+    fn refuses_what_vllm_refuses() {
+        assert!(parse(r#"{"task": "score"}"#).unwrap_err().contains("`score` task was removed; use `classify` instead."));
+        assert!(parse(r#"{"task": "encode"}"#).unwrap_err().contains("`encode` task was removed"));
+        let err = parse(r#"{"task": "embedding"}"#).unwrap_err();
+        assert!(err.contains("Input should be 'embed', 'classify'") && err.contains("not 'embedding'"), "{err}");
+        assert!(parse(r#"{"pooling_type": "CLS", "seq_pooling_type": "MEAN"}"#).unwrap_err().contains("Cannot set both `pooling_type` and `seq_pooling_type`"));
+        assert!(parse(r#"{"logit_sigma": 0}"#).unwrap_err().contains("logit_sigma cannot be 0"));
+        assert!(parse(r#"{"seq_pooling_type": "ALL"}"#).is_err());
     }
 
     #[test]

@@ -83,6 +83,24 @@ impl PoolingMethod for All {
     }
 }
 
+/// Late chunking (vLLM's `late_chunking_params`): the mean of each run of `size` consecutive
+/// token rows (`width` floats each), the last run possibly shorter; accumulated in f64 for rows
+/// summed over long chunks.
+pub fn chunk_means(rows: &[f32], width: usize, size: usize) -> Vec<f32> {
+    let tokens = rows.len() / width.max(1);
+    let size = size.clamp(1, tokens.max(1));
+    let mut out = Vec::with_capacity(tokens.div_ceil(size) * width);
+    for chunk in rows.chunks(size * width) {
+        let count = (chunk.len() / width) as f64;
+        let mut sum = vec![0f64; width];
+        for row in chunk.chunks(width) {
+            sum.iter_mut().zip(row).for_each(|(s, x)| *s += *x as f64);
+        }
+        out.extend(sum.into_iter().map(|s| (s / count) as f32));
+    }
+    out
+}
+
 /// The `pooling_type` names of vLLM's `--pooler-config`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -143,6 +161,15 @@ impl FromStr for PoolingType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunk_means_average_runs_of_rows() {
+        // Three rows of width 2, chunks of 2: the mean of rows 0-1, then row 2 alone.
+        let rows = [1.0, 2.0, 3.0, 4.0, 10.0, 20.0];
+        assert_eq!(chunk_means(&rows, 2, 2), vec![2.0, 3.0, 10.0, 20.0]);
+        assert_eq!(chunk_means(&rows, 2, usize::MAX), vec![14.0 / 3.0, 26.0 / 3.0]);
+        assert_eq!(chunk_means(&rows, 2, 1), rows.to_vec());
+    }
 
     #[test]
     fn methods_select_and_reduce_rows() {

@@ -47,6 +47,17 @@ impl Task {
     }
 }
 
+impl Task {
+    /// Python's repr of a tuple of task names, as vLLM prints a model's supported tasks.
+    pub fn py_tuple(tasks: &[Task]) -> String {
+        let items: Vec<String> = tasks.iter().map(|t| format!("'{t}'")).collect();
+        match items.as_slice() {
+            [one] => format!("({one},)"),
+            _ => format!("({})", items.join(", ")),
+        }
+    }
+}
+
 impl std::str::FromStr for Task {
     type Err = ();
     fn from_str(s: &str) -> Result<Self, ()> {
@@ -54,6 +65,17 @@ impl std::str::FromStr for Task {
             .into_iter()
             .find(|t| t.as_str() == s)
             .ok_or(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_print_as_python_tuples() {
+        assert_eq!(Task::py_tuple(&[Task::Embed, Task::TokenEmbed]), "('embed', 'token_embed')");
+        assert_eq!(Task::py_tuple(&[Task::Classify]), "('classify',)");
     }
 }
 

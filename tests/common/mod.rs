@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cross_encoder;
+pub mod server;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -98,6 +99,22 @@ pub async fn send(router: &axum::Router, method: &str, uri: &str, body: Option<S
 
 pub async fn post(router: &axum::Router, uri: &str, body: Value) -> Reply {
     send(router, "POST", uri, Some(body.to_string()), &[]).await
+}
+
+/// vLLM's answer on a route it does not register for the model (its pooling task has no such
+/// endpoint): FastAPI's own 404.
+pub fn assert_route_not_registered(reply: &Reply) {
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "body: {}", reply.body);
+    assert_eq!(reply.body, serde_json::json!({"detail": "Not Found"}));
+}
+
+/// TEI's error shape (`{"error": message, "error_type": kind}`) with `status`, and a message
+/// holding `part`.
+pub fn assert_tei_error(reply: &Reply, status: StatusCode, kind: &str, part: &str) {
+    assert_eq!(reply.status, status, "body: {}", reply.body);
+    assert_eq!(reply.body["error_type"], kind, "body: {}", reply.body);
+    let message = reply.body["error"].as_str().unwrap_or_default();
+    assert!(message.contains(part), "message {message:?} lacks {part:?}");
 }
 
 pub fn floats(v: &Value) -> Vec<f32> {
