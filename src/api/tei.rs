@@ -455,7 +455,7 @@ fn tei_activation(logits: &mut [f32], raw: bool) {
 }
 
 /// Highest first; equal scores in reverse input order (TEI sorts ascending, then reverses).
-fn tei_order<T>(items: &mut Vec<T>, score: impl Fn(&T) -> f32) {
+fn tei_order<T>(items: &mut [T], score: impl Fn(&T) -> f32) {
     items.sort_by(|a, b| score(a).total_cmp(&score(b)));
     items.reverse();
 }

@@ -369,7 +369,7 @@ impl Engine {
 
     /// TEI's `/tokenize` tokens of each text ([`tokenizer::TextTokenizer::tokens`]), on the
     /// worker pool.
-    pub async fn tokens(&self, texts: Vec<String>, add_special_tokens: bool) -> Result<Vec<Vec<(u32, bool, Option<(usize, usize)>)>>, EngineError> {
+    pub async fn tokens(&self, texts: Vec<String>, add_special_tokens: bool) -> Result<Vec<Vec<tokenizer::TokenInfo>>, EngineError> {
         let tokenizer = self.inner.tokenizers.shared();
         self.inner
             .tokenizers

@@ -57,6 +57,10 @@ pub enum TextInput {
     Pair(String, String),
 }
 
+/// A token's id, whether it is special, and its `[start, stop)` byte range in the text (none
+/// for special tokens).
+pub type TokenInfo = (u32, bool, Option<(usize, usize)>);
+
 pub struct TextTokenizer {
     inner: Tokenizer,
     /// sentence-transformers' `do_lower_case`: lowercase before tokenizing.
@@ -204,9 +208,8 @@ impl TextTokenizer {
         self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizeError::Failed(e.to_string()))
     }
 
-    /// Every token of `text` as TEI's `/tokenize` lists it: its id, whether it is special, and
-    /// its `[start, stop)` byte range in `text` (none for special tokens).
-    pub fn tokens(&self, text: &str, add_special_tokens: bool) -> Result<Vec<(u32, bool, Option<(usize, usize)>)>, TokenizeError> {
+    /// Every token of `text` as TEI's `/tokenize` lists it ([`TokenInfo`]).
+    pub fn tokens(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenInfo>, TokenizeError> {
         let encoding = self.inner.encode(text, add_special_tokens).map_err(tokenizer_error)?;
         Ok(encoding
             .get_ids()

@@ -68,6 +68,12 @@ impl std::str::FromStr for Task {
     }
 }
 
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,11 +82,5 @@ mod tests {
     fn tasks_print_as_python_tuples() {
         assert_eq!(Task::py_tuple(&[Task::Embed, Task::TokenEmbed]), "('embed', 'token_embed')");
         assert_eq!(Task::py_tuple(&[Task::Classify]), "('classify',)");
-    }
-}
-
-impl fmt::Display for Task {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
