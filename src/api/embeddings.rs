@@ -89,7 +89,10 @@ pub struct LateChunk {
 
 #[utoipa::path(post, tag = "Embeddings (OpenAI)", path = "/v1/embeddings", description = "OpenAI embeddings (also at /embeddings).", request_body = EmbeddingRequest,
     responses(
-        (status = 200, body = ListResponse<EmbeddingData>),
+        (status = 200, description = "the embeddings (JSON), or with `encoding_format` bytes / bytes_only their elements (octet-stream, a `metadata` header for bytes)", content(
+            (ListResponse<EmbeddingData> = "application/json"),
+            (Vec<u8> = "application/octet-stream"),
+        )),
         ErrorResponses
     ))]
 pub async fn create(

@@ -43,6 +43,37 @@ pub struct ErrorBody {
     pub error: ErrorInfo,
 }
 
+/// FastAPI's body for a route vLLM does not register for the model: `{"detail": "Not Found"}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DetailBody {
+    pub detail: String,
+}
+
+/// TEI's error body (its routes, see `tei.rs`): `{"error": message, "error_type": kind}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TeiErrorBody {
+    pub error: String,
+    pub error_type: String,
+}
+
+/// A 404: an unknown model (our shape), or a route the model's tasks lack (FastAPI's).
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum NotFoundBody {
+    Error(ErrorBody),
+    Detail(DetailBody),
+}
+
+/// Any of the three shapes, for routes that also answer for TEI's bodies (`/rerank`,
+/// `/tokenize`, `/invocations`).
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum AnyErrorBody {
+    Error(ErrorBody),
+    Detail(DetailBody),
+    Tei(TeiErrorBody),
+}
+
 /// The error responses of every model route, for the OpenAPI description (one list, used by
 /// each handler's annotation).
 #[derive(utoipa::IntoResponses)]
@@ -52,14 +83,62 @@ pub enum ErrorResponses {
     BadRequest(ErrorBody),
     #[response(status = 401, description = "missing or wrong API key")]
     Unauthorized(ErrorBody),
-    #[response(status = 404, description = "unknown model")]
-    NotFound(ErrorBody),
+    #[response(status = 404, description = "unknown model, or a route the model's tasks lack (vLLM's `{\"detail\": \"Not Found\"}`)")]
+    NotFound(NotFoundBody),
     #[response(status = 413, description = "body over --payload-limit")]
     PayloadTooLarge(ErrorBody),
     #[response(status = 429, description = "at --max-concurrent-requests")]
     TooManyRequests(ErrorBody),
+    #[response(status = 501, description = "a task the model has but does not serve (its pooling task is another)")]
+    NotImplemented(ErrorBody),
     #[response(status = 503, description = "loading or shutting down")]
     Unavailable(ErrorBody),
+}
+
+/// The error responses of TEI's routes, in TEI's shape (a missing API key is ours).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum TeiErrorResponses {
+    #[response(status = 400, description = "invalid JSON, or an empty input (`Empty`)")]
+    BadRequest(TeiErrorBody),
+    #[response(status = 401, description = "missing or wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(status = 404, description = "unknown model")]
+    NotFound(TeiErrorBody),
+    #[response(status = 413, description = "body over --payload-limit")]
+    PayloadTooLarge(TeiErrorBody),
+    #[response(status = 422, description = "invalid request (`Validation`, `Tokenizer`)")]
+    Unprocessable(TeiErrorBody),
+    #[response(status = 424, description = "the model is not of the route's kind (`Backend`)")]
+    FailedDependency(TeiErrorBody),
+    #[response(status = 429, description = "at --max-concurrent-requests (`Overloaded`)")]
+    TooManyRequests(TeiErrorBody),
+    #[response(status = 503, description = "loading or shutting down (`Unhealthy`)")]
+    Unavailable(TeiErrorBody),
+}
+
+/// The error responses of routes that answer TEI's bodies too.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum AnyErrorResponses {
+    #[response(status = 400, description = "invalid request")]
+    BadRequest(AnyErrorBody),
+    #[response(status = 401, description = "missing or wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(status = 404, description = "unknown model, or a route the model's tasks lack")]
+    NotFound(AnyErrorBody),
+    #[response(status = 413, description = "body over --payload-limit")]
+    PayloadTooLarge(AnyErrorBody),
+    #[response(status = 422, description = "invalid TEI request")]
+    Unprocessable(TeiErrorBody),
+    #[response(status = 424, description = "the model is not of the TEI route's kind")]
+    FailedDependency(TeiErrorBody),
+    #[response(status = 429, description = "at --max-concurrent-requests")]
+    TooManyRequests(AnyErrorBody),
+    #[response(status = 501, description = "a task the model has but does not serve")]
+    NotImplemented(ErrorBody),
+    #[response(status = 503, description = "loading or shutting down")]
+    Unavailable(AnyErrorBody),
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

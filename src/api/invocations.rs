@@ -66,7 +66,7 @@ fn routes(spec: &crate::loader::spec::ModelSpec) -> Vec<Route> {
     routes
 }
 
-#[utoipa::path(post, tag = "SageMaker", path = "/invocations", description = "Any pooling route's body, answered as that route (vLLM's order; TEI's bodies as TEI's /invocations).", request_body = Object, responses((status = 200, body = Object)))]
+#[utoipa::path(post, tag = "SageMaker", path = "/invocations", description = "Any pooling route's body, answered as that route (vLLM's order; TEI's bodies as TEI's /invocations).", request_body = Object, responses((status = 200, body = Object), super::error::AnyErrorResponses))]
 pub async fn invocations(State(state): State<AppState>, headers: HeaderMap, ApiJson(body): ApiJson<Value>) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let model = body.get("model").and_then(Value::as_str).map(str::to_string);

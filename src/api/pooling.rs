@@ -105,7 +105,10 @@ fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Resu
 
 #[utoipa::path(post, tag = "Pooling (vLLM)", path = "/pooling", description = "Any pooling task (vLLM).", request_body = PoolingRequest,
     responses(
-        (status = 200, body = ListResponse<PoolingData>),
+        (status = 200, description = "the pooled outputs (JSON), or with `encoding_format` bytes / bytes_only their elements (octet-stream)", content(
+            (ListResponse<PoolingData> = "application/json"),
+            (Vec<u8> = "application/octet-stream"),
+        )),
         ErrorResponses
     ))]
 pub async fn create(

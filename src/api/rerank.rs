@@ -11,7 +11,7 @@
 //! Decisions: `top_n` absent or 0 returns every document, a `top_n` above the number of
 //! documents also returns them all (as Cohere does), a negative one is a 400.
 
-use super::error::{ApiError, ErrorResponses};
+use super::error::ApiError;
 use super::json::ApiJson;
 use super::score::{score_params, texts_of, PairFields};
 use super::{response_id, AppState, Usage};
@@ -77,7 +77,7 @@ fn result_count(top_n: Option<i64>, documents: usize) -> Result<usize, ApiError>
 #[utoipa::path(post, tag = "Scoring and reranking", path = "/rerank", description = "Cohere/Jina rerank (also at /v1/rerank and /v2/rerank).", request_body = RerankRequest,
     responses(
         (status = 200, body = RerankResponse),
-        ErrorResponses
+        super::error::AnyErrorResponses
     ))]
 pub async fn create(
     State(state): State<AppState>,

@@ -338,12 +338,12 @@ async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<
         .collect()
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/embed", description = "TEI: one vector per input (a list of lists).", request_body = EmbedRequest, responses((status = 200, body = Vec<Vec<f32>>)))]
+#[utoipa::path(post, tag = "TEI", path = "/embed", description = "TEI: one vector per input (a list of lists).", request_body = EmbedRequest, responses((status = 200, body = Vec<Vec<f32>>), super::error::TeiErrorResponses))]
 pub async fn embed(State(state): State<AppState>, TeiJson(request): TeiJson<EmbedRequest>) -> Result<Json<Vec<Vec<f32>>>, TeiError> {
     embed_inner(&state, request).await.map(Json)
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/embed_all", description = "TEI: one vector per token of each input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<Vec<f32>>>)))]
+#[utoipa::path(post, tag = "TEI", path = "/embed_all", description = "TEI: one vector per token of each input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<Vec<f32>>>), super::error::TeiErrorResponses))]
 pub async fn embed_all(State(state): State<AppState>, TeiJson(request): TeiJson<InputFields>) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
     let engine = model(&state, request.model.as_deref(), |s| s.supports(Task::Embed))?;
     let _permit = engine.admit().map_err(TeiError::from)?;
@@ -387,7 +387,7 @@ async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Ve
         .collect()
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/embed_sparse", description = "TEI: SPLADE sparse embeddings, non-zero `{index, value}` per input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<SparseValue>>)))]
+#[utoipa::path(post, tag = "TEI", path = "/embed_sparse", description = "TEI: SPLADE sparse embeddings, non-zero `{index, value}` per input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<SparseValue>>), super::error::TeiErrorResponses))]
 pub async fn embed_sparse(State(state): State<AppState>, TeiJson(request): TeiJson<InputFields>) -> Result<Json<Vec<Vec<SparseValue>>>, TeiError> {
     embed_sparse_inner(&state, request).await.map(Json)
 }
@@ -506,7 +506,7 @@ impl TeiError {
     }
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/predict", description = "TEI: class scores per input, sorted.", request_body = PredictRequest, responses((status = 200, body = PredictResponse)))]
+#[utoipa::path(post, tag = "TEI", path = "/predict", description = "TEI: class scores per input, sorted.", request_body = PredictRequest, responses((status = 200, body = PredictResponse), super::error::TeiErrorResponses))]
 pub async fn predict(State(state): State<AppState>, TeiJson(request): TeiJson<PredictRequest>) -> Result<Json<PredictResponse>, TeiError> {
     predict_inner(&state, request).await.map(Json)
 }
@@ -608,7 +608,7 @@ pub struct SimilarityParameters {
     pub prompt_name: Option<String>,
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/similarity", description = "TEI: cosine of the source sentence with each sentence.", request_body = SimilarityRequest, responses((status = 200, body = Vec<f32>)))]
+#[utoipa::path(post, tag = "TEI", path = "/similarity", description = "TEI: cosine of the source sentence with each sentence.", request_body = SimilarityRequest, responses((status = 200, body = Vec<f32>), super::error::TeiErrorResponses))]
 pub async fn similarity(State(state): State<AppState>, TeiJson(request): TeiJson<SimilarityRequest>) -> Result<Json<Vec<f32>>, TeiError> {
     if request.inputs.sentences.is_empty() {
         return Err(TeiError::empty("`inputs.sentences` cannot be empty"));
@@ -656,7 +656,7 @@ pub enum DecodeIds {
     Batch(Vec<Vec<u32>>),
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/decode", description = "TEI: token ids back to text.", request_body = DecodeRequest, responses((status = 200, body = Vec<String>)))]
+#[utoipa::path(post, tag = "TEI", path = "/decode", description = "TEI: token ids back to text.", request_body = DecodeRequest, responses((status = 200, body = Vec<String>), super::error::TeiErrorResponses))]
 pub async fn decode(State(state): State<AppState>, TeiJson(request): TeiJson<DecodeRequest>) -> Result<Json<Vec<String>>, TeiError> {
     let engine = model(&state, request.model.as_deref(), |_| true)?;
     let lists = match request.ids {
@@ -797,7 +797,7 @@ async fn dispatch(state: &AppState, body: Value) -> Result<Answer, TeiError> {
     })
 }
 
-#[utoipa::path(post, tag = "TEI", path = "/vertex", description = "TEI's Vertex AI route: each instance answered as its TEI route.", request_body = VertexRequest, responses((status = 200, body = Object)))]
+#[utoipa::path(post, tag = "TEI", path = "/vertex", description = "TEI's Vertex AI route: each instance answered as its TEI route.", request_body = VertexRequest, responses((status = 200, body = Object), super::error::TeiErrorResponses))]
 pub async fn vertex(State(state): State<AppState>, TeiJson(request): TeiJson<VertexRequest>) -> Result<Json<Predictions>, TeiError> {
     // One after another: each instance is a request's worth of work, which the engine batches
     // with everything else anyway.
@@ -830,7 +830,7 @@ pub struct InfoQuery {
 }
 
 /// `GET /info`: TEI's description of the served model (`?model=NAME` with several).
-#[utoipa::path(get, tag = "TEI", path = "/info", description = "TEI: the served model.", responses((status = 200, body = Object)))]
+#[utoipa::path(get, tag = "TEI", path = "/info", description = "TEI: the served model.", responses((status = 200, body = Object), super::error::TeiErrorResponses))]
 pub async fn info(State(state): State<AppState>, Query(query): Query<InfoQuery>) -> Result<Json<Value>, TeiError> {
     let engine = state.model(query.model.as_deref())?;
     let spec = engine.spec();

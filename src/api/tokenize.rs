@@ -59,7 +59,7 @@ pub struct DetokenizeResponse {
 #[utoipa::path(post, tag = "Tokens", path = "/tokenize", description = "Tokenize a prompt.", request_body = TokenizeRequest,
     responses(
         (status = 200, body = TokenizeResponse),
-        ErrorResponses
+        super::error::AnyErrorResponses
     ))]
 pub async fn tokenize(State(state): State<AppState>, ApiJson(body): ApiJson<serde_json::Value>) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
