@@ -193,22 +193,6 @@ impl AppState {
         slot.engine.get().ok_or_else(|| self.loading(slot))
     }
 
-    /// [`Self::begin`] for a request that named no model on a route whose reference API has no
-    /// `model` field (TEI's /embed_sparse): with several models, the only one serving `task`
-    /// (503 while any is loading, the usual 400 when none serves it).
-    pub fn begin_unnamed(&self, task: Task, api: &str) -> Result<(&Engine, tokio::sync::OwnedSemaphorePermit), ApiError> {
-        if self.inner.models.len() == 1 {
-            return self.begin(None, task, api);
-        }
-        let engines = self.engines()?;
-        let serving: Vec<&&Engine> = engines.iter().filter(|e| e.spec().pooling_task == task).collect();
-        match serving.as_slice() {
-            [] => Err(ApiError::bad_request(format!("No served model supports {api} API"))),
-            [one] => self.begin(Some(&one.spec().served_name), task, api),
-            _ => Err(self.name_required()),
-        }
-    }
-
     fn name_required(&self) -> ApiError {
         let names: Vec<String> = self.served_names().map(|n| format!("`{n}`")).collect();
         ApiError::BadRequest {

@@ -575,11 +575,13 @@ async fn rerank_inner(state: &AppState, request: RerankRequest) -> Result<Vec<Ra
 
 /// TEI's `/rerank`, for bodies [`is_tei_rerank`] says are TEI's.
 pub async fn rerank(state: &AppState, body: Value) -> Response {
-    let result = match from_value::<RerankRequest>(body) {
-        Ok(request) => rerank_inner(state, request).await.map(Json),
-        Err(e) => Err(TeiError::validation(format!("Failed to deserialize the JSON body into the target type: {}", e.message))),
-    };
-    result.into_response()
+    let answer = async { rerank_inner(state, handed_over(body)?).await };
+    answer.await.map(Json).into_response()
+}
+
+/// A body another route hands over, read as [`TeiJson`] reads a body.
+fn handed_over<T: DeserializeOwned>(body: Value) -> Result<T, TeiError> {
+    serde_json::from_value(body).map_err(|e| TeiError::validation(format!("Failed to deserialize the JSON body into the target type: {e}")))
 }
 
 /// `/similarity`'s request.
@@ -758,11 +760,8 @@ async fn tokenize_inner(state: &AppState, request: TokenizeRequest) -> Result<Ve
 
 /// TEI's `/tokenize`, for bodies [`is_tei_tokenize`] says are TEI's.
 pub async fn tokenize(state: &AppState, body: Value) -> Response {
-    let result = match from_value::<TokenizeRequest>(body) {
-        Ok(request) => tokenize_inner(state, request).await.map(Json),
-        Err(e) => Err(TeiError::validation(format!("Failed to deserialize the JSON body into the target type: {}", e.message))),
-    };
-    result.into_response()
+    let answer = async { tokenize_inner(state, handed_over(body)?).await };
+    answer.await.map(Json).into_response()
 }
 
 /// `/vertex`'s request: Vertex AI's `instances`.

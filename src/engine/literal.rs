@@ -18,19 +18,9 @@ use serde::{Deserialize, Deserializer};
 /// Marks a serde error message as a literal error (`{MARKER}{param}\n{message}`).
 const MARKER: &str = "\u{1}literal:";
 
-/// The fields that are literals, so that an error can name its field as a `&'static str`.
-const PARAMS: &[&str] = &[
-    "encoding_format",
-    "embed_dtype",
-    "endianness",
-    "padding",
-    "truncation_side",
-    "task",
-    "truncate",
-    "embedding_types",
-    "input_type",
-    "truncation_direction",
-];
+/// The fields that deserialize through [`deserialize`], so that an error names its field as a
+/// `&'static str`.
+const PARAMS: &[&str] = &["encoding_format", "embed_dtype", "endianness", "padding", "truncation_side"];
 
 /// A string field that must be one of `options` (`(wire name, value)`).
 pub fn deserialize<'de, D: Deserializer<'de>, T: Copy>(deserializer: D, param: &'static str, options: &[(&str, T)]) -> Result<T, D::Error> {

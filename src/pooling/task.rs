@@ -32,15 +32,6 @@ impl Task {
         }
     }
 
-    /// How vLLM names the work in its "maximum context length" message.
-    pub fn purpose(self) -> &'static str {
-        match self {
-            Task::Embed | Task::TokenEmbed | Task::EmbedSparse => "embedding generation",
-            Task::Classify | Task::TokenClassify => "classification",
-            Task::Score => "score",
-        }
-    }
-
     /// Whether the output is per token rather than per input.
     pub fn is_token_level(self) -> bool {
         matches!(self, Task::TokenEmbed | Task::TokenClassify)
