@@ -8,9 +8,9 @@
 //! serve flag's variable) measures another precision.
 
 use poolserve::config::ServerConfig;
+use poolserve::loader;
 use poolserve::models::batch::Batch;
 use poolserve::models::batch::TokenizedInput;
-use poolserve::loader;
 use std::time::{Duration, Instant};
 
 fn inputs(seqs: usize, len: usize, vocab: u32) -> Vec<TokenizedInput> {
@@ -58,7 +58,8 @@ fn main() {
     };
     let name = std::path::Path::new(&dir).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.clone());
     println!("{name} forward (backbone + mean pooling), {precision}, {} rayon threads", rayon::current_num_threads());
-    let chunk: usize = std::env::var("POOLSERVE_FORWARD_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(poolserve::models::FORWARD_CHUNK_TOKENS);
+    let chunk: usize =
+        std::env::var("POOLSERVE_FORWARD_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(poolserve::models::FORWARD_CHUNK_TOKENS);
     println!("forward chunk: {chunk} tokens");
     // `cargo bench --bench forward -- 1x16` runs only the shapes named.
     let only: Vec<String> = std::env::args().skip(1).filter(|a| a.contains('x')).collect();

@@ -42,7 +42,11 @@ fn main() {
     let vision = model.vision.as_ref().expect("an image-text model");
     let size = vision.tower.image_size();
     let pixels_of = |n: usize| -> Vec<f32> { (0..n * 3 * size * size).map(|i| ((i * 7919) % 255) as f32 / 127.5 - 1.0).collect() };
-    println!("vision tower, {size}x{size}, {} tokens per image, {} rayon threads", vision.tower.tokens_per_image(), rayon::current_num_threads());
+    println!(
+        "vision tower, {size}x{size}, {} tokens per image, {} rayon threads",
+        vision.tower.tokens_per_image(),
+        rayon::current_num_threads()
+    );
     for (batch, iterations) in [(1usize, 30usize), (32, 5)] {
         let pixels = pixels_of(batch);
         let median = median_of(iterations, || {

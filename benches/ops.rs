@@ -39,7 +39,14 @@ fn main() {
     let down = Linear::new(tensor(h, i), Some(bias(h))).expect("down");
     let norm = LayerNorm::new(bias(h), bias(h), 1e-12).expect("norm");
     let cu: Vec<usize> = (0..=32).map(|s| s * 128).collect();
-    let attention = Attention { num_heads: 12, num_kv_heads: 12, head_dim: 32, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: None };
+    let attention = Attention {
+        num_heads: 12,
+        num_kv_heads: 12,
+        head_dim: 32,
+        cu_seqlens: &cu,
+        mask: AttentionMask::Bidirectional,
+        position_bias: None,
+    };
     let qkv_out = qkv.forward_unbiased(&x).expect("qkv");
 
     println!("per-layer kernels at 32x128 tokens (a MiniLM forward runs each 6 times)");

@@ -10,8 +10,8 @@
 #[path = "../tests/common/cross_encoder.rs"]
 mod cross_encoder;
 
-use poolserve::pooling::Task;
 use poolserve::engine::params::PoolingParams;
+use poolserve::pooling::Task;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,14 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let cross = cross_encoder::minilm_cross_encoder(&minilm, Path::new("target"));
     println!("rerank 1 query x {} documents, {} rayon threads", documents.len(), rayon::current_num_threads());
-    for (label, folder, task) in [("cross-encoder (MiniLM-L6 size)", cross, Task::Score), ("bi-encoder (all-MiniLM-L6-v2)", minilm, Task::Score)] {
-        let engine = poolserve::engine::Engine::load(&poolserve::loader::options::ModelOptions::for_model(folder.to_str().expect("utf-8")), &Default::default()).expect("loads");
+    for (label, folder, task) in
+        [("cross-encoder (MiniLM-L6 size)", cross, Task::Score), ("bi-encoder (all-MiniLM-L6-v2)", minilm, Task::Score)]
+    {
+        let engine = poolserve::engine::Engine::load(
+            &poolserve::loader::options::ModelOptions::for_model(folder.to_str().expect("utf-8")),
+            &Default::default(),
+        )
+        .expect("loads");
         let params = PoolingParams::default().verify(task, engine.spec()).expect("params");
         let (median, tokens) = median_of(20, || {
             let (scores, tokens) = runtime.block_on(engine.score(&query, &documents, &params, None)).expect("scores");

@@ -6,9 +6,9 @@
 //! `cargo bench --bench token_tasks` (models under `POOLSERVE_MODELS`, default `models/`).
 
 use poolserve::config::ServerConfig;
+use poolserve::engine::params::PoolingParams;
 use poolserve::engine::Prompt;
 use poolserve::pooling::{PoolingType, Task};
-use poolserve::engine::params::PoolingParams;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,10 @@ fn main() {
         corpus["documents"].as_array().expect("documents").iter().map(|d| d.as_str().expect("text").to_string()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     println!("{} documents per request, {} rayon threads", documents.len(), rayon::current_num_threads());
-    for (label, name, task) in [("SPLADE embed_sparse (splade-tiny)", "splade-tiny", Task::EmbedSparse), ("token_classify (rampart-ner)", "rampart-ner", Task::TokenClassify)] {
+    for (label, name, task) in [
+        ("SPLADE embed_sparse (splade-tiny)", "splade-tiny", Task::EmbedSparse),
+        ("token_classify (rampart-ner)", "rampart-ner", Task::TokenClassify),
+    ] {
         let dir = root.join(name);
         if !dir.join("model.safetensors").exists() {
             eprintln!("{} is missing: run scripts/fetch-models.sh models splade rampart", dir.display());

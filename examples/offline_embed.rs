@@ -3,8 +3,8 @@
 //!
 //!     cargo run --release --example offline_embed [-- MODEL_DIR]    # default models/all-MiniLM-L6-v2
 
-use poolserve::pooler::{Pooler, PoolerOptions};
 use poolserve::pooler::PoolingParams;
+use poolserve::pooler::{Pooler, PoolerOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = std::env::args().nth(1).unwrap_or_else(|| "models/all-MiniLM-L6-v2".into());

@@ -359,7 +359,10 @@ mod models_file {
     pub(super) fn parse(text: &str, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, String> {
         let file: ModelsFile = serde_norway::from_str(text).map_err(|e| e.to_string())?;
         if let Some(e) = file.models.iter().find(|e| e.default_prompt_name.is_some() && e.default_prompt.is_some()) {
-            return Err(format!("model `{}`: default_prompt_name and default_prompt exclude each other", e.name.as_deref().unwrap_or(&e.model)));
+            return Err(format!(
+                "model `{}`: default_prompt_name and default_prompt exclude each other",
+                e.name.as_deref().unwrap_or(&e.model)
+            ));
         }
         let models: Vec<ModelOptions> = file
             .models
@@ -465,7 +468,12 @@ impl TryFrom<ServeArgs> for ServerConfig {
             trust_request_chat_template: args.trust_request_chat_template,
             shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
             log_format: args.log_format,
-            allowed_media_domains: args.allowed_media_domains.iter().map(|d| d.trim().to_ascii_lowercase()).filter(|d| !d.is_empty()).collect(),
+            allowed_media_domains: args
+                .allowed_media_domains
+                .iter()
+                .map(|d| d.trim().to_ascii_lowercase())
+                .filter(|d| !d.is_empty())
+                .collect(),
             media_fetch_timeout: std::time::Duration::from_secs(positive("media-fetch-timeout", args.media_fetch_timeout as usize)? as u64),
         })
     }
@@ -503,10 +511,27 @@ mod tests {
 
     #[test]
     fn vllm_command_lines_read_as_ours() {
-        assert_eq!(vllm(&["serve", "m", "--hf_overrides", "{}", "--max_model_len=5"]), ["serve", "m", "--hf-overrides", "{}", "--max-model-len=5"]);
-        assert_eq!(vllm(&["serve", "m", "--pooler-config.task", "token_embed"]), ["serve", "m", "--pooler-config", r#"{"task":"token_embed"}"#]);
-        let merged = vllm(&["serve", "m", "--pooler-config", r#"{"use_activation": false, "task": "embed"}"#, "--pooler-config.task=token_classify", "--hf-overrides.a.b", "2"]);
-        assert_eq!(merged, ["serve", "m", "--pooler-config", r#"{"task":"token_classify","use_activation":false}"#, "--hf-overrides", r#"{"a":{"b":2}}"#]);
+        assert_eq!(
+            vllm(&["serve", "m", "--hf_overrides", "{}", "--max_model_len=5"]),
+            ["serve", "m", "--hf-overrides", "{}", "--max-model-len=5"]
+        );
+        assert_eq!(
+            vllm(&["serve", "m", "--pooler-config.task", "token_embed"]),
+            ["serve", "m", "--pooler-config", r#"{"task":"token_embed"}"#]
+        );
+        let merged = vllm(&[
+            "serve",
+            "m",
+            "--pooler-config",
+            r#"{"use_activation": false, "task": "embed"}"#,
+            "--pooler-config.task=token_classify",
+            "--hf-overrides.a.b",
+            "2",
+        ]);
+        assert_eq!(
+            merged,
+            ["serve", "m", "--pooler-config", r#"{"task":"token_classify","use_activation":false}"#, "--hf-overrides", r#"{"a":{"b":2}}"#]
+        );
         assert!(vllm_style_args(vec!["--pooler-config.task".into()]).is_err());
     }
 
@@ -584,7 +609,8 @@ mod tests {
         assert!(models_file::parse(r#"{"models": []}"#, &defaults).is_err());
         assert!(parse(&["--config", "x.yaml", "/m/a"]).is_err(), "a models file and MODEL arguments are exclusive");
         assert!(parse(&["--config", "x.yaml", "--served-model-name", "n"]).is_err());
-        let both = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt": "q: ", "default_prompt_name": "query"}]}"#, &defaults);
+        let both =
+            models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt": "q: ", "default_prompt_name": "query"}]}"#, &defaults);
         assert!(both.unwrap_err().contains("exclude each other"));
         let flagged = ModelOptions { default_prompt: Some("flag: ".into()), ..defaults.clone() };
         let entry = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt_name": "query"}]}"#, &flagged).unwrap();

@@ -175,7 +175,10 @@ fn label_value(value: &str) -> String {
 pub fn render() -> String {
     let mut out = String::new();
     with(|r| {
-        let _ = writeln!(out, "# HELP poolserve_requests_total HTTP requests by endpoint, status and model.\n# TYPE poolserve_requests_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP poolserve_requests_total HTTP requests by endpoint, status and model.\n# TYPE poolserve_requests_total counter"
+        );
         for ((endpoint, status, model), count) in &r.requests {
             let _ = writeln!(
                 out,
@@ -184,7 +187,10 @@ pub fn render() -> String {
                 label_value(model)
             );
         }
-        let _ = writeln!(out, "# HELP poolserve_request_duration_seconds Time from request to response.\n# TYPE poolserve_request_duration_seconds histogram");
+        let _ = writeln!(
+            out,
+            "# HELP poolserve_request_duration_seconds Time from request to response.\n# TYPE poolserve_request_duration_seconds histogram"
+        );
         for ((endpoint, model), h) in &r.request_duration {
             let labels = format!("endpoint=\"{}\",model=\"{}\"", label_value(endpoint), label_value(model));
             h.render(&mut out, "poolserve_request_duration_seconds", &labels);
@@ -206,7 +212,9 @@ pub fn render() -> String {
         type Value = fn(&ModelSeries) -> f64;
         let values: [(&str, &str, &str, Value); 4] = [
             ("input_tokens_total", "counter", "Tokens run through the model.", |m| m.input_tokens as f64),
-            ("cancelled_inputs_total", "counter", "Queued inputs dropped because their client disconnected.", |m| m.cancelled_inputs as f64),
+            ("cancelled_inputs_total", "counter", "Queued inputs dropped because their client disconnected.", |m| {
+                m.cancelled_inputs as f64
+            }),
             ("queue_depth", "gauge", "Inputs waiting for the model.", |m| m.queue_depth as f64),
             ("model_load_seconds", "gauge", "Time the model took to load.", |m| m.load_seconds),
         ];

@@ -16,11 +16,11 @@
 //! already run an async runtime.
 
 use crate::engine::params::ParamsError;
+pub use crate::engine::params::PoolingParams;
 use crate::engine::{Engine, EngineError, EngineOptions, PoolingOutput, Prompt};
 use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::pooling::Task;
-pub use crate::engine::params::PoolingParams;
 
 /// How to load a model in a host program: the model's options and the engine's, as `serve`
 /// has them (no host, port, API key or log format). Built from code only, never from the

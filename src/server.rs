@@ -3,9 +3,9 @@
 
 use crate::api::{self, AppState};
 use crate::config::ServerConfig;
+use crate::engine::params::PoolingParams;
 use crate::engine::{Engine, Prompt};
 use crate::pooling::Task;
-use crate::engine::params::PoolingParams;
 use std::time::Instant;
 use tokio::net::TcpListener;
 
@@ -48,12 +48,15 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         fetch_timeout: config.media_fetch_timeout,
         max_bytes: config.payload_limit,
     };
-    let state = AppState::new(names, api::ApiOptions {
-        api_key: config.api_key.clone(),
-        max_client_batch_size: config.max_client_batch_size,
-        trust_request_chat_template: config.trust_request_chat_template,
-        media,
-    });
+    let state = AppState::new(
+        names,
+        api::ApiOptions {
+            api_key: config.api_key.clone(),
+            max_client_batch_size: config.max_client_batch_size,
+            trust_request_chat_template: config.trust_request_chat_template,
+            media,
+        },
+    );
     let app = api::router(state.clone(), config.payload_limit);
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await

@@ -31,7 +31,8 @@ fn read_lines(path: &Path) -> Vec<Value> {
 fn write_input(dir: &Path) -> (PathBuf, Vec<String>) {
     let reference = expected("bert-embed-mean");
     let texts: Vec<String> = (0..10).map(|i| reference["texts"][i % 4]["text"].as_str().unwrap().to_string()).collect();
-    let mut lines: Vec<String> = texts.iter().enumerate().map(|(i, t)| serde_json::json!({"id": format!("t{i}"), "text": t}).to_string()).collect();
+    let mut lines: Vec<String> =
+        texts.iter().enumerate().map(|(i, t)| serde_json::json!({"id": format!("t{i}"), "text": t}).to_string()).collect();
     lines.insert(4, "{\"id\": \"bad\", \"text\": 42}".into());
     let path = dir.join("input.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
@@ -72,7 +73,8 @@ fn embed_writes_in_order_reports_bad_lines_and_shards_exactly() {
     let mut seen = Vec::new();
     for shard in 0..3 {
         let part = dir.join(format!("shard{shard}.jsonl"));
-        let (ok, stderr) = run(&["embed", model, "--input", input, "--output", part.to_str().unwrap(), "--skip-errors", "--shard", &format!("{shard}/3")]);
+        let (ok, stderr) =
+            run(&["embed", model, "--input", input, "--output", part.to_str().unwrap(), "--skip-errors", "--shard", &format!("{shard}/3")]);
         assert!(ok, "{stderr}");
         seen.extend(read_lines(&part).iter().map(|l| l["id"].as_str().unwrap().to_string()));
     }
@@ -152,7 +154,16 @@ fn embed_takes_a_prompt_name() {
         assert!(ok, "{stderr}");
         assert_close(&floats(&read_lines(&out)[0]["embedding"]), &floats(&reference["cases"][case][0]["embedding"]), case);
     }
-    let (ok, stderr) = run(&["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--prompt-name", "nope"]);
+    let (ok, stderr) = run(&[
+        "embed",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--prompt-name",
+        "nope",
+    ]);
     assert!(!ok && stderr.contains("Unknown prompt_name 'nope'"), "{stderr}");
 }
 
@@ -202,7 +213,10 @@ fn embed_takes_images_by_path_and_data_url() {
     let reference = expected("siglip-tiny");
     let images = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
     let png = images.join("gradient_97x61.png");
-    let data_url = format!("data:image/webp;base64,{}", base64::engine::general_purpose::STANDARD.encode(std::fs::read(images.join("checker_33x77.webp")).unwrap()));
+    let data_url = format!(
+        "data:image/webp;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(images.join("checker_33x77.webp")).unwrap())
+    );
     let text = reference["texts"][0]["text"].as_str().unwrap();
     let lines = [
         serde_json::json!({"id": "png", "image": png.to_str().unwrap()}),
@@ -213,12 +227,14 @@ fn embed_takes_images_by_path_and_data_url() {
     let input = dir.join("input.jsonl");
     std::fs::write(&input, lines.iter().map(|l| l.to_string() + "\n").collect::<String>()).unwrap();
     let out = dir.join("out.jsonl");
-    let (ok, stderr) = run(&["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--skip-errors"]);
+    let (ok, stderr) =
+        run(&["embed", model.to_str().unwrap(), "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--skip-errors"]);
     assert!(ok, "{stderr}");
     assert!(stderr.contains("line 4: image") && stderr.contains("nope.png"), "{stderr}");
     let written = read_lines(&out);
     assert_eq!(written.len(), 3);
-    let image = |file: &str| reference["images"].as_array().unwrap().iter().find(|i| i["file"] == file).unwrap()["image_embeds_normalized"].clone();
+    let image =
+        |file: &str| reference["images"].as_array().unwrap().iter().find(|i| i["file"] == file).unwrap()["image_embeds_normalized"].clone();
     let cos_png = cosine(&floats(&written[0]["embedding"]), &floats(&image("gradient_97x61.png")));
     let cos_webp = cosine(&floats(&written[2]["embedding"]), &floats(&image("checker_33x77.webp")));
     assert!(cos_png >= 0.999 && cos_webp >= 0.999, "{cos_png} {cos_webp}");
@@ -230,11 +246,26 @@ fn encode_token_classify_gives_per_token_rewards() {
     let dir = workdir("rewards");
     let reference = expected("qwen2-reward");
     let input = dir.join("input.jsonl");
-    let lines: String = reference["texts"].as_array().unwrap().iter().enumerate().map(|(i, t)| serde_json::json!({"id": i, "text": t["text"]}).to_string() + "\n").collect();
+    let lines: String = reference["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": i, "text": t["text"]}).to_string() + "\n")
+        .collect();
     std::fs::write(&input, lines).unwrap();
     let out = dir.join("out.jsonl");
     let model = fixture_model("qwen2-reward");
-    let (ok, stderr) = run(&["encode", model.to_str().unwrap(), "--task", "token_classify", "--input", input.to_str().unwrap(), "--output", out.to_str().unwrap()]);
+    let (ok, stderr) = run(&[
+        "encode",
+        model.to_str().unwrap(),
+        "--task",
+        "token_classify",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
     assert!(ok, "{stderr}");
     for (line, case) in read_lines(&out).iter().zip(reference["texts"].as_array().unwrap()) {
         let ours = line["data"].as_array().unwrap();

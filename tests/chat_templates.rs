@@ -29,7 +29,12 @@ async fn templates_render_as_transformers_does() {
     let reference = expected("qwen2-embed-chat");
     let chat = &reference["chat"];
     let folder = router(engine(&fixture_model("qwen2-embed-chat"), |_| {}), 2_000_000);
-    let flag = router(engine(&fixture_model("qwen2-embed-chat"), |c| c.models[0].chat_template = Some(chat["vllm_test_template"].as_str().unwrap().into())), 2_000_000);
+    let flag = router(
+        engine(&fixture_model("qwen2-embed-chat"), |c| {
+            c.models[0].chat_template = Some(chat["vllm_test_template"].as_str().unwrap().into())
+        }),
+        2_000_000,
+    );
     for case in chat["cases"].as_array().unwrap() {
         let messages = &chat["conversations"][case["conversation"].as_str().unwrap()];
         let router = if case["template"] == "folder" { &folder } else { &flag };
@@ -49,7 +54,10 @@ async fn template_errors_are_client_errors() {
     // A model without a template.
     let plain = router_for("qwen2-embed-last");
     let reply = post(&plain, "/v1/embeddings", json!({"messages": [{"role": "user", "content": "x"}]})).await;
-    assert!(reply.body["error"]["message"].as_str().unwrap().starts_with("As of transformers v4.44, default chat template is no longer allowed"));
+    assert!(reply.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("As of transformers v4.44, default chat template is no longer allowed"));
     // Batched conversations: one embedding each, each equal to its own request's.
     let one = json!([{"role": "user", "content": "first"}]);
     let two = json!([{"role": "user", "content": "second"}]);

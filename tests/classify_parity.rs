@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
+use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use poolserve::engine::{Engine, PoolingOutput, Prompt};
 use poolserve::pooling::Task;
-use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
@@ -68,10 +68,8 @@ async fn check_pairs(name: &str) {
     let expected = expected(name);
     let engine = engine(&fixture_model(name), |_| {});
     let cases = expected["pairs"].as_array().unwrap();
-    let prompts: Vec<Prompt> = cases
-        .iter()
-        .map(|c| Prompt::Pair(c["query"].as_str().unwrap().into(), c["document"].as_str().unwrap().into()))
-        .collect();
+    let prompts: Vec<Prompt> =
+        cases.iter().map(|c| Prompt::Pair(c["query"].as_str().unwrap().into(), c["document"].as_str().unwrap().into())).collect();
     let score = params(&engine, Task::Score, None);
     let raw = params(&engine, Task::Score, Some(false));
     let tokenized = engine.prepare(prompts.clone(), &score).await.unwrap();

@@ -36,7 +36,10 @@ fn bad_flags_and_models_fail_with_one_line() {
     assert_one_line_error(&["serve", "m", "--pooler-config", "{nope"], "--pooler-config");
     assert_one_line_error(&["serve", "m", "--pooler-config", r#"{"pooling": "MEAN"}"#], "unknown field");
     assert_one_line_error(&["serve", "m", "--device", "cuda"], "cuda");
-    assert_one_line_error(&["serve", "m", "--quantization", "int8", "--dtype", "float16"], "--quantization int8 runs on --device cpu with --dtype float32 only");
+    assert_one_line_error(
+        &["serve", "m", "--quantization", "int8", "--dtype", "float16"],
+        "--quantization int8 runs on --device cpu with --dtype float32 only",
+    );
     assert_one_line_error(&["serve", "./no/such/folder", "--port", "0"], "does not exist");
 
     let dir = std::env::temp_dir().join(format!("poolserve-cli-llama-{}", std::process::id()));
@@ -45,11 +48,17 @@ fn bad_flags_and_models_fail_with_one_line() {
     assert_one_line_error(&["serve", dir.to_str().unwrap(), "--port", "0"], "unsupported model");
     let fixture = fixture_model("bert-embed-mean");
     assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--max-model-len", "4096"], "larger than the model's limit");
-    assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--pooler-config", r#"{"pooling_type": "ALL"}"#], "one vector per token");
+    assert_one_line_error(
+        &["serve", fixture.to_str().unwrap(), "--port", "0", "--pooler-config", r#"{"pooling_type": "ALL"}"#],
+        "one vector per token",
+    );
     assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--convert", "classify"], "--convert classify needs");
     // A classifier whose config promises more labels than its weights have.
     let seqcls = fixture_model("bert-seqcls");
-    assert_one_line_error(&["serve", seqcls.to_str().unwrap(), "--port", "0", "--hf-overrides", r#"{"id2label": {"0": "a", "1": "b"}}"#], "classifier");
+    assert_one_line_error(
+        &["serve", seqcls.to_str().unwrap(), "--port", "0", "--hf-overrides", r#"{"id2label": {"0": "a", "1": "b"}}"#],
+        "classifier",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -237,7 +246,8 @@ fn serves_several_models_from_arguments_and_from_a_models_file() {
         wait_ready(server);
         let body = embed(server.port, json!({"model": "embedder", "input": text}));
         assert_close(&floats(&body["data"][0]["embedding"]), &floats(&embed_reference["texts"][0]["embedding"]), "embedder");
-        let (status, reply) = http(server.port, "POST", "/rerank", Some(&json!({"model": "reranker", "query": "q", "documents": ["a", "b"]}))).unwrap();
+        let (status, reply) =
+            http(server.port, "POST", "/rerank", Some(&json!({"model": "reranker", "query": "q", "documents": ["a", "b"]}))).unwrap();
         assert_eq!(status, 200, "{reply}");
         let (status, reply) = http(server.port, "POST", "/v1/embeddings", Some(&json!({"input": "x"}))).unwrap();
         assert_eq!(status, 400, "{reply}");
@@ -255,7 +265,11 @@ fn serves_several_models_from_arguments_and_from_a_models_file() {
     let file = dir.join("models.yaml");
     std::fs::write(
         &file,
-        format!("models:\n  - name: embedder\n    model: {}\n    max_model_len: 64\n  - name: reranker\n    model: {}\n", embedder.display(), reranker.display()),
+        format!(
+            "models:\n  - name: embedder\n    model: {}\n    max_model_len: 64\n  - name: reranker\n    model: {}\n",
+            embedder.display(),
+            reranker.display()
+        ),
     )
     .unwrap();
     let mut server = start(&["--config", file.to_str().unwrap()], &[]);
@@ -266,7 +280,8 @@ fn serves_several_models_from_arguments_and_from_a_models_file() {
 
     std::fs::write(&file, "models:\n  - model: /x\n    pooler_confg: {}\n").unwrap();
     assert_one_line_error(&["serve", "--config", file.to_str().unwrap()], "unknown field `pooler_confg`");
-    std::fs::write(&file, format!("models:\n  - name: a\n    model: {}\n  - name: b\n    model: /no/such/model\n", embedder.display())).unwrap();
+    std::fs::write(&file, format!("models:\n  - name: a\n    model: {}\n  - name: b\n    model: /no/such/model\n", embedder.display()))
+        .unwrap();
     assert_one_line_error(&["serve", "--config", file.to_str().unwrap()], "model `b`");
     assert_one_line_error(&["serve", "a=/m/x", "a=/m/y"], "two models are named `a`");
     let _ = std::fs::remove_dir_all(&dir);

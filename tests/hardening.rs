@@ -39,7 +39,12 @@ async fn unrouted_answers_carry_timing_headers() {
 }
 
 fn in_flight(metrics: &str) -> f64 {
-    metrics.lines().find(|l| l.starts_with("poolserve_requests_in_flight ")).and_then(|l| l.split(' ').nth(1)).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
+    metrics
+        .lines()
+        .find(|l| l.starts_with("poolserve_requests_in_flight "))
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1.0)
 }
 
 /// A client that disconnects mid-request is still counted out of `requests_in_flight`.
@@ -49,7 +54,8 @@ async fn a_disconnected_client_leaves_no_request_in_flight() {
     let router = router(engine(&fixture_model("bert-embed-mean"), |_| {}), 2_000_000);
     let texts: Vec<String> = (0..1024).map(|i| format!("text number {i} about something long enough to take a while")).collect();
     let body = serde_json::to_string(&json!({"input": texts})).unwrap();
-    let request = axum::http::Request::post("/v1/embeddings").header("content-type", "application/json").body(axum::body::Body::from(body)).unwrap();
+    let request =
+        axum::http::Request::post("/v1/embeddings").header("content-type", "application/json").body(axum::body::Body::from(body)).unwrap();
     // The client gives up after 20 ms: the handler's future is dropped mid-way.
     let gave_up = tokio::time::timeout(std::time::Duration::from_millis(20), router.clone().oneshot(request)).await;
     assert!(gave_up.is_err(), "the request finished within 20 ms; the test needs a slower one");
@@ -71,7 +77,13 @@ async fn a_disconnected_client_leaves_no_request_in_flight() {
 /// Resident memory of this test process, in MiB (Linux).
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|kb| kb.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
 }
 
 /// A 1.5 MB query against 1,000 documents: refused at once without truncation; with it, the
@@ -93,7 +105,9 @@ async fn a_huge_query_against_many_documents_does_not_amplify() {
     assert_eq!(truncated.status, StatusCode::OK, "{}", truncated.body);
     assert_eq!(truncated.body["data"].as_array().unwrap().len(), 1000);
     let growth = rss_mib() - before;
-    eprintln!("1.5 MB query × 1000 documents: refused in {refused_in:?}; truncated and scored in {truncated_in:?}; RSS growth {growth:.0} MiB");
+    eprintln!(
+        "1.5 MB query × 1000 documents: refused in {refused_in:?}; truncated and scored in {truncated_in:?}; RSS growth {growth:.0} MiB"
+    );
     // Before the fix the query was copied into every pair: 1.5 GB of strings.
     assert!(growth < 300.0, "RSS grew by {growth:.0} MiB");
 }
@@ -132,7 +146,10 @@ async fn a_small_request_is_not_stuck_behind_big_ones() {
     }
     idle.sort();
     flooded.sort();
-    eprintln!("one-text request p50 / max: idle {:?} / {:?}, under three 1,024-input floods {:?} / {:?}", idle[2], idle[4], flooded[2], flooded[4]);
+    eprintln!(
+        "one-text request p50 / max: idle {:?} / {:?}, under three 1,024-input floods {:?} / {:?}",
+        idle[2], idle[4], flooded[2], flooded[4]
+    );
     assert!(floods_running > 0, "the floods finished before the small requests: nothing was tested");
 }
 
@@ -209,7 +226,10 @@ async fn every_route_checks_in_the_same_order() {
     let routes = [
         ("/v1/embeddings", json!({"input": "a", "truncate_prompt_tokens": bad})),
         ("/pooling", json!({"input": "a", "truncate_prompt_tokens": bad})),
-        ("/v2/embed", json!({"texts": ["a"], "input_type": "search_query", "embedding_types": ["float"], "truncate": "NONE", "max_tokens": 5})),
+        (
+            "/v2/embed",
+            json!({"texts": ["a"], "input_type": "search_query", "embedding_types": ["float"], "truncate": "NONE", "max_tokens": 5}),
+        ),
         ("/score", json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": bad})),
         ("/rerank", json!({"query": "a", "documents": ["b"], "truncate_prompt_tokens": bad})),
     ];

@@ -102,7 +102,10 @@ async fn dimensions_normalize_and_truncation() {
         assert_eq!(direct.status, StatusCode::OK, "{}", direct.body);
         assert_eq!(direct.body["usage"]["prompt_tokens"], 10);
         let by_ids = post(&router, "/v1/embeddings", json!({"input": kept})).await;
-        assert!(max_abs_diff(&floats(&direct.body["data"][0]["embedding"]), &floats(&by_ids.body["data"][0]["embedding"])) < 1e-6, "{side}");
+        assert!(
+            max_abs_diff(&floats(&direct.body["data"][0]["embedding"]), &floats(&by_ids.body["data"][0]["embedding"])) < 1e-6,
+            "{side}"
+        );
     }
 }
 
@@ -117,8 +120,16 @@ async fn bad_requests_get_the_error_shape() {
     assert_error(&post(&router, "/v1/embeddings", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
     assert_error(&post(&router, "/v1/embeddings", json!({"input": [[]]})).await, StatusCode::BAD_REQUEST, "empty");
     assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": "8"})).await, StatusCode::BAD_REQUEST, "invalid type");
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "encoding_format": "int8"})).await, StatusCode::BAD_REQUEST, "literal_error");
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": [5, 100000]})).await, StatusCode::BAD_REQUEST, "Token id 100000 is out of vocabulary");
+    assert_error(
+        &post(&router, "/v1/embeddings", json!({"input": "a", "encoding_format": "int8"})).await,
+        StatusCode::BAD_REQUEST,
+        "literal_error",
+    );
+    assert_error(
+        &post(&router, "/v1/embeddings", json!({"input": [5, 100000]})).await,
+        StatusCode::BAD_REQUEST,
+        "Token id 100000 is out of vocabulary",
+    );
     let name = served_name();
     assert_error(
         &post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 16})).await,
@@ -137,7 +148,11 @@ async fn bad_requests_get_the_error_shape() {
         StatusCode::BAD_REQUEST,
         "This model's maximum context length is 128 tokens. However, your prompt contains at least 129 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
     );
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "model": "other"})).await, StatusCode::NOT_FOUND, "The model `other` does not exist.");
+    assert_error(
+        &post(&router, "/v1/embeddings", json!({"input": "a", "model": "other"})).await,
+        StatusCode::NOT_FOUND,
+        "The model `other` does not exist.",
+    );
     assert_error(&send(&router, "GET", "/v1/embeddings", None, &[]).await, StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
     assert_error(&send(&router, "GET", "/nope", None, &[]).await, StatusCode::NOT_FOUND, "Not Found");
 }
@@ -149,7 +164,11 @@ async fn matryoshka_errors_follow_the_model() {
     });
     let router = router(engine, 2_000_000);
     let reply = post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 12})).await;
-    assert_error(&reply, StatusCode::BAD_REQUEST, "only supports [8, 16] matryoshka dimensions, use other output dimensions will lead to poor results.");
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "only supports [8, 16] matryoshka dimensions, use other output dimensions will lead to poor results.",
+    );
     let reply = post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 8})).await;
     assert_eq!(reply.body["data"][0]["embedding"].as_array().unwrap().len(), 8);
 }

@@ -55,7 +55,8 @@ fn assert_error_shape(reply: &Reply, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_guards_every_model_route() {
     let router = router_with(ApiOptions { api_key: Some("s3cret".into()), ..Default::default() });
-    let body = json!({"input": "a", "prompt": "a", "tokens": [1], "text_1": "a", "text_2": "b", "query": "a", "documents": ["b"], "inputs": "a"});
+    let body =
+        json!({"input": "a", "prompt": "a", "tokens": [1], "text_1": "a", "text_2": "b", "query": "a", "documents": ["b"], "inputs": "a"});
     for route in POST_ROUTES {
         for headers in [vec![], vec![("authorization", "Bearer wrong")], vec![("authorization", "s3cret")]] {
             let reply = send(&router, "POST", route, Some(body.to_string()), &headers).await;
@@ -67,7 +68,8 @@ async fn api_key_guards_every_model_route() {
     }
     assert_eq!(send(&router, "GET", "/v1/models", None, &[]).await.status, StatusCode::UNAUTHORIZED);
     assert_eq!(send(&router, "GET", "/v1/models", None, &[("authorization", "Bearer s3cret")]).await.status, StatusCode::OK);
-    let embed = send(&router, "POST", "/v1/embeddings", Some(json!({"input": "a"}).to_string()), &[("authorization", "Bearer s3cret")]).await;
+    let embed =
+        send(&router, "POST", "/v1/embeddings", Some(json!({"input": "a"}).to_string()), &[("authorization", "Bearer s3cret")]).await;
     assert_eq!(embed.status, StatusCode::OK);
     // Probes and version stay open.
     for route in ["/health", "/metrics", "/version"] {
@@ -93,7 +95,8 @@ async fn client_batch_limit_is_one_rule_for_every_endpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_timing_headers_describe_the_work() {
     let router = router_with(ApiOptions::default());
-    let reply = send(&router, "POST", "/v1/embeddings", Some(json!({"input": ["a man", "a dog"]}).to_string()), &[("x-request-id", "m-1")]).await;
+    let reply =
+        send(&router, "POST", "/v1/embeddings", Some(json!({"input": ["a man", "a dog"]}).to_string()), &[("x-request-id", "m-1")]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.headers["x-request-id"], "m-1");
     for header in ["x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time"] {
@@ -241,10 +244,38 @@ impl Lcg {
 }
 
 const FIELDS: [&str; 32] = [
-    "input", "inputs", "model", "encoding_format", "dimensions", "normalize", "use_activation", "truncate_prompt_tokens",
-    "truncation_side", "add_special_tokens", "task", "text_1", "text_2", "queries", "documents", "data_1", "data_2",
-    "query", "top_n", "return_documents", "prompt", "tokens", "truncate", "max_tokens_per_doc",
-    "messages", "texts", "ids", "instances", "chat_template_kwargs", "raw_scores", "late_chunking_params", "padding",
+    "input",
+    "inputs",
+    "model",
+    "encoding_format",
+    "dimensions",
+    "normalize",
+    "use_activation",
+    "truncate_prompt_tokens",
+    "truncation_side",
+    "add_special_tokens",
+    "task",
+    "text_1",
+    "text_2",
+    "queries",
+    "documents",
+    "data_1",
+    "data_2",
+    "query",
+    "top_n",
+    "return_documents",
+    "prompt",
+    "tokens",
+    "truncate",
+    "max_tokens_per_doc",
+    "messages",
+    "texts",
+    "ids",
+    "instances",
+    "chat_template_kwargs",
+    "raw_scores",
+    "late_chunking_params",
+    "padding",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,7 +347,19 @@ async fn openapi_describes_every_primary_route() {
     let reply = send(&router, "GET", "/openapi.json", None, &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
     let paths = reply.body["paths"].as_object().unwrap();
-    for route in ["/v1/embeddings", "/classify", "/pooling", "/score", "/rerank", "/embed_sparse", "/tokenize", "/detokenize", "/health", "/v1/models", "/version"] {
+    for route in [
+        "/v1/embeddings",
+        "/classify",
+        "/pooling",
+        "/score",
+        "/rerank",
+        "/embed_sparse",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/v1/models",
+        "/version",
+    ] {
         assert!(paths.contains_key(route), "/openapi.json lacks {route}");
     }
     assert!(reply.body["components"]["schemas"]["ErrorBody"].is_object());

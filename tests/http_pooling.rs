@@ -31,8 +31,13 @@ async fn pooling_answers_each_task_in_its_shape() {
     assert_eq!(reply.body["usage"]["prompt_tokens"], n);
 
     // token_embed is the model's once the pooler config says so (vLLM 0.33).
-    assert_error(&post(&router, "/pooling", json!({"input": [text], "task": "token_embed"})).await, StatusCode::BAD_REQUEST, "Try switching the model's pooling_task via --pooler-config.task token_embed.");
-    let tokens = common::router(engine(&fixture_model("bert-embed-mean"), |c| c.models[0].pooler.task = Some("token_embed".into())), 2_000_000);
+    assert_error(
+        &post(&router, "/pooling", json!({"input": [text], "task": "token_embed"})).await,
+        StatusCode::BAD_REQUEST,
+        "Try switching the model's pooling_task via --pooler-config.task token_embed.",
+    );
+    let tokens =
+        common::router(engine(&fixture_model("bert-embed-mean"), |c| c.models[0].pooler.task = Some("token_embed".into())), 2_000_000);
     let reply = post(&tokens, "/pooling", json!({"input": [text], "task": "token_embed", "normalize": false})).await;
     let rows = reply.body["data"][0]["data"].as_array().unwrap();
     assert_eq!(rows.len(), n);
@@ -43,16 +48,29 @@ async fn pooling_answers_each_task_in_its_shape() {
         StatusCode::BAD_REQUEST,
         "Unsupported task: 'classify' Supported tasks: ('embed', 'token_embed')",
     );
-    assert_error(&post(&router, "/pooling", json!({"input": text, "task": "score"})).await, StatusCode::BAD_REQUEST, "`score` task was removed; use `classify` instead.");
+    assert_error(
+        &post(&router, "/pooling", json!({"input": text, "task": "score"})).await,
+        StatusCode::BAD_REQUEST,
+        "`score` task was removed; use `classify` instead.",
+    );
     assert_error(&post(&router, "/pooling", json!({"input": text, "task": 3})).await, StatusCode::BAD_REQUEST, "literal_error");
     assert_error(&post(&router, "/pooling", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
-    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": "x"})).await, StatusCode::FAILED_DEPENDENCY, "Backend", "Model is not an embedding model with SPLADE pooling");
+    assert_tei_error(
+        &post(&router, "/embed_sparse", json!({"inputs": "x"})).await,
+        StatusCode::FAILED_DEPENDENCY,
+        "Backend",
+        "Model is not an embedding model with SPLADE pooling",
+    );
 
     // Classifiers: classify by default; token classifiers: token_classify, probabilities per token.
     let classifier = router_for_fixture("bert-seqcls");
     let reply = post(&classifier, "/pooling", json!({"input": text})).await;
     assert_eq!(reply.body["data"][0]["data"].as_array().unwrap().len(), 3);
-    assert_error(&post(&classifier, "/pooling", json!({"input": text, "dimensions": 2})).await, StatusCode::BAD_REQUEST, "Task classify only supports");
+    assert_error(
+        &post(&classifier, "/pooling", json!({"input": text, "dimensions": 2})).await,
+        StatusCode::BAD_REQUEST,
+        "Task classify only supports",
+    );
     let tagger = router_for_fixture("bert-tokcls");
     let reply = post(&tagger, "/pooling", json!({"input": text})).await;
     let rows = reply.body["data"][0]["data"].as_array().unwrap();
@@ -80,10 +98,25 @@ async fn embed_sparse_follows_tei() {
 
     // TEI's errors: `[]` is one empty input, a missing field a 422, an over-long input is cut
     // unless `truncate` is false (TEI's --auto-truncate default).
-    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": []})).await, StatusCode::BAD_REQUEST, "Empty", "Input validation error: `inputs` cannot be empty");
-    assert_tei_error(&post(&router, "/embed_sparse", json!({"input": "x"})).await, StatusCode::UNPROCESSABLE_ENTITY, "Validation", "missing field `inputs`");
+    assert_tei_error(
+        &post(&router, "/embed_sparse", json!({"inputs": []})).await,
+        StatusCode::BAD_REQUEST,
+        "Empty",
+        "Input validation error: `inputs` cannot be empty",
+    );
+    assert_tei_error(
+        &post(&router, "/embed_sparse", json!({"input": "x"})).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Validation",
+        "missing field `inputs`",
+    );
     let long = "word ".repeat(300);
-    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": long, "truncate": false})).await, StatusCode::UNPROCESSABLE_ENTITY, "Validation", "Input validation error: `inputs` must have less than 128 tokens. Given: 302");
+    assert_tei_error(
+        &post(&router, "/embed_sparse", json!({"inputs": long, "truncate": false})).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Validation",
+        "Input validation error: `inputs` must have less than 128 tokens. Given: 302",
+    );
     let reply = post(&router, "/embed_sparse", json!({"inputs": [long]})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert_route_not_registered(&post(&router, "/v1/embeddings", json!({"input": "x"})).await);

@@ -68,7 +68,11 @@ async fn classify_answers_labels_and_probabilities() {
 async fn classify_errors() {
     let router = router_for("bert-seqcls");
     let reply = post(&router, "/classify", json!({"input": "x", "dimensions": 8})).await;
-    assert_error(&reply, StatusCode::BAD_REQUEST, "Task classify only supports ['use_activation'] parameters, does not support ['dimensions'] parameters");
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Task classify only supports ['use_activation'] parameters, does not support ['dimensions'] parameters",
+    );
     let reply = post(&router, "/classify", json!({"input": "x", "normalize": true})).await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "does not support ['normalize'] parameters");
     assert_error(&post(&router, "/classify", json!({"input": []})).await, StatusCode::BAD_REQUEST, "empty");
@@ -76,7 +80,11 @@ async fn classify_errors() {
     assert_error(&post(&router, "/classify", json!({"input": "x", "model": "other"})).await, StatusCode::NOT_FOUND, "does not exist");
     let long = "word ".repeat(200);
     let reply = post(&router, "/classify", json!({"input": long})).await;
-    assert_error(&reply, StatusCode::BAD_REQUEST, "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.");
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
+    );
     // A classifier (three labels) serves neither embeddings nor scores; an embedder does not
     // classify: vLLM registers no such routes for them.
     assert_route_not_registered(&post(&router, "/v1/embeddings", json!({"input": "x"})).await);
@@ -125,19 +133,43 @@ async fn score_errors() {
         let router = router.clone();
         async move { post(&router, "/score", body).await }
     };
-    assert_error(&bad(json!({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})).await, StatusCode::BAD_REQUEST, "Input lengths must be either 1:1, 1:N or N:N");
-    assert_error(&bad(json!({"text_1": ["a", "b"], "text_2": "c"})).await, StatusCode::BAD_REQUEST, "Input lengths must be either 1:1, 1:N or N:N");
+    assert_error(
+        &bad(json!({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})).await,
+        StatusCode::BAD_REQUEST,
+        "Input lengths must be either 1:1, 1:N or N:N",
+    );
+    assert_error(
+        &bad(json!({"text_1": ["a", "b"], "text_2": "c"})).await,
+        StatusCode::BAD_REQUEST,
+        "Input lengths must be either 1:1, 1:N or N:N",
+    );
     assert_error(&bad(json!({"text_1": [], "text_2": ["c"]})).await, StatusCode::BAD_REQUEST, "text_1 must not be empty");
     assert_error(&bad(json!({"queries": "a", "documents": []})).await, StatusCode::BAD_REQUEST, "documents must not be empty");
     assert_error(&bad(json!({"text_1": "a"})).await, StatusCode::BAD_REQUEST, "text_2 is required");
     assert_error(&bad(json!({"text_1": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "exactly one of");
     assert_error(&bad(json!({"input": "a"})).await, StatusCode::BAD_REQUEST, "exactly one of");
     assert_error(&bad(json!({"text_1": 5, "text_2": "b"})).await, StatusCode::BAD_REQUEST, "text_1 must be a string");
-    assert_error(&bad(json!({"text_1": "a", "text_2": "b", "dimensions": 4})).await, StatusCode::BAD_REQUEST, "Task score only supports ['use_activation'] parameters");
-    assert_error(&bad(json!({"text_1": "a", "text_2": "b", "max_tokens_per_doc": -1})).await, StatusCode::BAD_REQUEST, "max_tokens_per_doc must be a non-negative integer");
-    assert_error(&bad(json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 1000})).await, StatusCode::BAD_REQUEST, "is greater than max_model_len");
+    assert_error(
+        &bad(json!({"text_1": "a", "text_2": "b", "dimensions": 4})).await,
+        StatusCode::BAD_REQUEST,
+        "Task score only supports ['use_activation'] parameters",
+    );
+    assert_error(
+        &bad(json!({"text_1": "a", "text_2": "b", "max_tokens_per_doc": -1})).await,
+        StatusCode::BAD_REQUEST,
+        "max_tokens_per_doc must be a non-negative integer",
+    );
+    assert_error(
+        &bad(json!({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 1000})).await,
+        StatusCode::BAD_REQUEST,
+        "is greater than max_model_len",
+    );
     let long = "word ".repeat(100);
-    assert_error(&bad(json!({"text_1": long, "text_2": long})).await, StatusCode::BAD_REQUEST, "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.");
+    assert_error(
+        &bad(json!({"text_1": long, "text_2": long})).await,
+        StatusCode::BAD_REQUEST,
+        "input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.",
+    );
     // Truncation makes the same pair fit.
     let reply = bad(json!({"text_1": long, "text_2": long, "truncate_prompt_tokens": -1})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
@@ -188,7 +220,11 @@ async fn every_embedding_fixture_reranks_by_its_score() {
         for result in reranked.body["results"].as_array().unwrap() {
             let index = result["index"].as_u64().unwrap() as usize;
             // Equal up to float rounding: the two requests may batch their texts differently.
-            assert_score(&result["relevance_score"], scores.body["data"][index]["score"].as_f64().unwrap(), &format!("{name} document {index}"));
+            assert_score(
+                &result["relevance_score"],
+                scores.body["data"][index]["score"].as_f64().unwrap(),
+                &format!("{name} document {index}"),
+            );
         }
     }
 }
@@ -221,7 +257,12 @@ async fn rerank_sorts_cuts_and_shapes_like_cohere() {
     }
 
     // Jina style, with text objects, top_n and no documents returned.
-    let reply = post(&router, "/v1/rerank", json!({"query": query, "documents": [{"text": documents[0]}, {"text": documents[1]}], "top_n": 1, "return_documents": false})).await;
+    let reply = post(
+        &router,
+        "/v1/rerank",
+        json!({"query": query, "documents": [{"text": documents[0]}, {"text": documents[1]}], "top_n": 1, "return_documents": false}),
+    )
+    .await;
     let results = reply.body["results"].as_array().unwrap();
     assert_eq!(results.len(), 1);
     assert_eq!(results[0]["index"], best);
@@ -230,11 +271,23 @@ async fn rerank_sorts_cuts_and_shapes_like_cohere() {
     let reply = post(&router, "/rerank", json!({"query": query, "documents": documents, "top_n": 10})).await;
     assert_eq!(reply.body["results"].as_array().unwrap().len(), 2);
 
-    assert_error(&post(&router, "/rerank", json!({"query": query, "documents": documents, "top_n": -1})).await, StatusCode::BAD_REQUEST, "top_n must be a non-negative integer");
-    assert_error(&post(&router, "/rerank", json!({"query": query, "documents": []})).await, StatusCode::BAD_REQUEST, "documents must not be empty");
+    assert_error(
+        &post(&router, "/rerank", json!({"query": query, "documents": documents, "top_n": -1})).await,
+        StatusCode::BAD_REQUEST,
+        "top_n must be a non-negative integer",
+    );
+    assert_error(
+        &post(&router, "/rerank", json!({"query": query, "documents": []})).await,
+        StatusCode::BAD_REQUEST,
+        "documents must not be empty",
+    );
     assert_error(&post(&router, "/rerank", json!({"documents": ["a"]})).await, StatusCode::BAD_REQUEST, "query");
     assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "documents must be");
-    assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": ["b"], "normalize": true})).await, StatusCode::BAD_REQUEST, "Task score only supports ['use_activation'] parameters");
+    assert_error(
+        &post(&router, "/rerank", json!({"query": "a", "documents": ["b"], "normalize": true})).await,
+        StatusCode::BAD_REQUEST,
+        "Task score only supports ['use_activation'] parameters",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,6 +354,10 @@ async fn qwen3_reranker_conversion_serves_rerank_with_its_prompt() {
     let reranked = post(&plain, "/rerank", json!({"query": "a", "documents": ["b"]})).await;
     let scored = post(&plain, "/score", json!({"text_1": "a", "text_2": "b"})).await;
     assert_eq!(reranked.status, StatusCode::OK, "{}", reranked.body);
-    assert_score(&reranked.body["results"][0]["relevance_score"], scored.body["data"][0]["score"].as_f64().unwrap(), "unconverted causal LM");
+    assert_score(
+        &reranked.body["results"][0]["relevance_score"],
+        scored.body["data"][0]["score"].as_f64().unwrap(),
+        "unconverted causal LM",
+    );
     assert_eq!(reranked.body["usage"]["prompt_tokens"], 2, "no reranker prompt around the texts");
 }

@@ -177,16 +177,25 @@ async fn every_request_form_embeds_images() {
         let reference_text = floats(&text["text_embeds_normalized"]);
 
         // vLLM: /v1/embeddings and /pooling with messages, one embedding per message.
-        let messages = json!([image_message(&data_url(&files[0])), {"role": "user", "content": text["text"]}, image_message(&data_url(&files[1]))]);
+        let messages =
+            json!([image_message(&data_url(&files[0])), {"role": "user", "content": text["text"]}, image_message(&data_url(&files[1]))]);
         for route in ["/v1/embeddings", "/pooling"] {
             let reply = post(&router, route, json!({"messages": messages})).await;
             assert_eq!(reply.status, 200, "{model} {route}: {}", reply.body);
             let field = if route == "/pooling" { "data" } else { "embedding" };
             let data = reply.body["data"].as_array().unwrap();
             assert_eq!(data.len(), 3);
-            assert_image_close(&floats(&data[0][field]), &floats(&images[0]["image_embeds_normalized"]), &format!("{model} {route} image 0"));
+            assert_image_close(
+                &floats(&data[0][field]),
+                &floats(&images[0]["image_embeds_normalized"]),
+                &format!("{model} {route} image 0"),
+            );
             assert_close(&floats(&data[1][field]), &reference_text, &format!("{model} {route} text"));
-            assert_image_close(&floats(&data[2][field]), &floats(&images[1]["image_embeds_normalized"]), &format!("{model} {route} image 1"));
+            assert_image_close(
+                &floats(&data[2][field]),
+                &floats(&images[1]["image_embeds_normalized"]),
+                &format!("{model} {route} image 1"),
+            );
             assert!(reply.body["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
         }
         // Text input works as before.

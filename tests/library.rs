@@ -3,9 +3,9 @@
 mod common;
 
 use common::*;
+use poolserve::pooler::PoolingParams;
 use poolserve::pooler::{Pooler, PoolerError, PoolerOptions};
 use poolserve::pooling::Task;
-use poolserve::pooler::PoolingParams;
 
 fn load(name: &str) -> Pooler {
     Pooler::load(PoolerOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")
@@ -37,7 +37,8 @@ fn embed_classify_and_score_match_the_references() {
     let reranker_ref = expected("bert-reranker");
     let reranker = load("bert-reranker");
     let pair = &reranker_ref["pairs"][0];
-    let score = reranker.score(&[pair["query"].as_str().unwrap()], &[pair["document"].as_str().unwrap()], &PoolingParams::default()).unwrap();
+    let score =
+        reranker.score(&[pair["query"].as_str().unwrap()], &[pair["document"].as_str().unwrap()], &PoolingParams::default()).unwrap();
     assert!((score[0] as f64 - pair["score"].as_f64().unwrap()).abs() <= 1e-4);
 }
 
@@ -60,7 +61,8 @@ fn options_come_from_code_only_and_bad_ones_are_errors() {
     // binary reads them once the library ignores them.
     std::env::set_var("POOLSERVE_MAX_NUM_SEQS", "0");
     std::env::set_var("POOLSERVE_PORT", "not a port");
-    let pooler = Pooler::load(PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap())).expect("loads despite the variables");
+    let pooler =
+        Pooler::load(PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap())).expect("loads despite the variables");
     assert_eq!(pooler.embed(&["a"], &PoolingParams::default()).unwrap().len(), 1);
     let mut zero = PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap());
     zero.engine.max_num_seqs = 0;
@@ -105,7 +107,11 @@ fn image_text_models_embed_images() {
         assert!(cos >= 0.999, "library image {}: cosine {cos}", files[i]);
     }
     let text = reference["texts"][1]["text"].as_str().unwrap();
-    assert_close(&pooler.embed(&[text], &PoolingParams::default()).unwrap()[0], &floats(&reference["texts"][1]["text_embeds_normalized"]), "library text");
+    assert_close(
+        &pooler.embed(&[text], &PoolingParams::default()).unwrap()[0],
+        &floats(&reference["texts"][1]["text_embeds_normalized"]),
+        "library text",
+    );
     // A text model refuses images with a typed error.
     let err = load("bert-embed-mean").embed_images(&slices[..1], &PoolingParams::default()).unwrap_err();
     assert!(err.to_string().contains("image"), "{err}");

@@ -110,7 +110,8 @@ async fn minilm_int8_stays_within_cosine_0_999_of_f32() {
         }
     };
     let f32s = embed(router(engine(&dir, |_| {}), 2_000_000)).await;
-    let int8 = embed(router(engine(&dir, |c| c.models[0].quantization = Some(poolserve::loader::options::Quantization::Int8)), 2_000_000)).await;
+    let int8 =
+        embed(router(engine(&dir, |c| c.models[0].quantization = Some(poolserve::loader::options::Quantization::Int8)), 2_000_000)).await;
     let worst = int8.iter().zip(&f32s).map(|(q, f)| cosine(q, f)).fold(1.0, f64::min);
     eprintln!("all-MiniLM-L6-v2 int8: worst cosine to f32 over {} texts {worst:.5}", texts.len());
     for (i, (q, f)) in int8.iter().zip(&f32s).enumerate() {

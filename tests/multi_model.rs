@@ -26,7 +26,8 @@ fn three_models() -> axum::Router {
             }
         })
     };
-    let engines = vec![named("bert-embed-mean", "embedder", false), named("bert-tokcls", "ner", false), named("bert-splade", "splade", true)];
+    let engines =
+        vec![named("bert-embed-mean", "embedder", false), named("bert-tokcls", "ner", false), named("bert-splade", "splade", true)];
     api::router(AppState::ready_many(engines, ApiOptions::default()), 2_000_000)
 }
 
@@ -91,7 +92,11 @@ async fn three_models_answer_as_their_references() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_routed_by_model() {
     let router = three_models();
-    assert_error(&post(&router, "/v1/embeddings", json!({"model": "nope", "input": "x"})).await, StatusCode::NOT_FOUND, "The model `nope` does not exist.");
+    assert_error(
+        &post(&router, "/v1/embeddings", json!({"model": "nope", "input": "x"})).await,
+        StatusCode::NOT_FOUND,
+        "The model `nope` does not exist.",
+    );
     // With several models a request must name one; the message lists them.
     let unnamed = post(&router, "/v1/embeddings", json!({"input": "x"})).await;
     assert_error(&unnamed, StatusCode::BAD_REQUEST, "name one in `model`: `embedder`, `ner`, `splade`");
@@ -107,7 +112,12 @@ async fn requests_are_routed_by_model() {
     assert_error(&post(&router, "/tokenize", json!({"prompt": "a test"})).await, StatusCode::BAD_REQUEST, "name one in `model`");
 
     assert_eq!(post(&router, "/embed_sparse", json!({"model": "splade", "inputs": "a test"})).await.status, StatusCode::OK);
-    assert_tei_error(&post(&router, "/embed_sparse", json!({"model": "ner", "inputs": "a"})).await, StatusCode::FAILED_DEPENDENCY, "Backend", "Model is not an embedding model with SPLADE pooling");
+    assert_tei_error(
+        &post(&router, "/embed_sparse", json!({"model": "ner", "inputs": "a"})).await,
+        StatusCode::FAILED_DEPENDENCY,
+        "Backend",
+        "Model is not an embedding model with SPLADE pooling",
+    );
 
     // Every request metric carries the model it resolved to.
     let metrics = send(&router, "GET", "/metrics", None, &[]).await.body;

@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
+use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use poolserve::engine::{Engine, PoolingOutput, Prompt};
 use poolserve::pooling::Task;
-use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use serde_json::Value;
 
 fn texts(expected: &Value) -> Vec<String> {
@@ -179,12 +179,8 @@ fn chunked_forward_equals_one_pass() {
         .collect();
     let batch = Batch::from_inputs(&inputs);
     let whole = model.backbone.forward(&batch).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let chunked = poolserve::models::forward_chunked(model.backbone.as_ref(), &batch, 20)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let chunked =
+        poolserve::models::forward_chunked(model.backbone.as_ref(), &batch, 20).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert!(max_abs_diff(&whole, &chunked) < 1e-5);
 }
 
@@ -202,7 +198,15 @@ async fn worst_embedding_cosine(name: &str, tweak: impl FnOnce(&mut poolserve::c
 async fn half_precision_stays_within_tolerance() {
     use poolserve::loader::options::DTypeArg;
     for (dtype, min_cosine, max_prob_diff) in [(DTypeArg::Float16, 0.9999, 1e-3), (DTypeArg::Bfloat16, 0.999, 1e-2)] {
-        for name in ["bert-embed-mean", "xlmr-embed-cls", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
+        for name in [
+            "bert-embed-mean",
+            "xlmr-embed-cls",
+            "mpnet-embed-mean",
+            "modernbert-embed-mean",
+            "gte-embed-cls",
+            "qwen3-embed-last",
+            "qwen2-embed-last",
+        ] {
             let worst = worst_embedding_cosine(name, |c| c.models[0].dtype = dtype).await;
             eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
             assert!(worst >= min_cosine, "{name} {dtype:?}: cosine {worst}");
@@ -212,11 +216,7 @@ async fn half_precision_stays_within_tolerance() {
             let engine = engine(&fixture_model(name), |c| c.models[0].dtype = dtype);
             let probs = vectors(&engine, &texts(&expected), &params(&engine, Task::Classify, |_| {})).await;
             let key = if expected["labels"]["num_labels"] == 1 { "sigmoid" } else { "softmax" };
-            let worst = probs
-                .iter()
-                .enumerate()
-                .map(|(i, p)| max_abs_diff(p, &floats(&expected["texts"][i][key])))
-                .fold(0.0, f32::max);
+            let worst = probs.iter().enumerate().map(|(i, p)| max_abs_diff(p, &floats(&expected["texts"][i][key]))).fold(0.0, f32::max);
             eprintln!("{name} {dtype:?}: worst probability difference {worst:.2e}");
             assert!(worst <= max_prob_diff, "{name} {dtype:?}: {worst}");
         }
@@ -230,7 +230,16 @@ async fn half_precision_stays_within_tolerance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn int8_quantization_runs_every_backbone_close_to_reference() {
     use poolserve::loader::options::Quantization;
-    for name in ["bert-embed-mean", "xlmr-embed-cls", "distilbert-embed-mean-dense", "mpnet-embed-mean", "modernbert-embed-mean", "gte-embed-cls", "qwen3-embed-last", "qwen2-embed-last"] {
+    for name in [
+        "bert-embed-mean",
+        "xlmr-embed-cls",
+        "distilbert-embed-mean-dense",
+        "mpnet-embed-mean",
+        "modernbert-embed-mean",
+        "gte-embed-cls",
+        "qwen3-embed-last",
+        "qwen2-embed-last",
+    ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");
         assert!(worst >= 0.999, "{name} int8: cosine {worst}");

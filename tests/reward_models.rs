@@ -81,7 +81,10 @@ async fn process_reward_model_scores_steps() {
     let step = expected["step_tag_id"].as_u64().unwrap();
     let cases = expected["texts"].as_array().unwrap();
     let texts: Vec<Value> = cases.iter().map(|t| t["text"].clone()).collect();
-    let engine = engine(&fixture_model("qwen2-process-reward"), with_pooler(json!({"pooling_type": "STEP", "step_tag_id": step, "returned_token_ids": [0, 1]})));
+    let engine = engine(
+        &fixture_model("qwen2-process-reward"),
+        with_pooler(json!({"pooling_type": "STEP", "step_tag_id": step, "returned_token_ids": [0, 1]})),
+    );
     assert_eq!(engine.spec().tasks, vec![Task::TokenClassify]);
     let router = router(engine, 2_000_000);
     for (route_body, what) in [(json!({"input": texts.clone()}), "batched")] {
@@ -117,7 +120,8 @@ fn router_without_step() -> axum::Router {
 
 #[test]
 fn step_parameters_and_reward_layouts_are_checked_at_load() {
-    let bad_column = load_error("qwen2-process-reward", with_pooler(json!({"pooling_type": "STEP", "step_tag_id": 1000, "returned_token_ids": [0, 5]})));
+    let bad_column =
+        load_error("qwen2-process-reward", with_pooler(json!({"pooling_type": "STEP", "step_tag_id": 1000, "returned_token_ids": [0, 5]})));
     assert!(bad_column.contains("returned_token_ids: 5 is not one of the model's 2 labels"), "{bad_column}");
     let step_on_embedder = load_error("qwen2-embed-last", with_pooler(json!({"pooling_type": "STEP"})));
     assert!(step_on_embedder.contains("STEP pooling needs a token-classification model"), "{step_on_embedder}");

@@ -27,7 +27,8 @@ fn assert_error(reply: &Reply, status: StatusCode, part: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masked_lm_architecture_with_a_pooling_module_is_an_embedder() {
     let expected = expected("mpnet-embed-masked-lm");
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(fixture_model("mpnet-embed-masked-lm").join("config.json")).unwrap()).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_model("mpnet-embed-masked-lm").join("config.json")).unwrap()).unwrap();
     assert_eq!(config["architectures"][0], "MPNetForMaskedLM");
     let engine = engine(&fixture_model("mpnet-embed-masked-lm"), |_| {});
     assert_eq!(engine.spec().tasks, vec![poolserve::pooling::Task::Embed, poolserve::pooling::Task::TokenEmbed]);
@@ -43,7 +44,10 @@ async fn masked_lm_architecture_with_a_pooling_module_is_an_embedder() {
         assert_close(&ours, &floats(&bare["texts"][i]["embedding"]), &format!("text {i} vs mpnet-embed-mean"));
     }
     // Token embeddings once the pooler config makes token_embed the pooling task.
-    let router = common::router(common::engine(&fixture_model("mpnet-embed-masked-lm"), |c| c.models[0].pooler.task = Some("token_embed".into())), 2_000_000);
+    let router = common::router(
+        common::engine(&fixture_model("mpnet-embed-masked-lm"), |c| c.models[0].pooler.task = Some("token_embed".into())),
+        2_000_000,
+    );
     let reply = post(&router, "/pooling", json!({"input": texts[0], "task": "token_embed", "normalize": false})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     for (t, row) in reply.body["data"][0]["data"].as_array().unwrap().iter().enumerate() {
@@ -84,9 +88,17 @@ async fn prompts_match_sentence_transformers() {
         assert_eq!(ids(&reply.body["tokens"]), ids(&expected["cases"][case][0]["input_ids"]), "/tokenize {case}");
     }
     let reply = post(&router, "/v1/embeddings", json!({"input": "x", "prompt_name": "doc"})).await;
-    assert_error(&reply, StatusCode::BAD_REQUEST, "Unknown prompt_name 'doc'; the model's prompts are ['classification', 'passage', 'query']");
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Unknown prompt_name 'doc'; the model's prompts are ['classification', 'passage', 'query']",
+    );
     assert_eq!(reply.body["error"]["param"], "prompt_name");
-    assert_error(&post(&router, "/tokenize", json!({"prompt": "x", "prompt_name": "doc"})).await, StatusCode::BAD_REQUEST, "Unknown prompt_name");
+    assert_error(
+        &post(&router, "/tokenize", json!({"prompt": "x", "prompt_name": "doc"})).await,
+        StatusCode::BAD_REQUEST,
+        "Unknown prompt_name",
+    );
     assert_error(&post(&router, "/pooling", json!({"input": "x", "prompt_name": 3})).await, StatusCode::BAD_REQUEST, "Invalid JSON body");
     // Token-id inputs are taken as given: no prompt.
     let ids_only = ids(&expected["cases"]["none"][0]["input_ids"]);
@@ -98,16 +110,25 @@ async fn prompts_match_sentence_transformers() {
 async fn prompt_flags_override_the_folder_default() {
     let expected = expected("bert-embed-prompts");
     let texts = texts(&expected);
-    let by_name = router(engine(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt_name = Some("passage".into())), 2_000_000);
+    let by_name =
+        router(engine(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt_name = Some("passage".into())), 2_000_000);
     let reply = post(&by_name, "/v1/embeddings", json!({"input": texts[0]})).await;
-    assert_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&expected["cases"]["passage"][0]["embedding"]), "--default-prompt-name");
+    assert_close(
+        &floats(&reply.body["data"][0]["embedding"]),
+        &floats(&expected["cases"]["passage"][0]["embedding"]),
+        "--default-prompt-name",
+    );
     // A literal prompt: "" is no prompt at all.
     let literal = router(engine(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt = Some(String::new())), 2_000_000);
     let reply = post(&literal, "/v1/embeddings", json!({"input": texts[0]})).await;
     assert_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&expected["cases"]["none"][0]["embedding"]), "--default-prompt ''");
     // A request's prompt_name still wins.
     let reply = post(&literal, "/v1/embeddings", json!({"input": texts[0], "prompt_name": "query"})).await;
-    assert_close(&floats(&reply.body["data"][0]["embedding"]), &floats(&expected["cases"]["query"][0]["embedding"]), "prompt_name over the flag");
+    assert_close(
+        &floats(&reply.body["data"][0]["embedding"]),
+        &floats(&expected["cases"]["query"][0]["embedding"]),
+        "prompt_name over the flag",
+    );
     // A default name the folder lacks stops the load.
     let config = config_for(&fixture_model("bert-embed-prompts"), |c| c.models[0].default_prompt_name = Some("nope".into()));
     let err = poolserve::engine::Engine::load(&config.models[0], &config.engine).err().expect("load fails").to_string();
@@ -122,7 +143,12 @@ async fn sparse_and_batch_routes_take_prompt_names() {
     let prompted = post(&router, "/tokenize", json!({"prompt": "a man"})).await;
     assert_eq!(plain.body["tokens"], prompted.body["tokens"], "the default prompt is prepended before tokenization");
     // The SparseEncoder folder defines empty `query` and `document` prompts.
-    assert_tei_error(&post(&router, "/embed_sparse", json!({"inputs": "a", "prompt_name": "nope"})).await, StatusCode::UNPROCESSABLE_ENTITY, "Validation", "Available prompts: [\"document\", \"query\"]");
+    assert_tei_error(
+        &post(&router, "/embed_sparse", json!({"inputs": "a", "prompt_name": "nope"})).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Validation",
+        "Available prompts: [\"document\", \"query\"]",
+    );
     let empty_prompt = post(&router, "/embed_sparse", json!({"inputs": "query: a man", "prompt_name": "query"})).await;
     let with_default = post(&router, "/embed_sparse", json!({"inputs": "a man"})).await;
     let spelled_out = post(&router, "/pooling", json!({"input": plain.body["tokens"], "task": "embed_sparse"})).await;
@@ -170,7 +196,9 @@ async fn cohere_embed_returns_every_type_and_picks_prompts() {
     }
     // input_type → prompt: search_document falls back to "passage", classification has its own,
     // clustering has none (no prompt at all), no input_type is the default.
-    for (input_type, case) in [(Some("search_document"), "passage"), (Some("classification"), "classification"), (Some("clustering"), "none"), (None, "default")] {
+    for (input_type, case) in
+        [(Some("search_document"), "passage"), (Some("classification"), "classification"), (Some("clustering"), "none"), (None, "default")]
+    {
         let mut body = json!({"texts": [texts[0]]});
         if let Some(t) = input_type {
             body["input_type"] = json!(t);
@@ -178,7 +206,11 @@ async fn cohere_embed_returns_every_type_and_picks_prompts() {
         let reply = post(&router, "/v2/embed", body).await;
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
         assert_eq!(reply.body["embeddings"].as_object().unwrap().keys().collect::<Vec<_>>(), vec!["float"], "float by default");
-        assert_close(&floats(&reply.body["embeddings"]["float"][0]), &floats(&expected["cases"][case][0]["embedding"]), &format!("{input_type:?}"));
+        assert_close(
+            &floats(&reply.body["embeddings"]["float"][0]),
+            &floats(&expected["cases"][case][0]["embedding"]),
+            &format!("{input_type:?}"),
+        );
     }
     // v1 without embedding_types: a plain list of floats.
     let reply = post(&router, "/v1/embed", json!({"texts": [texts[0]], "input_type": "search_query"})).await;
@@ -188,7 +220,9 @@ async fn cohere_embed_returns_every_type_and_picks_prompts() {
     assert_eq!(reply.body["response_type"], "embeddings_by_type");
     assert_eq!(reply.body["embeddings"]["ubinary"][0].as_array().unwrap().len(), 4);
     // inputs with text content parts.
-    let reply = post(&router, "/v2/embed", json!({"inputs": [{"content": [{"type": "text", "text": texts[0]}]}], "input_type": "search_query"})).await;
+    let reply =
+        post(&router, "/v2/embed", json!({"inputs": [{"content": [{"type": "text", "text": texts[0]}]}], "input_type": "search_query"}))
+            .await;
     assert_close(&floats(&reply.body["embeddings"]["float"][0]), &floats(&expected["cases"]["query"][0]["embedding"]), "inputs");
 }
 
@@ -201,7 +235,11 @@ fn base64_decode(text: &str) -> Vec<u8> {
 async fn cohere_embed_truncation_dimensions_and_refusals() {
     let router = router(engine(&fixture_model("bert-embed-mean"), |_| {}), 2_000_000);
     let long = "word ".repeat(300);
-    assert_error(&post(&router, "/v2/embed", json!({"texts": [long], "truncate": "NONE"})).await, StatusCode::BAD_REQUEST, "maximum context length is 128 tokens");
+    assert_error(
+        &post(&router, "/v2/embed", json!({"texts": [long], "truncate": "NONE"})).await,
+        StatusCode::BAD_REQUEST,
+        "maximum context length is 128 tokens",
+    );
     for truncate in ["START", "END"] {
         let reply = post(&router, "/v2/embed", json!({"texts": [long], "truncate": truncate})).await;
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
@@ -214,7 +252,11 @@ async fn cohere_embed_truncation_dimensions_and_refusals() {
     let reply = post(&router, "/v2/embed", json!({"texts": [long]})).await;
     assert_eq!(reply.body["embeddings"]["float"][0], cut.body["data"][0]["embedding"]);
     // output_dimension follows the Matryoshka rules of `dimensions`.
-    assert_error(&post(&router, "/v2/embed", json!({"texts": ["a"], "output_dimension": 16})).await, StatusCode::BAD_REQUEST, "does not support matryoshka");
+    assert_error(
+        &post(&router, "/v2/embed", json!({"texts": ["a"], "output_dimension": 16})).await,
+        StatusCode::BAD_REQUEST,
+        "does not support matryoshka",
+    );
     let matryoshka = common::router(
         engine(&fixture_model("bert-embed-mean"), |c| {
             c.models[0].hf_overrides.insert("matryoshka_dimensions".into(), json!([16, 32]));
@@ -226,12 +268,28 @@ async fn cohere_embed_truncation_dimensions_and_refusals() {
     assert_eq!(reply.body["embeddings"]["float"][0].as_array().unwrap().len(), 16);
     let sliced = post(&matryoshka, "/v1/embeddings", json!({"input": "a", "dimensions": 16})).await;
     assert_eq!(reply.body["embeddings"]["float"][0], sliced.body["data"][0]["embedding"]);
-    assert_error(&post(&matryoshka, "/v2/embed", json!({"texts": ["a"], "output_dimension": 0})).await, StatusCode::BAD_REQUEST, "only supports [16, 32] matryoshka dimensions");
+    assert_error(
+        &post(&matryoshka, "/v2/embed", json!({"texts": ["a"], "output_dimension": 0})).await,
+        StatusCode::BAD_REQUEST,
+        "only supports [16, 32] matryoshka dimensions",
+    );
     assert_error(&post(&router, "/v2/embed", json!({"texts": []})).await, StatusCode::BAD_REQUEST, "texts must not be empty");
     assert_error(&post(&router, "/v2/embed", json!({})).await, StatusCode::BAD_REQUEST, "exactly one of texts, images or inputs");
-    assert_error(&post(&router, "/v2/embed", json!({"images": ["data:image/png;base64,AAAA"], "input_type": "image"})).await, StatusCode::BAD_REQUEST, "image model");
-    assert_error(&post(&router, "/v2/embed", json!({"texts": ["a"], "embedding_types": ["float64"]})).await, StatusCode::BAD_REQUEST, "unknown variant");
-    assert_error(&post(&router, "/v2/embed", json!({"texts": ["a"], "input_type": "search"})).await, StatusCode::BAD_REQUEST, "Unsupported input_type 'search'.");
+    assert_error(
+        &post(&router, "/v2/embed", json!({"images": ["data:image/png;base64,AAAA"], "input_type": "image"})).await,
+        StatusCode::BAD_REQUEST,
+        "image model",
+    );
+    assert_error(
+        &post(&router, "/v2/embed", json!({"texts": ["a"], "embedding_types": ["float64"]})).await,
+        StatusCode::BAD_REQUEST,
+        "unknown variant",
+    );
+    assert_error(
+        &post(&router, "/v2/embed", json!({"texts": ["a"], "input_type": "search"})).await,
+        StatusCode::BAD_REQUEST,
+        "Unsupported input_type 'search'.",
+    );
     assert_error(&post(&router, "/v2/embed", json!({"texts": ["a"], "model": "other"})).await, StatusCode::NOT_FOUND, "does not exist");
     let classifier = common::router(engine(&fixture_model("bert-seqcls"), |_| {}), 2_000_000);
     assert_route_not_registered(&post(&classifier, "/v2/embed", json!({"texts": ["a"]})).await);
@@ -261,5 +319,9 @@ async fn embeddings_base64_in_vllm_embed_dtypes() {
     assert_eq!(bf.len(), float.len() * 2);
     let fp8 = get(json!({"input": "a man", "encoding_format": "base64", "embed_dtype": "fp8_e4m3"})).await;
     assert_eq!(fp8.len(), float.len());
-    assert_error(&post(&router, "/v1/embeddings", json!({"input": "a", "encoding_format": "base64", "embed_dtype": "int4"})).await, StatusCode::BAD_REQUEST, "literal_error");
+    assert_error(
+        &post(&router, "/v1/embeddings", json!({"input": "a", "encoding_format": "base64", "embed_dtype": "int4"})).await,
+        StatusCode::BAD_REQUEST,
+        "literal_error",
+    );
 }

@@ -58,13 +58,33 @@ fn embedding_routes() {
     let by_ids = ok(&post(port, "/embed", json!({"inputs": texts[0]["input_ids"]})));
     assert!(cosine(&floats(&by_ids[0]), &floats(&texts[0]["embedding"])) >= 0.9999);
     // Validation in TEI's words.
-    tei_error(&post(port, "/embed", json!({"inputs": "a", "dimensions": 0})), 422, "Validation", "Input validation error: `dimensions` should be positive");
-    tei_error(&post(port, "/embed", json!({"inputs": "a", "dimensions": 1000})), 422, "Validation", "`dimensions` should be smaller than the maximum embedding dimension.");
+    tei_error(
+        &post(port, "/embed", json!({"inputs": "a", "dimensions": 0})),
+        422,
+        "Validation",
+        "Input validation error: `dimensions` should be positive",
+    );
+    tei_error(
+        &post(port, "/embed", json!({"inputs": "a", "dimensions": 1000})),
+        422,
+        "Validation",
+        "`dimensions` should be smaller than the maximum embedding dimension.",
+    );
     tei_error(&post(port, "/embed", json!({"inputs": []})), 400, "Empty", "Input validation error: `inputs` cannot be empty");
     tei_error(&post(port, "/embed", json!({"inputs": ""})), 400, "Empty", "Input validation error: `inputs` cannot be empty");
-    tei_error(&post(port, "/embed", json!({"inputs": ["a", "b", "c", "d", "e"]})), 422, "Validation", "batch size 5 > maximum allowed batch size 4");
+    tei_error(
+        &post(port, "/embed", json!({"inputs": ["a", "b", "c", "d", "e"]})),
+        422,
+        "Validation",
+        "batch size 5 > maximum allowed batch size 4",
+    );
     let long = "word ".repeat(300);
-    tei_error(&post(port, "/embed", json!({"inputs": long, "truncate": false})), 422, "Validation", "Input validation error: `inputs` must have less than 128 tokens. Given: 302");
+    tei_error(
+        &post(port, "/embed", json!({"inputs": long, "truncate": false})),
+        422,
+        "Validation",
+        "Input validation error: `inputs` must have less than 128 tokens. Given: 302",
+    );
     ok(&post(port, "/embed", json!({"inputs": long})));
     tei_error(&post(port, "/embed", json!({"input": "a"})), 422, "Validation", "missing field `inputs`");
     tei_error(&post(port, "/embed", json!({"inputs": "a", "truncation_direction": "LEFT"})), 422, "Validation", "unknown variant");
@@ -83,12 +103,32 @@ fn embedding_routes() {
         let want = cosine(&floats(&texts[0]["embedding"]), &floats(&texts[i + 2]["embedding"]));
         assert!((s.as_f64().unwrap() - want).abs() < 1e-4, "{s} vs {want}");
     }
-    tei_error(&post(port, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": []}})), 400, "Empty", "`inputs.sentences` cannot be empty");
-    tei_error(&post(port, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": ["b", "c", "d", "e"]}})), 422, "Validation", "batch size 5 > maximum allowed batch size 4");
+    tei_error(
+        &post(port, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": []}})),
+        400,
+        "Empty",
+        "`inputs.sentences` cannot be empty",
+    );
+    tei_error(
+        &post(port, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": ["b", "c", "d", "e"]}})),
+        422,
+        "Validation",
+        "batch size 5 > maximum allowed batch size 4",
+    );
     // Routes for other kinds of model.
     tei_error(&post(port, "/predict", json!({"inputs": "a"})), 424, "Backend", "Backend error: Model is not a classifier model");
-    tei_error(&post(port, "/rerank", json!({"query": "a", "texts": ["b"]})), 424, "Backend", "Backend error: model is not a re-ranker model");
-    tei_error(&post(port, "/embed_sparse", json!({"inputs": "a"})), 424, "Backend", "Backend error: Model is not an embedding model with SPLADE pooling");
+    tei_error(
+        &post(port, "/rerank", json!({"query": "a", "texts": ["b"]})),
+        424,
+        "Backend",
+        "Backend error: model is not a re-ranker model",
+    );
+    tei_error(
+        &post(port, "/embed_sparse", json!({"inputs": "a"})),
+        424,
+        "Backend",
+        "Backend error: Model is not an embedding model with SPLADE pooling",
+    );
     // /decode and TEI's /tokenize.
     let decoded = ok(&post(port, "/decode", json!({"ids": texts[0]["input_ids"]})));
     let kept = ok(&post(port, "/decode", json!({"ids": [texts[0]["input_ids"]], "skip_special_tokens": false})));
@@ -108,7 +148,8 @@ fn embedding_routes() {
     assert_eq!(vllm["tokens"], json!(ids), "TEI's and vLLM's /tokenize agree on the ids");
     tei_error(&post(port, "/tokenize", json!({"inputs": []})), 400, "Empty", "`inputs` cannot be empty");
     // /vertex, POST / and /invocations with TEI bodies: TEI's dispatch by model kind.
-    let vertex = ok(&post(port, "/vertex", json!({"instances": [{"inputs": texts[0]["text"]}, {"inputs": ["a", "b"], "normalize": false}]})));
+    let vertex =
+        ok(&post(port, "/vertex", json!({"instances": [{"inputs": texts[0]["text"]}, {"inputs": ["a", "b"], "normalize": false}]})));
     assert!(cosine(&floats(&vertex["predictions"][0][0]), &floats(&texts[0]["embedding"])) >= 0.9999);
     assert_eq!(vertex["predictions"][1].as_array().unwrap().len(), 2);
     for path in ["/", "/invocations"] {
@@ -117,7 +158,10 @@ fn embedding_routes() {
     }
     let info = ok(&request(port, "GET", "/info", None, &[]).unwrap());
     assert_eq!(info["model_type"], json!({"embedding": {"pooling": "mean"}}));
-    assert_eq!((info["max_input_length"].as_u64(), info["max_client_batch_size"].as_u64(), info["auto_truncate"].as_bool()), (Some(128), Some(4), Some(true)));
+    assert_eq!(
+        (info["max_input_length"].as_u64(), info["max_client_batch_size"].as_u64(), info["auto_truncate"].as_bool()),
+        (Some(128), Some(4), Some(true))
+    );
     assert_eq!(request(port, "GET", "/", None, &[]).unwrap().status, 200);
 }
 
@@ -129,7 +173,8 @@ fn classifier_and_reranker_routes() {
     // One input: every label, sorted by score; softmax as transformers gives it.
     let single = ok(&post(server.port, "/predict", json!({"inputs": text["text"]})));
     let labels = &reference["labels"]["id2label"];
-    let mut want: Vec<(String, f32)> = floats(&text["softmax"]).into_iter().enumerate().map(|(i, p)| (labels[i.to_string()].as_str().unwrap().to_string(), p)).collect();
+    let mut want: Vec<(String, f32)> =
+        floats(&text["softmax"]).into_iter().enumerate().map(|(i, p)| (labels[i.to_string()].as_str().unwrap().to_string(), p)).collect();
     want.sort_by(|a, b| b.1.total_cmp(&a.1));
     for (item, (label, score)) in single.as_array().unwrap().iter().zip(&want) {
         assert_eq!(item["label"], label.as_str());

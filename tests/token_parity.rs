@@ -7,9 +7,9 @@ mod common;
 
 use common::*;
 use poolserve::config::ServerConfig;
+use poolserve::engine::params::PoolingParams;
 use poolserve::engine::{Engine, PoolingOutput, Prompt};
 use poolserve::pooling::{PoolingType, Task};
-use poolserve::engine::params::PoolingParams;
 use serde_json::Value;
 
 fn texts(expected: &Value) -> Vec<Prompt> {

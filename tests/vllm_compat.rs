@@ -49,7 +49,11 @@ fn pooler_config_task_serves_token_classify() {
     let reference = &expected("vllm-compat")["token_classify"]["bert-seqcls"];
     let server = serve_model("bert-seqcls", &["--pooler-config.task", "token_classify"]);
     let inputs = &reference["inputs"];
-    let body = ok(&post(server.port, "/pooling", json!({"model": "bert-seqcls", "input": inputs[0]["text"], "encoding_format": "float", "task": "token_classify"})));
+    let body = ok(&post(
+        server.port,
+        "/pooling",
+        json!({"model": "bert-seqcls", "input": inputs[0]["text"], "encoding_format": "float", "task": "token_classify"}),
+    ));
     let rows = body["data"][0]["data"].as_array().unwrap();
     let want = inputs[0]["probs"].as_array().unwrap();
     assert_eq!(rows.len(), want.len());
@@ -106,7 +110,8 @@ fn token_embed_models_answer_token_embeddings_and_late_chunks() {
     }
     // test_late_chunking_vectors_and_source_ranges against transformers.
     for case in reference["cases"].as_array().unwrap() {
-        let body = ok(&post(port, "/v1/embeddings", json!({"input": case["text"], "late_chunking_params": {"chunk_size": case["chunk_size"]}})));
+        let body =
+            ok(&post(port, "/v1/embeddings", json!({"input": case["text"], "late_chunking_params": {"chunk_size": case["chunk_size"]}})));
         let item = &body["data"][0];
         let vectors = item["embedding"].as_array().unwrap();
         let want = case["vectors"].as_array().unwrap();
@@ -122,7 +127,14 @@ fn token_embed_models_answer_token_embeddings_and_late_chunks() {
         assert_eq!(meta["chunks"], case["chunks"], "{}", case["text"]);
     }
     // test_late_chunking_http_rejects_unsupported_requests.
-    for overrides in [json!({"input": [0, 581, 2]}), json!({"input": ""}), json!({"truncate_prompt_tokens": 4}), json!({"padding": "max_length"}), json!({"input": "word ".repeat(600)}), json!({"late_chunking_params": {"chunk_size": 18446744073709551616u128 as f64}})] {
+    for overrides in [
+        json!({"input": [0, 581, 2]}),
+        json!({"input": ""}),
+        json!({"truncate_prompt_tokens": 4}),
+        json!({"padding": "max_length"}),
+        json!({"input": "word ".repeat(600)}),
+        json!({"late_chunking_params": {"chunk_size": 18446744073709551616u128 as f64}}),
+    ] {
         let mut body = json!({"input": "The best thing about vLLM", "late_chunking_params": {"chunk_size": 5}});
         for (k, v) in overrides.as_object().unwrap() {
             body[k] = v.clone();
@@ -135,7 +147,8 @@ fn token_embed_models_answer_token_embeddings_and_late_chunks() {
     assert!(error_message(&answer, 400).starts_with("Try switching the model's pooling_task via --pooler-config.task embed."));
     let answer = post(port, "/v2/embed", json!({"texts": ["a"]}));
     assert_eq!((answer.status, answer.json()), (404, json!({"detail": "Not Found"})));
-    assert!(error_message(&post(port, "/v1/embeddings", json!({"input": "a", "encoding_format": "base64"})), 400).contains("Input should be 'float'"));
+    assert!(error_message(&post(port, "/v1/embeddings", json!({"input": "a", "encoding_format": "base64"})), 400)
+        .contains("Input should be 'float'"));
 }
 
 /// Groups 2, 3, 6, 7, 8: an embedding model with vLLM's test chat template.
@@ -145,7 +158,8 @@ fn embedding_model_takes_chat_invocations_and_vllm_errors() {
     let port = server.port;
     // test_chat_request: messages equal the rendered prompt sent as input without special tokens.
     let chat = ok(&post(port, "/v1/embeddings", json!({"messages": messages(), "encoding_format": "float"})));
-    let rendered = "user: The cat sat on the mat.\nassistant: A feline was resting on a rug.\nuser: Stars twinkle brightly in the night sky.\n";
+    let rendered =
+        "user: The cat sat on the mat.\nassistant: A feline was resting on a rug.\nuser: Stars twinkle brightly in the night sky.\n";
     let plain = ok(&post(port, "/v1/embeddings", json!({"input": rendered, "add_special_tokens": false})));
     assert!(cosine(&floats(&chat["data"][0]["embedding"]), &floats(&plain["data"][0]["embedding"])) > 0.99999);
     assert_eq!(chat["usage"], plain["usage"]);
@@ -187,7 +201,12 @@ fn embedding_model_takes_chat_invocations_and_vllm_errors() {
     let long = error_message(&post(port, "/v1/embeddings", json!({"input": "word ".repeat(200)})), 400);
     assert_eq!(long, "This model's maximum context length is 100 tokens. However, your prompt contains at least 101 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.");
     // test_pooling_not_supported (embed/test_online.py) and group 7: token_embed needs the task.
-    for (task, start) in [("classify", "Unsupported task: 'classify'"), ("token_classify", "Unsupported task: 'token_classify'"), ("token_embed", "Try switching the model's pooling_task via"), ("plugin", "No IOProcessor plugin installed.")] {
+    for (task, start) in [
+        ("classify", "Unsupported task: 'classify'"),
+        ("token_classify", "Unsupported task: 'token_classify'"),
+        ("token_embed", "Try switching the model's pooling_task via"),
+        ("plugin", "No IOProcessor plugin installed."),
+    ] {
         let message = error_message(&post(port, "/pooling", json!({"input": "test", "encoding_format": "float", "task": task})), 400);
         assert!(message.starts_with(start), "{task}: {message}");
     }
@@ -251,7 +270,11 @@ fn binary_encodings_on_embeddings_and_pooling() {
     for dtype in dtypes {
         for endianness in ["native", "little", "big"] {
             let big = endianness == "big";
-            let answer = post(port, "/v1/embeddings", json!({"input": texts, "encoding_format": "bytes", "embed_dtype": dtype, "endianness": endianness}));
+            let answer = post(
+                port,
+                "/v1/embeddings",
+                json!({"input": texts, "encoding_format": "bytes", "embed_dtype": dtype, "endianness": endianness}),
+            );
             assert_eq!(answer.status, 200);
             assert_eq!(answer.header("content-type"), Some("application/octet-stream"));
             let metadata: Value = serde_json::from_str(answer.header("metadata").expect("metadata header")).unwrap();
@@ -264,7 +287,11 @@ fn binary_encodings_on_embeddings_and_pooling() {
                 assert!(dtype.starts_with("fp8") || close(&got, want), "{dtype} {endianness}: {got:?}");
                 assert!(cosine(&got, want) > 0.99, "{dtype} {endianness}");
             }
-            let only = post(port, "/v1/embeddings", json!({"input": texts, "encoding_format": "bytes_only", "embed_dtype": dtype, "endianness": endianness}));
+            let only = post(
+                port,
+                "/v1/embeddings",
+                json!({"input": texts, "encoding_format": "bytes_only", "embed_dtype": dtype, "endianness": endianness}),
+            );
             assert!(only.header("metadata").is_none());
             let size = only.body.len() / reference.len();
             for (i, want) in reference.iter().enumerate() {
@@ -279,9 +306,11 @@ fn binary_encodings_on_embeddings_and_pooling() {
     let input = json!(["The chef prepared a delicious meal.", "A second, longer text to score here."]);
     let float = ok(&post(port, "/pooling", json!({"input": input, "encoding_format": "float"})));
     assert!(float["id"].as_str().unwrap().starts_with("pooling-"));
-    let rows: Vec<Vec<f32>> = float["data"].as_array().unwrap().iter().map(|d| d["data"].as_array().unwrap().iter().flat_map(floats).collect()).collect();
+    let rows: Vec<Vec<f32>> =
+        float["data"].as_array().unwrap().iter().map(|d| d["data"].as_array().unwrap().iter().flat_map(floats).collect()).collect();
     for dtype in dtypes {
-        let base64 = ok(&post(port, "/pooling", json!({"input": input, "encoding_format": "base64", "embed_dtype": dtype, "endianness": "big"})));
+        let base64 =
+            ok(&post(port, "/pooling", json!({"input": input, "encoding_format": "base64", "embed_dtype": dtype, "endianness": "big"})));
         for (item, want) in base64["data"].as_array().unwrap().iter().zip(&rows) {
             use base64::Engine as _;
             let bytes = base64::engine::general_purpose::STANDARD.decode(item["data"].as_str().unwrap()).unwrap();
@@ -296,14 +325,16 @@ fn binary_encodings_on_embeddings_and_pooling() {
         assert!(dtype.starts_with("fp8") || close(&got, &rows[0]));
     }
     for param in ["encoding_format", "embed_dtype", "endianness"] {
-        let message = error_message(&post(port, "/pooling", json!({"input": "a", "encoding_format": "base64", param: format!("bad_{param}")})), 400);
+        let message =
+            error_message(&post(port, "/pooling", json!({"input": "a", "encoding_format": "base64", param: format!("bad_{param}")})), 400);
         assert!(message.contains("literal_error") && message.contains(&format!("bad_{param}")), "{message}");
     }
     // test_chat_request of the reward tests: messages through --chat-template on /pooling.
     drop(server);
     let server = serve_model("qwen2-reward", &["--chat-template", DUMMY_CHAT_TEMPLATE]);
     let chat = ok(&post(server.port, "/pooling", json!({"messages": messages()})));
-    let rendered = "user: The cat sat on the mat.\nassistant: A feline was resting on a rug.\nuser: Stars twinkle brightly in the night sky.\n";
+    let rendered =
+        "user: The cat sat on the mat.\nassistant: A feline was resting on a rug.\nuser: Stars twinkle brightly in the night sky.\n";
     let plain = ok(&post(server.port, "/pooling", json!({"input": rendered, "add_special_tokens": false})));
     assert_eq!(chat["data"], plain["data"]);
     let invoked = ok(&post(server.port, "/invocations", json!({"messages": messages()})));
@@ -324,12 +355,18 @@ fn scoring_routes_follow_vllm() {
     assert_eq!(items["id"], "score-r1");
     let long = post(port, "/rerank", json!({"query": "What is the capital of France?".repeat(100), "documents": ["a", "b"]}));
     assert!(error_message(&long, 400).contains("Please reduce the length of the input prompt"));
-    let long = post(port, "/score", json!({"queries": "What is the capital of France?".repeat(20), "documents": ["a"], "truncate_prompt_tokens": 101}));
+    let long = post(
+        port,
+        "/score",
+        json!({"queries": "What is the capital of France?".repeat(20), "documents": ["a"], "truncate_prompt_tokens": 101}),
+    );
     assert!(error_message(&long, 400).contains("Please request a smaller truncation size."));
     // test_rerank_max_tokens_per_doc(_validation): 0 is no limit, a limit cuts, negative refused.
     let doc = "The capital of France is Paris. ".repeat(10);
-    let unlimited = ok(&post(port, "/rerank", json!({"query": "What is the capital of France?", "documents": [doc], "truncate_prompt_tokens": 99})));
-    let limited = ok(&post(port, "/rerank", json!({"query": "What is the capital of France?", "documents": [doc], "max_tokens_per_doc": 10})));
+    let unlimited =
+        ok(&post(port, "/rerank", json!({"query": "What is the capital of France?", "documents": [doc], "truncate_prompt_tokens": 99})));
+    let limited =
+        ok(&post(port, "/rerank", json!({"query": "What is the capital of France?", "documents": [doc], "max_tokens_per_doc": 10})));
     assert!(limited["usage"]["prompt_tokens"].as_u64() < unlimited["usage"]["prompt_tokens"].as_u64());
     ok(&post(port, "/rerank", json!({"query": "q", "documents": ["d"], "max_tokens_per_doc": 0})));
     let negative = post(port, "/rerank", json!({"query": "q", "documents": ["d"], "max_tokens_per_doc": -5}));
@@ -340,7 +377,12 @@ fn scoring_routes_follow_vllm() {
     let invoked = ok(&post(port, "/invocations", body));
     assert_eq!(direct["results"], invoked["results"]);
     // test_pooling_not_supported (cross-encoder): its own token_classify says how to switch.
-    for (task, start) in [("embed", "Unsupported task: 'embed'"), ("token_embed", "Unsupported task: 'token_embed'"), ("token_classify", "Try switching the model's pooling_task via"), ("plugin", "No IOProcessor plugin installed.")] {
+    for (task, start) in [
+        ("embed", "Unsupported task: 'embed'"),
+        ("token_embed", "Unsupported task: 'token_embed'"),
+        ("token_classify", "Try switching the model's pooling_task via"),
+        ("plugin", "No IOProcessor plugin installed."),
+    ] {
         let message = error_message(&post(port, "/pooling", json!({"input": "a", "task": task})), 400);
         assert!(message.starts_with(start), "{task}: {message}");
     }
@@ -349,7 +391,9 @@ fn scoring_routes_follow_vllm() {
     drop(server);
     // classify/test_online.py test_score / test_rerank: scoring needs exactly one label.
     let server = serve_model("bert-seqcls", &[]);
-    for (path, body) in [("/score", json!({"queries": "ping", "documents": "pong"})), ("/rerank", json!({"query": "ping", "documents": ["pong"]}))] {
+    for (path, body) in
+        [("/score", json!({"queries": "ping", "documents": "pong"})), ("/rerank", json!({"query": "ping", "documents": ["pong"]}))]
+    {
         let answer = post(server.port, path, body);
         assert_eq!(answer.status, 404);
         assert_eq!(answer.json()["detail"], "Not Found");
@@ -407,5 +451,10 @@ fn fp8(byte: u8, mantissa: u32, bias: i32) -> f32 {
 
 fn first_png() -> std::path::PathBuf {
     let dir = fixture_model("../images");
-    std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "png")).expect("a png fixture image")
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "png"))
+        .expect("a png fixture image")
 }

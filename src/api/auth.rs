@@ -18,12 +18,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 pub async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
     if let Some(key) = &state.options().api_key {
-        let sent = request
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
+        let sent = request.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
         if !constant_time_eq(sent.as_bytes(), key.as_bytes()) {
             return Err(ApiError::Unauthorized("Invalid or missing API key: send `Authorization: Bearer <key>`".into()));
         }

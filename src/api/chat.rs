@@ -63,8 +63,12 @@ fn conversations(value: &Value, field: &'static str) -> Result<Vec<Vec<Value>>, 
         return Ok(vec![value.as_array().cloned().unwrap_or_default()]);
     }
     match value.as_array() {
-        Some(batch) if !batch.is_empty() && batch.iter().all(is_conversation) => Ok(batch.iter().map(|c| c.as_array().cloned().unwrap_or_default()).collect()),
-        Some(batch) if batch.is_empty() => Err(ApiError::BadRequest { message: format!("`{field}` must not be empty"), param: Some(field) }),
+        Some(batch) if !batch.is_empty() && batch.iter().all(is_conversation) => {
+            Ok(batch.iter().map(|c| c.as_array().cloned().unwrap_or_default()).collect())
+        }
+        Some(batch) if batch.is_empty() => {
+            Err(ApiError::BadRequest { message: format!("`{field}` must not be empty"), param: Some(field) })
+        }
         _ => Err(ApiError::BadRequest {
             message: format!("`{field}` must be a list of messages (objects with a `role` and a `content`), or a list of such lists"),
             param: Some(field),
@@ -88,7 +92,9 @@ pub async fn inputs(
         }
         Some(messages) => Some((messages, "messages")),
         // vLLM also reads a conversation sent as `input`.
-        None if is_conversation(input) || input.as_array().is_some_and(|b| !b.is_empty() && b.iter().all(is_conversation)) => Some((input, "input")),
+        None if is_conversation(input) || input.as_array().is_some_and(|b| !b.is_empty() && b.iter().all(is_conversation)) => {
+            Some((input, "input"))
+        }
         None => None,
     };
     let Some((source, field)) = conversation_source else {

@@ -26,15 +26,15 @@
 //!   float vectors), as Cohere's v1 does; v2 always answers `embeddings_by_type`.
 
 use super::encoding;
-use super::media::{self, MediaOptions};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
+use super::media::{self, MediaOptions};
 use super::{response_id, AppState};
+use crate::engine::params::PoolingParams;
 use crate::engine::{PoolingOutput, Prompt};
 use crate::loader::spec::Prompts;
 use crate::loader::tokenizer::TruncationSide;
 use crate::pooling::Task;
-use crate::engine::params::PoolingParams;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -208,15 +208,19 @@ impl CohereEmbedRequest {
         }
         let empty = |field: &'static str| ApiError::BadRequest { message: format!("{field} must not be empty"), param: Some(field) };
         match (&self.texts, &self.images, &self.inputs) {
-            (Some(_), None, None) if self.input_type.as_deref() == Some("image") => {
-                Err(ApiError::BadRequest { message: "input_type `image` goes with `images`, not `texts`".into(), param: Some("input_type") })
-            }
+            (Some(_), None, None) if self.input_type.as_deref() == Some("image") => Err(ApiError::BadRequest {
+                message: "input_type `image` goes with `images`, not `texts`".into(),
+                param: Some("input_type"),
+            }),
             (Some(_), None, None) => {
                 let texts = self.texts()?;
                 Ok((texts.iter().cloned().map(Prompt::Text).collect(), texts))
             }
             (None, Some(images), None) => {
-                let shape = || ApiError::BadRequest { message: "images must be a list of data URLs (data:image/png;base64,…)".into(), param: Some("images") };
+                let shape = || ApiError::BadRequest {
+                    message: "images must be a list of data URLs (data:image/png;base64,…)".into(),
+                    param: Some("images"),
+                };
                 let urls = images.as_array().ok_or_else(shape)?;
                 if urls.is_empty() {
                     return Err(empty("images"));
@@ -252,14 +256,16 @@ impl CohereEmbedRequest {
             None => -1,
             Some(n) if n >= 1 => n.min(max_model_len as i64),
             Some(n) => {
-                return Err(ApiError::BadRequest { message: format!("max_tokens must be a positive integer, got {n}"), param: Some("max_tokens") })
+                return Err(ApiError::BadRequest {
+                    message: format!("max_tokens must be a positive integer, got {n}"),
+                    param: Some("max_tokens"),
+                })
             }
         };
         match self.truncate.unwrap_or(Truncate::End) {
-            Truncate::None if self.max_tokens.is_some() => Err(ApiError::BadRequest {
-                message: "max_tokens needs truncate START or END".into(),
-                param: Some("max_tokens"),
-            }),
+            Truncate::None if self.max_tokens.is_some() => {
+                Err(ApiError::BadRequest { message: "max_tokens needs truncate START or END".into(), param: Some("max_tokens") })
+            }
             Truncate::None => Ok((None, None)),
             Truncate::Start => Ok((Some(keep), Some(TruncationSide::Left))),
             Truncate::End => Ok((Some(keep), Some(TruncationSide::Right))),
@@ -322,7 +328,12 @@ fn by_type(vectors: &[Vec<f32>], types: &[EmbeddingType]) -> EmbeddingsByType {
     out
 }
 
-async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest, version: &'static str) -> Result<Json<CohereEmbedResponse>, ApiError> {
+async fn embed(
+    state: AppState,
+    headers: HeaderMap,
+    request: CohereEmbedRequest,
+    version: &'static str,
+) -> Result<Json<CohereEmbedResponse>, ApiError> {
     let engine = state.model(request.model.as_deref())?;
     // vLLM registers /v2/embed beside /v1/embeddings, which a token_embed model replaces.
     if engine.spec().pooling_task == Task::TokenEmbed {
@@ -342,7 +353,11 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
     })?;
     params.prompt = prompt_for(request.input_type.as_deref(), &spec.prompts)?.map(Into::into);
     // Before any image is fetched or decoded.
-    let count = [request.texts.as_ref().map(Vec::len), request.images.as_ref().and_then(Value::as_array).map(Vec::len), request.inputs.as_ref().map(Vec::len)];
+    let count = [
+        request.texts.as_ref().map(Vec::len),
+        request.images.as_ref().and_then(Value::as_array).map(Vec::len),
+        request.inputs.as_ref().map(Vec::len),
+    ];
     state.check_batch_size(count.into_iter().flatten().max().unwrap_or(0))?;
     let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
     let images = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
@@ -367,7 +382,10 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
         response_type,
         embeddings,
         texts,
-        meta: CohereMeta { api_version: ApiVersion { version }, billed_units: BilledUnits { input_tokens: tokens - image_tokens, image_tokens } },
+        meta: CohereMeta {
+            api_version: ApiVersion { version },
+            billed_units: BilledUnits { input_tokens: tokens - image_tokens, image_tokens },
+        },
     }))
 }
 
@@ -376,7 +394,11 @@ async fn embed(state: AppState, headers: HeaderMap, request: CohereEmbedRequest,
         (status = 200, body = CohereEmbedResponse),
         ErrorResponses
     ))]
-pub async fn create_v2(State(state): State<AppState>, headers: HeaderMap, ApiJson(request): ApiJson<CohereEmbedRequest>) -> Result<Json<CohereEmbedResponse>, ApiError> {
+pub async fn create_v2(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<CohereEmbedRequest>,
+) -> Result<Json<CohereEmbedResponse>, ApiError> {
     embed(state, headers, request, "2").await
 }
 
@@ -385,7 +407,11 @@ pub async fn create_v2(State(state): State<AppState>, headers: HeaderMap, ApiJso
         (status = 200, body = CohereEmbedResponse),
         ErrorResponses
     ))]
-pub async fn create_v1(State(state): State<AppState>, headers: HeaderMap, ApiJson(request): ApiJson<CohereEmbedRequest>) -> Result<Json<CohereEmbedResponse>, ApiError> {
+pub async fn create_v1(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<CohereEmbedRequest>,
+) -> Result<Json<CohereEmbedResponse>, ApiError> {
     embed(state, headers, request, "1").await
 }
 
@@ -412,7 +438,10 @@ mod tests {
         let err = prompt_for(Some("nonexistent_type"), &prompts).unwrap_err();
         assert_eq!(err.to_string(), "Unsupported input_type 'nonexistent_type'. Supported values: clustering, passage, query");
         let err = prompt_for(Some("nonexistent_type"), &Prompts::default()).unwrap_err();
-        assert_eq!(err.to_string(), "Unsupported input_type 'nonexistent_type'. This model does not define any input_type task instructions.");
+        assert_eq!(
+            err.to_string(),
+            "Unsupported input_type 'nonexistent_type'. This model does not define any input_type task instructions."
+        );
     }
 
     #[test]

@@ -108,7 +108,8 @@ pub async fn create(
     serves(engine.spec(), Task::Embed, "Embeddings")?;
     if request.late_chunking_params.is_some() {
         return Err(ApiError::BadRequest {
-            message: "late_chunking_params needs a model whose pooling task is token_embed (--pooler-config '{\"task\": \"token_embed\"}')".into(),
+            message: "late_chunking_params needs a model whose pooling task is token_embed (--pooler-config '{\"task\": \"token_embed\"}')"
+                .into(),
             param: Some("late_chunking_params"),
         });
     }
@@ -143,12 +144,19 @@ fn vector(output: PoolingOutput) -> Result<Vec<f32>, ApiError> {
 /// A `bytes` / `bytes_only` response (see [`super::encoding`]): `outputs` are `(shape,
 /// elements)`; `envelope` gives the metadata's `id`, `created`, `model` and `usage`. The bytes
 /// are written on a blocking thread (they may be megabytes).
-pub async fn bytes_response<T>(encoding: EncodingParams, outputs: Vec<(Vec<usize>, Vec<f32>)>, envelope: ListResponse<T>) -> Result<axum::response::Response, ApiError> {
+pub async fn bytes_response<T>(
+    encoding: EncodingParams,
+    outputs: Vec<(Vec<usize>, Vec<f32>)>,
+    envelope: ListResponse<T>,
+) -> Result<axum::response::Response, ApiError> {
     let mut meta = serde_json::Map::new();
     meta.insert("id".into(), envelope.id.into());
     meta.insert("created".into(), envelope.created.into());
     meta.insert("model".into(), envelope.model.into());
-    meta.insert("usage".into(), serde_json::json!({"prompt_tokens": envelope.usage.prompt_tokens, "total_tokens": envelope.usage.total_tokens}));
+    meta.insert(
+        "usage".into(),
+        serde_json::json!({"prompt_tokens": envelope.usage.prompt_tokens, "total_tokens": envelope.usage.total_tokens}),
+    );
     let (body, metadata) = tokio::task::spawn_blocking(move || {
         let views: Vec<(Vec<usize>, &[f32])> = outputs.iter().map(|(shape, v)| (shape.clone(), v.as_slice())).collect();
         encoding::bytes_body(&encoding, &views, meta)
@@ -157,7 +165,8 @@ pub async fn bytes_response<T>(encoding: EncodingParams, outputs: Vec<(Vec<usize
     .map_err(|_| ApiError::Internal("writing the bytes response failed".into()))?;
     let mut response = ([(axum::http::header::CONTENT_TYPE, "application/octet-stream")], body).into_response();
     if let Some(metadata) = metadata {
-        let value = axum::http::HeaderValue::from_str(&ascii_json(&metadata)).map_err(|e| ApiError::Internal(format!("the metadata header: {e}")))?;
+        let value = axum::http::HeaderValue::from_str(&ascii_json(&metadata))
+            .map_err(|e| ApiError::Internal(format!("the metadata header: {e}")))?;
         response.headers_mut().insert("metadata", value);
     }
     Ok(response)
@@ -182,7 +191,12 @@ fn ascii_json(text: &str) -> String {
 
 /// vLLM's token-embedding endpoint on `/v1/embeddings` (its `TokenEmbeddingRequest`): float
 /// matrices only, no `dimensions`, text or token inputs, optional late chunking.
-async fn token_embeddings(state: &AppState, engine: &Engine, headers: &HeaderMap, request: EmbeddingRequest) -> Result<axum::response::Response, ApiError> {
+async fn token_embeddings(
+    state: &AppState,
+    engine: &Engine,
+    headers: &HeaderMap,
+    request: EmbeddingRequest,
+) -> Result<axum::response::Response, ApiError> {
     if let Some(format) = request.encoding.encoding_format.filter(|f| *f != EncodingFormat::Float) {
         let name = match format {
             EncodingFormat::Base64 => "base64",
@@ -243,7 +257,13 @@ fn late_chunk_size(value: &serde_json::Value) -> Result<u64, ApiError> {
         param: Some("late_chunking_params"),
     };
     let Some(object) = value.as_object() else {
-        return Err(error("model_type", "body.late_chunking_params", "Input should be a valid dictionary or instance of LateChunkingConfig", value, Some("{'class_name': 'LateChunkingConfig'}")));
+        return Err(error(
+            "model_type",
+            "body.late_chunking_params",
+            "Input should be a valid dictionary or instance of LateChunkingConfig",
+            value,
+            Some("{'class_name': 'LateChunkingConfig'}"),
+        ));
     };
     if let Some((key, extra)) = object.iter().find(|(k, _)| k.as_str() != "chunk_size") {
         return Err(error("extra_forbidden", &format!("body.late_chunking_params.{key}"), "Extra inputs are not permitted", extra, None));
@@ -256,19 +276,34 @@ fn late_chunk_size(value: &serde_json::Value) -> Result<u64, ApiError> {
         serde_json::Value::Number(n) if n.is_u64() || n.is_i64() => match n.as_i64() {
             Some(k) if k > 0 => Ok(k as u64),
             Some(_) => Err(error("greater_than", loc, "Input should be greater than 0", size, Some("{'gt': 0}"))),
-            None => Err(error("less_than_equal", loc, "Input should be less than or equal to 9223372036854775807", size, Some("{'le': 9223372036854775807}"))),
+            None => Err(error(
+                "less_than_equal",
+                loc,
+                "Input should be less than or equal to 9223372036854775807",
+                size,
+                Some("{'le': 9223372036854775807}"),
+            )),
         },
         // Past u64, serde_json reads the number as a float: still an integer too large.
-        serde_json::Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > 0.0) => {
-            Err(error("less_than_equal", loc, "Input should be less than or equal to 9223372036854775807", size, Some("{'le': 9223372036854775807}")))
-        }
+        serde_json::Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > 0.0) => Err(error(
+            "less_than_equal",
+            loc,
+            "Input should be less than or equal to 9223372036854775807",
+            size,
+            Some("{'le': 9223372036854775807}"),
+        )),
         _ => Err(error("int_type", loc, "Input should be a valid integer", size, None)),
     }
 }
 
 /// The texts of a late-chunking request, refused as vLLM refuses what late chunking cannot
 /// map back to the text: token ids or empty texts, truncation, padding, lowercasing.
-fn late_chunking_texts(prompts: &[Prompt], params: &ResolvedParams, sent: &PoolingParams, lowercase: bool) -> Result<Vec<String>, ApiError> {
+fn late_chunking_texts(
+    prompts: &[Prompt],
+    params: &ResolvedParams,
+    sent: &PoolingParams,
+    lowercase: bool,
+) -> Result<Vec<String>, ApiError> {
     if sent.truncate_prompt_tokens.is_some() || params.pad_to_max_length || lowercase {
         return Err(ApiError::bad_request("Late chunking does not support input padding, truncation or renderer text normalization"));
     }
@@ -288,7 +323,8 @@ async fn late_chunking_ranges(engine: &Engine, text: &str, params: &ResolvedPara
     let prompt = params.prompt.as_deref().unwrap_or("");
     let offsets = engine.char_offsets(format!("{prompt}{text}"), params.add_special_tokens).await?;
     let skip = prompt.chars().count();
-    let offsets: Vec<(usize, usize)> = offsets.into_iter().map(|(a, b)| if b <= skip { (0, 0) } else { (a.saturating_sub(skip), b - skip) }).collect();
+    let offsets: Vec<(usize, usize)> =
+        offsets.into_iter().map(|(a, b)| if b <= skip { (0, 0) } else { (a.saturating_sub(skip), b - skip) }).collect();
     let tokens = offsets.len();
     let size = usize::try_from(chunk_size).unwrap_or(usize::MAX).min(tokens.max(1));
     let chunks = (0..tokens)
@@ -296,7 +332,8 @@ async fn late_chunking_ranges(engine: &Engine, text: &str, params: &ResolvedPara
         .map(|start| {
             let end = (start + size).min(tokens);
             let covered: Vec<&(usize, usize)> = offsets[start..end].iter().filter(|(a, b)| a < b).collect();
-            let char_range = (!covered.is_empty()).then(|| [covered.iter().map(|r| r.0).min().unwrap_or(0), covered.iter().map(|r| r.1).max().unwrap_or(0)]);
+            let char_range = (!covered.is_empty())
+                .then(|| [covered.iter().map(|r| r.0).min().unwrap_or(0), covered.iter().map(|r| r.1).max().unwrap_or(0)]);
             LateChunk { token_range: [start, end], char_range }
         })
         .collect();

@@ -27,9 +27,7 @@ use serde::{Deserialize, Serialize};
 
 /// ubinary: the sign bits of `x > 0`, packed 8 to a byte, most significant bit first.
 pub fn ubinary(v: &[f32]) -> Vec<u8> {
-    v.chunks(8)
-        .map(|chunk| chunk.iter().enumerate().fold(0u8, |byte, (i, &x)| if x > 0.0 { byte | (0x80 >> i) } else { byte }))
-        .collect()
+    v.chunks(8).map(|chunk| chunk.iter().enumerate().fold(0u8, |byte, (i, &x)| if x > 0.0 { byte | (0x80 >> i) } else { byte })).collect()
 }
 
 /// binary: ubinary shifted into int8 (`ubinary − 128`).
@@ -39,7 +37,11 @@ pub fn binary(v: &[f32]) -> Vec<i8> {
 
 fn scale(v: &[f32]) -> f32 {
     let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
-    if max > 0.0 && max.is_finite() { 1.0 / max } else { 0.0 }
+    if max > 0.0 && max.is_finite() {
+        1.0 / max
+    } else {
+        0.0
+    }
 }
 
 /// int8: `round(127 · x / max|x|)`.
@@ -124,7 +126,12 @@ pub struct EncodingParams {
 }
 
 fn encoding_format<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<EncodingFormat>, D::Error> {
-    let formats = [("float", EncodingFormat::Float), ("base64", EncodingFormat::Base64), ("bytes", EncodingFormat::Bytes), ("bytes_only", EncodingFormat::BytesOnly)];
+    let formats = [
+        ("float", EncodingFormat::Float),
+        ("base64", EncodingFormat::Base64),
+        ("bytes", EncodingFormat::Bytes),
+        ("bytes_only", EncodingFormat::BytesOnly),
+    ];
     optional(d, "encoding_format", &formats)
 }
 
@@ -202,13 +209,24 @@ struct BytesItem {
 /// The body and (for `bytes`, not `bytes_only`) the `metadata` header of a binary response:
 /// `outputs` are `(shape, elements)` in input order; `envelope` holds the response's `id`,
 /// `created`, `model` and `usage`, to which the items are added as `data`.
-pub fn bytes_body(encoding: &EncodingParams, outputs: &[(Vec<usize>, &[f32])], mut envelope: serde_json::Map<String, serde_json::Value>) -> (Vec<u8>, Option<String>) {
+pub fn bytes_body(
+    encoding: &EncodingParams,
+    outputs: &[(Vec<usize>, &[f32])],
+    mut envelope: serde_json::Map<String, serde_json::Value>,
+) -> (Vec<u8>, Option<String>) {
     let mut body = Vec::new();
     let mut items = Vec::with_capacity(outputs.len());
     for (index, (shape, values)) in outputs.iter().enumerate() {
         let start = body.len();
         body.extend(encoding.bytes(values));
-        items.push(BytesItem { index, embed_dtype: encoding.dtype_name(), endianness: encoding.endianness_name(), start, end: body.len(), shape: shape.clone() });
+        items.push(BytesItem {
+            index,
+            embed_dtype: encoding.dtype_name(),
+            endianness: encoding.endianness_name(),
+            start,
+            end: body.len(),
+            shape: shape.clone(),
+        });
     }
     let metadata = (encoding.format() == EncodingFormat::Bytes).then(|| {
         envelope.insert("data".into(), serde_json::to_value(&items).unwrap_or_default());
@@ -237,14 +255,28 @@ pub fn bytes_as(v: &[f32], dtype: EmbedDtype, endianness: Endianness) -> Vec<u8>
     let big = endianness.big();
     match dtype {
         EmbedDtype::Float32 => v.iter().flat_map(|x| if big { x.to_be_bytes() } else { x.to_le_bytes() }).collect(),
-        EmbedDtype::Float16 => v.iter().flat_map(|&x| {
-            let h = f16::from_f32(x);
-            if big { h.to_be_bytes() } else { h.to_le_bytes() }
-        }).collect(),
-        EmbedDtype::Bfloat16 => v.iter().flat_map(|&x| {
-            let h = bf16::from_f32(x);
-            if big { h.to_be_bytes() } else { h.to_le_bytes() }
-        }).collect(),
+        EmbedDtype::Float16 => v
+            .iter()
+            .flat_map(|&x| {
+                let h = f16::from_f32(x);
+                if big {
+                    h.to_be_bytes()
+                } else {
+                    h.to_le_bytes()
+                }
+            })
+            .collect(),
+        EmbedDtype::Bfloat16 => v
+            .iter()
+            .flat_map(|&x| {
+                let h = bf16::from_f32(x);
+                if big {
+                    h.to_be_bytes()
+                } else {
+                    h.to_le_bytes()
+                }
+            })
+            .collect(),
         EmbedDtype::Fp8E4m3 => v.iter().map(|&x| fp8(x, Fp8::E4m3)).collect(),
         EmbedDtype::Fp8E5m2 => v.iter().map(|&x| fp8(x, Fp8::E5m2)).collect(),
     }
@@ -332,11 +364,40 @@ mod tests {
     #[test]
     fn fp8_matches_torch_conversions() {
         // Values and codes from torch.tensor(x).to(torch.float8_e4m3fn / float8_e5m2).view(torch.uint8).
-        let e4m3 = [(1.0, 0x38), (-1.0, 0xb8), (0.1, 0x1d), (448.0, 0x7e), (500.0, 0x7e), (f32::INFINITY, 0x7e), (-1e6, 0xfe), (0.3, 0x2a), (-0.007, 0x84), (0.001953125, 0x01), (0.0009765625, 0x00), (0.0, 0x00), (1.0625, 0x38), (1.1875, 0x3a), (f32::NAN, 0x7f)];
+        let e4m3 = [
+            (1.0, 0x38),
+            (-1.0, 0xb8),
+            (0.1, 0x1d),
+            (448.0, 0x7e),
+            (500.0, 0x7e),
+            (f32::INFINITY, 0x7e),
+            (-1e6, 0xfe),
+            (0.3, 0x2a),
+            (-0.007, 0x84),
+            (0.001953125, 0x01),
+            (0.0009765625, 0x00),
+            (0.0, 0x00),
+            (1.0625, 0x38),
+            (1.1875, 0x3a),
+            (f32::NAN, 0x7f),
+        ];
         for (x, code) in e4m3 {
             assert_eq!(fp8(x, Fp8::E4m3), code, "e4m3 {x}");
         }
-        let e5m2 = [(1.0, 0x3c), (-1.0, 0xbc), (0.1, 0x2e), (57344.0, 0x7b), (70000.0, 0x7c), (61440.0, 0x7c), (0.3, 0x35), (-0.007, 0x9f), (1e-6, 0x00), (1.125, 0x3c), (1.375, 0x3e), (f32::INFINITY, 0x7c)];
+        let e5m2 = [
+            (1.0, 0x3c),
+            (-1.0, 0xbc),
+            (0.1, 0x2e),
+            (57344.0, 0x7b),
+            (70000.0, 0x7c),
+            (61440.0, 0x7c),
+            (0.3, 0x35),
+            (-0.007, 0x9f),
+            (1e-6, 0x00),
+            (1.125, 0x3c),
+            (1.375, 0x3e),
+            (f32::INFINITY, 0x7c),
+        ];
         for (x, code) in e5m2 {
             assert_eq!(fp8(x, Fp8::E5m2), code, "e5m2 {x}");
         }

@@ -2,8 +2,8 @@
 //! [`ApiError`] and leaves as `{"error": {"message", "type", "param", "code"}}` with the status
 //! of api.md's table.
 
-use crate::engine::EngineError;
 use crate::engine::params::ParamsError;
+use crate::engine::EngineError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -205,7 +205,9 @@ impl IntoResponse for ApiError {
         let mut response = match self {
             ApiError::RouteNotFound => (status, Json(serde_json::json!({"detail": "Not Found"}))).into_response(),
             _ => {
-                let body = ErrorBody { error: ErrorInfo { message: message.clone(), kind: self.kind(), param: self.param(), code: status.as_u16() } };
+                let body = ErrorBody {
+                    error: ErrorInfo { message: message.clone(), kind: self.kind(), param: self.param(), code: status.as_u16() },
+                };
                 (status, Json(body)).into_response()
             }
         };
@@ -231,7 +233,9 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
                 ApiError::BadRequest { message: e.to_string(), param: Some("input") }
             }
-            EngineError::Tokenizer(_) | EngineError::Image(_) | EngineError::ImagesUnsupported | EngineError::Chat(_) => ApiError::bad_request(e.to_string()),
+            EngineError::Tokenizer(_) | EngineError::Image(_) | EngineError::ImagesUnsupported | EngineError::Chat(_) => {
+                ApiError::bad_request(e.to_string())
+            }
             EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
             EngineError::Model(_) => ApiError::Internal(e.to_string()),
             EngineError::Stopped | EngineError::Dead(_) => ApiError::Unavailable(e.to_string()),

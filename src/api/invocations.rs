@@ -46,7 +46,11 @@ impl Route {
         match self {
             Route::Embeddings | Route::Classify | Route::Pooling => has("input") || has("messages"),
             Route::Rerank => has("query") && has("documents"),
-            Route::Score => (has("queries") && (has("documents") || has("items"))) || (has("data_1") && has("data_2")) || (has("text_1") && has("text_2")),
+            Route::Score => {
+                (has("queries") && (has("documents") || has("items")))
+                    || (has("data_1") && has("data_2"))
+                    || (has("text_1") && has("text_2"))
+            }
         }
     }
 }
@@ -67,7 +71,11 @@ fn routes(spec: &crate::loader::spec::ModelSpec) -> Vec<Route> {
 }
 
 #[utoipa::path(post, tag = "SageMaker", path = "/invocations", description = "Any pooling route's body, answered as that route (vLLM's order; TEI's bodies as TEI's /invocations).", request_body = Object, responses((status = 200, body = Object), super::error::AnyErrorResponses))]
-pub async fn invocations(State(state): State<AppState>, headers: HeaderMap, ApiJson(body): ApiJson<Value>) -> Result<axum::response::Response, ApiError> {
+pub async fn invocations(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let model = body.get("model").and_then(Value::as_str).map(str::to_string);
     let engine = state.model(model.as_deref())?;

@@ -34,7 +34,8 @@ impl<T: serde::Serialize + Send + 'static> OffRuntimeJson<T> {
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let mut writer = ChunkWriter { buffer: Vec::with_capacity(CHUNK), sender, runtime };
-            let written = serde_json::to_writer(&mut writer, &value).map_err(std::io::Error::from).and_then(|()| std::io::Write::flush(&mut writer));
+            let written =
+                serde_json::to_writer(&mut writer, &value).map_err(std::io::Error::from).and_then(|()| std::io::Write::flush(&mut writer));
             if let Err(e) = written {
                 // Ends the body with an error, so that the connection is aborted rather than
                 // closed as if the JSON were complete.

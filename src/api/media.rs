@@ -39,9 +39,14 @@ pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, A
     if url.starts_with("data:") {
         return decode_data_url(url).map_err(bad);
     }
-    let parsed = url::Url::parse(url).map_err(|_| bad(format!("Invalid image URL `{}`: expected a data URL (data:image/png;base64,…) or an http(s) URL", shorten(url))))?;
+    let parsed = url::Url::parse(url).map_err(|_| {
+        bad(format!("Invalid image URL `{}`: expected a data URL (data:image/png;base64,…) or an http(s) URL", shorten(url)))
+    })?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(bad(format!("Unsupported image URL scheme `{}`: send a data URL (data:image/png;base64,…) or an http(s) URL", parsed.scheme())));
+        return Err(bad(format!(
+            "Unsupported image URL scheme `{}`: send a data URL (data:image/png;base64,…) or an http(s) URL",
+            parsed.scheme()
+        )));
     }
     let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
     // A bare host allows its scheme's default port only; `host:port` entries allow that port.
@@ -106,7 +111,9 @@ pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<P
     let mut images = Vec::new();
     for part in parts {
         match part.get("type").and_then(Value::as_str) {
-            Some("text") => texts.push(part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?),
+            Some("text") => {
+                texts.push(part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?)
+            }
             Some("image_url") => images.push(image_url_of(part)?),
             Some(other) => return Err(bad(format!("Unsupported content part type `{other}`: use `text` or `image_url`"))),
             None => return Err(bad("every content part needs a `type` (`text` or `image_url`)")),
@@ -131,13 +138,17 @@ fn image_url_of(part: &Value) -> Result<&str, ApiError> {
 
 /// vLLM's chat-style embedding request: one input per message, from its `content`.
 pub async fn message_prompts(messages: &Value, options: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
-    let messages = messages.as_array().ok_or_else(|| ApiError::BadRequest { message: "`messages` must be a list of messages".into(), param: Some("messages") })?;
+    let messages = messages
+        .as_array()
+        .ok_or_else(|| ApiError::BadRequest { message: "`messages` must be a list of messages".into(), param: Some("messages") })?;
     if messages.is_empty() {
         return Err(ApiError::BadRequest { message: "`messages` must not be empty".into(), param: Some("messages") });
     }
     let mut prompts = Vec::with_capacity(messages.len());
     for message in messages {
-        let content = message.get("content").ok_or_else(|| ApiError::BadRequest { message: "every message needs a `content`".into(), param: Some("messages") })?;
+        let content = message
+            .get("content")
+            .ok_or_else(|| ApiError::BadRequest { message: "every message needs a `content`".into(), param: Some("messages") })?;
         prompts.push(content_prompt(content, options).await?);
     }
     Ok(prompts)

@@ -25,8 +25,8 @@ use crate::pooling::Task;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, HeaderName};
 use axum::middleware;
-use axum::routing::{get, post};
 use axum::response::IntoResponse;
+use axum::routing::{get, post};
 use axum::Router;
 use error::ApiError;
 use serde::Serialize;
@@ -80,7 +80,6 @@ impl Default for ApiOptions {
         ApiOptions { api_key: None, max_client_batch_size: 1024, trust_request_chat_template: false, media: media::MediaOptions::default() }
     }
 }
-
 
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -207,11 +206,7 @@ impl AppState {
         if self.is_draining() {
             return Err(ApiError::Unavailable("The server is shutting down".into()));
         }
-        self.inner
-            .models
-            .iter()
-            .map(|s| s.engine.get().ok_or_else(|| self.loading(s)))
-            .collect()
+        self.inner.models.iter().map(|s| s.engine.get().ok_or_else(|| self.loading(s))).collect()
     }
 
     /// 503 for a model not ready yet (naming it when there are several).
@@ -341,18 +336,18 @@ async fn mark_made_up_request_id(mut request: axum::extract::Request, next: midd
 /// The `input` field's four forms: a string, strings, token ids, or lists of token ids.
 pub fn parse_input(input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
     use serde_json::Value;
-    let shape_error = || {
-        ApiError::BadRequest {
-            message: "input must be a string, a list of strings, a list of token ids, or a list of token-id lists".into(),
-            param: Some("input"),
-        }
+    let shape_error = || ApiError::BadRequest {
+        message: "input must be a string, a list of strings, a list of token ids, or a list of token-id lists".into(),
+        param: Some("input"),
     };
     let token = |v: &Value| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32);
     let tokens = |items: &[Value]| items.iter().map(token).collect::<Option<Vec<u32>>>();
     // A negative id is out of vocabulary (vLLM's words), not a shape error.
     let negative = |items: &[Value]| items.iter().filter_map(Value::as_i64).filter(|&t| t < 0).min();
     let lowest = match input {
-        Value::Array(items) => negative(items).or_else(|| items.iter().filter_map(Value::as_array).filter_map(|inner| negative(inner)).min()),
+        Value::Array(items) => {
+            negative(items).or_else(|| items.iter().filter_map(Value::as_array).filter_map(|inner| negative(inner)).min())
+        }
         _ => None,
     };
     if let Some(id) = lowest {
@@ -364,11 +359,9 @@ pub fn parse_input(input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
             Err(ApiError::BadRequest { message: "input must not be an empty list".into(), param: Some("input") })
         }
         Value::Array(items) => match &items[0] {
-            Value::String(_) => items
-                .iter()
-                .map(|v| v.as_str().map(|s| Prompt::Text(s.to_string())))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(shape_error),
+            Value::String(_) => {
+                items.iter().map(|v| v.as_str().map(|s| Prompt::Text(s.to_string()))).collect::<Option<Vec<_>>>().ok_or_else(shape_error)
+            }
             Value::Number(_) => tokens(items).map(|ids| vec![Prompt::Tokens(ids)]).ok_or_else(shape_error),
             Value::Array(_) => items
                 .iter()

@@ -101,12 +101,9 @@ pub async fn track(request: Request, next: Next) -> Response {
     in_flight.finish(response.status().as_u16(), &model);
     response.extensions_mut().insert(ModelNote(model));
     let headers = response.headers_mut();
-    for (name, value) in [
-        ("x-total-time", total),
-        ("x-tokenization-time", tokenization),
-        ("x-queue-time", queue),
-        ("x-inference-time", inference),
-    ] {
+    for (name, value) in
+        [("x-total-time", total), ("x-tokenization-time", tokenization), ("x-queue-time", queue), ("x-inference-time", inference)]
+    {
         headers.insert(HeaderName::from_static(name), millis(value));
     }
     response

@@ -82,7 +82,9 @@ fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Resu
     let name = match requested {
         None | Some(serde_json::Value::Null) => return Ok(spec.pooling_task),
         Some(serde_json::Value::String(name)) => name.as_str(),
-        Some(other) => return Err(ApiError::BadRequest { message: literal::message("task", other, &POOLER_TASKS[..6]), param: Some("task") }),
+        Some(other) => {
+            return Err(ApiError::BadRequest { message: literal::message("task", other, &POOLER_TASKS[..6]), param: Some("task") })
+        }
     };
     let bad = |message: String| ApiError::BadRequest { message, param: Some("task") };
     match name {
@@ -121,7 +123,10 @@ pub async fn create(
     let spec = engine.spec();
     let task = pooling_task(request.task.as_ref(), spec)?;
     if task == Task::EmbedSparse && request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
-        return Err(ApiError::BadRequest { message: "embed_sparse outputs are `float` only (lists of {\"index\", \"value\"})".into(), param: Some("encoding_format") });
+        return Err(ApiError::BadRequest {
+            message: "embed_sparse outputs are `float` only (lists of {\"index\", \"value\"})".into(),
+            param: Some("encoding_format"),
+        });
     }
     let permit = admit(engine)?;
     let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;

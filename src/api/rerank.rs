@@ -65,10 +65,9 @@ pub struct RerankResponse {
 /// How many results to return: `top_n` if positive and below `documents`, else all.
 fn result_count(top_n: Option<i64>, documents: usize) -> Result<usize, ApiError> {
     match top_n {
-        Some(n) if n < 0 => Err(ApiError::BadRequest {
-            message: format!("top_n must be a non-negative integer, got {n}"),
-            param: Some("top_n"),
-        }),
+        Some(n) if n < 0 => {
+            Err(ApiError::BadRequest { message: format!("top_n must be a non-negative integer, got {n}"), param: Some("top_n") })
+        }
         Some(n) if n > 0 => Ok((n as usize).min(documents)),
         _ => Ok(documents),
     }

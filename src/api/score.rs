@@ -7,13 +7,13 @@
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::{AppState, ListResponse};
 use super::media::{self, MediaOptions};
+use super::{AppState, ListResponse};
+use crate::engine::params::{PoolingParams, ResolvedParams};
+use crate::engine::Engine;
 use crate::engine::Prompt;
 use crate::loader::tokenizer::PairLimits;
-use crate::engine::Engine;
 use crate::pooling::Task;
-use crate::engine::params::{PoolingParams, ResolvedParams};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -181,7 +181,9 @@ pub async fn create(
     if let Some((first, second)) = request.content_sides() {
         // A side of content parts (vLLM's multimodal form): texts and images, embedded.
         if !engine.spec().images {
-            return Err(ApiError::bad_request("Sides of content parts (`{\"content\": [...]}`) need an image-text model (CLIP, SigLIP); this model does not take images"));
+            return Err(ApiError::bad_request(
+                "Sides of content parts (`{\"content\": [...]}`) need an image-text model (CLIP, SigLIP); this model does not take images",
+            ));
         }
         let count = |side: &Value| match side.get("content").and_then(Value::as_array) {
             Some(parts) => Ok(parts.len()),

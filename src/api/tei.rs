@@ -77,12 +77,16 @@ impl IntoResponse for TeiError {
 impl From<EngineError> for TeiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::InputTooLong { max, got, .. } => Self::validation(format!("Input validation error: `inputs` must have less than {max} tokens. Given: {got}")),
+            EngineError::InputTooLong { max, got, .. } => {
+                Self::validation(format!("Input validation error: `inputs` must have less than {max} tokens. Given: {got}"))
+            }
             EngineError::TextTooLong { bytes, limit, .. } => {
                 Self::validation(format!("Input validation error: `inputs` must have less than {limit} characters. Given: {bytes}"))
             }
             EngineError::EmptyPrompt => Self::empty("Input validation error: `inputs` cannot be empty"),
-            EngineError::Tokenizer(message) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Tokenizer", format!("tokenizer error {message}")),
+            EngineError::Tokenizer(message) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Tokenizer", format!("tokenizer error {message}"))
+            }
             EngineError::Overloaded(_) => Self::new(StatusCode::TOO_MANY_REQUESTS, "Overloaded", "Model is overloaded"),
             EngineError::Model(message) => Self::backend(message),
             EngineError::Stopped | EngineError::Dead(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy", "unhealthy"),
@@ -254,7 +258,11 @@ impl InputFields {
         let mut params = sent.verify(task, spec).map_err(|e| TeiError::validation(e.message))?;
         params.activation = activation;
         if self.prompt_name.is_some() {
-            params.prompt = spec.prompts.resolve(self.prompt_name.as_deref()).map_err(|_| unknown_prompt(self.prompt_name.as_deref().unwrap_or(""), spec))?.map(Into::into);
+            params.prompt = spec
+                .prompts
+                .resolve(self.prompt_name.as_deref())
+                .map_err(|_| unknown_prompt(self.prompt_name.as_deref().unwrap_or(""), spec))?
+                .map(Into::into);
         }
         Ok(params)
     }
@@ -324,7 +332,9 @@ async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<
     let mut params = request.fields.params(Task::Embed, spec, request.normalize)?;
     if let Some(d) = request.dimensions {
         if d > spec.embedding_size {
-            return Err(TeiError::validation("Input validation error: `dimensions` should be smaller than the maximum embedding dimension."));
+            return Err(TeiError::validation(
+                "Input validation error: `dimensions` should be smaller than the maximum embedding dimension.",
+            ));
         }
         params.dimensions = (d < spec.embedding_size).then_some(d);
     }
@@ -344,7 +354,10 @@ pub async fn embed(State(state): State<AppState>, TeiJson(request): TeiJson<Embe
 }
 
 #[utoipa::path(post, tag = "TEI", path = "/embed_all", description = "TEI: one vector per token of each input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<Vec<f32>>>), super::error::TeiErrorResponses))]
-pub async fn embed_all(State(state): State<AppState>, TeiJson(request): TeiJson<InputFields>) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
+pub async fn embed_all(
+    State(state): State<AppState>,
+    TeiJson(request): TeiJson<InputFields>,
+) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
     let engine = model(&state, request.model.as_deref(), |s| s.supports(Task::Embed))?;
     let _permit = engine.admit().map_err(TeiError::from)?;
     let spec = engine.spec();
@@ -388,7 +401,10 @@ async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Ve
 }
 
 #[utoipa::path(post, tag = "TEI", path = "/embed_sparse", description = "TEI: SPLADE sparse embeddings, non-zero `{index, value}` per input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<SparseValue>>), super::error::TeiErrorResponses))]
-pub async fn embed_sparse(State(state): State<AppState>, TeiJson(request): TeiJson<InputFields>) -> Result<Json<Vec<Vec<SparseValue>>>, TeiError> {
+pub async fn embed_sparse(
+    State(state): State<AppState>,
+    TeiJson(request): TeiJson<InputFields>,
+) -> Result<Json<Vec<Vec<SparseValue>>>, TeiError> {
     embed_sparse_inner(&state, request).await.map(Json)
 }
 
@@ -424,10 +440,14 @@ pub enum PredictResponse {
 /// batch is a list of such lists (`[["a"], ["b", "c"]]`). Returns the inputs and whether it
 /// was a batch.
 fn predict_inputs(inputs: &Value) -> Result<(Vec<Prompt>, bool), TeiError> {
-    const EXPECTED: &str = "a string, a pair of strings [string, string] or a batch of mixed strings and pairs [[string], [string, string], ...]";
-    let invalid = |what: String| TeiError::validation(format!("Failed to deserialize the JSON body into the target type: inputs: {what}, expected {EXPECTED}"));
+    const EXPECTED: &str =
+        "a string, a pair of strings [string, string] or a batch of mixed strings and pairs [[string], [string, string], ...]";
+    let invalid = |what: String| {
+        TeiError::validation(format!("Failed to deserialize the JSON body into the target type: inputs: {what}, expected {EXPECTED}"))
+    };
     let item = |list: &[Value]| -> Result<Prompt, TeiError> {
-        let texts: Vec<&str> = list.iter().map(|v| v.as_str().ok_or_else(|| invalid(format!("invalid type: {v}")))).collect::<Result<_, _>>()?;
+        let texts: Vec<&str> =
+            list.iter().map(|v| v.as_str().ok_or_else(|| invalid(format!("invalid type: {v}")))).collect::<Result<_, _>>()?;
         match texts.as_slice() {
             [one] => Ok(Prompt::Text(one.to_string())),
             [a, b] => Ok(Prompt::Pair(a.to_string(), b.to_string())),
@@ -437,7 +457,10 @@ fn predict_inputs(inputs: &Value) -> Result<(Vec<Prompt>, bool), TeiError> {
     match inputs {
         Value::String(text) => Ok((vec![Prompt::Text(text.clone())], false)),
         Value::Array(items) if items.first().is_some_and(Value::is_array) => {
-            let batch = items.iter().map(|i| i.as_array().ok_or_else(|| invalid(format!("invalid type: {i}"))).and_then(|l| item(l))).collect::<Result<_, _>>()?;
+            let batch = items
+                .iter()
+                .map(|i| i.as_array().ok_or_else(|| invalid(format!("invalid type: {i}"))).and_then(|l| item(l)))
+                .collect::<Result<_, _>>()?;
             Ok((batch, true))
         }
         Value::Array(items) => Ok((vec![item(items)?], false)),
@@ -488,8 +511,11 @@ async fn predict_inner(state: &AppState, request: PredictRequest) -> Result<Pred
         if logits.iter().any(|s| s.is_nan()) {
             return Err(TeiError::backend("score is NaN").with_message("score is NaN"));
         }
-        let mut predictions: Vec<Prediction> =
-            logits.into_iter().enumerate().map(|(i, score)| Prediction { score, label: spec.labels.get(i).cloned().unwrap_or_else(|| format!("LABEL_{i}")) }).collect();
+        let mut predictions: Vec<Prediction> = logits
+            .into_iter()
+            .enumerate()
+            .map(|(i, score)| Prediction { score, label: spec.labels.get(i).cloned().unwrap_or_else(|| format!("LABEL_{i}")) })
+            .collect();
         tei_order(&mut predictions, |p| p.score);
         lists.push(predictions);
     }
@@ -673,7 +699,11 @@ pub async fn decode(State(state): State<AppState>, TeiJson(request): TeiJson<Dec
     }
     let vocab = engine.tokenizer().vocab_size();
     if let Some(&id) = lists.iter().flatten().find(|&&id| id as usize >= vocab) {
-        return Err(TeiError::new(StatusCode::UNPROCESSABLE_ENTITY, "Tokenizer", format!("tokenizer error Token id {id} is out of vocabulary")));
+        return Err(TeiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Tokenizer",
+            format!("tokenizer error Token id {id} is out of vocabulary"),
+        ));
     }
     Ok(Json(engine.decode_all(lists, request.skip_special_tokens).await?))
 }
@@ -735,7 +765,9 @@ async fn tokenize_inner(state: &AppState, request: TokenizeRequest) -> Result<Ve
         }
         let chars = text.chars().count();
         if chars > limit {
-            return Err(TeiError::validation(format!("Input validation error: `inputs` must have less than {limit} characters. Given: {chars}")));
+            return Err(TeiError::validation(format!(
+                "Input validation error: `inputs` must have less than {limit} characters. Given: {chars}"
+            )));
         }
         prompted.push(format!("{}{text}", prompt.as_deref().unwrap_or("")));
     }
@@ -748,7 +780,9 @@ async fn tokenize_inner(state: &AppState, request: TokenizeRequest) -> Result<Ve
             list.into_iter()
                 .map(|(id, special, range)| {
                     let text = match range {
-                        Some((start, stop)) => String::from_utf8_lossy(&text.as_bytes()[start.min(text.len())..stop.min(text.len())]).into_owned(),
+                        Some((start, stop)) => {
+                            String::from_utf8_lossy(&text.as_bytes()[start.min(text.len())..stop.min(text.len())]).into_owned()
+                        }
                         None => tokenizer.token_strings(&[id]).pop().unwrap_or_default(),
                     };
                     SimpleToken { id, text, special, start: range.map(|r| r.0), stop: range.map(|r| r.1) }
@@ -834,7 +868,8 @@ pub async fn info(State(state): State<AppState>, Query(query): Query<InfoQuery>)
     let engine = state.model(query.model.as_deref())?;
     let spec = engine.spec();
     let labels = || {
-        let id2label: serde_json::Map<String, Value> = spec.labels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone().into())).collect();
+        let id2label: serde_json::Map<String, Value> =
+            spec.labels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone().into())).collect();
         let label2id: serde_json::Map<String, Value> = spec.labels.iter().enumerate().map(|(i, l)| (l.clone(), i.into())).collect();
         serde_json::json!({"id2label": id2label, "label2id": label2id})
     };

@@ -6,8 +6,8 @@ use super::chat::{self, ChatFields};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::AppState;
-use crate::loader::tokenizer::EncodeOptions;
 use crate::engine::EngineError;
+use crate::loader::tokenizer::EncodeOptions;
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -61,7 +61,10 @@ pub struct DetokenizeResponse {
         (status = 200, body = TokenizeResponse),
         super::error::AnyErrorResponses
     ))]
-pub async fn tokenize(State(state): State<AppState>, ApiJson(body): ApiJson<serde_json::Value>) -> Result<axum::response::Response, ApiError> {
+pub async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<serde_json::Value>,
+) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     // TEI's body (`inputs`): TEI's tokens with their offsets.
     if super::tei::is_tei_tokenize(&body) {
@@ -71,8 +74,12 @@ pub async fn tokenize(State(state): State<AppState>, ApiJson(body): ApiJson<serd
     let engine = state.model(request.model.as_deref())?;
     let _permit = super::admit(engine)?;
     let text = match (request.prompt, &request.messages) {
-        (Some(_), Some(_)) => return Err(ApiError::BadRequest { message: "Send either `prompt` or `messages`, not both".into(), param: Some("messages") }),
-        (None, None) => return Err(ApiError::BadRequest { message: "missing field `prompt` (or vLLM's `messages`)".into(), param: Some("prompt") }),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::BadRequest { message: "Send either `prompt` or `messages`, not both".into(), param: Some("messages") })
+        }
+        (None, None) => {
+            return Err(ApiError::BadRequest { message: "missing field `prompt` (or vLLM's `messages`)".into(), param: Some("prompt") })
+        }
         (None, Some(messages)) => {
             let inputs = chat::inputs(&state, engine, &serde_json::Value::Null, Some(messages), &request.chat, true).await?;
             match inputs.prompts.as_slice() {
@@ -80,10 +87,12 @@ pub async fn tokenize(State(state): State<AppState>, ApiJson(body): ApiJson<serd
                 _ => return Err(ApiError::BadRequest { message: "/tokenize takes one conversation".into(), param: Some("messages") }),
             }
         }
-        (Some(prompt), None) => match engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)? {
-            Some(prefix) => prefix + &prompt,
-            None => prompt,
-        },
+        (Some(prompt), None) => {
+            match engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)? {
+                Some(prefix) => prefix + &prompt,
+                None => prompt,
+            }
+        }
     };
     let options = EncodeOptions {
         add_special_tokens: request.add_special_tokens.unwrap_or(request.messages.is_none()),

@@ -69,7 +69,8 @@ pub fn shard_of(line: usize, n: usize) -> usize {
 /// `I/N` of `--shard` (0-based index).
 pub fn parse_shard(text: &str) -> Result<(usize, usize), String> {
     let (i, n) = text.split_once('/').ok_or("--shard takes I/N, e.g. 0/4")?;
-    let (i, n): (usize, usize) = (i.trim().parse().map_err(|_| "--shard: I is not a number")?, n.trim().parse().map_err(|_| "--shard: N is not a number")?);
+    let (i, n): (usize, usize) =
+        (i.trim().parse().map_err(|_| "--shard: I is not a number")?, n.trim().parse().map_err(|_| "--shard: N is not a number")?);
     if n == 0 || i >= n {
         return Err(format!("--shard {i}/{n}: need 0 <= I < N"));
     }

@@ -12,10 +12,10 @@ pub mod input;
 pub mod progress;
 
 use crate::config::{ServeArgs, ServerConfig};
+use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::engine::{Engine, PoolingOutput, Prompt};
 use crate::pooler::Pooler;
 use crate::pooling::Task;
-use crate::engine::params::{PoolingParams, ResolvedParams};
 use input::{InputFormat, Payload, Record};
 use serde::Serialize;
 use serde_json::Value;
@@ -279,8 +279,13 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
     let mut poolers = Vec::new();
     for model in config.models {
         let name = model.served_name.clone();
-        let pooler = Pooler::load(crate::pooler::PoolerOptions { model, engine: config.engine.clone() })
-            .map_err(|e| if several { format!("model `{name}`: {e}") } else { e.to_string() })?;
+        let pooler = Pooler::load(crate::pooler::PoolerOptions { model, engine: config.engine.clone() }).map_err(|e| {
+            if several {
+                format!("model `{name}`: {e}")
+            } else {
+                e.to_string()
+            }
+        })?;
         let job = Job::for_model(&pooler, command, &args).map_err(|e| if several { format!("model `{name}`: {e}") } else { e })?;
         jobs.insert(name, std::sync::Arc::new(job));
         poolers.push(pooler);

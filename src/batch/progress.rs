@@ -56,6 +56,12 @@ impl Progress {
         if self.terminal {
             eprint!("\r\x1b[2K");
         }
-        format!("{} inputs, {} tokens in {:.1?} ({:.1} inputs/s)", self.inputs, self.tokens, self.started.elapsed(), self.inputs as f64 / self.started.elapsed().as_secs_f64().max(1e-9))
+        format!(
+            "{} inputs, {} tokens in {:.1?} ({:.1} inputs/s)",
+            self.inputs,
+            self.tokens,
+            self.started.elapsed(),
+            self.inputs as f64 / self.started.elapsed().as_secs_f64().max(1e-9)
+        )
     }
 }

@@ -68,7 +68,9 @@ fn py_value(value: &serde_json::Value) -> String {
         serde_json::Value::Bool(false) => "False".into(),
         serde_json::Value::Null => "None".into(),
         serde_json::Value::Array(items) => format!("[{}]", items.iter().map(py_value).collect::<Vec<_>>().join(", ")),
-        serde_json::Value::Object(map) => format!("{{{}}}", map.iter().map(|(k, v)| format!("{}: {}", py_repr(k), py_value(v))).collect::<Vec<_>>().join(", ")),
+        serde_json::Value::Object(map) => {
+            format!("{{{}}}", map.iter().map(|(k, v)| format!("{}: {}", py_repr(k), py_value(v))).collect::<Vec<_>>().join(", "))
+        }
         other => other.to_string(),
     }
 }

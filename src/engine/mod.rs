@@ -8,18 +8,18 @@ pub mod scheduler;
 pub mod score;
 pub mod tokenize;
 
+use crate::engine::params::ParamsError;
+use crate::engine::params::ResolvedParams;
+use crate::loader::image::{ImageLimits, ImageProcessorConfig};
 use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
-use crate::loader::LoadedModel;
-use crate::engine::params::ParamsError;
-use crate::pooling::Task;
-use crate::engine::params::ResolvedParams;
-use crate::models::batch::TokenizedInput;
-use scheduler::{BatchLimits, Job, JobInput, Runner};
-use crate::loader::image::{ImageLimits, ImageProcessorConfig};
-pub use scheduler::PoolingOutput;
-use std::sync::Arc;
 use crate::loader::tokenizer::{self, EncodeOptions, TextInput};
+use crate::loader::LoadedModel;
+use crate::models::batch::TokenizedInput;
+use crate::pooling::Task;
+pub use scheduler::PoolingOutput;
+use scheduler::{BatchLimits, Job, JobInput, Runner};
+use std::sync::Arc;
 use tokenize::TokenizerPool;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -145,7 +145,14 @@ pub struct EngineOptions {
 impl Default for EngineOptions {
     /// `serve`'s defaults.
     fn default() -> Self {
-        EngineOptions { max_batch_tokens: None, max_num_seqs: 256, max_concurrent_requests: 512, tokenizer_workers: 1, max_output_floats: 1 << 24, max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS }
+        EngineOptions {
+            max_batch_tokens: None,
+            max_num_seqs: 256,
+            max_concurrent_requests: 512,
+            tokenizer_workers: 1,
+            max_output_floats: 1 << 24,
+            max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+        }
     }
 }
 
@@ -232,12 +239,21 @@ impl Engine {
         };
         let vocab_size = backbone.vocab_size();
         let chunk_tokens = crate::models::forward_chunk_tokens(&device);
-        let solo = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .thread_name(|_| "model-solo".into())
-            .build()
-            .map_err(std::io::Error::other)?;
-        let runner = Runner { backbone, pooling, embedding_head, classifier, sparse_head, limits, chunk_tokens, model: spec.served_name.clone(), solo, on_cpu: device.is_cpu(), vision: vision.map(|v| v.tower) };
+        let solo =
+            rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
+        let runner = Runner {
+            backbone,
+            pooling,
+            embedding_head,
+            classifier,
+            sparse_head,
+            limits,
+            chunk_tokens,
+            model: spec.served_name.clone(),
+            solo,
+            on_cpu: device.is_cpu(),
+            vision: vision.map(|v| v.tower),
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
         let thread_name: String = format!("model-{}", spec.served_name.rsplit('/').next().unwrap_or_default()).chars().take(15).collect();
@@ -308,7 +324,14 @@ impl Engine {
             pair_limits: Default::default(),
             prompt: None,
         };
-        let _ = self.inner.jobs.send(Job { request: scheduler::STOP_REQUEST, input, cost: 1, params, reply, enqueued: std::time::Instant::now() });
+        let _ = self.inner.jobs.send(Job {
+            request: scheduler::STOP_REQUEST,
+            input,
+            cost: 1,
+            params,
+            reply,
+            enqueued: std::time::Instant::now(),
+        });
     }
 
     /// Test hook for [`TokenizerPool::panic_in_a_worker`].
@@ -323,9 +346,7 @@ impl Engine {
 
     /// A slot for one request, or `Overloaded` at once when all are taken.
     pub fn admit(&self) -> Result<OwnedSemaphorePermit, EngineError> {
-        Arc::clone(&self.inner.admission)
-            .try_acquire_owned()
-            .map_err(|_| EngineError::Overloaded(self.inner.max_concurrent_requests))
+        Arc::clone(&self.inner.admission).try_acquire_owned().map_err(|_| EngineError::Overloaded(self.inner.max_concurrent_requests))
     }
 
     /// The text of token ids (/detokenize), off the async runtime.
@@ -447,7 +468,12 @@ impl Engine {
     /// `side_limit` tokens (`max_tokens_per_query` / `_per_doc`): that cut always keeps the
     /// start, so the text is cut from the right to what those tokens could use, whatever the
     /// request's truncation.
-    pub fn bounded_side<'a>(&self, text: &'a str, params: &ResolvedParams, side_limit: Option<usize>) -> Result<std::borrow::Cow<'a, str>, EngineError> {
+    pub fn bounded_side<'a>(
+        &self,
+        text: &'a str,
+        params: &ResolvedParams,
+        side_limit: Option<usize>,
+    ) -> Result<std::borrow::Cow<'a, str>, EngineError> {
         let limit = self.max_text_bytes(params);
         let side_bytes = side_limit.map(|n| n.saturating_mul(MAX_BYTES_PER_TOKEN));
         if text.len() <= side_bytes.map_or(limit, |s| s.min(limit)) {
@@ -501,11 +527,8 @@ impl Engine {
                 Prompt::Tokens(_) | Prompt::Image(_) => None,
             })
             .collect::<Result<_, _>>()?;
-        let mut encoded = if texts.is_empty() {
-            Vec::new().into_iter()
-        } else {
-            self.inner.tokenizers.encode(texts, options).await?.into_iter()
-        };
+        let mut encoded =
+            if texts.is_empty() { Vec::new().into_iter() } else { self.inner.tokenizers.encode(texts, options).await?.into_iter() };
         let mut inputs = Vec::with_capacity(prompts.len());
         for prompt in prompts {
             let from_text = !matches!(prompt, Prompt::Tokens(_));
@@ -542,7 +565,10 @@ impl Engine {
         let target = match (params.pad_to_max_length, self.inner.spec.pad_text_to) {
             (true, _) => {
                 let pad = self.tokenizer().pad_id().ok_or_else(|| {
-                    EngineError::Params(ParamsError::new("padding: \"max_length\" needs a pad token, and this model's tokenizer has none", "padding"))
+                    EngineError::Params(ParamsError::new(
+                        "padding: \"max_length\" needs a pad token, and this model's tokenizer has none",
+                        "padding",
+                    ))
                 })?;
                 Some((self.inner.spec.max_model_len, pad))
             }

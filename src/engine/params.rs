@@ -5,9 +5,9 @@
 //! (`--pooler-config`), fields the task does not accept are rejected with vLLM's message, and
 //! the Matryoshka rules of api.md decide `dimensions`.
 
-use crate::pooling::Task;
-use crate::loader::tokenizer::{PairLimits, TruncationSide};
 use crate::loader::spec::ModelSpec;
+use crate::loader::tokenizer::{PairLimits, TruncationSide};
+use crate::pooling::Task;
 use serde::Deserialize;
 
 /// The pooling fields of a request body, as sent.
@@ -50,7 +50,11 @@ fn truncation_side<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Trun
 }
 
 /// An optional literal field: `null` is unset.
-pub fn optional<'de, D: serde::Deserializer<'de>, T: Copy>(d: D, param: &'static str, options: &[(&str, T)]) -> Result<Option<T>, D::Error> {
+pub fn optional<'de, D: serde::Deserializer<'de>, T: Copy>(
+    d: D,
+    param: &'static str,
+    options: &[(&str, T)],
+) -> Result<Option<T>, D::Error> {
     let value = Option::<serde_json::Value>::deserialize(d)?;
     match value {
         None | Some(serde_json::Value::Null) => Ok(None),
@@ -124,8 +128,7 @@ fn valid_fields(task: Task) -> &'static [&'static str] {
 
 /// Python's list repr, as vLLM prints it in its messages.
 fn py_list<T: std::fmt::Display>(items: &[T], quote: bool) -> String {
-    let parts: Vec<String> =
-        items.iter().map(|i| if quote { format!("'{i}'") } else { i.to_string() }).collect();
+    let parts: Vec<String> = items.iter().map(|i| if quote { format!("'{i}'") } else { i.to_string() }).collect();
     format!("[{}]", parts.join(", "))
 }
 
@@ -140,12 +143,8 @@ impl PoolingParams {
         let use_activation = self.use_activation.or(defaults.use_activation);
 
         let given = [self.dimensions.is_some(), self.normalize.is_some(), self.use_activation.is_some()];
-        let invalid: Vec<&str> = TASK_FIELDS
-            .iter()
-            .zip(given)
-            .filter(|(field, set)| *set && !accepts(field))
-            .map(|(field, _)| *field)
-            .collect();
+        let invalid: Vec<&str> =
+            TASK_FIELDS.iter().zip(given).filter(|(field, set)| *set && !accepts(field)).map(|(field, _)| *field).collect();
         if !invalid.is_empty() {
             return Err(ParamsError::new(
                 format!(
@@ -211,9 +210,7 @@ fn check_dimensions(k: i64, spec: &ModelSpec) -> Result<Option<usize>, ParamsErr
     let name = &spec.served_name;
     if !spec.matryoshka.enabled {
         return Err(ParamsError::new(
-            format!(
-                "Model \"{name}\" does not support matryoshka representation, changing output dimensions will lead to poor results."
-            ),
+            format!("Model \"{name}\" does not support matryoshka representation, changing output dimensions will lead to poor results."),
             "dimensions",
         ));
     }
@@ -232,10 +229,7 @@ fn check_dimensions(k: i64, spec: &ModelSpec) -> Result<Option<usize>, ParamsErr
         return Err(ParamsError::new("Dimensions must be greater than 0", "dimensions"));
     }
     if k as u64 > native as u64 {
-        return Err(ParamsError::new(
-            format!("Dimensions ({k}) must not exceed the model's embedding size ({native})"),
-            "dimensions",
-        ));
+        return Err(ParamsError::new(format!("Dimensions ({k}) must not exceed the model's embedding size ({native})"), "dimensions"));
     }
     Ok(Some(k as usize))
 }
@@ -276,11 +270,17 @@ mod tests {
     fn matryoshka_rules() {
         let plain = spec(Matryoshka::default());
         let err = params(|p| p.dimensions = Some(16)).verify(Task::Embed, &plain).unwrap_err();
-        assert_eq!(err.message, "Model \"test-model\" does not support matryoshka representation, changing output dimensions will lead to poor results.");
+        assert_eq!(
+            err.message,
+            "Model \"test-model\" does not support matryoshka representation, changing output dimensions will lead to poor results."
+        );
 
         let listed = spec(Matryoshka { enabled: true, dimensions: Some(vec![64, 128]) });
         let err = params(|p| p.dimensions = Some(16)).verify(Task::Embed, &listed).unwrap_err();
-        assert_eq!(err.message, "Model \"test-model\" only supports [64, 128] matryoshka dimensions, use other output dimensions will lead to poor results.");
+        assert_eq!(
+            err.message,
+            "Model \"test-model\" only supports [64, 128] matryoshka dimensions, use other output dimensions will lead to poor results."
+        );
         assert_eq!(params(|p| p.dimensions = Some(64)).verify(Task::Embed, &listed).unwrap().dimensions, Some(64));
 
         let open = spec(Matryoshka { enabled: true, dimensions: None });

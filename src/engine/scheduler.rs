@@ -7,20 +7,20 @@
 //! mixing lengths costs nothing, so batches are formed oldest-first: an input waits at most
 //! for the batch in flight plus one more.
 
-use crate::models::batch::{Batch, TokenizedInput};
 use super::EngineError;
+use crate::engine::params::ResolvedParams;
+use crate::metrics;
+use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::{Backbone, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::{finish_embedding, EmbeddingHead};
-use crate::pooling::sparse::SparseHead;
 use crate::pooling::method::{All, HiddenStates, PoolingMethod};
+use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
-use crate::engine::params::ResolvedParams;
 use candle_core::Device;
-use crate::metrics;
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// The result for one input.
@@ -218,8 +218,9 @@ impl Runner {
             // beside a flooded model).
             let solo = _busy.as_ref().is_some_and(|b| b.others_busy) && batch_tokens <= SOLO_TOKENS;
             // A bug in model code must fail this batch, not kill the thread and hang everyone.
-            let outcome = catch_unwind(AssertUnwindSafe(|| if solo { self.solo.install(|| self.execute(&batch)) } else { self.execute(&batch) }))
-                .unwrap_or_else(|_| Err("the model thread panicked while running a batch".to_string()));
+            let outcome =
+                catch_unwind(AssertUnwindSafe(|| if solo { self.solo.install(|| self.execute(&batch)) } else { self.execute(&batch) }))
+                    .unwrap_or_else(|_| Err("the model thread panicked while running a batch".to_string()));
             match outcome {
                 Ok(outputs) => {
                     let inference = started.elapsed();

@@ -8,8 +8,8 @@
 //! the scheduler batches them like any other inputs.
 
 use super::{Engine, EngineError, PoolingOutput, Prompt};
-use crate::pooling::Task;
 use crate::engine::params::ResolvedParams;
+use crate::pooling::Task;
 
 /// How the served model turns a pair into a score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +37,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 /// Σ over query tokens of the largest dot product with a document token.
 pub fn max_sim(query: &[Vec<f32>], document: &[Vec<f32>]) -> f32 {
-    query
-        .iter()
-        .map(|q| document.iter().map(|d| q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>()).fold(f32::NEG_INFINITY, f32::max))
-        .sum()
+    query.iter().map(|q| document.iter().map(|d| q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>()).fold(f32::NEG_INFINITY, f32::max)).sum()
 }
 
 fn token_vectors(output: PoolingOutput) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -114,7 +111,10 @@ impl Engine {
                         // copies of a long query exist at once, whatever the document count.
                         let mut inputs = Vec::with_capacity(pairs.len());
                         for group in pairs.chunks(RENDER_BATCH) {
-                            let prompts = group.iter().map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction))).collect();
+                            let prompts = group
+                                .iter()
+                                .map(|&(i, j)| Prompt::Text(template.render(&queries[i], &documents[j], instruction)))
+                                .collect();
                             inputs.extend(self.prepare(prompts, &params).await?);
                         }
                         let tokens = inputs.iter().map(|i| i.len()).sum();
@@ -143,9 +143,11 @@ impl Engine {
                 let matrices = outputs.into_iter().map(token_vectors).collect::<Result<Vec<_>, _>>()?;
                 // MaxSim is pairs × query tokens × document tokens × dims multiply-adds: on a
                 // blocking thread, not a runtime worker.
-                let scores = tokio::task::spawn_blocking(move || pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect())
-                    .await
-                    .map_err(|_| EngineError::Model("MaxSim scoring failed".into()))?;
+                let scores = tokio::task::spawn_blocking(move || {
+                    pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect()
+                })
+                .await
+                .map_err(|_| EngineError::Model("MaxSim scoring failed".into()))?;
                 Ok((scores, tokens))
             }
             None => Err(EngineError::Model("this model cannot score pairs".into())),
@@ -154,7 +156,12 @@ impl Engine {
 
     /// Bi-encoder scores: the cosine of each pair's embeddings, the sides being texts or (for
     /// image-text models) images; pairs as [`pair_up`] makes them.
-    pub async fn score_embedded(&self, queries: Vec<Prompt>, documents: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<f32>, usize), EngineError> {
+    pub async fn score_embedded(
+        &self,
+        queries: Vec<Prompt>,
+        documents: Vec<Prompt>,
+        params: &ResolvedParams,
+    ) -> Result<(Vec<f32>, usize), EngineError> {
         if self.score_mode() != Some(ScoreMode::BiEncoder) {
             return Err(EngineError::ImagesUnsupported);
         }

@@ -16,7 +16,11 @@ enum Work {
     Texts(Vec<TextInput>),
     /// Cross-encoder pairs by index into the distinct queries and documents, so that each text
     /// is tokenized once however many pairs it is in ([`TextTokenizer::encode_pairs`]).
-    Pairs { queries: Vec<String>, documents: Vec<String>, pairs: Vec<(usize, usize)> },
+    Pairs {
+        queries: Vec<String>,
+        documents: Vec<String>,
+        pairs: Vec<(usize, usize)>,
+    },
     /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the job panics.
     Panic,
 }
@@ -77,7 +81,11 @@ impl TokenizerPool {
         Ok(tokio::task::spawn_blocking(move || tokenizer.decode(&ids, skip_special_tokens)).await.map_err(|_| EngineError::Stopped)??)
     }
 
-    pub async fn encode(&self, texts: Vec<TextInput>, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+    pub async fn encode(
+        &self,
+        texts: Vec<TextInput>,
+        options: EncodeOptions,
+    ) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
         self.submit(Work::Texts(texts), options).await
     }
 
@@ -135,7 +143,8 @@ impl TokenizerPool {
     /// worker must survive).
     #[doc(hidden)]
     pub async fn panic_in_a_worker(&self) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
-        let options = EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: PairLimits::default() };
+        let options =
+            EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: PairLimits::default() };
         self.submit(Work::Panic, options).await
     }
 }

@@ -98,7 +98,11 @@ pub fn read_flag(value: &str) -> Result<String, LoadError> {
 }
 
 /// The folder's own template (module docs), if it has one.
-pub fn from_folder(tokenizer_config: &serde_json::Value, jinja_file: Option<&Path>, json_file: Option<&Path>) -> Result<Option<String>, LoadError> {
+pub fn from_folder(
+    tokenizer_config: &serde_json::Value,
+    jinja_file: Option<&Path>,
+    json_file: Option<&Path>,
+) -> Result<Option<String>, LoadError> {
     match tokenizer_config.get("chat_template") {
         Some(serde_json::Value::String(template)) => return Ok(Some(template.clone())),
         Some(serde_json::Value::Array(named)) => {
@@ -114,7 +118,8 @@ pub fn from_folder(tokenizer_config: &serde_json::Value, jinja_file: Option<&Pat
         return read(path).map(Some);
     }
     if let Some(path) = json_file {
-        let value: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| LoadError::Invalid(format!("{}: {e}", path.display())))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&read(path)?).map_err(|e| LoadError::Invalid(format!("{}: {e}", path.display())))?;
         return Ok(value.get("chat_template").and_then(serde_json::Value::as_str).map(str::to_string));
     }
     Ok(None)
@@ -130,7 +135,9 @@ fn environment() -> Environment<'static> {
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_fuel(Some(FUEL));
     env.add_filter("tojson", tojson);
-    env.add_function("raise_exception", |message: String| -> Result<Value, Error> { Err(Error::new(ErrorKind::InvalidOperation, message)) });
+    env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, message))
+    });
     env.add_function("strftime_now", |format: String| strftime(&format, unix_now()));
     env
 }
@@ -139,7 +146,11 @@ impl ChatTemplate {
     /// Compiles `source` (`None`: the model has no template); `tokenizer_config` gives the
     /// special tokens; `content_format` is the flag's choice (`None`: decided from the
     /// template).
-    pub fn new(source: Option<String>, tokenizer_config: &serde_json::Value, content_format: Option<ContentFormat>) -> Result<Self, LoadError> {
+    pub fn new(
+        source: Option<String>,
+        tokenizer_config: &serde_json::Value,
+        content_format: Option<ContentFormat>,
+    ) -> Result<Self, LoadError> {
         let has_template = source.is_some();
         let source = source.unwrap_or_default();
         let content_format = content_format.unwrap_or_else(|| detect_content_format(&source));
@@ -221,7 +232,8 @@ fn template_error(e: &Error) -> String {
 /// the fields templates read besides (`name`, `tool_calls`, `tool_call_id`).
 fn conversation_message(message: &serde_json::Value, format: ContentFormat) -> Result<serde_json::Value, ChatError> {
     let object = message.as_object().ok_or_else(|| ChatError("each message must be an object with a `role`".into()))?;
-    let role = object.get("role").and_then(serde_json::Value::as_str).ok_or_else(|| ChatError("each message needs a string `role`".into()))?;
+    let role =
+        object.get("role").and_then(serde_json::Value::as_str).ok_or_else(|| ChatError("each message needs a string `role`".into()))?;
     let content = match object.get("content") {
         None | Some(serde_json::Value::Null) => serde_json::Value::Null,
         Some(serde_json::Value::String(text)) => serde_json::Value::String(text.clone()),
@@ -262,12 +274,11 @@ fn continue_final(rendered: String, last: Option<&serde_json::Value>) -> Result<
     let content = last.and_then(|m| m.get("content"));
     let final_message = match content {
         Some(serde_json::Value::String(text)) => text.clone(),
-        Some(serde_json::Value::Array(parts)) => parts
-            .iter()
-            .rev()
-            .find_map(|p| p.get("text").and_then(serde_json::Value::as_str))
-            .map(str::to_string)
-            .ok_or_else(|| ChatError("continue_final_message is set but we could not find any text to continue in the final message!".into()))?,
+        Some(serde_json::Value::Array(parts)) => {
+            parts.iter().rev().find_map(|p| p.get("text").and_then(serde_json::Value::as_str)).map(str::to_string).ok_or_else(|| {
+                ChatError("continue_final_message is set but we could not find any text to continue in the final message!".into())
+            })?
+        }
         _ => return Err(ChatError("continue_final_message is set but the final message has no text to continue".into())),
     };
     let stripped = final_message.trim();
@@ -288,9 +299,10 @@ fn continue_final(rendered: String, last: Option<&serde_json::Value>) -> Result<
 /// vLLM's content-format guess: a template that loops over a message's content reads parts.
 fn detect_content_format(source: &str) -> ContentFormat {
     let compact: String = source.chars().filter(|c| !c.is_whitespace()).collect();
-    let loops_over_content = ["in message['content']", "in message[\"content\"]", "in message.content", "in msg['content']", "in m['content']", "in content"]
-        .iter()
-        .any(|pattern| compact.contains(&pattern.replace(' ', "")));
+    let loops_over_content =
+        ["in message['content']", "in message[\"content\"]", "in message.content", "in msg['content']", "in m['content']", "in content"]
+            .iter()
+            .any(|pattern| compact.contains(&pattern.replace(' ', "")));
     if loops_over_content {
         ContentFormat::OpenAi
     } else {
@@ -354,7 +366,8 @@ fn unix_now() -> i64 {
 /// Python's `strftime` for the codes chat templates use (`%d %b %Y` for "26 Jul 2024", …), in
 /// UTC; other codes are kept as written.
 fn strftime(format: &str, unix: i64) -> String {
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] =
+        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
     const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = unix.div_euclid(86_400);
     let seconds = unix.rem_euclid(86_400);
@@ -426,20 +439,31 @@ mod tests {
         let open = ChatOptions { continue_final_message: true, ..Default::default() };
         assert_eq!(template.render(&messages(), &open).unwrap(), "user: The cat sat.\nassistant: A feline rested.");
         let both = ChatOptions { continue_final_message: true, add_generation_prompt: true, ..Default::default() };
-        assert_eq!(template.render(&messages(), &both).unwrap_err().0, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+        assert_eq!(
+            template.render(&messages(), &both).unwrap_err().0,
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        );
     }
 
     #[test]
     fn python_methods_special_tokens_and_exceptions() {
         let source = "{{ bos_token }}{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role ' + m.role) }}{% endif %}{{ m.content.strip().upper() }}|{% endfor %}{% if add_generation_prompt %}>{% endif %}{{ extra|tojson }}";
         let template = ChatTemplate::new(Some(source.into()), &json!({"bos_token": {"content": "<s>"}}), None).unwrap();
-        let options = ChatOptions { add_generation_prompt: true, kwargs: [("extra".to_string(), json!({"a": [1, "é"]}))].into_iter().collect(), ..Default::default() };
+        let options = ChatOptions {
+            add_generation_prompt: true,
+            kwargs: [("extra".to_string(), json!({"a": [1, "é"]}))].into_iter().collect(),
+            ..Default::default()
+        };
         let out = template.render(&[json!({"role": "user", "content": "  hi "})], &options).unwrap();
         assert_eq!(out, "<s>HI|>{\"a\": [1, \"é\"]}");
         let err = template.render(&[json!({"role": "tool", "content": "x"})], &options).unwrap_err();
         assert_eq!(err.0, "bad role tool");
         let bad = ChatOptions { kwargs: [("tokenize".to_string(), json!(true))].into_iter().collect(), ..Default::default() };
-        assert!(template.render(&messages(), &bad).unwrap_err().0.contains("Found unexpected chat template kwargs from request: {'tokenize'}"));
+        assert!(template
+            .render(&messages(), &bad)
+            .unwrap_err()
+            .0
+            .contains("Found unexpected chat template kwargs from request: {'tokenize'}"));
     }
 
     #[test]
@@ -447,7 +471,12 @@ mod tests {
         let parts = vec![json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})];
         let string = ChatTemplate::new(Some("{{ messages[0]['content'] }}".into()), &json!({}), None).unwrap();
         assert_eq!(string.render(&parts, &ChatOptions::default()).unwrap(), "a\nb");
-        let openai = ChatTemplate::new(Some("{% for m in messages %}{% for part in m['content'] %}[{{ part.text }}]{% endfor %}{% endfor %}".into()), &json!({}), None).unwrap();
+        let openai = ChatTemplate::new(
+            Some("{% for m in messages %}{% for part in m['content'] %}[{{ part.text }}]{% endfor %}{% endfor %}".into()),
+            &json!({}),
+            None,
+        )
+        .unwrap();
         assert_eq!(openai.render(&parts, &ChatOptions::default()).unwrap(), "[a][b]");
         let image = vec![json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]})];
         assert!(string.render(&image, &ChatOptions::default()).unwrap_err().0.contains("image-text model"));

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 pub enum ModelSource {
     Local(PathBuf),
     /// Hub repository: `files` lists what the repository holds; `get` downloads on demand.
-    Hub { repo: hf_hub::api::sync::ApiRepo, files: HashSet<String> },
+    Hub {
+        repo: hf_hub::api::sync::ApiRepo,
+        files: HashSet<String>,
+    },
     /// Hub cache only (offline).
     Cache(hf_hub::CacheRepo),
 }
@@ -35,16 +38,12 @@ impl ModelSource {
         if hub_offline() {
             return match cached.get("config.json") {
                 Some(_) => Ok(Self::Cache(cached)),
-                None => Err(LoadError::NotFound(format!(
-                    "`{model}` is not a local folder and is not in the hub cache (HF_HUB_OFFLINE is set)"
-                ))),
+                None => {
+                    Err(LoadError::NotFound(format!("`{model}` is not a local folder and is not in the hub cache (HF_HUB_OFFLINE is set)")))
+                }
             };
         }
-        let api = ApiBuilder::from_env()
-            .with_progress(false)
-            .build()
-            .map_err(|e| LoadError::Hub(e.to_string()))?
-            .repo(repo);
+        let api = ApiBuilder::from_env().with_progress(false).build().map_err(|e| LoadError::Hub(e.to_string()))?.repo(repo);
         match api.info() {
             Ok(info) => {
                 let files = info.siblings.into_iter().map(|s| s.rfilename).collect();

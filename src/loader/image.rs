@@ -246,17 +246,18 @@ pub fn preprocess(bytes: &[u8], config: &ImageProcessorConfig, limits: &ImageLim
         (true, Size::Exact(hw)) => (hw.height, hw.width),
         (true, Size::ShortestEdge(s)) => {
             let long = (s as f64 * w.max(h) as f64 / w.min(h) as f64) as usize;
-            if w <= h { (long, s) } else { (s, long) }
+            if w <= h {
+                (long, s)
+            } else {
+                (s, long)
+            }
         }
     };
     let (oh, ow) = config.output_size();
     // Crop origin in resized coordinates; negative when transformers pads (image centred, ceil on the
     // leading side), which is floor((resized - crop) / 2) in both cases.
-    let (top, left) = if config.do_center_crop {
-        ((rh as isize - oh as isize).div_euclid(2), (rw as isize - ow as isize).div_euclid(2))
-    } else {
-        (0, 0)
-    };
+    let (top, left) =
+        if config.do_center_crop { ((rh as isize - oh as isize).div_euclid(2), (rw as isize - ow as isize).div_euclid(2)) } else { (0, 0) };
     let span = |o: isize, n: usize, full: usize| o.max(0) as usize..((o + n as isize).max(0) as usize).min(full);
     let (ys, xs) = (span(top, oh, rh), span(left, ow, rw));
     // Only the surviving rows and columns are resampled: each output pixel depends only on its own taps.
@@ -349,9 +350,7 @@ fn to_rgb(img: DynamicImage) -> Vec<u8> {
         DynamicImage::ImageLumaA8(b) => over_white(b.as_raw().chunks_exact(2).map(|p| [p[0], p[0], p[0], p[1]])),
         DynamicImage::ImageRgb16(b) => b.as_raw().iter().map(|&v| hi(v)).collect(),
         DynamicImage::ImageLuma16(b) => b.as_raw().iter().flat_map(|&v| [v.min(255) as u8; 3]).collect(),
-        DynamicImage::ImageRgba16(b) => {
-            over_white(b.as_raw().chunks_exact(4).map(|p| [hi(p[0]), hi(p[1]), hi(p[2]), hi(p[3])]))
-        }
+        DynamicImage::ImageRgba16(b) => over_white(b.as_raw().chunks_exact(4).map(|p| [hi(p[0]), hi(p[1]), hi(p[2]), hi(p[3])])),
         DynamicImage::ImageLumaA16(b) => over_white(b.as_raw().chunks_exact(2).map(|p| [hi(p[0]), hi(p[0]), hi(p[0]), hi(p[1])])),
         // Float images come from none of the accepted formats.
         other => other.to_rgb8().into_raw(),
@@ -376,7 +375,11 @@ impl Filter {
     /// Pillow's `Resample.c` kernels and supports, same expressions (including Hamming's float constants).
     fn kernel(self) -> (fn(f64) -> f64, f64) {
         fn sinc(x: f64) -> f64 {
-            if x == 0.0 { 1.0 } else { (x * std::f64::consts::PI).sin() / (x * std::f64::consts::PI) }
+            if x == 0.0 {
+                1.0
+            } else {
+                (x * std::f64::consts::PI).sin() / (x * std::f64::consts::PI)
+            }
         }
         match self {
             Filter::Box | Filter::Nearest => (|x| if x > -0.5 && x <= 0.5 { 1.0 } else { 0.0 }, 0.5),
@@ -612,7 +615,16 @@ mod tests {
                 // runs the vertical pass first by a rule not reproduced here (see `resize`): one level at most.
                 let jpeg = file.ends_with(".jpg");
                 let order = jpeg || file.ends_with(".webp");
-                assert!(diff <= if jpeg { 5e-2 } else if order { 2e-2 } else { 1e-6 }, "{model} {file}: {diff}");
+                assert!(
+                    diff <= if jpeg {
+                        5e-2
+                    } else if order {
+                        2e-2
+                    } else {
+                        1e-6
+                    },
+                    "{model} {file}: {diff}"
+                );
                 assert!(jpeg || sums == want_sums, "{file}: decoded sums differ");
             }
         }
@@ -729,5 +741,7 @@ pub fn decode_data_url(url: &str) -> Result<Vec<u8>, String> {
     }
     // Some clients wrap long base64 lines.
     let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-    base64::engine::general_purpose::STANDARD.decode(compact.as_bytes()).map_err(|e| format!("Invalid data URL: the base64 data does not decode ({e})"))
+    base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .map_err(|e| format!("Invalid data URL: the base64 data does not decode ({e})"))
 }

@@ -17,8 +17,8 @@ use crate::pooling::head::EmbeddingHead;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
 use candle_core::Device;
-use chat_template::ChatTemplate;
 use candle_nn::VarBuilder;
+use chat_template::ChatTemplate;
 use hub::ModelSource;
 use options::{DeviceArg, ModelOptions};
 use sentence::SentenceTransformer;
@@ -157,7 +157,8 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         vision: vision.is_some(),
     })?;
     let pad_token = tokenizer::special_token(&tokenizer_config, "pad_token");
-    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?.with_pad_token(pad_token.as_deref());
+    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?
+        .with_pad_token(pad_token.as_deref());
 
     let calibration = (spec.pooler_defaults.logit_bias.map(|b| b as f32), spec.pooler_defaults.logit_sigma.map(|s| s as f32));
     let classifier = if spec.supports(Task::Classify) {
@@ -170,18 +171,27 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     } else {
         None
     };
-    let sparse_head = if spec.supports(Task::EmbedSparse) { Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? }) } else { None };
+    let sparse_head =
+        if spec.supports(Task::EmbedSparse) { Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? }) } else { None };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     let template = match &options.chat_template {
         Some(flag) => Some(chat_template::read_flag(flag)?),
-        None => chat_template::from_folder(&tokenizer_config, source.file("chat_template.jinja")?.as_deref(), source.file("chat_template.json")?.as_deref())?,
+        None => chat_template::from_folder(
+            &tokenizer_config,
+            source.file("chat_template.jinja")?.as_deref(),
+            source.file("chat_template.json")?.as_deref(),
+        )?,
     };
     let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision, chat_template })
 }
 
 /// `preprocessor_config.json`, checked against the tower it feeds.
-fn image_processor(source: &ModelSource, tower: &dyn models::VisionTower, text_size: usize) -> Result<image::ImageProcessorConfig, LoadError> {
+fn image_processor(
+    source: &ModelSource,
+    tower: &dyn models::VisionTower,
+    text_size: usize,
+) -> Result<image::ImageProcessorConfig, LoadError> {
     let path = source.required("preprocessor_config.json")?;
     let processor = image::ImageProcessorConfig::from_file(&path)
         .and_then(|p| p.check().map(|()| p))
@@ -194,7 +204,10 @@ fn image_processor(source: &ModelSource, tower: &dyn models::VisionTower, text_s
         )));
     }
     if tower.embedding_size() != text_size {
-        return Err(LoadError::Invalid(format!("image embeddings have {} dimensions, text embeddings {text_size}", tower.embedding_size())));
+        return Err(LoadError::Invalid(format!(
+            "image embeddings have {} dimensions, text embeddings {text_size}",
+            tower.embedding_size()
+        )));
     }
     Ok(processor)
 }

@@ -117,12 +117,11 @@ fn pooling_type(config: &PoolingConfig, path: &str) -> Result<PoolingType, LoadE
 
 fn load_dense(source: &ModelSource, path: &str) -> Result<Dense, LoadError> {
     let config: DenseConfig = read_json(&source.required(&format!("{path}/config.json"))?)?;
-    let activation = DenseActivation::from_torch_name(&config.activation_function).ok_or_else(|| {
-        LoadError::Unsupported(format!("{path}: Dense activation `{}`", config.activation_function))
-    })?;
-    let weights_path = source.file(&format!("{path}/model.safetensors"))?.ok_or_else(|| {
-        LoadError::Unsupported(format!("{path}: only model.safetensors weights are supported"))
-    })?;
+    let activation = DenseActivation::from_torch_name(&config.activation_function)
+        .ok_or_else(|| LoadError::Unsupported(format!("{path}: Dense activation `{}`", config.activation_function)))?;
+    let weights_path = source
+        .file(&format!("{path}/model.safetensors"))?
+        .ok_or_else(|| LoadError::Unsupported(format!("{path}: only model.safetensors weights are supported")))?;
     let tensors = candle_core::safetensors::load(&weights_path, &Device::Cpu)
         .map_err(|e| LoadError::Invalid(format!("{}: {e}", weights_path.display())))?;
     let weight = tensors
@@ -170,7 +169,10 @@ impl SentenceTransformer {
                     // Pooling that skips the prompt's tokens (INSTRUCTOR-style) is not built yet:
                     // serving it with the prompt pooled in would silently change the vectors.
                     if !config.include_prompt {
-                        return Err(LoadError::Unsupported(format!("{}: include_prompt: false (pooling without the prompt's tokens)", module.path)));
+                        return Err(LoadError::Unsupported(format!(
+                            "{}: include_prompt: false (pooling without the prompt's tokens)",
+                            module.path
+                        )));
                     }
                 }
                 "Dense" => st.dense.push(load_dense(source, &module.path)?),
@@ -188,9 +190,7 @@ impl SentenceTransformer {
                 }
                 // all-MiniLM-L6-v2 lists 2_Normalize without shipping a folder for it.
                 "Normalize" => st.normalize = true,
-                other => {
-                    return Err(LoadError::Unsupported(format!("sentence-transformers module `{other}` ({})", module.path)))
-                }
+                other => return Err(LoadError::Unsupported(format!("sentence-transformers module `{other}` ({})", module.path))),
             }
         }
         Ok(st)

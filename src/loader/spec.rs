@@ -168,7 +168,8 @@ pub struct SpecInputs<'a> {
 impl ModelSpec {
     /// Every decision about the model, in one place.
     pub fn decide(input: SpecInputs) -> Result<ModelSpec, LoadError> {
-        let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision } = input;
+        let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision } =
+            input;
         let pooler = &options.pooler;
         // vLLM fixes the reward heads' sizes (Qwen2.5-Math-RM's config.json names none).
         let num_labels = match architecture_name.as_str() {
@@ -183,12 +184,16 @@ impl ModelSpec {
             sentence_pooling: sentence.pooling_module,
         };
         if vision && pooler.enable_chunked_processing == Some(true) {
-            return Err(LoadError::Unsupported(format!("`{architecture_name}`: chunked processing does not apply to image-text models (their texts are read at one token)")));
+            return Err(LoadError::Unsupported(format!(
+                "`{architecture_name}`: chunked processing does not apply to image-text models (their texts are read at one token)"
+            )));
         }
         let tasks = if vision {
             // An image-text model's one job: embeddings of texts and images in one space.
             if !matches!(options.convert, Convert::Auto | Convert::Embed) {
-                return Err(LoadError::Unsupported(format!("`{architecture_name}` embeds texts and images; it is served with --convert auto or embed only")));
+                return Err(LoadError::Unsupported(format!(
+                    "`{architecture_name}` embeds texts and images; it is served with --convert auto or embed only"
+                )));
             }
             vec![Task::Embed]
         } else {
@@ -212,7 +217,9 @@ impl ModelSpec {
             return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
         }
         if supports(Task::Embed) && pooling.is_token_level() {
-            return Err(LoadError::Unsupported(format!("pooling_type {pooling:?} gives one vector per token; embeddings need CLS, MEAN or LAST")));
+            return Err(LoadError::Unsupported(format!(
+                "pooling_type {pooling:?} gives one vector per token; embeddings need CLS, MEAN or LAST"
+            )));
         }
         // Dense layers must chain from the hidden size; a mismatch would only surface per request.
         let mut embedding_size = hidden_size;
@@ -251,8 +258,11 @@ impl ModelSpec {
             None
         };
         // Rewards are raw head outputs, as vLLM serves them.
-        let classify_activation =
-            if architecture_name == REWARD_MODEL && supports(Task::TokenClassify) { ClassifierActivation::Identity } else { classify_activation(config, num_labels) };
+        let classify_activation = if architecture_name == REWARD_MODEL && supports(Task::TokenClassify) {
+            ClassifierActivation::Identity
+        } else {
+            classify_activation(config, num_labels)
+        };
         Ok(ModelSpec {
             served_name: options.served_name.clone(),
             root: options.source.clone(),
@@ -320,10 +330,8 @@ fn classify_activation(config: &Value, num_labels: usize) -> ClassifierActivatio
 /// Cross-encoders: sentence-transformers' `activation_fn` in config.json wins (e.g. an Identity
 /// for models trained to output raw scores); otherwise the classification rule.
 fn score_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
-    let named = config
-        .pointer("/sentence_transformers/activation_fn")
-        .and_then(Value::as_str)
-        .and_then(|name| match name.rsplit('.').next()? {
+    let named =
+        config.pointer("/sentence_transformers/activation_fn").and_then(Value::as_str).and_then(|name| match name.rsplit('.').next()? {
             "Identity" => Some(ClassifierActivation::Identity),
             "Sigmoid" => Some(ClassifierActivation::Sigmoid),
             "Softmax" => Some(ClassifierActivation::Softmax),
@@ -489,9 +497,9 @@ pub fn matryoshka_of(config: &Value) -> Matryoshka {
 pub fn max_model_len(flag: Option<usize>, max_seq_length: Option<usize>, max_positions: usize) -> Result<usize, LoadError> {
     let derived = max_seq_length.map_or(max_positions, |m| m.min(max_positions));
     match flag {
-        Some(n) if n > derived => Err(LoadError::Invalid(format!(
-            "--max-model-len {n} is larger than the model's limit of {derived} tokens"
-        ))),
+        Some(n) if n > derived => {
+            Err(LoadError::Invalid(format!("--max-model-len {n} is larger than the model's limit of {derived} tokens")))
+        }
         Some(n) => Ok(n),
         None => Ok(derived),
     }
@@ -575,7 +583,8 @@ mod tests {
         assert_eq!(name(json!({"architectures": ["MPNetForMaskedLM"]})), "MPNet");
         assert_eq!(name(json!({"architectures": ["DistilBertForTokenClassification"]})), "DistilBERT");
         assert_eq!(name(json!({"architectures": ["ModernBertModel"]})), "ModernBERT");
-        let err = architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).err().expect("llama is not served");
+        let err =
+            architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).err().expect("llama is not served");
         assert!(err.to_string().contains("LlamaForCausalLM"));
     }
 
@@ -603,8 +612,14 @@ mod tests {
         let embed = vec![Task::Embed, Task::TokenEmbed];
         let labels = |n| TaskHints { num_labels: n, ..Default::default() };
         assert_eq!(tasks_for("BertModel", Convert::Auto, labels(2)).unwrap(), embed);
-        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Auto, labels(3)).unwrap(), vec![Task::Classify, Task::TokenClassify]);
-        assert_eq!(tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, labels(1)).unwrap(), vec![Task::Classify, Task::Score, Task::TokenClassify]);
+        assert_eq!(
+            tasks_for("BertForSequenceClassification", Convert::Auto, labels(3)).unwrap(),
+            vec![Task::Classify, Task::TokenClassify]
+        );
+        assert_eq!(
+            tasks_for("XLMRobertaForSequenceClassification", Convert::Classify, labels(1)).unwrap(),
+            vec![Task::Classify, Task::Score, Task::TokenClassify]
+        );
         assert_eq!(tasks_for("BertForSequenceClassification", Convert::Embed, labels(1)).unwrap(), embed);
         assert!(tasks_for("BertModel", Convert::Classify, labels(2)).is_err());
         assert_eq!(tasks_for("BertForTokenClassification", Convert::Auto, labels(5)).unwrap(), vec![Task::TokenClassify]);
@@ -615,10 +630,20 @@ mod tests {
         assert_eq!(tasks_for("BertModel", Convert::Auto, colbert).unwrap(), vec![Task::TokenEmbed, Task::Score]);
         // A sentence-transformers folder (Transformer → Pooling) that kept its training head.
         let st = TaskHints { sentence_pooling: true, pooling: Some(PoolingType::Mean), ..Default::default() };
-        for architecture in ["MPNetForMaskedLM", "BertForPreTraining", "RobertaForCausalLM", "Qwen3ForCausalLM", "BertForSequenceClassification"] {
+        for architecture in
+            ["MPNetForMaskedLM", "BertForPreTraining", "RobertaForCausalLM", "Qwen3ForCausalLM", "BertForSequenceClassification"]
+        {
             assert_eq!(tasks_for(architecture, Convert::Auto, st).unwrap(), embed, "{architecture}");
         }
-        assert_eq!(tasks_for("BertForSequenceClassification", Convert::Classify, TaskHints { sentence_pooling: true, num_labels: 1, ..Default::default() }).unwrap(), vec![Task::Classify, Task::Score, Task::TokenClassify]);
+        assert_eq!(
+            tasks_for(
+                "BertForSequenceClassification",
+                Convert::Classify,
+                TaskHints { sentence_pooling: true, num_labels: 1, ..Default::default() }
+            )
+            .unwrap(),
+            vec![Task::Classify, Task::Score, Task::TokenClassify]
+        );
     }
 
     #[test]

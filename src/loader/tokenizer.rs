@@ -179,10 +179,13 @@ impl TextTokenizer {
                 };
                 let (mut first, second) = truncate_encodings(first, Some(second), &params).map_err(tokenizer_error)?;
                 first.take_overflowing();
-                (first, second.map(|mut s| {
-                    s.take_overflowing();
-                    s
-                }))
+                (
+                    first,
+                    second.map(|mut s| {
+                        s.take_overflowing();
+                        s
+                    }),
+                )
             }
             None => (first, Some(second)),
         };

@@ -109,10 +109,8 @@ mod tests {
 
     #[test]
     fn chunks_split_at_sequence_boundaries() {
-        let inputs: Vec<TokenizedInput> = [3usize, 2, 4, 1]
-            .iter()
-            .map(|&n| TokenizedInput { ids: (0..n as u32).collect(), type_ids: vec![0; n] })
-            .collect();
+        let inputs: Vec<TokenizedInput> =
+            [3usize, 2, 4, 1].iter().map(|&n| TokenizedInput { ids: (0..n as u32).collect(), type_ids: vec![0; n] }).collect();
         let batch = Batch::from_inputs(&inputs);
         let chunks = batch.chunks(5);
         let lens: Vec<Vec<usize>> = chunks.iter().map(|c| c.spans().map(|(_, l)| l).collect()).collect();

@@ -54,7 +54,13 @@ impl Architecture for BertKind {
 
     /// BERT's pooler (`bert.pooler.dense`) and `classifier`, or RoBERTa's `classifier.dense`
     /// and `classifier.out_proj`; both apply tanh after the first layer and read the first token.
-    fn classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
+    fn classifier(
+        &self,
+        config: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
         let h = parse_config::<BertConfig>(config)?.hidden_size;
         match self {
             BertKind::Roberta => roberta_classifier(&vb, h, num_labels),

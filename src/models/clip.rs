@@ -132,8 +132,10 @@ pub(super) struct TowerDefaults {
 }
 
 impl TowerDefaults {
-    const CLIP_TEXT: TowerDefaults = TowerDefaults { hidden_size: 512, intermediate_size: 2048, layers: 12, heads: 8, act: "quick_gelu", eps: 1e-5 };
-    const CLIP_VISION: TowerDefaults = TowerDefaults { hidden_size: 768, intermediate_size: 3072, layers: 12, heads: 12, act: "quick_gelu", eps: 1e-5 };
+    const CLIP_TEXT: TowerDefaults =
+        TowerDefaults { hidden_size: 512, intermediate_size: 2048, layers: 12, heads: 8, act: "quick_gelu", eps: 1e-5 };
+    const CLIP_VISION: TowerDefaults =
+        TowerDefaults { hidden_size: 768, intermediate_size: 3072, layers: 12, heads: 12, act: "quick_gelu", eps: 1e-5 };
 }
 
 /// A tower's encoder shape, resolved.
@@ -333,7 +335,9 @@ impl Backbone for TextTower {
 /// Pixels `[images, 3·size·size]` in as a tensor of patch rows on the model's device.
 pub(super) fn patch_rows(geometry: &PatchGeometry, pixels: &[f32], images: usize, like: &Tensor) -> Result<Tensor> {
     let rows = geometry.patchify(pixels, images);
-    Tensor::from_vec(rows, (images * geometry.patches(), geometry.patch_len()), &Device::Cpu)?.to_dtype(like.dtype())?.to_device(like.device())
+    Tensor::from_vec(rows, (images * geometry.patches(), geometry.patch_len()), &Device::Cpu)?
+        .to_dtype(like.dtype())?
+        .to_device(like.device())
 }
 
 /// Equal-length sequences laid end to end.

@@ -30,7 +30,13 @@ impl Architecture for DistilBert {
     }
 
     /// `pre_classifier` (ReLU) and `classifier` of `DistilBertForSequenceClassification`.
-    fn classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {
+    fn classifier(
+        &self,
+        config: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> Result<ClassifierWeights, ModelError> {
         let h = parse_config::<DistilBertConfig>(config)?.dim;
         let dense = host_linear(&vb.pp("pre_classifier"), h, h)?;
         Ok(ClassifierWeights {

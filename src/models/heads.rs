@@ -79,7 +79,12 @@ impl ClassifierWeights {
     /// The `classifier` layer applied to every token, as the encoders' `*ForTokenClassification`
     /// have it.
     pub fn per_token(vb: &VarBuilder, num_labels: usize, hidden: usize) -> std::result::Result<Self, ModelError> {
-        Ok(ClassifierWeights { pre: None, classifier: host_linear(&vb.pp("classifier"), num_labels, hidden)?, input: HeadInput::EveryToken, pre_on_tokens: true })
+        Ok(ClassifierWeights {
+            pre: None,
+            classifier: host_linear(&vb.pp("classifier"), num_labels, hidden)?,
+            input: HeadInput::EveryToken,
+            pre_on_tokens: true,
+        })
     }
 }
 

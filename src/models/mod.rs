@@ -195,7 +195,13 @@ pub trait Architecture: Sync {
     }
     /// A `*ForSequenceClassification` head with `num_labels` outputs, or for a causal LM
     /// converted with `classifier_from_token`, the LM-head rows of `from_tokens`.
-    fn classifier(&self, _config: &Value, _vb: VarBuilder, _num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {
+    fn classifier(
+        &self,
+        _config: &Value,
+        _vb: VarBuilder,
+        _num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> Result<ClassifierWeights, ModelError> {
         Err(ModelError::NoHead(format!("{} classification heads are not supported yet", self.name())))
     }
     /// A `*ForTokenClassification` head.

@@ -89,7 +89,13 @@ impl Architecture for ModernBertArchitecture {
 
     /// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`,
     /// then `classifier`, on the token(s) `classifier_pooling` names.
-    fn classifier(&self, raw: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
+    fn classifier(
+        &self,
+        raw: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
         let config = parse(raw)?;
         let h = config.hidden_size;
         let cpu = Device::Cpu;
@@ -100,7 +106,8 @@ impl Architecture for ModernBertArchitecture {
             on_host(head.pp("dense").get((h, h), "weight")?)?,
             if config.classifier_bias { Some(on_host(head.pp("dense").get(h, "bias")?)?) } else { None },
         )?;
-        let norm_bias = if config.norm_bias { on_host(head.pp("norm").get(h, "bias")?)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
+        let norm_bias =
+            if config.norm_bias { on_host(head.pp("norm").get(h, "bias")?)? } else { Tensor::zeros(h, candle_core::DType::F32, &cpu)? };
         let head_norm = LayerNorm::new(on_host(head.pp("norm").get(h, "weight")?)?, norm_bias, config.norm_eps)?;
         let input = match config.classifier_pooling.as_str() {
             "mean" => HeadInput::Mean,

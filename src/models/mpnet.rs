@@ -31,7 +31,13 @@ impl Architecture for Mpnet {
     }
 
     /// RoBERTa's head names: `classifier.dense` (tanh) and `classifier.out_proj`.
-    fn classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize, _from_tokens: Option<&[u32]>) -> Result<ClassifierWeights, ModelError> {
+    fn classifier(
+        &self,
+        config: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> Result<ClassifierWeights, ModelError> {
         roberta_classifier(&vb, parse_config::<MpnetConfig>(config)?.hidden_size, num_labels)
     }
 
@@ -90,13 +96,12 @@ impl RelativePositions {
         bucket += if n < max_exact {
             n
         } else {
-            let scaled = (n as f32 / max_exact as f32).ln() / ((MAX_DISTANCE as f64 / max_exact as f64).ln() as f32)
-                * (half - max_exact) as f32;
+            let scaled =
+                (n as f32 / max_exact as f32).ln() / ((MAX_DISTANCE as f64 / max_exact as f64).ln() as f32) * (half - max_exact) as f32;
             (max_exact + scaled as i64).min(half - 1)
         };
         bucket as usize
     }
-
 }
 
 impl RelativeBias for RelativePositions {

@@ -52,7 +52,13 @@ impl Architecture for QwenVersion {
     /// `classifier_from_token`, rows of the LM head (tied to the embeddings unless
     /// `lm_head.weight` exists) on the last token: the difference `row(tokens[1]) − row(tokens[0])`
     /// for Qwen3-Reranker (`is_original_qwen3_reranker`), else one row per token.
-    fn classifier(&self, raw: &Value, vb: VarBuilder, num_labels: usize, from_tokens: Option<&[u32]>) -> std::result::Result<ClassifierWeights, ModelError> {
+    fn classifier(
+        &self,
+        raw: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
         let config: QwenConfig = parse_config(raw)?;
         let h = config.hidden_size;
         if vb.contains_tensor("score.0.weight") {

@@ -24,7 +24,8 @@ pub struct Siglip;
 
 pub static SIGLIP: Siglip = Siglip;
 
-const SIGLIP_TEXT: TowerDefaults = TowerDefaults { hidden_size: 768, intermediate_size: 3072, layers: 12, heads: 12, act: "gelu_pytorch_tanh", eps: 1e-6 };
+const SIGLIP_TEXT: TowerDefaults =
+    TowerDefaults { hidden_size: 768, intermediate_size: 3072, layers: 12, heads: 12, act: "gelu_pytorch_tanh", eps: 1e-6 };
 const SIGLIP_VISION: TowerDefaults = SIGLIP_TEXT;
 
 #[derive(Debug, Deserialize)]
@@ -79,7 +80,9 @@ impl Architecture for Siglip {
     fn vision_tower(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn VisionTower>>, ModelError> {
         let config: SiglipConfig = parse_config(config)?;
         if config.vision_config.vision_use_head == Some(false) {
-            return Err(ModelError::NoHead("SigLIP vision towers without their attention-pooling head (vision_use_head: false) are not supported".into()));
+            return Err(ModelError::NoHead(
+                "SigLIP vision towers without their attention-pooling head (vision_use_head: false) are not supported".into(),
+            ));
         }
         let vision = config.vision_config.resolve(&SIGLIP_VISION)?;
         let geometry = PatchGeometry::of(&config.vision_config, 224, 16)?;
@@ -90,7 +93,10 @@ impl Architecture for Siglip {
         let head = vv.pp("head");
         let attention = head.pp("attention");
         Ok(Some(Box::new(SiglipVision {
-            patch_embedding: Linear::new(patch_weight.reshape((h, geometry.patch_len()))?, Some(embeddings.get(h, "patch_embedding.bias")?))?,
+            patch_embedding: Linear::new(
+                patch_weight.reshape((h, geometry.patch_len()))?,
+                Some(embeddings.get(h, "patch_embedding.bias")?),
+            )?,
             position_embedding: embeddings.get((geometry.patches(), h), "position_embedding.weight")?,
             encoder: PreLnEncoder::load(&vv.pp("encoder"), &vision)?,
             post_norm: layer_norm(&vv.pp("post_layernorm"), h, vision.layer_norm_eps)?,
@@ -137,7 +143,8 @@ impl SiglipVision {
         let rows = qkv.narrow(0, 1, images * patches)?;
         let per_head = |offset: usize| rows.narrow(1, offset, h)?.reshape((images, patches, heads, d))?.transpose(1, 2)?.contiguous();
         let (keys, values) = (per_head(h)?, per_head(2 * h)?);
-        let scores = (query.broadcast_as((images, heads, 1, d))?.contiguous()?.matmul(&keys.transpose(2, 3)?.contiguous()?)? / (d as f64).sqrt())?;
+        let scores =
+            (query.broadcast_as((images, heads, 1, d))?.contiguous()?.matmul(&keys.transpose(2, 3)?.contiguous()?)? / (d as f64).sqrt())?;
         let weights = candle_nn::ops::softmax(&scores.to_dtype(DType::F32)?, D::Minus1)?.to_dtype(values.dtype())?;
         let pooled = weights.matmul(&values)?.reshape((images, h))?;
         let pooled = self.out_proj.forward(&pooled)?;

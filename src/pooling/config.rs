@@ -33,7 +33,8 @@ pub struct PoolerConfig {
 
 /// The tasks vLLM's `PoolerConfig.task` takes, in its order (its message lists them so), and
 /// ours: `embed_sparse` (SPLADE).
-pub const POOLER_TASKS: [&str; 7] = ["embed", "classify", "token_embed", "token_classify", "plugin", "embed&token_classify", "embed_sparse"];
+pub const POOLER_TASKS: [&str; 7] =
+    ["embed", "classify", "token_embed", "token_classify", "plugin", "embed&token_classify", "embed_sparse"];
 
 /// The configuration as written, before aliases are folded.
 #[derive(Deserialize)]
@@ -69,7 +70,9 @@ impl TryFrom<RawPoolerConfig> for PoolerConfig {
             (Some(_), Some(_), _) => return Err("Cannot set both `pooling_type` and `seq_pooling_type`".into()),
             (Some(_), _, Some(_)) => return Err("Cannot set both `pooling_type` and `tok_pooling_type`".into()),
             // A model here pools one way: a sequence and a token pooling together would need two.
-            (None, Some(_), Some(_)) => return Err("set one of `seq_pooling_type` and `tok_pooling_type` (poolserve pools a model one way)".into()),
+            (None, Some(_), Some(_)) => {
+                return Err("set one of `seq_pooling_type` and `tok_pooling_type` (poolserve pools a model one way)".into())
+            }
             (Some(p), None, None) => Some(p),
             (None, Some(p), None) | (None, None, Some(p)) => Some(p),
             (None, None, None) => None,
@@ -163,7 +166,9 @@ mod tests {
         assert!(parse(r#"{"task": "encode"}"#).unwrap_err().contains("`encode` task was removed"));
         let err = parse(r#"{"task": "embedding"}"#).unwrap_err();
         assert!(err.contains("Input should be 'embed', 'classify'") && err.contains("not 'embedding'"), "{err}");
-        assert!(parse(r#"{"pooling_type": "CLS", "seq_pooling_type": "MEAN"}"#).unwrap_err().contains("Cannot set both `pooling_type` and `seq_pooling_type`"));
+        assert!(parse(r#"{"pooling_type": "CLS", "seq_pooling_type": "MEAN"}"#)
+            .unwrap_err()
+            .contains("Cannot set both `pooling_type` and `seq_pooling_type`"));
         assert!(parse(r#"{"logit_sigma": 0}"#).unwrap_err().contains("logit_sigma cannot be 0"));
         assert!(parse(r#"{"seq_pooling_type": "ALL"}"#).is_err());
     }

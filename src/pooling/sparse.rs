@@ -34,11 +34,6 @@ impl SparseHead {
                 best.iter_mut().zip(max).for_each(|(b, m)| *b = b.max(m));
             }
         }
-        Ok(best
-            .into_iter()
-            .enumerate()
-            .filter(|(_, logit)| *logit > 0.0)
-            .map(|(id, logit)| (id as u32, logit.ln_1p()))
-            .collect())
+        Ok(best.into_iter().enumerate().filter(|(_, logit)| *logit > 0.0).map(|(id, logit)| (id as u32, logit.ln_1p())).collect())
     }
 }

@@ -28,8 +28,7 @@ pub fn minilm_cross_encoder(minilm: &Path, out: &Path) -> PathBuf {
     let device = candle_core::Device::Cpu;
     let encoder = candle_core::safetensors::load(minilm.join("model.safetensors"), &device).expect("weights");
     let hidden = config["hidden_size"].as_u64().expect("hidden_size") as usize;
-    let mut tensors: HashMap<String, candle_core::Tensor> =
-        encoder.into_iter().map(|(name, t)| (format!("bert.{name}"), t)).collect();
+    let mut tensors: HashMap<String, candle_core::Tensor> = encoder.into_iter().map(|(name, t)| (format!("bert.{name}"), t)).collect();
     let weight: Vec<f32> = (0..hidden).map(|j| ((j * 37 % 19) as f32 - 9.0) / 40.0).collect();
     tensors.insert("classifier.weight".into(), candle_core::Tensor::from_vec(weight, (1, hidden), &device).expect("tensor"));
     tensors.insert("classifier.bias".into(), candle_core::Tensor::from_vec(vec![0.1f32], 1, &device).expect("tensor"));

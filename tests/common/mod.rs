@@ -27,9 +27,8 @@ pub fn expected(name: &str) -> Value {
 /// A real model folder made by scripts/fetch-models.sh (`splade-tiny`, `rampart-ner`) under
 /// `POOLSERVE_MODELS` (default `models/`). In CI its absence is a failure.
 pub fn real_model_dir(name: &str) -> Option<PathBuf> {
-    let root = std::env::var("POOLSERVE_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    let root =
+        std::env::var("POOLSERVE_MODELS").map(PathBuf::from).unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
     let dir = root.join(name);
     if dir.join("model.safetensors").is_file() {
         return Some(dir);

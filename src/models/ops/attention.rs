@@ -180,7 +180,11 @@ impl<'a> Attention<'a> {
                         .map(|x| {
                             let (i, j) = (first + x / len, x % len);
                             let (lo, hi) = self.mask.keys(i, len);
-                            if (lo..hi).contains(&j) { 0.0 } else { f32::NEG_INFINITY }
+                            if (lo..hi).contains(&j) {
+                                0.0
+                            } else {
+                                f32::NEG_INFINITY
+                            }
                         })
                         .collect();
                     scores = scores.broadcast_add(&Tensor::from_vec(mask, (rows, len), qkv.device())?)?;
@@ -206,7 +210,12 @@ impl CustomOp1 for AttentionOp<'_> {
             bail!("attention: {} heads do not group over {} key/value heads", this.num_heads, this.num_kv_heads);
         }
         if width != this.q_width() + 2 * this.kv_width() {
-            bail!("attention: {width} columns do not split into q, k, v of {}+2×{} heads of {}", this.num_heads, this.num_kv_heads, this.head_dim);
+            bail!(
+                "attention: {width} columns do not split into q, k, v of {}+2×{} heads of {}",
+                this.num_heads,
+                this.num_kv_heads,
+                this.head_dim
+            );
         }
         if this.cu_seqlens.last().copied() != Some(tokens) {
             bail!("attention: cu_seqlens does not cover the {tokens} tokens");
@@ -427,7 +436,14 @@ mod tests {
         for (hidden, heads) in [(8, 2), (64, 2)] {
             let qkv = (random((17, 3 * hidden), 9) * 3.0).unwrap();
             let bias = Bias::new((random((1, 3 * hidden), 10).flatten_all().unwrap() * 2.0).unwrap()).unwrap();
-            let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim: hidden / heads, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: None };
+            let att = Attention {
+                num_heads: heads,
+                num_kv_heads: heads,
+                head_dim: hidden / heads,
+                cu_seqlens: &cu,
+                mask: AttentionMask::Bidirectional,
+                position_bias: None,
+            };
             let fast = att.forward(&qkv, None).unwrap();
             assert_eq!(fast.dims(), &[17, hidden]);
             assert_eq!(fast.dtype(), DType::F32);
@@ -456,7 +472,14 @@ mod tests {
         let values = random((2, 2 * max_len - 1), 14).flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let position_bias = PositionBias { values, max_len };
         let qkv = random((25, 96), 15);
-        let att = Attention { num_heads: 2, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
+        let att = Attention {
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 16,
+            cu_seqlens: &cu,
+            mask: AttentionMask::Bidirectional,
+            position_bias: Some(&position_bias),
+        };
         assert!(max_diff(&att.forward(&qkv, None).unwrap(), &att.forward_generic(&qkv).unwrap()) < 1e-5, "position bias");
     }
 
@@ -487,7 +510,8 @@ mod tests {
         let len = 4096;
         let cu = [0usize, len];
         let qkv = random((len, 3 * 64), 19);
-        let att = Attention { num_heads: 1, num_kv_heads: 1, head_dim: 64, cu_seqlens: &cu, mask: AttentionMask::Causal, position_bias: None };
+        let att =
+            Attention { num_heads: 1, num_kv_heads: 1, head_dim: 64, cu_seqlens: &cu, mask: AttentionMask::Causal, position_bias: None };
         att.forward(&qkv, None).unwrap();
         let floats = MAX_SCRATCH_FLOATS.load(std::sync::atomic::Ordering::Relaxed);
         // Kᵀ and the scores round the length up to a key tile.

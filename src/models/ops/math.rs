@@ -11,8 +11,7 @@ pub fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     let k = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - k * 0.693_145_75 - k * 1.428_606_8e-6;
-    let p = 1.0
-        + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
     // 2^k from the exponent bits. k + 127 is an integer in 1..=254 after the clamp; adding 2^23
     // puts it in the low mantissa bits, so plain bit operations build 2^k. (`k as i32` would
     // be a saturating, NaN-checking conversion that LLVM does one lane at a time: measured as

@@ -27,9 +27,9 @@ pub mod int8;
 mod layer_norm;
 mod linear;
 mod math;
-mod sgemm;
 mod rms_norm;
 mod rotary;
+mod sgemm;
 
 pub use activation::Activation;
 pub use attention::{Attention, AttentionMask, PositionBias};
@@ -38,11 +38,11 @@ pub use gated::GatedActivation;
 pub use int8::Int8Weight;
 pub use layer_norm::LayerNorm;
 pub use linear::{Bias, Linear};
-pub use math::{erf, exp};
-pub use sgemm::PackedMatrix;
 pub(crate) use math::sum_squares;
+pub use math::{erf, exp};
 pub use rms_norm::RmsNorm;
 pub use rotary::{QkNorm, Rotary, RotaryTable};
+pub use sgemm::PackedMatrix;
 
 /// Deterministic inputs and a tensor distance for the kernels' unit tests.
 #[cfg(test)]

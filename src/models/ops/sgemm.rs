@@ -195,13 +195,27 @@ impl Isa {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn block_avx512(w: &PackedMatrix, dst: *mut f32, x: *const f32, rows: std::ops::Range<usize>, panels: std::ops::Range<usize>, read_dst: bool) {
+unsafe fn block_avx512(
+    w: &PackedMatrix,
+    dst: *mut f32,
+    x: *const f32,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    read_dst: bool,
+) {
     unsafe { block::<x86::Avx512, 12>(w, dst, x, rows, panels, read_dst) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(w: &PackedMatrix, dst: *mut f32, x: *const f32, rows: std::ops::Range<usize>, panels: std::ops::Range<usize>, read_dst: bool) {
+unsafe fn block_avx2(
+    w: &PackedMatrix,
+    dst: *mut f32,
+    x: *const f32,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    read_dst: bool,
+) {
     unsafe { block::<x86::Avx2, 6>(w, dst, x, rows, panels, read_dst) }
 }
 

@@ -9,10 +9,13 @@ use candle_core::{DType, Device, Result, Tensor};
 /// Runs every kernel on small random inputs in `dtype` against candle's composite ops on the
 /// same device; on a mismatch, disables the kernels for this process and says which one.
 pub fn self_check(device: &Device, dtype: DType) -> std::result::Result<(), String> {
-    let result = check_kernels(device, dtype).map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string()).and_then(|worst| match worst {
-        Some(problem) => Err(problem),
-        None => Ok(()),
-    });
+    let result =
+        check_kernels(device, dtype).map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string()).and_then(
+            |worst| match worst {
+                Some(problem) => Err(problem),
+                None => Ok(()),
+            },
+        );
     if result.is_err() {
         super::disable();
     }
@@ -61,14 +64,26 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
         let reference = Activation::composite(&x.broadcast_add(&bias)?, act)?;
         compare(&format!("bias_activation {act:?}"), bias_activation(&x, Some(&bias), act.kernel())?, reference)?;
     }
-    compare("activation without bias", bias_activation(&x, None, Activation::Gelu.kernel())?, Activation::composite(&x, Activation::Gelu)?)?;
+    compare(
+        "activation without bias",
+        bias_activation(&x, None, Activation::Gelu.kernel())?,
+        Activation::composite(&x, Activation::Gelu)?,
+    )?;
     compare("bias_residual", bias_residual(&x, Some(&bias), Some(&residual))?, x.broadcast_add(&bias)?.add(&residual)?)?;
     compare("bias alone", bias_residual(&x, Some(&bias), None)?, x.broadcast_add(&bias)?)?;
     compare("residual alone", bias_residual(&x, None, Some(&residual))?, x.add(&residual)?)?;
     let gate = random((rows, 2 * cols), 4)?;
     let (first, second) = (gate.narrow(1, 0, cols)?.contiguous()?, gate.narrow(1, cols, cols)?.contiguous()?);
-    compare("gated, act on second", gated(&gate, Activation::Silu.kernel(), false)?, (Activation::composite(&second, Activation::Silu)? * &first)?)?;
-    compare("gated, act on first", gated(&gate, Activation::Gelu.kernel(), true)?, (Activation::composite(&first, Activation::Gelu)? * &second)?)?;
+    compare(
+        "gated, act on second",
+        gated(&gate, Activation::Silu.kernel(), false)?,
+        (Activation::composite(&second, Activation::Silu)? * &first)?,
+    )?;
+    compare(
+        "gated, act on first",
+        gated(&gate, Activation::Gelu.kernel(), true)?,
+        (Activation::composite(&first, Activation::Gelu)? * &second)?,
+    )?;
     let (gamma, beta) = (random((1, cols), 5)?.flatten_all()?, random((1, cols), 6)?.flatten_all()?);
     let summed = x.broadcast_add(&bias)?.add(&residual)?.to_dtype(DType::F32)?;
     let mean = summed.mean_keepdim(1)?;
@@ -97,7 +112,11 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
         for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(3), AttentionMask::Window(40)] {
             let att = Attention { num_heads: heads, num_kv_heads: kv_heads, head_dim, cu_seqlens: &cu, mask, position_bias: None };
             let reference = att.forward_generic(&qkv.broadcast_add(&qkv_bias)?)?;
-            compare(&format!("attention {heads}/{kv_heads} heads of {head_dim}, {mask:?}"), attention(&att.kernel(), &qkv, Some(&qkv_bias))?, reference)?;
+            compare(
+                &format!("attention {heads}/{kv_heads} heads of {head_dim}, {mask:?}"),
+                attention(&att.kernel(), &qkv, Some(&qkv_bias))?,
+                reference,
+            )?;
         }
     }
     let (heads, kv_heads, head_dim) = (4, 2, 64);
@@ -105,7 +124,14 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
     let values: Vec<f32> = random((heads, 2 * max_len - 1), 9)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
     let position_bias = PositionBias { values, max_len };
     let qkv = random((tokens, 3 * heads * head_dim), 10)?;
-    let att = Attention { num_heads: heads, num_kv_heads: heads, head_dim, cu_seqlens: &cu, mask: AttentionMask::Bidirectional, position_bias: Some(&position_bias) };
+    let att = Attention {
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim,
+        cu_seqlens: &cu,
+        mask: AttentionMask::Bidirectional,
+        position_bias: Some(&position_bias),
+    };
     compare("attention with position bias", attention(&att.kernel(), &qkv, None)?, att.forward_generic(&qkv)?)?;
 
     // RoPE with and without the per-head norm, against the host implementation.
@@ -117,7 +143,11 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
     let qk_norm = crate::models::ops::QkNorm { q: norm_weights[0].clone(), k: norm_weights[1].clone(), eps: 1e-6 };
     for norm in [None, Some(&qk_norm)] {
         let reference = table.apply_on_host(&qkv, heads, kv_heads, norm)?;
-        compare(if norm.is_some() { "rotary with q/k norm" } else { "rotary" }, table.apply(&qkv.copy()?, heads, kv_heads, norm)?, reference)?;
+        compare(
+            if norm.is_some() { "rotary with q/k norm" } else { "rotary" },
+            table.apply(&qkv.copy()?, heads, kv_heads, norm)?,
+            reference,
+        )?;
     }
     Ok(problems.into_iter().next())
 }

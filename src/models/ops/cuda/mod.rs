@@ -17,9 +17,9 @@
 //! kernel that disagrees switches the process to the composite path (slower, never wrong), with
 //! an error in the log.
 
+use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::backend::BackendStorage;
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, InplaceOp1, Layout, Result, Shape, Storage, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -114,7 +114,12 @@ fn empty(dev: &CudaDevice, dtype: DType, shape: Shape) -> Result<(Tensor, u64)> 
 /// Checks that `t` is a contiguous `dtype` tensor of `len` elements on the CUDA device.
 fn check(name: &str, t: &Tensor, dtype: DType, len: usize) -> Result<()> {
     if !t.device().is_cuda() || t.dtype() != dtype || t.elem_count() != len || !t.is_contiguous() {
-        bail!("{name}: expected a contiguous {dtype:?} CUDA tensor of {len} elements, got {:?} {:?} on {:?}", t.dtype(), t.shape(), t.device().location());
+        bail!(
+            "{name}: expected a contiguous {dtype:?} CUDA tensor of {len} elements, got {:?} {:?} on {:?}",
+            t.dtype(),
+            t.shape(),
+            t.device().location()
+        );
     }
     Ok(())
 }
@@ -248,7 +253,14 @@ pub(crate) fn gated(x: &Tensor, act: KernelActivation, act_on_first: bool) -> Re
 pub(crate) const MAX_NORM_COLS: usize = 12 * 1024 - 64;
 
 /// `LayerNorm(x + bias + residual)` over the last dimension; weights in `x`'s dtype.
-pub(crate) fn layer_norm(x: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
     let x = x.contiguous()?;
     let (rows, cols) = x.dims2()?;
     if cols > MAX_NORM_COLS {
@@ -270,7 +282,19 @@ pub(crate) fn layer_norm(x: &Tensor, bias: Option<&Tensor>, residual: Option<&Te
     }
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: (cols * 4) as u32 };
     let name = format!("layer_norm_{}", suffix(x.dtype())?);
-    launch!(dev, name, cfg, address(&x)?, optional(bias)?, optional(residual.as_ref())?, address(gamma)?, address(beta)?, out_ptr, cols as i32, eps);
+    launch!(
+        dev,
+        name,
+        cfg,
+        address(&x)?,
+        optional(bias)?,
+        optional(residual.as_ref())?,
+        address(gamma)?,
+        address(beta)?,
+        out_ptr,
+        cols as i32,
+        eps
+    );
     Ok(out)
 }
 
@@ -303,16 +327,18 @@ pub(crate) struct Rotary {
 }
 
 impl Rotary {
-    pub(crate) fn new(device: &Device, cos: Tensor, sin: Tensor, norm: Option<(&[f32], &[f32], f32)>, heads: (usize, usize), head_dim: usize) -> Result<Self> {
-        let norm = norm.map(|(q, k, eps)| Ok::<_, candle_core::Error>((Tensor::from_slice(&[q, k].concat(), 2 * head_dim, device)?, eps))).transpose()?;
-        Ok(Self {
-            cos,
-            sin,
-            norm,
-            num_heads: heads.0,
-            num_kv_heads: heads.1,
-            head_dim,
-        })
+    pub(crate) fn new(
+        device: &Device,
+        cos: Tensor,
+        sin: Tensor,
+        norm: Option<(&[f32], &[f32], f32)>,
+        heads: (usize, usize),
+        head_dim: usize,
+    ) -> Result<Self> {
+        let norm = norm
+            .map(|(q, k, eps)| Ok::<_, candle_core::Error>((Tensor::from_slice(&[q, k].concat(), 2 * head_dim, device)?, eps)))
+            .transpose()?;
+        Ok(Self { cos, sin, norm, num_heads: heads.0, num_kv_heads: heads.1, head_dim })
     }
 }
 
@@ -345,8 +371,19 @@ impl InplaceOp1 for Rotary {
         let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let name = format!("rotary_{}", suffix(dtype)?);
         launch!(
-            dev, name, cfg, qkv, address(&self.cos)?, address(&self.sin)?, norm, tokens as i32, width as i32,
-            self.num_heads as i32, self.num_kv_heads as i32, self.head_dim as i32, eps
+            dev,
+            name,
+            cfg,
+            qkv,
+            address(&self.cos)?,
+            address(&self.sin)?,
+            norm,
+            tokens as i32,
+            width as i32,
+            self.num_heads as i32,
+            self.num_kv_heads as i32,
+            self.head_dim as i32,
+            eps
         );
         Ok(())
     }
@@ -415,8 +452,22 @@ pub(crate) fn attention(att: &KernelAttention, qkv: &Tensor, bias: Option<&Tenso
     let name = format!("attention_{}", suffix(qkv.dtype())?);
     let scale = 1.0 / (head_dim as f32).sqrt();
     launch!(
-        dev, name, cfg, address(&qkv)?, optional(bias)?, out_ptr, index_ptr, tiles_ptr, optional(position_bias.as_ref())?,
-        position_max_len as i32, heads as i32, kv_heads as i32, head_dim as i32, mask, window, scale
+        dev,
+        name,
+        cfg,
+        address(&qkv)?,
+        optional(bias)?,
+        out_ptr,
+        index_ptr,
+        tiles_ptr,
+        optional(position_bias.as_ref())?,
+        position_max_len as i32,
+        heads as i32,
+        kv_heads as i32,
+        head_dim as i32,
+        mask,
+        window,
+        scale
     );
     // `index` and `position_bias` are dropped here; their frees are ordered after the kernel
     // on the device's stream.

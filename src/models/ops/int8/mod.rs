@@ -27,9 +27,9 @@
 //! so each weight panel is read from memory once per block (see [`Int8Weight::matmul`]).
 
 mod activations;
+mod portable;
 #[cfg(test)]
 mod portable_bytes;
-mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
