@@ -3,13 +3,10 @@
 //! to whole register tiles and inputs to whole weight groups; the padding is never stored
 //! (padded rows) or meets zero weights (padded inputs), so it may hold anything.
 
+use super::quantize::{quantize_segment, quantize_wide};
 use super::{Int8Weight, Kernel, PARALLEL_MIN_WORK, SEGMENT};
 use rayon::prelude::*;
 use std::cell::Cell;
-
-/// The largest magnitude of a [`WideRows`] value. A segment's sum of 128 products with weights
-/// within ±127 stays below 2³¹ (`128·127·32767 ≈ 5.3·10⁸`), and so does `vpmaddwd`'s pair.
-const WIDE_MAX: f32 = 32767.0;
 
 thread_local! {
     // The previous product's buffers, reused: a fresh buffer of several MB per product costs
@@ -83,38 +80,6 @@ impl ByteRows {
     }
 }
 
-fn quantize_segment(kernel: Kernel, x: &[f32], out: &mut [u8]) -> (f32, i32) {
-    match kernel {
-        // SAFETY: `Vnni` is only detected on CPUs with avx512f and avx512bw.
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Vnni => unsafe { super::x86::quantize_segment(x, out) },
-        _ => quantize_segment_portable(x, out),
-    }
-}
-
-/// A segment's range, which includes 0 so that the zero point is a byte: `(scale, 1/scale,
-/// zero point)`, or `None` for an all-zero segment.
-pub(super) fn segment_scale(min: f32, max: f32) -> Option<(f32, f32, f32)> {
-    if max == min {
-        return None;
-    }
-    let scale = (max - min) / 255.0;
-    let inv = 1.0 / scale;
-    Some((scale, inv, (-min * inv).round_ties_even()))
-}
-
-multiversion! {
-    /// Writes `round(x/s) + z` for `s = (max − min)/255` and returns `(s, z)`.
-    fn quantize_segment_portable(x: &[f32], out: &mut [u8]) -> (f32, i32) {
-        let (min, max) = x.iter().fold((0.0f32, 0.0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let Some((scale, inv, zero)) = segment_scale(min, max) else { return (0.0, 0) };
-        for (o, v) in out.iter_mut().zip(x) {
-            *o = (v * inv + zero).round_ties_even().clamp(0.0, 255.0) as u8;
-        }
-        (scale, zero as i32)
-    }
-}
-
 /// Activations as signed 16-bit values, one scale per row.
 pub(super) struct WideRows {
     /// `rows_padded × stride` values.
@@ -142,64 +107,5 @@ impl WideRows {
     /// Returns the buffer for the thread's next product.
     pub(super) fn recycle(self) {
         WIDE.set(self.data);
-    }
-}
-
-fn quantize_wide(kernel: Kernel, x: &[f32], out: &mut [i16]) -> f32 {
-    match kernel {
-        // SAFETY: `Avx2` is only detected on CPUs with avx2 and fma.
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { super::x86::quantize_wide(x, out) },
-        _ => quantize_wide_portable(x, out),
-    }
-}
-
-/// The multiplier and scale of a row whose largest magnitude is `max`: `(32767/max,
-/// max/32767)`, or `None` for an all-zero row.
-pub(super) fn wide_scale(max: f32) -> Option<(f32, f32)> {
-    (max > 0.0).then(|| (WIDE_MAX / max, max / WIDE_MAX))
-}
-
-/// Writes `round(x·32767/max|x|)` and returns the row's scale (0 for an all-zero row, whose
-/// values are written as 0).
-fn quantize_wide_portable(x: &[f32], out: &mut [i16]) -> f32 {
-    let max = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let Some((inv, scale)) = wide_scale(max) else {
-        out[..x.len()].fill(0);
-        return 0.0;
-    };
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = (v * inv).round_ties_even() as i16;
-    }
-    scale
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::models::ops::test_util::random_values;
-
-    #[test]
-    fn fast_activation_quantization_matches_portable() {
-        let x: Vec<f32> = random_values(200, 6).iter().map(|v| v * 7.0 + 1.5).collect();
-        for kernel in Kernel::available() {
-            for len in [1, 15, 16, 17, 128, 200] {
-                let (mut fast, mut portable) = (vec![0u8; len], vec![0u8; len]);
-                let a = quantize_segment(kernel, &x[..len], &mut fast);
-                let b = quantize_segment_portable(&x[..len], &mut portable);
-                assert_eq!(a, b, "{kernel:?} len {len}");
-                assert_eq!(fast, portable, "{kernel:?} len {len}");
-                let (mut fast, mut portable) = (vec![7i16; len], vec![7i16; len]);
-                let a = quantize_wide(kernel, &x[..len], &mut fast);
-                let b = quantize_wide_portable(&x[..len], &mut portable);
-                assert_eq!(a, b, "{kernel:?} len {len}");
-                assert_eq!(fast, portable, "{kernel:?} len {len}");
-                assert!(portable.iter().any(|&q| q.unsigned_abs() == 32767), "{kernel:?} len {len}: the largest maps to ±32767");
-            }
-            let zeros = [0.0f32; 20];
-            let mut out = [5i16; 20];
-            assert_eq!(quantize_wide(kernel, &zeros, &mut out), 0.0);
-            assert_eq!(out, [0i16; 20]);
-        }
     }
 }

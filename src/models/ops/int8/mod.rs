@@ -30,6 +30,7 @@ mod activations;
 mod portable;
 #[cfg(test)]
 mod portable_bytes;
+mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

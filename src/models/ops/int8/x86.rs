@@ -1,77 +1,13 @@
 //! The x86-64 kernels, each compiled for the instructions it needs and run only where the CPU
 //! has them (see [`super::Kernel::detect`]): AVX-512 VNNI and AVX-VNNI on bytes, AVX2 on
-//! 16-bit activations, and the activation quantizers that go with them.
+//! 16-bit activations (their activation quantizers are in [`super::quantize`]).
 
-use super::activations::{segment_scale, wide_scale, ByteRows, WideRows};
+use super::activations::{ByteRows, WideRows};
 use super::{Int8Weight, Out, Segments, BYTES_TILE_PANELS, BYTES_TILE_ROWS, PANEL, WIDE_TILE_ROWS};
 use std::arch::x86_64::*;
 
 /// Bytes of one 4-input group of a bytes panel: 16 columns × 4 inputs.
 const GROUP_BYTES: usize = PANEL * 4;
-
-/// [`super::activations`]' portable byte quantizer, 16 lanes at a time, with the same result.
-///
-/// # Safety
-/// The CPU has avx512f and avx512bw; `out` is at least as long as `x`.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub(super) unsafe fn quantize_segment(x: &[f32], out: &mut [u8]) -> (f32, i32) {
-    let lanes = |i: usize| ((1u32 << (x.len() - i).min(16)) - 1) as u16;
-    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for i in (0..x.len()).step_by(16) {
-        let v = _mm512_maskz_loadu_ps(lanes(i), x.as_ptr().add(i));
-        lo = _mm512_min_ps(lo, v);
-        hi = _mm512_max_ps(hi, v);
-    }
-    let Some((scale, inv, zero)) = segment_scale(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi)) else {
-        return (0.0, 0);
-    };
-    let (inv_v, zero_v) = (_mm512_set1_ps(inv), _mm512_set1_ps(zero));
-    for i in (0..x.len()).step_by(16) {
-        let mask = lanes(i);
-        let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(i));
-        // Round to nearest even (the default MXCSR mode), clamp to 0..=255, narrow.
-        let q = _mm512_cvtps_epi32(_mm512_add_ps(_mm512_mul_ps(v, inv_v), zero_v));
-        let q = _mm512_max_epi32(q, _mm512_setzero_si512());
-        _mm512_mask_cvtusepi32_storeu_epi8(out.as_mut_ptr().add(i) as *mut _, mask, q);
-    }
-    (scale, zero as i32)
-}
-
-/// The portable 16-bit quantizer, 16 values at a time, with the same result.
-///
-/// # Safety
-/// The CPU has avx2 and fma; `out` is at least as long as `x`.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize_wide(x: &[f32], out: &mut [i16]) -> f32 {
-    unsafe {
-        let (n, body) = (x.len(), x.len() / 16 * 16);
-        let sign = _mm256_set1_ps(-0.0);
-        let mut hi = _mm256_setzero_ps();
-        for i in (0..body).step_by(8) {
-            hi = _mm256_max_ps(hi, _mm256_andnot_ps(sign, _mm256_loadu_ps(x.as_ptr().add(i))));
-        }
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), hi);
-        let max = x[body..].iter().chain(&lanes).fold(0.0f32, |m, v| m.max(v.abs()));
-        let Some((inv, scale)) = wide_scale(max) else {
-            out[..n].fill(0);
-            return 0.0;
-        };
-        let inv_v = _mm256_set1_ps(inv);
-        for i in (0..body).step_by(16) {
-            // Round to nearest even (the default MXCSR mode); `packs` saturates to i16 and
-            // interleaves the two halves by 128-bit lane, which the permute undoes.
-            let a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), inv_v));
-            let b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i + 8)), inv_v));
-            let q = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
-            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut _, q);
-        }
-        for (o, v) in out[body..n].iter_mut().zip(&x[body..]) {
-            *o = (v * inv).round_ties_even() as i16;
-        }
-        scale
-    }
-}
 
 /// AVX-512 VNNI: rows `tile·8..+8` × panels `p0..p0+3`, over `segments`.
 ///
