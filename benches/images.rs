@@ -10,7 +10,8 @@
 
 use poolserve::config::ServerConfig;
 use poolserve::engine::params::PoolingParams;
-use poolserve::engine::{Engine, Prompt};
+use poolserve::engine::Engine;
+use poolserve::input::Prompt;
 use poolserve::loader;
 use poolserve::models;
 use poolserve::pooling::Task;

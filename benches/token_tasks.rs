@@ -7,7 +7,7 @@
 
 use poolserve::config::ServerConfig;
 use poolserve::engine::params::PoolingParams;
-use poolserve::engine::Prompt;
+use poolserve::input::Prompt;
 use poolserve::pooling::{PoolingType, Task};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

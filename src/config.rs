@@ -308,7 +308,7 @@ fn merge(base: &mut serde_json::Map<String, serde_json::Value>, over: serde_json
 }
 
 /// `--chat-template-content-format`: `auto` (`None`) or a fixed format.
-fn content_format(value: &str) -> Result<Option<crate::loader::chat_template::ContentFormat>, String> {
+fn content_format(value: &str) -> Result<Option<crate::input::chat_template::ContentFormat>, String> {
     match value {
         "auto" => Ok(None),
         other => other.parse().map(Some).map_err(|e| format!("--chat-template-content-format: {e}")),

@@ -3,7 +3,8 @@
 //!
 //! Layers, each importing only those below it (docs/ARCHITECTURE.md, enforced by
 //! tests/layers.rs): [`models`] (architectures, kernels, the flat batch) ← [`pooling`] (tasks,
-//! methods, head math) ← [`loader`] (files → spec, tokenizer, backbone, heads) ← [`engine`]
+//! methods, head math) ← [`input`] (prompts → model inputs: tokenization, chat templates,
+//! images) ← [`loader`] (files → spec, tokenizer, backbone, heads) ← [`engine`]
 //! (validation, tokenization, batching, the model thread) ← [`api`] (HTTP), [`batch`]
 //! (commands), [`pooler`] (the in-process library API), [`server`] and [`config`] (the CLI).
 
@@ -11,6 +12,7 @@ pub mod api;
 pub mod batch;
 pub mod config;
 pub mod engine;
+pub mod input;
 pub mod loader;
 pub mod metrics;
 pub mod models;

@@ -17,7 +17,8 @@
 
 use crate::engine::params::ParamsError;
 pub use crate::engine::params::PoolingParams;
-use crate::engine::{Engine, EngineError, EngineOptions, PoolingOutput, Prompt};
+use crate::engine::{Engine, EngineError, EngineOptions, PoolingOutput};
+use crate::input::Prompt;
 use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::pooling::Task;

@@ -4,7 +4,8 @@
 use crate::api::{self, AppState};
 use crate::config::ServerConfig;
 use crate::engine::params::PoolingParams;
-use crate::engine::{Engine, Prompt};
+use crate::engine::Engine;
+use crate::input::Prompt;
 use crate::pooling::Task;
 use std::time::Instant;
 use tokio::net::TcpListener;
@@ -43,7 +44,7 @@ async fn shutdown_signal() {
 
 pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let names = config.models.iter().map(|m| m.served_name.clone()).collect();
-    let media = api::media::MediaOptions {
+    let media = crate::input::media::MediaOptions {
         allowed_domains: config.allowed_media_domains.clone(),
         fetch_timeout: config.media_fetch_timeout,
         max_bytes: config.payload_limit,

@@ -6,7 +6,8 @@ mod common;
 
 use common::*;
 use poolserve::engine::params::{PoolingParams, ResolvedParams};
-use poolserve::engine::{Engine, PoolingOutput, Prompt};
+use poolserve::engine::{Engine, PoolingOutput};
+use poolserve::input::Prompt;
 use poolserve::pooling::Task;
 use serde_json::Value;
 

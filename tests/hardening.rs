@@ -14,7 +14,7 @@ async fn a_tokenizer_panic_fails_one_request_and_the_worker_goes_on() {
     let engine = engine(&fixture_model("bert-embed-mean"), |c| c.engine.tokenizer_workers = 1);
     let router = router(engine.clone(), 2_000_000);
     let failed = engine.panic_in_a_tokenizer_worker().await;
-    assert!(matches!(failed, Err(poolserve::engine::EngineError::Tokenizer(_))), "{failed:?}");
+    assert!(matches!(failed, Err(poolserve::engine::EngineError::Input(poolserve::input::InputError::Tokenizer(_)))), "{failed:?}");
     assert_eq!(send(&router, "GET", "/health", None, &[]).await.status, StatusCode::OK);
     for _ in 0..3 {
         let reply = post(&router, "/v1/embeddings", json!({"input": ["A man is eating food."]})).await;

@@ -1,5 +1,5 @@
 //! The HTTP contract through the real router (no sockets): response shapes, every error case
-//! of api.md that applies to embeddings, and the auxiliary endpoints.
+//! of docs/http-api.md that applies to embeddings, and the auxiliary endpoints.
 
 mod common;
 

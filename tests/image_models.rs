@@ -6,10 +6,12 @@ mod common;
 
 use base64::Engine as _;
 use common::*;
-use poolserve::api::{self, media::MediaOptions, ApiOptions, AppState};
+use poolserve::api::{self, ApiOptions, AppState};
 use poolserve::engine::params::PoolingParams;
-use poolserve::engine::{Engine, PoolingOutput, Prompt};
-use poolserve::loader::image::{preprocess, ImageLimits};
+use poolserve::engine::{Engine, PoolingOutput};
+use poolserve::input::image::{preprocess, ImageLimits};
+use poolserve::input::media::MediaOptions;
+use poolserve::input::Prompt;
 use poolserve::loader::options::ModelOptions;
 use poolserve::pooling::Task;
 use serde_json::{json, Value};
@@ -144,13 +146,14 @@ async fn text_tokens_match_the_reference_tokenizer() {
         let engine = engine(&fixture_model(model), |_| {});
         for check in expected["tokenizer_checks"].as_array().unwrap() {
             let text = check["text"].as_str().unwrap();
-            let options = poolserve::loader::tokenizer::EncodeOptions {
+            let options = poolserve::input::tokenizer::EncodeOptions {
                 add_special_tokens: true,
                 truncate_to: None,
-                side: poolserve::loader::tokenizer::TruncationSide::Right,
+                side: poolserve::input::tokenizer::TruncationSide::Right,
                 pair_limits: Default::default(),
             };
-            let ours = engine.tokenize(text.to_string(), options).await.unwrap();
+            let options = poolserve::input::InputOptions { encode: options, prompt: None, pad_to_max_length: false, max_len: usize::MAX };
+            let ours = engine.input().tokenize(text.to_string(), &options).await.unwrap();
             let reference: Vec<u32> = check["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
             assert_eq!(ours.ids, reference, "{model} {text:?}");
         }

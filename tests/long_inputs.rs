@@ -1,4 +1,4 @@
-//! Chunked processing of long embedding inputs (api.md, "Long inputs") through the real router,
+//! Chunked processing of long embedding inputs (docs/http-api.md, "Long inputs") through the real router,
 //! against a reference computed chunk by chunk with transformers
 //! (tests/fixtures/make_chunked_reference.py): a 3,220-token text on a 128-token model.
 

@@ -64,7 +64,7 @@ async fn minilm_sized_cross_encoder_matches_sentence_transformers() {
     let query = reference["query"].as_str().unwrap();
     let documents: Vec<&str> = reference["documents"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
 
-    let pair = poolserve::engine::Prompt::Pair(query.into(), documents[0].into());
+    let pair = poolserve::input::Prompt::Pair(query.into(), documents[0].into());
     let params = poolserve::engine::params::PoolingParams::default().verify(poolserve::pooling::Task::Score, engine.spec()).unwrap();
     let tokenized = engine.prepare(vec![pair], &params).await.unwrap().remove(0);
     assert_eq!(json!(tokenized.ids), reference["first_pair"]["input_ids"]);

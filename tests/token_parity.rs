@@ -8,7 +8,8 @@ mod common;
 use common::*;
 use poolserve::config::ServerConfig;
 use poolserve::engine::params::PoolingParams;
-use poolserve::engine::{Engine, PoolingOutput, Prompt};
+use poolserve::engine::{Engine, PoolingOutput};
+use poolserve::input::Prompt;
 use poolserve::pooling::{PoolingType, Task};
 use serde_json::Value;
 

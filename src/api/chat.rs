@@ -7,13 +7,14 @@
 //! defaults to false for a rendered conversation (the template writes the special tokens).
 //!
 //! Image-text models (CLIP, SigLIP) have no chat template: there each message is one input
-//! (a text, or an image), see [`super::media`].
+//! (a text, or an image), see [`crate::input::media`].
 
 use super::error::ApiError;
 use super::AppState;
 use crate::engine::params::ResolvedParams;
-use crate::engine::{Engine, Prompt};
-use crate::loader::chat_template::ChatOptions;
+use crate::engine::Engine;
+use crate::input::chat_template::ChatOptions;
+use crate::input::Prompt;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -105,7 +106,7 @@ pub async fn inputs(
         if let Some(count) = source.as_array().map(Vec::len) {
             state.check_batch_size(count)?;
         }
-        let prompts = super::media::message_prompts(source, &state.options().media).await?;
+        let prompts = crate::input::media::message_prompts(source, &state.options().media).await?;
         return Ok(Inputs { prompts, chat: false });
     }
     if chat.chat_template.is_some() && !state.options().trust_request_chat_template {
@@ -128,7 +129,7 @@ pub async fn inputs(
         continue_final_message: chat.continue_final_message.unwrap_or(false),
         kwargs: chat.chat_template_kwargs.clone().unwrap_or_default(),
     };
-    let texts = engine.render_chat(conversations, options, chat.chat_template.clone()).await?;
+    let texts = engine.input().render_chat(conversations, options, chat.chat_template.clone()).await?;
     Ok(Inputs { prompts: texts.into_iter().map(Prompt::Text).collect(), chat: true })
 }
 

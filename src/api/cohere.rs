@@ -18,7 +18,7 @@
 //! - `inputs`: the text parts of one input are joined with a newline; image parts (and
 //!   `images`, `input_type: image`) need an image-text model (CLIP, SigLIP) and are refused
 //!   for text models. For image-text models an input holds one text or one image
-//!   ([`super::media::content_prompt`]); `texts` in the response echoes the texts only.
+//!   ([`crate::input::media::content_prompt`]); `texts` in the response echoes the texts only.
 //! - `embedding_types` (default `float`) are encoded as [`super::encoding`] documents;
 //!   `meta.billed_units.input_tokens` counts the tokens run through the model, prompts and
 //!   special tokens included.
@@ -28,12 +28,13 @@
 use super::encoding;
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::media::{self, MediaOptions};
 use super::{response_id, AppState};
 use crate::engine::params::PoolingParams;
-use crate::engine::{PoolingOutput, Prompt};
+use crate::engine::PoolingOutput;
+use crate::input::media::{self, MediaOptions};
+use crate::input::tokenizer::TruncationSide;
+use crate::input::Prompt;
 use crate::loader::spec::Prompts;
-use crate::loader::tokenizer::TruncationSide;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -362,7 +363,7 @@ async fn embed(
     let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
     let images = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
     let (outputs, tokens) = engine.encode(prompts, &params).await?;
-    let image_tokens = images * engine.tokens_per_image();
+    let image_tokens = images * engine.input().tokens_per_image();
     let vectors = outputs
         .into_iter()
         .map(|o| match o {

@@ -16,7 +16,8 @@ use super::json::{ApiJson, OffRuntimeJson};
 use super::{admit, serves, AppState, ListResponse};
 use crate::engine::literal;
 use crate::engine::params::{PoolingParams, ResolvedParams};
-use crate::engine::{Engine, PoolingOutput, Prompt};
+use crate::engine::{Engine, PoolingOutput};
+use crate::input::Prompt;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -321,7 +322,7 @@ fn late_chunking_texts(
 /// tokens but not of the text: its characters are not counted.
 async fn late_chunking_ranges(engine: &Engine, text: &str, params: &ResolvedParams, chunk_size: u64) -> Result<LateChunking, ApiError> {
     let prompt = params.prompt.as_deref().unwrap_or("");
-    let offsets = engine.char_offsets(format!("{prompt}{text}"), params.add_special_tokens).await?;
+    let offsets = engine.input().char_offsets(format!("{prompt}{text}"), params.add_special_tokens).await?;
     let skip = prompt.chars().count();
     let offsets: Vec<(usize, usize)> =
         offsets.into_iter().map(|(a, b)| if b <= skip { (0, 0) } else { (a.saturating_sub(skip), b - skip) }).collect();

@@ -1,9 +1,10 @@
 //! The one error type of the HTTP layer. Every failure, from any layer, becomes an
 //! [`ApiError`] and leaves as `{"error": {"message", "type", "param", "code"}}` with the status
-//! of api.md's table.
+//! of docs/http-api.md's table.
 
 use crate::engine::params::ParamsError;
 use crate::engine::EngineError;
+use crate::input::InputError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -79,7 +80,7 @@ pub enum AnyErrorBody {
 #[derive(utoipa::IntoResponses)]
 #[allow(dead_code)]
 pub enum ErrorResponses {
-    #[response(status = 400, description = "invalid request (api.md's messages)")]
+    #[response(status = 400, description = "invalid request (docs/http-api.md's messages)")]
     BadRequest(ErrorBody),
     #[response(status = 401, description = "missing or wrong API key")]
     Unauthorized(ErrorBody),
@@ -144,7 +145,7 @@ pub enum AnyErrorResponses {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ErrorInfo {
     pub message: String,
-    /// `BadRequestError`, `AuthenticationError`, `NotFoundError`, … (api.md's table).
+    /// `BadRequestError`, `AuthenticationError`, `NotFoundError`, … (docs/http-api.md's table).
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub param: Option<&'static str>,
@@ -222,20 +223,32 @@ impl From<ParamsError> for ApiError {
     }
 }
 
+impl From<InputError> for ApiError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::InputTooLong { .. }
+            | InputError::TextTooLong { .. }
+            | InputError::InvalidTokenId { .. }
+            | InputError::EmptyPrompt => ApiError::BadRequest { message: e.to_string(), param: Some("input") },
+            InputError::Field { message, param } => ApiError::BadRequest { message, param: Some(param) },
+            InputError::Media { message, param } => ApiError::BadRequest { message, param },
+            InputError::InvalidPairing
+            | InputError::Tokenizer(_)
+            | InputError::Image(_)
+            | InputError::ImagesUnsupported
+            | InputError::Chat(_) => ApiError::bad_request(e.to_string()),
+            InputError::Panicked(_) => ApiError::Internal(e.to_string()),
+            InputError::Stopped => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {
+            EngineError::Input(e) => e.into(),
             EngineError::Params(p) => p.into(),
-            EngineError::InputTooLong { .. } | EngineError::TextTooLong { .. } => {
-                ApiError::BadRequest { message: e.to_string(), param: Some("input") }
-            }
-            EngineError::InvalidPairing | EngineError::OutputTooLarge { .. } => ApiError::bad_request(e.to_string()),
-            EngineError::InvalidTokenId { .. } | EngineError::EmptyPrompt => {
-                ApiError::BadRequest { message: e.to_string(), param: Some("input") }
-            }
-            EngineError::Tokenizer(_) | EngineError::Image(_) | EngineError::ImagesUnsupported | EngineError::Chat(_) => {
-                ApiError::bad_request(e.to_string())
-            }
+            EngineError::OutputTooLarge { .. } => ApiError::bad_request(e.to_string()),
             EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
             EngineError::Model(_) => ApiError::Internal(e.to_string()),
             EngineError::Stopped | EngineError::Dead(_) => ApiError::Unavailable(e.to_string()),

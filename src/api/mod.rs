@@ -10,7 +10,6 @@ pub mod encoding;
 pub mod error;
 pub mod invocations;
 pub mod json;
-pub mod media;
 pub mod meta;
 pub mod observe;
 pub mod openapi;
@@ -20,7 +19,8 @@ pub mod score;
 pub mod tei;
 pub mod tokenize;
 
-use crate::engine::{Engine, EngineError, Prompt};
+use crate::engine::{Engine, EngineError};
+use crate::input::Prompt;
 use crate::pooling::Task;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, HeaderName};
@@ -72,12 +72,17 @@ pub struct ApiOptions {
     /// Whether a request may bring its own `chat_template`.
     pub trust_request_chat_template: bool,
     /// Where images named by URL may come from.
-    pub media: media::MediaOptions,
+    pub media: crate::input::media::MediaOptions,
 }
 
 impl Default for ApiOptions {
     fn default() -> Self {
-        ApiOptions { api_key: None, max_client_batch_size: 1024, trust_request_chat_template: false, media: media::MediaOptions::default() }
+        ApiOptions {
+            api_key: None,
+            max_client_batch_size: 1024,
+            trust_request_chat_template: false,
+            media: crate::input::media::MediaOptions::default(),
+        }
     }
 }
 
@@ -351,7 +356,7 @@ pub fn parse_input(input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
         _ => None,
     };
     if let Some(id) = lowest {
-        return Err(EngineError::InvalidTokenId { id }.into());
+        return Err(crate::input::InputError::InvalidTokenId { id }.into());
     }
     match input {
         Value::String(s) => Ok(vec![Prompt::Text(s.clone())]),

@@ -9,7 +9,10 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "poolserve", description = "Pooling models over the OpenAI, vLLM, Cohere/Jina and TEI APIs (contract: api.md)."),
+    info(
+        title = "poolserve",
+        description = "Pooling models over the OpenAI, vLLM, Cohere/Jina and TEI APIs (contract: docs/http-api.md)."
+    ),
     paths(
         super::embeddings::create,
         super::classify::create,

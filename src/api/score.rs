@@ -7,12 +7,12 @@
 
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::media::{self, MediaOptions};
 use super::{AppState, ListResponse};
 use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::engine::Engine;
-use crate::engine::Prompt;
-use crate::loader::tokenizer::PairLimits;
+use crate::input::media::{self, MediaOptions};
+use crate::input::tokenizer::PairLimits;
+use crate::input::Prompt;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -26,9 +26,11 @@ use super::error::{ApiError, ErrorNote};
 use super::pooling::SparseValue;
 use super::AppState;
 use crate::engine::params::{PoolingParams, ResolvedParams};
-use crate::engine::{Engine, EngineError, PoolingOutput, Prompt};
+use crate::engine::{Engine, EngineError, PoolingOutput};
+use crate::input::tokenizer::TruncationSide;
+use crate::input::InputError;
+use crate::input::Prompt;
 use crate::loader::spec::ModelSpec;
-use crate::loader::tokenizer::TruncationSide;
 use crate::pooling::Task;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Query, Request, State};
@@ -77,19 +79,31 @@ impl IntoResponse for TeiError {
 impl From<EngineError> for TeiError {
     fn from(e: EngineError) -> Self {
         match e {
-            EngineError::InputTooLong { max, got, .. } => {
-                Self::validation(format!("Input validation error: `inputs` must have less than {max} tokens. Given: {got}"))
-            }
-            EngineError::TextTooLong { bytes, limit, .. } => {
-                Self::validation(format!("Input validation error: `inputs` must have less than {limit} characters. Given: {bytes}"))
-            }
-            EngineError::EmptyPrompt => Self::empty("Input validation error: `inputs` cannot be empty"),
-            EngineError::Tokenizer(message) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Tokenizer", format!("tokenizer error {message}"))
-            }
+            EngineError::Input(e) => e.into(),
             EngineError::Overloaded(_) => Self::new(StatusCode::TOO_MANY_REQUESTS, "Overloaded", "Model is overloaded"),
             EngineError::Model(message) => Self::backend(message),
             EngineError::Stopped | EngineError::Dead(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy", "unhealthy"),
+            other => Self::validation(format!("Input validation error: {other}")),
+        }
+    }
+}
+
+/// The input layer's errors, in TEI's words where TEI has them.
+impl From<InputError> for TeiError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::InputTooLong { max, got, .. } => {
+                Self::validation(format!("Input validation error: `inputs` must have less than {max} tokens. Given: {got}"))
+            }
+            InputError::TextTooLong { bytes, limit, .. } => {
+                Self::validation(format!("Input validation error: `inputs` must have less than {limit} characters. Given: {bytes}"))
+            }
+            InputError::EmptyPrompt => Self::empty("Input validation error: `inputs` cannot be empty"),
+            InputError::Tokenizer(message) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "Tokenizer", format!("tokenizer error {message}"))
+            }
+            InputError::Panicked(message) => Self::backend(message),
+            InputError::Stopped => Self::new(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy", "unhealthy"),
             other => Self::validation(format!("Input validation error: {other}")),
         }
     }
@@ -316,7 +330,7 @@ async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<
         // TEI's dense form of a SPLADE vector: every vocabulary weight.
         let params = request.fields.params(Task::EmbedSparse, spec, false)?;
         let (outputs, _) = engine.encode(prompts, &params).await?;
-        let size = engine.vocab_size();
+        let size = engine.input().vocab_size();
         return outputs
             .into_iter()
             .map(|o| match o {
@@ -697,7 +711,7 @@ pub async fn decode(State(state): State<AppState>, TeiJson(request): TeiJson<Dec
     if lists.iter().any(Vec::is_empty) {
         return Err(TeiError::empty("Input validation error: `input_ids` cannot be empty"));
     }
-    let vocab = engine.tokenizer().vocab_size();
+    let vocab = engine.input().tokenizer().vocab_size();
     if let Some(&id) = lists.iter().flatten().find(|&&id| id as usize >= vocab) {
         return Err(TeiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -705,7 +719,7 @@ pub async fn decode(State(state): State<AppState>, TeiJson(request): TeiJson<Dec
             format!("tokenizer error Token id {id} is out of vocabulary"),
         ));
     }
-    Ok(Json(engine.decode_all(lists, request.skip_special_tokens).await?))
+    Ok(Json(engine.input().decode_all(lists, request.skip_special_tokens).await?))
 }
 
 /// TEI's `/tokenize` body.
@@ -771,8 +785,8 @@ async fn tokenize_inner(state: &AppState, request: TokenizeRequest) -> Result<Ve
         }
         prompted.push(format!("{}{text}", prompt.as_deref().unwrap_or("")));
     }
-    let tokens = engine.tokens(prompted.clone(), request.add_special_tokens).await?;
-    let tokenizer = engine.tokenizer();
+    let tokens = engine.input().tokens(prompted.clone(), request.add_special_tokens).await?;
+    let tokenizer = engine.input().tokenizer();
     Ok(tokens
         .into_iter()
         .zip(&prompted)

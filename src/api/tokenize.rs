@@ -6,8 +6,8 @@ use super::chat::{self, ChatFields};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::AppState;
-use crate::engine::EngineError;
-use crate::loader::tokenizer::EncodeOptions;
+use crate::input::tokenizer::EncodeOptions;
+use crate::input::{InputError, InputOptions, Prompt};
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -73,7 +73,8 @@ pub async fn tokenize(
     let request: TokenizeRequest = super::json::from_value(body)?;
     let engine = state.model(request.model.as_deref())?;
     let _permit = super::admit(engine)?;
-    let text = match (request.prompt, &request.messages) {
+    // The text and the sentence-transformers prompt it gets, as the embedding routes prepend it.
+    let (text, prompt) = match (request.prompt, &request.messages) {
         (Some(_), Some(_)) => {
             return Err(ApiError::BadRequest { message: "Send either `prompt` or `messages`, not both".into(), param: Some("messages") })
         }
@@ -83,25 +84,27 @@ pub async fn tokenize(
         (None, Some(messages)) => {
             let inputs = chat::inputs(&state, engine, &serde_json::Value::Null, Some(messages), &request.chat, true).await?;
             match inputs.prompts.as_slice() {
-                [crate::engine::Prompt::Text(text)] => text.clone(),
+                [Prompt::Text(text)] => (text.clone(), None),
                 _ => return Err(ApiError::BadRequest { message: "/tokenize takes one conversation".into(), param: Some("messages") }),
             }
         }
         (Some(prompt), None) => {
-            match engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)? {
-                Some(prefix) => prefix + &prompt,
-                None => prompt,
-            }
+            (prompt, engine.spec().prompts.resolve(request.prompt_name.as_deref()).map_err(crate::engine::params::ParamsError::from)?)
         }
     };
-    let options = EncodeOptions {
-        add_special_tokens: request.add_special_tokens.unwrap_or(request.messages.is_none()),
-        truncate_to: None,
-        side: engine.spec().truncation_side,
-        pair_limits: Default::default(),
+    let options = InputOptions {
+        encode: EncodeOptions {
+            add_special_tokens: request.add_special_tokens.unwrap_or(request.messages.is_none()),
+            truncate_to: None,
+            side: engine.spec().truncation_side,
+            pair_limits: Default::default(),
+        },
+        prompt: prompt.map(Into::into),
+        pad_to_max_length: false,
+        max_len: engine.spec().max_model_len,
     };
-    let tokens = engine.tokenize(text, options).await?.ids;
-    let token_strs = request.return_token_strs.then(|| engine.tokenizer().token_strings(&tokens));
+    let tokens = engine.input().tokenize(text, &options).await?.ids;
+    let token_strs = request.return_token_strs.then(|| engine.input().tokenizer().token_strings(&tokens));
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: engine.spec().max_model_len, tokens, token_strs }).into_response())
 }
 
@@ -116,9 +119,9 @@ pub async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let engine = state.model(request.model.as_deref())?;
     let _permit = super::admit(engine)?;
-    let vocab = engine.tokenizer().vocab_size();
+    let vocab = engine.input().tokenizer().vocab_size();
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
-        return Err(EngineError::InvalidTokenId { id: id as i64 }.into());
+        return Err(InputError::InvalidTokenId { id: id as i64 }.into());
     }
-    Ok(Json(DetokenizeResponse { prompt: engine.detokenize(request.tokens).await? }))
+    Ok(Json(DetokenizeResponse { prompt: engine.input().detokenize(request.tokens).await? }))
 }

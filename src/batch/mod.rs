@@ -13,7 +13,8 @@ pub mod progress;
 
 use crate::config::{ServeArgs, ServerConfig};
 use crate::engine::params::{PoolingParams, ResolvedParams};
-use crate::engine::{Engine, PoolingOutput, Prompt};
+use crate::engine::{Engine, PoolingOutput};
+use crate::input::Prompt;
 use crate::pooler::Pooler;
 use crate::pooling::Task;
 use input::{InputFormat, Payload, Record};
@@ -215,7 +216,7 @@ impl Job {
 /// The bytes of a line's `image`: a data URL, or a file path.
 fn image_bytes(source: &str) -> Result<Vec<u8>, String> {
     if source.starts_with("data:") {
-        return crate::loader::image::decode_data_url(source);
+        return crate::input::image::decode_data_url(source);
     }
     std::fs::read(source).map_err(|e| format!("image `{source}`: {e}"))
 }

@@ -3,10 +3,10 @@
 //!
 //! Mirrors vLLM's `PoolingParams.verify`: unset fields are filled from the server defaults
 //! (`--pooler-config`), fields the task does not accept are rejected with vLLM's message, and
-//! the Matryoshka rules of api.md decide `dimensions`.
+//! the Matryoshka rules of docs/http-api.md decide `dimensions`.
 
+use crate::input::tokenizer::{PairLimits, TruncationSide};
 use crate::loader::spec::ModelSpec;
-use crate::loader::tokenizer::{PairLimits, TruncationSide};
 use crate::pooling::Task;
 use serde::Deserialize;
 
@@ -201,7 +201,7 @@ impl PoolingParams {
     }
 }
 
-/// The Matryoshka decision of api.md. Returns the slice to apply, `None` for a no-op.
+/// The Matryoshka decision of docs/http-api.md. Returns the slice to apply, `None` for a no-op.
 fn check_dimensions(k: i64, spec: &ModelSpec) -> Result<Option<usize>, ParamsError> {
     let native = spec.embedding_size;
     if k == native as i64 {

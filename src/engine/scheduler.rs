@@ -9,6 +9,7 @@
 
 use super::EngineError;
 use crate::engine::params::ResolvedParams;
+use crate::input::ModelInput;
 use crate::metrics;
 use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::{Backbone, VisionTower};
@@ -34,21 +35,13 @@ pub enum PoolingOutput {
     Sparse(Vec<(u32, f32)>),
 }
 
-/// What one job runs: a text's tokens, or an image's pixel values (`[3, size, size]`, as the
-/// model's processor made them).
-#[derive(Debug, Clone)]
-pub enum JobInput {
-    Text(TokenizedInput),
-    Image(Vec<f32>),
-}
-
 /// What an image job's token accessor returns: images have no tokens.
 static NO_TOKENS: TokenizedInput = TokenizedInput { ids: Vec::new(), type_ids: Vec::new() };
 
 pub struct Job {
     /// The request the input belongs to: batches take turns between requests.
     pub request: u64,
-    pub input: JobInput,
+    pub input: ModelInput,
     /// What the input costs in a batch's token budget: its tokens, or the sequence an image
     /// becomes in the vision tower.
     pub cost: usize,
@@ -62,8 +55,8 @@ impl Job {
     /// The text's tokens (none for an image).
     pub fn tokens(&self) -> &TokenizedInput {
         match &self.input {
-            JobInput::Text(t) => t,
-            JobInput::Image(_) => &NO_TOKENS,
+            ModelInput::Text(t) => t,
+            ModelInput::Image(_) => &NO_TOKENS,
         }
     }
 }
@@ -179,6 +172,7 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
 
 /// The request number of [`crate::engine::Engine::stop_model_thread`]'s job (a test hook):
 /// the model thread exits when it receives it, as it would after a fatal error.
+#[cfg(any(test, feature = "test-hooks"))]
 pub(crate) const STOP_REQUEST: u64 = u64::MAX;
 
 impl Runner {
@@ -195,6 +189,7 @@ impl Runner {
             while let Ok(job) = jobs.try_recv() {
                 pending.push_back(job);
             }
+            #[cfg(any(test, feature = "test-hooks"))]
             if pending.iter().any(|job| job.request == STOP_REQUEST) {
                 return;
             }
@@ -245,7 +240,7 @@ impl Runner {
     /// images run through their own towers.
     pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
         let (images, texts): (Vec<(usize, &Job)>, Vec<(usize, &Job)>) =
-            jobs.iter().enumerate().partition(|(_, j)| matches!(j.input, JobInput::Image(_)));
+            jobs.iter().enumerate().partition(|(_, j)| matches!(j.input, ModelInput::Image(_)));
         if images.is_empty() {
             return self.execute_texts(&jobs.iter().collect::<Vec<_>>());
         }
@@ -264,7 +259,7 @@ impl Runner {
         let tower = self.vision.as_ref().ok_or("this model takes no images")?;
         let mut pixels = Vec::new();
         for job in jobs {
-            if let JobInput::Image(p) = &job.input {
+            if let ModelInput::Image(p) = &job.input {
                 pixels.extend_from_slice(p);
             }
         }
@@ -389,7 +384,7 @@ impl Runner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loader::tokenizer::TruncationSide;
+    use crate::input::tokenizer::TruncationSide;
 
     fn job(len: usize) -> (Job, oneshot::Receiver<Result<(PoolingOutput, JobTiming), EngineError>>) {
         let (reply, rx) = oneshot::channel();
@@ -405,7 +400,7 @@ mod tests {
             pair_limits: Default::default(),
             prompt: None,
         };
-        let input = JobInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
+        let input = ModelInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
         (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now() }, rx)
     }
 

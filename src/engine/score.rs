@@ -7,8 +7,9 @@
 //! dot product with any document token, on L2-normalized token vectors. All pairs of a request are queued together, so
 //! the scheduler batches them like any other inputs.
 
-use super::{Engine, EngineError, PoolingOutput, Prompt};
+use super::{Engine, EngineError, PoolingOutput};
 use crate::engine::params::ResolvedParams;
+use crate::input::{InputError, Prompt};
 use crate::pooling::Task;
 
 /// How the served model turns a pair into a score.
@@ -22,10 +23,10 @@ pub enum ScoreMode {
 /// The pairs `(i, j)` of query `i` and document `j`: 1:1, 1:N (the single query repeated) or N:N.
 pub fn pair_up(queries: usize, documents: usize) -> Result<Vec<(usize, usize)>, EngineError> {
     match (queries, documents) {
-        (0, _) | (_, 0) => Err(EngineError::EmptyPrompt),
+        (0, _) | (_, 0) => Err(InputError::EmptyPrompt.into()),
         (1, n) => Ok((0..n).map(|j| (0, j)).collect()),
         (m, n) if m == n => Ok((0..n).map(|i| (i, i)).collect()),
-        _ => Err(EngineError::InvalidPairing),
+        _ => Err(InputError::InvalidPairing.into()),
     }
 }
 
@@ -64,9 +65,11 @@ fn vector(output: PoolingOutput) -> Result<Vec<f32>, EngineError> {
 /// Pairs of a prompt-template reranker rendered and tokenized at a time.
 const RENDER_BATCH: usize = 64;
 
-/// Every text within [`Engine::max_text_bytes`] (cut or refused, see [`Engine::bounded`]).
+/// Every text within the input layer's byte bound (cut or refused, see
+/// [`crate::input::Preprocessor::bounded`]).
 fn bounded_all<'a>(engine: &Engine, texts: &'a [String], params: &ResolvedParams) -> Result<Vec<std::borrow::Cow<'a, str>>, EngineError> {
-    texts.iter().map(|t| engine.bounded(t, params)).collect()
+    let options = engine.input_options(params);
+    Ok(texts.iter().map(|t| engine.input().bounded(t, &options)).collect::<Result<_, _>>()?)
 }
 
 impl Engine {
@@ -163,7 +166,7 @@ impl Engine {
         params: &ResolvedParams,
     ) -> Result<(Vec<f32>, usize), EngineError> {
         if self.score_mode() != Some(ScoreMode::BiEncoder) {
-            return Err(EngineError::ImagesUnsupported);
+            return Err(InputError::ImagesUnsupported.into());
         }
         let pairs = pair_up(queries.len(), documents.len())?;
         // Normalized embeddings of every input, queries first; cosine is then exact.
@@ -185,8 +188,8 @@ mod tests {
         assert_eq!(pair_up(1, 1).unwrap(), vec![(0, 0)]);
         assert_eq!(pair_up(1, 3).unwrap(), vec![(0, 0), (0, 1), (0, 2)]);
         assert_eq!(pair_up(2, 2).unwrap(), vec![(0, 0), (1, 1)]);
-        assert!(matches!(pair_up(2, 3), Err(EngineError::InvalidPairing)));
-        assert!(matches!(pair_up(3, 1), Err(EngineError::InvalidPairing)));
+        assert!(matches!(pair_up(2, 3), Err(EngineError::Input(InputError::InvalidPairing))));
+        assert!(matches!(pair_up(3, 1), Err(EngineError::Input(InputError::InvalidPairing))));
         assert!(pair_up(0, 2).is_err());
     }
 

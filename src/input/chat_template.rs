@@ -23,7 +23,6 @@
 //!   for the bytes it creates), so that a template, a request's included, cannot loop or grow
 //!   without end.
 
-use super::LoadError;
 use minijinja::value::{Kwargs, Serde, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use std::path::Path;
@@ -87,13 +86,13 @@ impl std::fmt::Debug for ChatTemplate {
 }
 
 /// The template text of a `--chat-template` value: its file, or the value itself (module docs).
-pub fn read_flag(value: &str) -> Result<String, LoadError> {
+pub fn read_flag(value: &str) -> Result<String, ChatError> {
     match std::fs::read_to_string(value) {
         Ok(text) => Ok(text),
         Err(_) if value.contains(['{', '}', '\n']) => Ok(value.to_string()),
-        Err(e) => Err(LoadError::Invalid(format!(
-            "The supplied chat template ({value}) looks like a file path, but it failed to be opened. Reason: {e}"
-        ))),
+        Err(e) => {
+            Err(ChatError(format!("The supplied chat template ({value}) looks like a file path, but it failed to be opened. Reason: {e}")))
+        }
     }
 }
 
@@ -102,7 +101,7 @@ pub fn from_folder(
     tokenizer_config: &serde_json::Value,
     jinja_file: Option<&Path>,
     json_file: Option<&Path>,
-) -> Result<Option<String>, LoadError> {
+) -> Result<Option<String>, ChatError> {
     match tokenizer_config.get("chat_template") {
         Some(serde_json::Value::String(template)) => return Ok(Some(template.clone())),
         Some(serde_json::Value::Array(named)) => {
@@ -113,13 +112,12 @@ pub fn from_folder(
         }
         _ => {}
     }
-    let read = |path: &Path| std::fs::read_to_string(path).map_err(|e| LoadError::Invalid(format!("{}: {e}", path.display())));
+    let read = |path: &Path| std::fs::read_to_string(path).map_err(|e| ChatError(format!("{}: {e}", path.display())));
     if let Some(path) = jinja_file {
         return read(path).map(Some);
     }
     if let Some(path) = json_file {
-        let value: serde_json::Value =
-            serde_json::from_str(&read(path)?).map_err(|e| LoadError::Invalid(format!("{}: {e}", path.display())))?;
+        let value: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| ChatError(format!("{}: {e}", path.display())))?;
         return Ok(value.get("chat_template").and_then(serde_json::Value::as_str).map(str::to_string));
     }
     Ok(None)
@@ -150,12 +148,12 @@ impl ChatTemplate {
         source: Option<String>,
         tokenizer_config: &serde_json::Value,
         content_format: Option<ContentFormat>,
-    ) -> Result<Self, LoadError> {
+    ) -> Result<Self, ChatError> {
         let has_template = source.is_some();
         let source = source.unwrap_or_default();
         let content_format = content_format.unwrap_or_else(|| detect_content_format(&source));
         let mut env = environment();
-        env.add_template_owned("chat", source).map_err(|e| LoadError::Invalid(format!("the chat template does not compile: {e}")))?;
+        env.add_template_owned("chat", source).map_err(|e| ChatError(format!("the chat template does not compile: {e}")))?;
         let mut special_tokens: Vec<(String, Value)> = SPECIAL_TOKENS
             .iter()
             .filter_map(|name| super::tokenizer::special_token(tokenizer_config, name).map(|t| (name.to_string(), Value::from(t))))

@@ -5,11 +5,10 @@
 //! its host is one the server allows (`--allowed-media-domains`, as vLLM names it; exact host
 //! names, on the scheme's default port unless an entry is `host:port`), with no redirects (a redirect could leave the allowed hosts), a time limit
 //! (`--media-fetch-timeout`) and a size limit (`--payload-limit`, the bound a data URL has).
-//! Decoding happens in the engine, which refuses what is not a PNG, JPEG or WebP image.
+//! Decoding happens in [`super::image`] on the input workers, which refuses what is not a PNG, JPEG or WebP image.
 
-use super::error::ApiError;
-use crate::engine::Prompt;
-use crate::loader::image::decode_data_url;
+use super::image::decode_data_url;
+use super::{InputError, Prompt};
 use serde_json::Value;
 use std::io::Read;
 use std::time::Duration;
@@ -30,12 +29,12 @@ impl Default for MediaOptions {
     }
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message.into())
+fn bad(message: impl Into<String>) -> InputError {
+    InputError::Media { message: message.into(), param: None }
 }
 
 /// The bytes of the image at `url`.
-pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, ApiError> {
+pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
     if url.starts_with("data:") {
         return decode_data_url(url).map_err(bad);
     }
@@ -55,7 +54,7 @@ pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, A
         Some(port) => options.allowed_domains.iter().any(|d| d.eq_ignore_ascii_case(&format!("{host}:{port}"))),
     };
     if !allowed {
-        return Err(ApiError::BadRequest {
+        return Err(InputError::Media {
             message: format!(
                 "The image URL's host `{host}` is not allowed: this server fetches images only from the hosts of --allowed-media-domains{}; send the image as a data URL",
                 if options.allowed_domains.is_empty() { " (none set)".to_string() } else { format!(" ({})", options.allowed_domains.join(", ")) }
@@ -64,10 +63,10 @@ pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, A
         });
     }
     let (url, options) = (url.to_string(), options.clone());
-    tokio::task::spawn_blocking(move || fetch(&url, &options)).await.map_err(|_| ApiError::Internal("the image fetch panicked".into()))?
+    tokio::task::spawn_blocking(move || fetch(&url, &options)).await.map_err(|_| InputError::Panicked("the image fetch panicked"))?
 }
 
-fn fetch(url: &str, options: &MediaOptions) -> Result<Vec<u8>, ApiError> {
+fn fetch(url: &str, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
     let agent = ureq::AgentBuilder::new().timeout(options.fetch_timeout).redirects(0).build();
     let response = agent.get(url).call().map_err(|e| match e {
         ureq::Error::Status(code, _) => bad(format!("Fetching the image at {} failed: HTTP {code}", shorten(url))),
@@ -101,7 +100,7 @@ fn shorten(url: &str) -> String {
 /// parts are joined with a newline. **Decision**: image-text models (CLIP, SigLIP) embed a
 /// text or an image, not both together, so an input holding both, or several images, is a
 /// 400 asking to send them as separate inputs.
-pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<Prompt, ApiError> {
+pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<Prompt, InputError> {
     let parts = match content {
         Value::String(text) => return Ok(Prompt::Text(text.clone())),
         Value::Array(parts) => parts,
@@ -128,7 +127,7 @@ pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<P
 }
 
 /// `part["image_url"]["url"]` (OpenAI and Cohere), or `part["image_url"]` as a plain string.
-fn image_url_of(part: &Value) -> Result<&str, ApiError> {
+fn image_url_of(part: &Value) -> Result<&str, InputError> {
     let field = part.get("image_url").ok_or_else(|| bad("an `image_url` content part needs an `image_url`"))?;
     field
         .as_str()
@@ -137,18 +136,18 @@ fn image_url_of(part: &Value) -> Result<&str, ApiError> {
 }
 
 /// vLLM's chat-style embedding request: one input per message, from its `content`.
-pub async fn message_prompts(messages: &Value, options: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
+pub async fn message_prompts(messages: &Value, options: &MediaOptions) -> Result<Vec<Prompt>, InputError> {
     let messages = messages
         .as_array()
-        .ok_or_else(|| ApiError::BadRequest { message: "`messages` must be a list of messages".into(), param: Some("messages") })?;
+        .ok_or_else(|| InputError::Media { message: "`messages` must be a list of messages".into(), param: Some("messages") })?;
     if messages.is_empty() {
-        return Err(ApiError::BadRequest { message: "`messages` must not be empty".into(), param: Some("messages") });
+        return Err(InputError::Media { message: "`messages` must not be empty".into(), param: Some("messages") });
     }
     let mut prompts = Vec::with_capacity(messages.len());
     for message in messages {
         let content = message
             .get("content")
-            .ok_or_else(|| ApiError::BadRequest { message: "every message needs a `content`".into(), param: Some("messages") })?;
+            .ok_or_else(|| InputError::Media { message: "every message needs a `content`".into(), param: Some("messages") })?;
         prompts.push(content_prompt(content, options).await?);
     }
     Ok(prompts)

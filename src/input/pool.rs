@@ -5,8 +5,8 @@
 //! Jobs wait in the pool's FIFO queue without a bound of their own: every job belongs to an
 //! admitted request (`--max-concurrent-requests`), which bounds the queue.
 
-use super::EngineError;
-use crate::loader::tokenizer::{EncodeOptions, PairLimits, TextInput, TextTokenizer, TruncationSide};
+use super::tokenizer::{EncodeOptions, TextInput, TextTokenizer};
+use super::InputError;
 use crate::models::batch::TokenizedInput;
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -22,6 +22,7 @@ enum Work {
         pairs: Vec<(usize, usize)>,
     },
     /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the job panics.
+    #[cfg(any(test, feature = "test-hooks"))]
     Panic,
 }
 
@@ -30,16 +31,18 @@ impl Work {
         match self {
             Work::Texts(texts) => texts.len(),
             Work::Pairs { pairs, .. } => pairs.len(),
+            #[cfg(any(test, feature = "test-hooks"))]
             Work::Panic => 1,
         }
     }
 
-    fn run(&self, tokenizer: &TextTokenizer, options: EncodeOptions) -> Vec<Result<TokenizedInput, EngineError>> {
+    fn run(&self, tokenizer: &TextTokenizer, options: EncodeOptions) -> Vec<Result<TokenizedInput, InputError>> {
         match self {
-            Work::Texts(texts) => texts.iter().map(|t| tokenizer.encode_input(t, options).map_err(EngineError::from)).collect(),
+            Work::Texts(texts) => texts.iter().map(|t| tokenizer.encode_input(t, options).map_err(InputError::from)).collect(),
             Work::Pairs { queries, documents, pairs } => {
-                tokenizer.encode_pairs(queries, documents, pairs, options).into_iter().map(|r| r.map_err(EngineError::from)).collect()
+                tokenizer.encode_pairs(queries, documents, pairs, options).into_iter().map(|r| r.map_err(InputError::from)).collect()
             }
+            #[cfg(any(test, feature = "test-hooks"))]
             Work::Panic => panic!("tokenizer test hook"),
         }
     }
@@ -76,16 +79,16 @@ impl TokenizerPool {
 
     /// The text of `ids`, decoded on a blocking thread (a long id list is milliseconds of work
     /// that must not hold a runtime worker).
-    pub async fn decode(&self, ids: Vec<u32>, skip_special_tokens: bool) -> Result<String, EngineError> {
+    pub async fn decode(&self, ids: Vec<u32>, skip_special_tokens: bool) -> Result<String, InputError> {
         let tokenizer = Arc::clone(&self.tokenizer);
-        Ok(tokio::task::spawn_blocking(move || tokenizer.decode(&ids, skip_special_tokens)).await.map_err(|_| EngineError::Stopped)??)
+        Ok(tokio::task::spawn_blocking(move || tokenizer.decode(&ids, skip_special_tokens)).await.map_err(|_| InputError::Stopped)??)
     }
 
     pub async fn encode(
         &self,
         texts: Vec<TextInput>,
         options: EncodeOptions,
-    ) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+    ) -> Result<Vec<Result<TokenizedInput, InputError>>, InputError> {
         self.submit(Work::Texts(texts), options).await
     }
 
@@ -96,11 +99,11 @@ impl TokenizerPool {
         documents: Vec<String>,
         pairs: Vec<(usize, usize)>,
         options: EncodeOptions,
-    ) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+    ) -> Result<Vec<Result<TokenizedInput, InputError>>, InputError> {
         self.submit(Work::Pairs { queries, documents, pairs }, options).await
     }
 
-    async fn submit(&self, work: Work, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
+    async fn submit(&self, work: Work, options: EncodeOptions) -> Result<Vec<Result<TokenizedInput, InputError>>, InputError> {
         let (reply, rx) = oneshot::channel();
         let tokenizer = Arc::clone(&self.tokenizer);
         self.pool.spawn(move || {
@@ -111,16 +114,16 @@ impl TokenizerPool {
             // A tokenizer bug on one input must fail that request, not the worker.
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.run(&tokenizer, options))).unwrap_or_else(|_| {
                 tracing::error!("the tokenizer panicked on a request of {count} inputs; the request fails, the worker goes on");
-                (0..count).map(|_| Err(EngineError::Tokenizer("the tokenizer panicked on this input".into()))).collect()
+                (0..count).map(|_| Err(InputError::Tokenizer("the tokenizer panicked on this input".into()))).collect()
             });
             let _ = reply.send(out);
         });
-        rx.await.map_err(|_| EngineError::Stopped)
+        rx.await.map_err(|_| InputError::Stopped)
     }
 
     /// Other input work (decoding images) on the same workers, with the same containment: a
     /// panic fails this request only.
-    pub async fn execute<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T, EngineError> {
+    pub async fn execute<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T, InputError> {
         let (reply, rx) = oneshot::channel();
         self.pool.spawn(move || {
             if reply.is_closed() {
@@ -132,19 +135,23 @@ impl TokenizerPool {
                 }
                 Err(_) => {
                     tracing::error!("an input worker panicked; the request fails, the worker goes on");
-                    let _ = reply.send(Err(EngineError::Model("an input worker panicked on this request".into())));
+                    let _ = reply.send(Err(InputError::Panicked("an input worker panicked on this request")));
                 }
             }
         });
-        rx.await.map_err(|_| EngineError::Stopped)?
+        rx.await.map_err(|_| InputError::Stopped)?
     }
 
     /// Test hook: makes the worker that takes this job panic (the job's request fails; the
     /// worker must survive).
-    #[doc(hidden)]
-    pub async fn panic_in_a_worker(&self) -> Result<Vec<Result<TokenizedInput, EngineError>>, EngineError> {
-        let options =
-            EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: PairLimits::default() };
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn panic_in_a_worker(&self) -> Result<Vec<Result<TokenizedInput, InputError>>, InputError> {
+        let options = EncodeOptions {
+            add_special_tokens: true,
+            truncate_to: None,
+            side: super::tokenizer::TruncationSide::Right,
+            pair_limits: Default::default(),
+        };
         self.submit(Work::Panic, options).await
     }
 }

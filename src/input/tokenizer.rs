@@ -1,12 +1,11 @@
 //! The model's text tokenizer: its `tokenizer.json` with our own truncation rules (single
 //! texts, cross-encoder pairs with per-side caps, token-id inputs). The loader builds it; the
-//! engine's worker pool (`engine/tokenize.rs`) runs it off the async runtime.
+//! input layer's worker pool ([`super::pool`]) runs it off the async runtime.
 //!
 //! Whatever truncation or padding the file has baked in is cleared at load (all-MiniLM-L6-v2
 //! ships truncation at 128 and fixed padding to 128); each request's `truncate_prompt_tokens`
 //! and `truncation_side` decide instead.
 
-use super::LoadError;
 use crate::models::batch::TokenizedInput;
 use serde::Deserialize;
 use std::path::Path;
@@ -72,11 +71,11 @@ pub struct TextTokenizer {
 }
 
 impl TextTokenizer {
-    pub fn from_file(path: &Path, lowercase: bool, type_ids: bool) -> Result<Self, LoadError> {
-        let mut inner = Tokenizer::from_file(path).map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
+    pub fn from_file(path: &Path, lowercase: bool, type_ids: bool) -> Result<Self, TokenizeError> {
+        let mut inner = Tokenizer::from_file(path).map_err(|e| TokenizeError::Failed(format!("{}: {e}", path.display())))?;
         let pad_id = inner.get_padding().map(|p| p.pad_id);
         inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        inner.with_truncation(None).map_err(|e| TokenizeError::Failed(e.to_string()))?;
         Ok(Self { inner, lowercase, type_ids, pad_id })
     }
 

@@ -1,16 +1,17 @@
-//! Loading a model from its [`options`]: find its files ([`hub`]), read its
+//! Loading a model from its [`options`], at load time only: find its files ([`hub`]), read its
 //! sentence-transformers layout ([`sentence`]), build the backbone through its architecture
 //! (`models::ARCHITECTURES`), decide everything model-specific once ([`spec`]), then build the
-//! [`tokenizer`] and the heads the spec's tasks need.
+//! input layer's pieces from the folder (tokenizer, chat template, image processor config; they
+//! live in [`crate::input`], which runs them per request) and the heads the spec's tasks need.
 
-pub mod chat_template;
 pub mod hub;
-pub mod image;
 pub mod options;
 pub mod sentence;
 pub mod spec;
-pub mod tokenizer;
 
+use crate::input::chat_template::{self, ChatError, ChatTemplate};
+use crate::input::image;
+use crate::input::tokenizer::{self, TextTokenizer, TokenizeError};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::EmbeddingHead;
@@ -18,13 +19,11 @@ use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
 use candle_core::Device;
 use candle_nn::VarBuilder;
-use chat_template::ChatTemplate;
 use hub::ModelSource;
 use options::{DeviceArg, ModelOptions};
 use sentence::SentenceTransformer;
 use spec::{ModelSpec, SpecInputs};
 use std::path::{Path, PathBuf};
-use tokenizer::TextTokenizer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -44,6 +43,21 @@ pub enum LoadError {
     Tokenizer(String),
     #[error("device: {0}")]
     Device(String),
+}
+
+impl From<TokenizeError> for LoadError {
+    fn from(e: TokenizeError) -> Self {
+        match e {
+            TokenizeError::Failed(message) => LoadError::Tokenizer(message),
+            other => LoadError::Tokenizer(other.to_string()),
+        }
+    }
+}
+
+impl From<ChatError> for LoadError {
+    fn from(e: ChatError) -> Self {
+        LoadError::Invalid(e.0)
+    }
 }
 
 impl From<candle_core::Error> for LoadError {

@@ -91,10 +91,10 @@ pub struct ModelOptions {
     /// A literal prompt text, used when a request names none.
     pub default_prompt: Option<String>,
     /// `--chat-template`: a template file, or the template itself (vLLM's rule, see
-    /// [`crate::loader::chat_template::read_flag`]); `None`: the folder's.
+    /// [`crate::input::chat_template::read_flag`]); `None`: the folder's.
     pub chat_template: Option<String>,
     /// `--chat-template-content-format`: `None` decides from the template (`auto`).
-    pub chat_template_content_format: Option<crate::loader::chat_template::ContentFormat>,
+    pub chat_template_content_format: Option<crate::input::chat_template::ContentFormat>,
 }
 
 impl ModelOptions {

@@ -507,6 +507,7 @@ pub fn max_model_len(flag: Option<usize>, max_seq_length: Option<usize>, max_pos
 
 impl ModelSpec {
     /// A minimal spec for unit tests of code that only reads a few fields.
+    #[cfg(test)]
     pub fn for_tests(embedding_size: usize, max_model_len: usize) -> Self {
         ModelSpec {
             served_name: "test-model".into(),

@@ -1,0 +1,172 @@
+//! `preprocessor_config.json` (transformers' CLIP / SigLIP image processors): the sizes,
+//! filter and normalization an image goes through, with the class defaults filled in, and the
+//! checks that refuse what [`super::preprocess`] cannot reproduce exactly.
+
+use super::resample::Filter;
+use super::ImageError;
+use serde::Deserialize;
+use std::path::Path;
+
+/// `{"height": h, "width": w}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeightWidth {
+    pub height: usize,
+    pub width: usize,
+}
+
+/// The resize target: `{"shortest_edge": n}` keeps the aspect ratio, `{"height", "width"}` is exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    ShortestEdge(usize),
+    Exact(HeightWidth),
+}
+
+/// `preprocessor_config.json`, with transformers' class defaults filled in (SigLIP's when
+/// `image_processor_type` names SigLIP, CLIP's otherwise).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RawConfig")]
+pub struct ImageProcessorConfig {
+    pub do_convert_rgb: bool,
+    pub do_resize: bool,
+    pub size: Size,
+    /// PIL's numbering: 0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming.
+    pub resample: u32,
+    pub do_center_crop: bool,
+    pub crop_size: Option<HeightWidth>,
+    pub do_rescale: bool,
+    pub rescale_factor: f64,
+    pub do_normalize: bool,
+    pub image_mean: Vec<f64>,
+    pub image_std: Vec<f64>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Int(usize),
+    Dict { shortest_edge: Option<usize>, longest_edge: Option<usize>, height: Option<usize>, width: Option<usize> },
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(f64),
+    Many(Vec<f64>),
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    image_processor_type: Option<String>,
+    do_convert_rgb: Option<bool>,
+    do_resize: Option<bool>,
+    size: Option<RawSize>,
+    resample: Option<u32>,
+    do_center_crop: Option<bool>,
+    crop_size: Option<RawSize>,
+    do_rescale: Option<bool>,
+    rescale_factor: Option<f64>,
+    do_normalize: Option<bool>,
+    image_mean: Option<OneOrMany>,
+    image_std: Option<OneOrMany>,
+}
+
+const OPENAI_CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+const OPENAI_CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+/// Output sizes above this are refused: no vision tower uses them and they would size allocations.
+const MAX_SIDE: usize = 16384;
+
+impl TryFrom<RawConfig> for ImageProcessorConfig {
+    type Error = String;
+    fn try_from(r: RawConfig) -> Result<Self, String> {
+        let siglip = r.image_processor_type.as_deref().is_some_and(|t| t.to_ascii_lowercase().starts_with("siglip"));
+        // Both PIL classes use default_to_square = False, so a bare int `size` is a shortest edge;
+        // `crop_size` is always square when given as an int.
+        let size = match r.size {
+            None if siglip => Size::Exact(HeightWidth { height: 224, width: 224 }),
+            None => Size::ShortestEdge(224),
+            Some(RawSize::Int(n)) => Size::ShortestEdge(n),
+            Some(RawSize::Dict { shortest_edge: Some(s), longest_edge: None, height: None, width: None }) => Size::ShortestEdge(s),
+            Some(RawSize::Dict { shortest_edge: None, longest_edge: None, height: Some(height), width: Some(width) }) => {
+                Size::Exact(HeightWidth { height, width })
+            }
+            Some(_) => return Err("size must be {\"shortest_edge\"} or {\"height\", \"width\"}".into()),
+        };
+        let crop_size = match r.crop_size {
+            None if siglip => None,
+            None => Some(HeightWidth { height: 224, width: 224 }),
+            Some(RawSize::Int(n)) => Some(HeightWidth { height: n, width: n }),
+            Some(RawSize::Dict { height: Some(height), width: Some(width), shortest_edge: None, longest_edge: None }) => {
+                Some(HeightWidth { height, width })
+            }
+            Some(_) => return Err("crop_size must be {\"height\", \"width\"}".into()),
+        };
+        let (mean, std) = if siglip { ([0.5; 3], [0.5; 3]) } else { (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD) };
+        // transformers broadcasts a scalar mean/std to every channel.
+        let channels = |v: Option<OneOrMany>, default: [f64; 3]| match v {
+            None => default.to_vec(),
+            Some(OneOrMany::One(x)) => vec![x; 3],
+            Some(OneOrMany::Many(v)) => v,
+        };
+        Ok(ImageProcessorConfig {
+            do_convert_rgb: r.do_convert_rgb.unwrap_or(true),
+            do_resize: r.do_resize.unwrap_or(true),
+            size,
+            resample: r.resample.unwrap_or(3),
+            do_center_crop: r.do_center_crop.unwrap_or(!siglip),
+            crop_size,
+            do_rescale: r.do_rescale.unwrap_or(true),
+            rescale_factor: r.rescale_factor.unwrap_or(1.0 / 255.0),
+            do_normalize: r.do_normalize.unwrap_or(true),
+            image_mean: channels(r.image_mean, mean),
+            image_std: channels(r.image_std, std),
+        })
+    }
+}
+
+impl ImageProcessorConfig {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ImageError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ImageError::Config(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&text).map_err(|e| ImageError::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Refuses what `preprocess` cannot reproduce exactly, and configs whose output size depends on the image
+    /// (the towers take one fixed size).
+    pub fn check(&self) -> Result<(), ImageError> {
+        let bad = |m: String| Err(ImageError::Config(m));
+        if Filter::from_pil(self.resample).is_none() {
+            return bad(format!("resample filter {} is not implemented (0-5 are)", self.resample));
+        }
+        let side_ok = |n: usize| (1..=MAX_SIDE).contains(&n);
+        match self.size {
+            Size::ShortestEdge(s) if !side_ok(s) => return bad(format!("size.shortest_edge {s} is out of range")),
+            Size::Exact(hw) if !side_ok(hw.height) || !side_ok(hw.width) => return bad(format!("size {hw:?} is out of range")),
+            _ => {}
+        }
+        match (self.do_center_crop, self.crop_size, self.do_resize, self.size) {
+            (true, Some(c), _, _) if side_ok(c.height) && side_ok(c.width) => {}
+            (true, c, _, _) => return bad(format!("do_center_crop needs a crop_size in range, got {c:?}")),
+            (false, _, true, Size::Exact(_)) => {}
+            _ => return bad("the output size would depend on the image (no center crop and no exact resize)".into()),
+        }
+        if self.image_mean.len() != 3 || self.image_std.len() != 3 {
+            return bad(format!("image_mean and image_std need 3 values, got {} and {}", self.image_mean.len(), self.image_std.len()));
+        }
+        if self.image_std.iter().any(|&s| s == 0.0 || !s.is_finite()) || self.image_mean.iter().any(|m| !m.is_finite()) {
+            return bad("image_mean must be finite and image_std finite and non-zero".into());
+        }
+        if !self.rescale_factor.is_finite() {
+            return bad("rescale_factor must be finite".into());
+        }
+        Ok(())
+    }
+
+    /// `(height, width)` of every output (meaningful once `check` passed).
+    pub fn output_size(&self) -> (usize, usize) {
+        match (self.do_center_crop, self.crop_size, self.size) {
+            (true, Some(c), _) => (c.height, c.width),
+            (_, _, Size::Exact(hw)) => (hw.height, hw.width),
+            (_, _, Size::ShortestEdge(s)) => (s, s),
+        }
+    }
+}

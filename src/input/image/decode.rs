@@ -1,0 +1,93 @@
+//! Image bytes to RGB: the accepted formats (PNG, JPEG, WebP) decoded with a pixel limit read
+//! from the header before any pixel is, converted to 8-bit RGB as Pillow converts; and the
+//! `data:` URLs that carry images inline.
+
+use super::{ImageError, ImageInfo, ImageLimits};
+use ::image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
+use std::io::Cursor;
+
+pub(super) fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<(DynamicImage, ImageInfo), ImageError> {
+    let format = ::image::guess_format(bytes).map_err(|_| ImageError::UnsupportedFormat)?;
+    let name = match format {
+        ImageFormat::Png => "png",
+        ImageFormat::Jpeg => "jpeg",
+        ImageFormat::WebP => "webp",
+        _ => return Err(ImageError::UnsupportedFormat),
+    };
+    // zune-jpeg fills a truncated scan with grey where libjpeg (Pillow) fails: require an EOI after the last
+    // SOS (entropy-coded data cannot contain FF D9, a thumbnail's EOI comes before the first SOS).
+    let last = |m: [u8; 2]| bytes.windows(2).rposition(|w| w == m);
+    if format == ImageFormat::Jpeg && last([0xFF, 0xD9]) < last([0xFF, 0xDA]).or(Some(0)) {
+        return Err(ImageError::Undecodable("truncated JPEG (no end-of-image marker after the scan)".into()));
+    }
+    let undecodable = |e: ::image::ImageError| ImageError::Undecodable(e.to_string());
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    // Worst case is 16-bit RGBA (8 bytes a pixel) plus decoder working memory.
+    let mut decoder_limits = Limits::default();
+    decoder_limits.max_alloc = Some(limits.max_pixels.saturating_mul(8).saturating_add(64 << 20));
+    reader.limits(decoder_limits);
+    // Decoders parse hostile bytes; a bug there must become an error, not a dead worker.
+    let decoded = std::panic::catch_unwind(move || {
+        let decoder = reader.into_decoder().map_err(undecodable)?;
+        let (width, height) = decoder.dimensions();
+        if width as u64 * height as u64 > limits.max_pixels {
+            return Err(ImageError::TooLarge { width, height, max_pixels: limits.max_pixels });
+        }
+        if width == 0 || height == 0 {
+            return Err(ImageError::Undecodable("the image has no pixels".into()));
+        }
+        let ct = decoder.original_color_type();
+        let bit_depth = (ct.bits_per_pixel() / u16::from(ct.channel_count().max(1))) as u8;
+        let img = DynamicImage::from_decoder(decoder).map_err(undecodable)?;
+        Ok((img, ImageInfo { width, height, format: name, bit_depth }))
+    });
+    decoded.unwrap_or_else(|_| Err(ImageError::Undecodable("the decoder failed".into())))
+}
+
+/// transformers' `convert_to_rgb` under Pillow: alpha composited over opaque white with `AlphaComposite.c`'s
+/// integer math, gray replicated, 16-bit reduced the way Pillow's modes do (see the module doc).
+pub(super) fn to_rgb(img: DynamicImage) -> Vec<u8> {
+    fn over_white(px: impl Iterator<Item = [u8; 4]>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for [r, g, b, a] in px {
+            for c in [r, g, b] {
+                let a = a as u32;
+                let t = c as u32 * (a * 128) + 255 * ((255 - a) * 128) + (0x80 << 7);
+                out.push(if a == 0 { 255 } else { ((((t >> 8) + t) >> 8) >> 7) as u8 });
+            }
+        }
+        out
+    }
+    let hi = |v: u16| (v >> 8) as u8;
+    match img {
+        DynamicImage::ImageRgb8(b) => b.into_raw(),
+        DynamicImage::ImageLuma8(b) => b.as_raw().iter().flat_map(|&v| [v; 3]).collect(),
+        DynamicImage::ImageRgba8(b) => over_white(b.as_raw().chunks_exact(4).map(|p| [p[0], p[1], p[2], p[3]])),
+        DynamicImage::ImageLumaA8(b) => over_white(b.as_raw().chunks_exact(2).map(|p| [p[0], p[0], p[0], p[1]])),
+        DynamicImage::ImageRgb16(b) => b.as_raw().iter().map(|&v| hi(v)).collect(),
+        DynamicImage::ImageLuma16(b) => b.as_raw().iter().flat_map(|&v| [v.min(255) as u8; 3]).collect(),
+        DynamicImage::ImageRgba16(b) => over_white(b.as_raw().chunks_exact(4).map(|p| [hi(p[0]), hi(p[1]), hi(p[2]), hi(p[3])])),
+        DynamicImage::ImageLumaA16(b) => over_white(b.as_raw().chunks_exact(2).map(|p| [hi(p[0]), hi(p[0]), hi(p[0]), hi(p[1])])),
+        // Float images come from none of the accepted formats.
+        other => other.to_rgb8().into_raw(),
+    }
+}
+
+/// The bytes of a `data:[<image type>];base64,<data>` URL (the API's and the batch
+/// commands' inline images). Only base64 image data is taken.
+pub fn decode_data_url(url: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    let rest = url.strip_prefix("data:").ok_or("Invalid data URL: it must start with `data:`")?;
+    let (meta, data) = rest.split_once(',').ok_or("Invalid data URL: no `,` before the data")?;
+    let Some(media_type) = meta.strip_suffix(";base64") else {
+        return Err("Invalid data URL: the image must be base64-encoded (data:image/png;base64,…)".into());
+    };
+    if !(media_type.is_empty() || media_type.starts_with("image/")) {
+        return Err(format!("Invalid data URL: media type `{media_type}` is not an image"));
+    }
+    // Some clients wrap long base64 lines.
+    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .map_err(|e| format!("Invalid data URL: the base64 data does not decode ({e})"))
+}

@@ -1,0 +1,102 @@
+//! The input layer: everything that turns what a client sent (a text, token ids, a
+//! cross-encoder pair, a chat conversation, an image) into what the model runs on, before any
+//! model work. It is the one door for inputs, as TEI's `core/tokenization` is: the engine calls
+//! [`Preprocessor::prepare`] (and [`Preprocessor::prepare_pairs`] for cross-encoder pairs), and
+//! `/tokenize` goes through the same steps.
+//!
+//! - [`tokenizer`]: the model's `tokenizer.json` with our truncation rules; [`pool`]: the
+//!   worker threads it (and image decoding, and chat rendering) runs on, off the async runtime;
+//! - [`chat_template`]: conversations rendered into one text (minijinja, transformers' settings);
+//! - [`image`]: image bytes → pixel values (decoding, Pillow-exact resampling, normalization);
+//!   [`media`]: where a request's image bytes come from (data URLs, allowed http(s) hosts,
+//!   chat-style content parts);
+//! - [`prepare`]: the steps every prompt takes (byte bound, prompt prefix, tokenization,
+//!   truncation, padding, the length and vocabulary checks), in [`Preprocessor`].
+//!
+//! The loader builds these pieces from a model's files at load time; the engine owns one
+//! [`Preprocessor`] per model. This layer knows nothing of tasks: a request's options arrive
+//! as [`InputOptions`], already decided from its validated parameters.
+
+pub mod chat_template;
+pub mod image;
+pub mod media;
+pub mod pool;
+pub mod prepare;
+pub mod tokenizer;
+
+pub use prepare::{ImageSide, InputOptions, Preprocessor};
+
+use crate::models::batch::TokenizedInput;
+
+/// One input as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    /// A (query, document) pair for a cross-encoder, tokenized together.
+    Pair(String, String),
+    /// An encoded image (PNG, JPEG or WebP bytes), for image-text models.
+    Image(Vec<u8>),
+}
+
+/// One input ready for the model: token ids, or an image's pixel values (`[3, h, w]`).
+#[derive(Debug, Clone)]
+pub enum ModelInput {
+    Text(TokenizedInput),
+    Image(Vec<f32>),
+}
+
+/// Bytes per token above which a text cannot fit the model ([`Preprocessor::max_text_bytes`]):
+/// real text runs 1–10 bytes per token (CJK about 3, English about 4, indented code up to
+/// 10); 32 leaves room for any of it while bounding what one request can make the server copy
+/// and tokenize.
+pub const MAX_BYTES_PER_TOKEN: usize = 32;
+
+/// Why an input cannot be used. Every variant but the last two is the client's (400).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InputError {
+    /// vLLM 0.33's words. A text over the limit reads "at least {max + 1}" there (its
+    /// tokenizer stops one token past the limit), so it does here too; `got` keeps the true
+    /// length (TEI's routes report it).
+    #[error("This model's maximum context length is {max} tokens. However, your prompt contains {} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt.", if *from_text { format!("at least {}", max + 1) } else { got.to_string() })]
+    InputTooLong { max: usize, got: usize, from_text: bool },
+    #[error("This model's maximum context length is {max} tokens. However, your prompt contains {bytes} bytes (more than {limit} bytes, which is the upper bound for {max} input tokens). Please reduce the length of the input prompt.")]
+    TextTooLong { bytes: usize, limit: usize, max: usize },
+    #[error("Token id {id} is out of vocabulary")]
+    InvalidTokenId { id: i64 },
+    #[error("The prompt cannot be empty")]
+    EmptyPrompt,
+    #[error("Input lengths must be either 1:1, 1:N or N:N")]
+    InvalidPairing,
+    #[error("tokenizer failed: {0}")]
+    Tokenizer(String),
+    /// A request field this model's inputs cannot honour (e.g. `padding` without a pad token).
+    #[error("{message}")]
+    Field { message: String, param: &'static str },
+    /// An image that cannot be used (undecodable, too large, not an image).
+    #[error("{0}")]
+    Image(String),
+    #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP) embed images")]
+    ImagesUnsupported,
+    /// An image URL or content part that cannot be used; `param` names the request field.
+    #[error("{message}")]
+    Media { message: String, param: Option<&'static str> },
+    /// A conversation the chat template could not render (the template's reason).
+    #[error("{0}")]
+    Chat(String),
+    /// An input worker panicked on this request (a bug; the worker goes on).
+    #[error("model execution failed: {0}")]
+    Panicked(&'static str),
+    /// The worker threads are gone (the server is shutting down).
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+impl From<tokenizer::TokenizeError> for InputError {
+    fn from(e: tokenizer::TokenizeError) -> Self {
+        match e {
+            tokenizer::TokenizeError::Failed(message) => InputError::Tokenizer(message),
+            tokenizer::TokenizeError::InvalidPairing => InputError::InvalidPairing,
+        }
+    }
+}

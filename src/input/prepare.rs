@@ -1,0 +1,402 @@
+//! The steps every prompt takes before the model, in [`Preprocessor`], the model's input side:
+//!
+//! 1. **Bound**: a text longer than any input the model takes could need
+//!    ([`Preprocessor::max_text_bytes`]) is cut when the request truncates, refused when it
+//!    does not, before it is copied or tokenized (a megabyte text is not tokenized only to be
+//!    refused afterwards);
+//! 2. **Prompt**: a sentence-transformers prompt is prepended to texts, as `encode` does;
+//! 3. **Tokenize** on the worker pool, with the request's truncation (token-id inputs are
+//!    checked against the vocabulary and truncated the same way);
+//! 4. **Pad** to `max_model_len` for `padding: "max_length"`, or to the length a model was
+//!    trained at (SigLIP);
+//! 5. **Check** the length against the model's limit; images are decoded into pixel values.
+
+use super::chat_template::{ChatOptions, ChatTemplate};
+use super::image::{ImageLimits, ImageProcessorConfig};
+use super::pool::TokenizerPool;
+use super::tokenizer::{self, EncodeOptions, TextInput, TextTokenizer, TokenInfo, TruncationSide};
+use super::{InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
+use crate::models::batch::TokenizedInput;
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// An image-text model's image preprocessing.
+pub struct ImageSide {
+    pub processor: Arc<ImageProcessorConfig>,
+    pub limits: ImageLimits,
+    /// What one image costs in a batch ([`crate::models::VisionTower::tokens_per_image`]).
+    pub tokens_per_image: usize,
+}
+
+/// How one request's prompts become inputs, decided by the engine from the request's
+/// validated parameters.
+#[derive(Debug, Clone)]
+pub struct InputOptions {
+    /// Special tokens, truncation and the per-side caps of pairs.
+    pub encode: EncodeOptions,
+    /// A sentence-transformers prompt, prepended to texts (not to pairs or token ids).
+    pub prompt: Option<Arc<str>>,
+    /// vLLM's `padding: "max_length"`: pad to `max_model_len` after truncating.
+    pub pad_to_max_length: bool,
+    /// The longest input accepted: `max_model_len`, or `max_embed_len` for embeddings with
+    /// chunked processing.
+    pub max_len: usize,
+}
+
+/// The model's side of the input work: its tokenizer on the worker pool, its chat template,
+/// its image processing and the limits its inputs obey.
+pub struct Preprocessor {
+    workers: TokenizerPool,
+    chat_template: Arc<ChatTemplate>,
+    images: Option<ImageSide>,
+    /// The backbone's vocabulary (token ids at or past it cannot be embedded).
+    vocab_size: usize,
+    max_model_len: usize,
+    /// `(length, pad id)` for models trained on padded texts (SigLIP).
+    pad_text_to: Option<(usize, u32)>,
+    /// The served name, the metrics' `model` label.
+    served_name: String,
+}
+
+/// What a [`Preprocessor`] is built from (the loader's pieces and the model's limits).
+pub struct PreprocessorParts {
+    pub tokenizer: TextTokenizer,
+    pub workers: usize,
+    pub chat_template: ChatTemplate,
+    pub images: Option<ImageSide>,
+    pub vocab_size: usize,
+    pub max_model_len: usize,
+    pub pad_text_to: Option<(usize, u32)>,
+    pub served_name: String,
+}
+
+impl Preprocessor {
+    /// Starts the worker threads.
+    pub fn start(parts: PreprocessorParts) -> std::io::Result<Self> {
+        let PreprocessorParts { tokenizer, workers, chat_template, images, vocab_size, max_model_len, pad_text_to, served_name } = parts;
+        Ok(Self {
+            workers: TokenizerPool::new(Arc::new(tokenizer), workers)?,
+            chat_template: Arc::new(chat_template),
+            images,
+            vocab_size,
+            max_model_len,
+            pad_text_to,
+            served_name,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        self.workers.tokenizer()
+    }
+
+    /// The size of the model's vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Whether the model takes images (an image-text model).
+    pub fn takes_images(&self) -> bool {
+        self.images.is_some()
+    }
+
+    /// What one image counts in a batch and in `usage` (its sequence in the vision tower); 0
+    /// for text models.
+    pub fn tokens_per_image(&self) -> usize {
+        self.images.as_ref().map_or(0, |side| side.tokens_per_image)
+    }
+
+    /// What an input costs in a batch's token budget.
+    pub fn cost(&self, input: &ModelInput) -> usize {
+        match input {
+            ModelInput::Text(tokens) => tokens.len(),
+            ModelInput::Image(_) => self.tokens_per_image().max(1),
+        }
+    }
+
+    /// The front door: every prompt (texts, token ids, pairs, images) made ready for the
+    /// model, in order, each checked against the model's limits.
+    pub async fn prepare(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
+        if !prompts.iter().any(|p| matches!(p, Prompt::Image(_))) {
+            return Ok(self.prepare_texts(prompts, options).await?.into_iter().map(ModelInput::Text).collect());
+        }
+        let mut texts = Vec::new();
+        let mut images = Vec::new();
+        let mut is_image = Vec::with_capacity(prompts.len());
+        for prompt in prompts {
+            is_image.push(matches!(prompt, Prompt::Image(_)));
+            match prompt {
+                Prompt::Image(bytes) => images.push(bytes),
+                other => texts.push(other),
+            }
+        }
+        let pixels = self.prepare_images(images).await?;
+        let texts = if texts.is_empty() { Vec::new() } else { self.prepare_texts(texts, options).await? };
+        let (mut texts, mut pixels) = (texts.into_iter(), pixels.into_iter());
+        is_image
+            .into_iter()
+            .map(|image| {
+                let next = if image { pixels.next().map(ModelInput::Image) } else { texts.next().map(ModelInput::Text) };
+                next.ok_or(InputError::Stopped)
+            })
+            .collect()
+    }
+
+    /// [`Self::prepare`] for prompts without images: their token ids.
+    pub async fn prepare_texts(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<TokenizedInput>, InputError> {
+        let started = std::time::Instant::now();
+        let inputs = self.tokenize_and_check(prompts, options).await?;
+        self.note_tokenized(started, &inputs);
+        Ok(inputs)
+    }
+
+    /// Cross-encoder pairs (`pairs` index `queries` and `documents`), each distinct text
+    /// tokenized once, checked against the model's limits like [`Self::prepare`]'s inputs.
+    pub async fn prepare_pairs(
+        &self,
+        queries: &[String],
+        documents: &[String],
+        pairs: Vec<(usize, usize)>,
+        options: &InputOptions,
+    ) -> Result<Vec<TokenizedInput>, InputError> {
+        let started = std::time::Instant::now();
+        let limits = options.encode.pair_limits;
+        let bound = |texts: &[String], side_limit: Option<usize>| {
+            texts.iter().map(|t| self.bounded_side(t, options, side_limit).map(Cow::into_owned)).collect::<Result<Vec<_>, _>>()
+        };
+        let (queries, documents) = (bound(queries, limits.query)?, bound(documents, limits.document)?);
+        let encoded = self.workers.encode_pairs(queries, documents, pairs, options.encode).await?;
+        let inputs = encoded.into_iter().collect::<Result<Vec<_>, _>>()?;
+        for input in &inputs {
+            check_length(input.len(), options.max_len, true)?;
+        }
+        self.note_tokenized(started, &inputs);
+        Ok(inputs)
+    }
+
+    /// One text tokenized as [`Self::prepare`] tokenizes it (prompt prefix, special tokens,
+    /// truncation), without the length checks: `/tokenize` reports what the model would see.
+    pub async fn tokenize(&self, text: String, options: &InputOptions) -> Result<TokenizedInput, InputError> {
+        let text = match options.prompt.as_deref() {
+            Some(prompt) => format!("{prompt}{text}"),
+            None => text,
+        };
+        self.workers.encode(vec![TextInput::Single(text)], options.encode).await?.pop().ok_or(InputError::Stopped)?
+    }
+
+    /// Each conversation rendered by the chat template into one text, on the worker pool (a
+    /// long conversation through a large template is not the async runtime's work).
+    /// `template`: a request's own template (the HTTP layer has checked that it may).
+    pub async fn render_chat(
+        &self,
+        conversations: Vec<Vec<serde_json::Value>>,
+        options: ChatOptions,
+        template: Option<String>,
+    ) -> Result<Vec<String>, InputError> {
+        let chat = Arc::clone(&self.chat_template);
+        self.workers
+            .execute(move || {
+                conversations
+                    .iter()
+                    .map(|messages| match &template {
+                        Some(source) => chat.render_source(source, messages, &options),
+                        None => chat.render(messages, &options),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| InputError::Chat(e.0))
+            })
+            .await?
+    }
+
+    /// The text of token ids (/detokenize), off the async runtime.
+    pub async fn detokenize(&self, ids: Vec<u32>) -> Result<String, InputError> {
+        self.workers.decode(ids, false).await
+    }
+
+    /// The texts of several id lists (TEI's `/decode`), on a blocking thread.
+    pub async fn decode_all(&self, ids: Vec<Vec<u32>>, skip_special_tokens: bool) -> Result<Vec<String>, InputError> {
+        let tokenizer = self.workers.shared();
+        tokio::task::spawn_blocking(move || ids.iter().map(|i| tokenizer.decode(i, skip_special_tokens)).collect::<Result<Vec<_>, _>>())
+            .await
+            .map_err(|_| InputError::Stopped)?
+            .map_err(InputError::from)
+    }
+
+    /// TEI's `/tokenize` tokens of each text ([`TextTokenizer::tokens`]), on the worker pool.
+    pub async fn tokens(&self, texts: Vec<String>, add_special_tokens: bool) -> Result<Vec<Vec<TokenInfo>>, InputError> {
+        let tokenizer = self.workers.shared();
+        self.workers
+            .execute(move || texts.iter().map(|t| tokenizer.tokens(t, add_special_tokens)).collect::<Result<Vec<_>, _>>())
+            .await?
+            .map_err(InputError::from)
+    }
+
+    /// Each token's character range in `text` (late chunking's source ranges), on the worker
+    /// pool.
+    pub async fn char_offsets(&self, text: String, add_special_tokens: bool) -> Result<Vec<(usize, usize)>, InputError> {
+        let tokenizer = self.workers.shared();
+        self.workers.execute(move || tokenizer.char_offsets(&text, add_special_tokens)).await?.map_err(InputError::from)
+    }
+
+    /// Token ids the model can embed: vLLM names the largest id past the vocabulary.
+    pub fn check_token_ids(&self, ids: &[u32]) -> Result<(), InputError> {
+        match ids.iter().max() {
+            Some(&id) if id as usize >= self.vocab_size => Err(InputError::InvalidTokenId { id: id as i64 }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Longest text, in bytes, that tokenizing could ever need: [`MAX_BYTES_PER_TOKEN`] per
+    /// token of the longest input accepted.
+    pub fn max_text_bytes(&self, options: &InputOptions) -> usize {
+        options.max_len.saturating_mul(MAX_BYTES_PER_TOKEN)
+    }
+
+    /// `text`, or its cut to [`Self::max_text_bytes`] when the request truncates (the end the
+    /// truncation side drops, at a character boundary), or an error when it does not.
+    pub fn bounded<'a>(&self, text: &'a str, options: &InputOptions) -> Result<Cow<'a, str>, InputError> {
+        self.bounded_side(text, options, None)
+    }
+
+    /// [`Self::bounded`] for one side of a cross-encoder pair whose side is cut to
+    /// `side_limit` tokens (`max_tokens_per_query` / `_per_doc`): that cut always keeps the
+    /// start, so the text is cut from the right to what those tokens could use, whatever the
+    /// request's truncation.
+    fn bounded_side<'a>(&self, text: &'a str, options: &InputOptions, side_limit: Option<usize>) -> Result<Cow<'a, str>, InputError> {
+        let limit = self.max_text_bytes(options);
+        let side_bytes = side_limit.map(|n| n.saturating_mul(MAX_BYTES_PER_TOKEN));
+        if text.len() <= side_bytes.map_or(limit, |s| s.min(limit)) {
+            return Ok(Cow::Borrowed(text));
+        }
+        let keep_start = |bytes: usize| {
+            let end = (0..=bytes.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            Cow::Borrowed(&text[..end])
+        };
+        if let Some(side) = side_bytes {
+            return Ok(keep_start(side.min(limit)));
+        }
+        if options.encode.truncate_to.is_none() {
+            return Err(InputError::TextTooLong { bytes: text.len(), limit, max: self.max_model_len });
+        }
+        Ok(match options.encode.side {
+            TruncationSide::Right => keep_start(limit),
+            TruncationSide::Left => {
+                let start = (text.len() - limit..=text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+                Cow::Borrowed(&text[start..])
+            }
+        })
+    }
+
+    async fn tokenize_and_check(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<TokenizedInput>, InputError> {
+        let limits = options.encode.pair_limits;
+        let with_prompt = |text: &str| -> Result<String, InputError> {
+            let text = self.bounded(text, options)?;
+            Ok(match options.prompt.as_deref() {
+                Some(prompt) => format!("{prompt}{text}"),
+                None => text.into_owned(),
+            })
+        };
+        let texts: Vec<TextInput> = prompts
+            .iter()
+            .filter_map(|p| match p {
+                Prompt::Text(t) => Some(with_prompt(t).map(TextInput::Single)),
+                Prompt::Pair(q, d) => Some(
+                    self.bounded_side(q, options, limits.query)
+                        .and_then(|q| Ok(TextInput::Pair(q.into_owned(), self.bounded_side(d, options, limits.document)?.into_owned()))),
+                ),
+                Prompt::Tokens(_) | Prompt::Image(_) => None,
+            })
+            .collect::<Result<_, _>>()?;
+        let mut encoded =
+            if texts.is_empty() { Vec::new().into_iter() } else { self.workers.encode(texts, options.encode).await?.into_iter() };
+        let mut inputs = Vec::with_capacity(prompts.len());
+        for prompt in prompts {
+            let from_text = !matches!(prompt, Prompt::Tokens(_));
+            let input = match prompt {
+                Prompt::Text(_) | Prompt::Pair(..) => encoded.next().ok_or(InputError::Stopped)??,
+                Prompt::Tokens(ids) => {
+                    if ids.is_empty() {
+                        return Err(InputError::EmptyPrompt);
+                    }
+                    self.check_token_ids(&ids)?;
+                    tokenizer::truncate_ids(ids, options.encode)
+                }
+                Prompt::Image(_) => return Err(InputError::Panicked("an image reached the tokenizer")),
+            };
+            let input = self.padded(input, options)?;
+            check_length(input.len(), options.max_len, from_text)?;
+            inputs.push(input);
+        }
+        Ok(inputs)
+    }
+
+    /// `input` padded with the tokenizer's pad token: to `max_model_len` when the request asks
+    /// for `padding: "max_length"` (vLLM pads after truncating, before the length check), or
+    /// to the model's fixed text length for models trained so (SigLIP).
+    fn padded(&self, mut input: TokenizedInput, options: &InputOptions) -> Result<TokenizedInput, InputError> {
+        let target = match (options.pad_to_max_length, self.pad_text_to) {
+            (true, _) => {
+                let pad = self.tokenizer().pad_id().ok_or_else(|| InputError::Field {
+                    message: "padding: \"max_length\" needs a pad token, and this model's tokenizer has none".into(),
+                    param: "padding",
+                })?;
+                Some((self.max_model_len, pad))
+            }
+            (false, fixed) => fixed,
+        };
+        if let Some((len, pad)) = target {
+            if input.len() < len {
+                input.type_ids.resize(len, 0);
+                input.ids.resize(len, pad);
+            }
+        }
+        Ok(input)
+    }
+
+    /// Decodes and preprocesses images on the worker pool (as texts are tokenized there), into
+    /// the pixel values the vision tower takes.
+    async fn prepare_images(&self, images: Vec<Vec<u8>>) -> Result<Vec<Vec<f32>>, InputError> {
+        let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
+        let started = std::time::Instant::now();
+        let (processor, limits) = (Arc::clone(&side.processor), side.limits);
+        let pixels = self
+            .workers
+            .execute(move || {
+                images
+                    .iter()
+                    .enumerate()
+                    .map(|(i, bytes)| {
+                        super::image::preprocess(bytes, &processor, &limits)
+                            .map(|p| p.data)
+                            .map_err(|e| InputError::Image(if images.len() > 1 { format!("image {i}: {e}") } else { e.to_string() }))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await??;
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        Ok(pixels)
+    }
+
+    fn note_tokenized(&self, started: std::time::Instant, inputs: &[TokenizedInput]) {
+        let elapsed = started.elapsed();
+        crate::metrics::tokenized(&self.served_name, elapsed, inputs.iter().map(TokenizedInput::len).sum());
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
+    }
+
+    /// Test hook for [`TokenizerPool::panic_in_a_worker`].
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn panic_in_a_worker(&self) -> Result<(), InputError> {
+        self.workers.panic_in_a_worker().await?.into_iter().next().ok_or(InputError::Stopped)?.map(|_| ())
+    }
+}
+
+/// The input's length against the longest accepted. `from_text`: the input was tokenized from
+/// text, whose excess vLLM reports as "at least {limit + 1}" (see [`InputError::InputTooLong`]).
+fn check_length(len: usize, max: usize, from_text: bool) -> Result<(), InputError> {
+    if len > max {
+        return Err(InputError::InputTooLong { max, got: len, from_text });
+    }
+    if len == 0 {
+        return Err(InputError::EmptyPrompt);
+    }
+    Ok(())
+}
