@@ -17,11 +17,12 @@
 
 use crate::engine::params::ParamsError;
 pub use crate::engine::params::PoolingParams;
-use crate::engine::{Engine, EngineError, EngineOptions, PoolingOutput};
+use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::input::Prompt;
 use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::pooling::Task;
+use crate::pooling::{PoolingOutput, TaskOutput};
 
 /// How to load a model in a host program: the model's options and the engine's, as `serve`
 /// has them (no host, port, API key or log format). Built from code only, never from the
@@ -91,29 +92,36 @@ impl Pooler {
     /// Any task over text, token-id or (for image-text models, `embed`) image inputs; one
     /// output per input, in order.
     pub async fn encode_async(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
-        if !self.engine.spec().supports(task) {
-            return Err(PoolerError::Unsupported(task));
-        }
-        let params = params.verify(task, self.engine.spec())?;
-        Ok(self.engine.encode(inputs, &params).await?.0)
+        self.encode_as(task, inputs, params).await
     }
 
     pub fn encode(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
         self.runtime.block_on(self.encode_async(task, inputs, params))
     }
 
+    /// One task's outputs in the shape it has ([`TaskOutput`]).
+    async fn encode_as<T: TaskOutput>(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<T>, PoolerError> {
+        if !self.engine.spec().supports(task) {
+            return Err(PoolerError::Unsupported(task));
+        }
+        let params = params.verify(task, self.engine.spec())?;
+        Ok(self.engine.encode_as(inputs, &params).await?.0)
+    }
+
+    fn encode_blocking<T: TaskOutput>(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<T>, PoolerError> {
+        self.runtime.block_on(self.encode_as(task, inputs, params))
+    }
+
     /// One embedding per text (normalized unless `params.normalize` is false).
     pub fn embed(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
-        let outputs = self.encode(Task::Embed, texts_to_prompts(texts), params)?;
-        outputs.into_iter().map(vector).collect()
+        self.encode_blocking(Task::Embed, texts_to_prompts(texts), params)
     }
 
     /// One embedding per encoded image (PNG, JPEG or WebP bytes), in the space of the texts'
     /// embeddings: image-text models (CLIP, SigLIP) only. Mixed texts and images go through
     /// [`Self::encode`] with [`Prompt::Image`].
     pub fn embed_images(&self, images: &[&[u8]], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
-        let outputs = self.encode(Task::Embed, images.iter().map(|bytes| Prompt::Image(bytes.to_vec())).collect(), params)?;
-        outputs.into_iter().map(vector).collect()
+        self.encode_blocking(Task::Embed, images.iter().map(|bytes| Prompt::Image(bytes.to_vec())).collect(), params)
     }
 
     /// Per-token outputs of a reward model, vLLM's `LLM.reward`: one row per token (raw
@@ -121,28 +129,20 @@ impl Pooler {
     /// (STEP pooling: softmax over the kept columns at each step tag). Any token classifier
     /// answers the same way (its per-token probabilities).
     pub fn reward(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<Vec<f32>>>, PoolerError> {
-        let outputs = self.encode(Task::TokenClassify, texts_to_prompts(texts), params)?;
-        outputs
-            .into_iter()
-            .map(|o| match o {
-                PoolingOutput::Tokens(rows) => Ok(rows),
-                _ => Err(PoolerError::Unsupported(Task::TokenClassify)),
-            })
-            .collect()
+        self.encode_blocking(Task::TokenClassify, texts_to_prompts(texts), params)
     }
 
     /// Label and probabilities per text.
     pub fn classify(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Classification>, PoolerError> {
-        let outputs = self.encode(Task::Classify, texts_to_prompts(texts), params)?;
+        let outputs: Vec<Vec<f32>> = self.encode_blocking(Task::Classify, texts_to_prompts(texts), params)?;
         let labels = &self.engine.spec().labels;
-        outputs
+        Ok(outputs
             .into_iter()
-            .map(|o| {
-                let probs = vector(o)?;
+            .map(|probs| {
                 let best = crate::pooling::classifier::argmax(&probs);
-                Ok(Classification { label: labels.get(best).cloned().unwrap_or_default(), probs })
+                Classification { label: labels.get(best).cloned().unwrap_or_default(), probs }
             })
-            .collect()
+            .collect())
     }
 
     /// Relevance of each (query, document) pair, paired 1:1, 1:N or N:N as `/score` does, by
@@ -163,11 +163,4 @@ impl Pooler {
 
 fn texts_to_prompts(texts: &[&str]) -> Vec<Prompt> {
     texts.iter().map(|t| Prompt::Text(t.to_string())).collect()
-}
-
-fn vector(output: PoolingOutput) -> Result<Vec<f32>, PoolerError> {
-    match output {
-        PoolingOutput::Vector(v) => Ok(v),
-        _ => Err(PoolerError::Engine(EngineError::Model("expected one vector per input".into()))),
-    }
 }

@@ -6,8 +6,9 @@ mod common;
 
 use common::*;
 use poolserve::engine::params::{PoolingParams, ResolvedParams};
-use poolserve::engine::{Engine, PoolingOutput};
+use poolserve::engine::Engine;
 use poolserve::input::Prompt;
+use poolserve::pooling::PoolingOutput;
 use poolserve::pooling::Task;
 use serde_json::Value;
 

@@ -229,7 +229,7 @@ impl Lcg {
     fn value(&mut self, depth: u32) -> Value {
         match self.next() % if depth == 0 { 6 } else { 8 } {
             0 => Value::Null,
-            1 => json!(self.next() % 2 == 0),
+            1 => json!(self.next().is_multiple_of(2)),
             2 => json!(self.next() as i64 - (1 << 30)),
             3 => json!((self.next() as f64) / 7.0 - 1e6),
             4 => json!(["", "a", "hello world", "naïve café 日本語 😀", "word ".repeat(300).as_str()][self.next() as usize % 5]),
@@ -313,7 +313,7 @@ async fn ten_thousand_random_bodies_never_break_the_server() {
             1 => {
                 let mut b = rng.pick(&valid).to_string().into_bytes();
                 let at = rng.next() as usize % b.len();
-                if rng.next() % 2 == 0 {
+                if rng.next().is_multiple_of(2) {
                     b.truncate(at);
                 } else {
                     b[at] = rng.next() as u8;

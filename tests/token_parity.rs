@@ -8,8 +8,9 @@ mod common;
 use common::*;
 use poolserve::config::ServerConfig;
 use poolserve::engine::params::PoolingParams;
-use poolserve::engine::{Engine, PoolingOutput};
+use poolserve::engine::Engine;
 use poolserve::input::Prompt;
+use poolserve::pooling::PoolingOutput;
 use poolserve::pooling::{PoolingType, Task};
 use serde_json::Value;
 

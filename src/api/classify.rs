@@ -7,7 +7,6 @@ use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{AppState, ListResponse};
 use crate::engine::params::PoolingParams;
-use crate::engine::PoolingOutput;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -55,23 +54,20 @@ pub async fn create(
     ApiJson(request): ApiJson<ClassifyRequest>,
 ) -> Result<Json<ListResponse<ClassifyData>>, ApiError> {
     AppState::require_input(&request.input, request.messages.as_ref())?;
-    let (engine, _permit) = state.begin(request.model.as_deref(), Task::Classify, "Classification")?;
+    let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::serving(Task::Classify, "Classification"))?;
     let params = request.params.verify(Task::Classify, engine.spec())?;
     let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
     let params = inputs.params(params, request.params.add_special_tokens);
-    let (outputs, tokens) = engine.encode(inputs.prompts, &params).await?;
+    let (outputs, tokens): (Vec<Vec<f32>>, _) = engine.encode_as(inputs.prompts, &params).await?;
     let labels = &engine.spec().labels;
     let data = outputs
         .into_iter()
         .enumerate()
-        .map(|(index, output)| {
-            let PoolingOutput::Vector(probs) = output else {
-                return Err(ApiError::Internal("classification returned per-token output".into()));
-            };
+        .map(|(index, probs)| {
             let label = labels.get(argmax(&probs)).cloned().unwrap_or_default();
-            Ok(ClassifyData { index, label, num_classes: probs.len(), probs })
+            ClassifyData { index, label, num_classes: probs.len(), probs }
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect();
     Ok(Json(ListResponse::new("classify", &headers, request.request_id.as_deref(), engine, data, tokens)))
 }
 

@@ -30,7 +30,6 @@ use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{response_id, AppState};
 use crate::engine::params::PoolingParams;
-use crate::engine::PoolingOutput;
 use crate::input::media::{self, MediaOptions};
 use crate::input::tokenizer::TruncationSide;
 use crate::input::Prompt;
@@ -335,13 +334,13 @@ async fn embed(
     request: CohereEmbedRequest,
     version: &'static str,
 ) -> Result<Json<CohereEmbedResponse>, ApiError> {
-    let engine = state.model(request.model.as_deref())?;
-    // vLLM registers /v2/embed beside /v1/embeddings, which a token_embed model replaces.
-    if engine.spec().pooling_task == Task::TokenEmbed {
-        return Err(ApiError::RouteNotFound);
-    }
-    super::serves(engine.spec(), Task::Embed, "Embeddings")?;
-    let _permit = super::admit(engine)?;
+    let (engine, _permit, ()) = state.begin(request.model.as_deref(), |engine| {
+        // vLLM registers /v2/embed beside /v1/embeddings, which a token_embed model replaces.
+        if engine.spec().pooling_task == Task::TokenEmbed {
+            return Err(ApiError::RouteNotFound);
+        }
+        super::serves(engine.spec(), Task::Embed, "Embeddings")
+    })?;
     let spec = engine.spec();
     let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
     let pooling = PoolingParams { truncate_prompt_tokens, truncation_side, dimensions: request.output_dimension, ..Default::default() };
@@ -362,15 +361,8 @@ async fn embed(
     state.check_batch_size(count.into_iter().flatten().max().unwrap_or(0))?;
     let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
     let images = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
-    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let (vectors, tokens): (Vec<Vec<f32>>, _) = engine.encode_as(prompts, &params).await?;
     let image_tokens = images * engine.input().tokens_per_image();
-    let vectors = outputs
-        .into_iter()
-        .map(|o| match o {
-            PoolingOutput::Vector(v) => Ok(v),
-            _ => Err(ApiError::Internal("embedding task returned per-token output".into())),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let (response_type, embeddings) = match (&request.embedding_types, version) {
         (None, "1") => ("embeddings_floats", CohereEmbeddings::Floats(vectors)),
         (types, _) => {

@@ -13,10 +13,10 @@ use super::chat::{self, ChatFields};
 use super::encoding::{self, EncodedValue, EncodingFormat, EncodingParams};
 use super::error::{ApiError, ErrorResponses};
 use super::json::{ApiJson, OffRuntimeJson};
-use super::{admit, serves, AppState, ListResponse};
+use super::{serves, AppState, ListResponse};
 use crate::engine::literal;
 use crate::engine::params::{PoolingParams, ResolvedParams};
-use crate::engine::{Engine, PoolingOutput};
+use crate::engine::Engine;
 use crate::input::Prompt;
 use crate::pooling::Task;
 use axum::extract::State;
@@ -102,25 +102,30 @@ pub async fn create(
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     AppState::require_input(&request.input, request.messages.as_ref())?;
-    let engine = state.model(request.model.as_deref())?;
-    if engine.spec().pooling_task == Task::TokenEmbed {
-        return token_embeddings(&state, engine, &headers, request).await;
+    // A token_embed model answers here with vLLM's token-embedding request (its own checks).
+    let (engine, permit, token_embed) = state.begin(request.model.as_deref(), |engine| {
+        if engine.spec().pooling_task == Task::TokenEmbed {
+            return token_embedding_checks(&request).map(Some);
+        }
+        serves(engine.spec(), Task::Embed, "Embeddings")?;
+        if request.late_chunking_params.is_some() {
+            return Err(ApiError::BadRequest {
+                message:
+                    "late_chunking_params needs a model whose pooling task is token_embed (--pooler-config '{\"task\": \"token_embed\"}')"
+                        .into(),
+                param: Some("late_chunking_params"),
+            });
+        }
+        Ok(None)
+    })?;
+    if let Some(chunk_size) = token_embed {
+        return token_embeddings(&state, engine, permit, &headers, request, chunk_size).await;
     }
-    serves(engine.spec(), Task::Embed, "Embeddings")?;
-    if request.late_chunking_params.is_some() {
-        return Err(ApiError::BadRequest {
-            message: "late_chunking_params needs a model whose pooling task is token_embed (--pooler-config '{\"task\": \"token_embed\"}')"
-                .into(),
-            param: Some("late_chunking_params"),
-        });
-    }
-    let permit = admit(engine)?;
     let spec = engine.spec();
     let params = request.params.verify(Task::Embed, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
     let params = inputs.params(params, request.params.add_special_tokens);
-    let (outputs, tokens) = engine.encode(inputs.prompts, &params).await?;
-    let vectors = outputs.into_iter().map(vector).collect::<Result<Vec<_>, _>>()?;
+    let (vectors, tokens): (Vec<Vec<f32>>, _) = engine.encode_as(inputs.prompts, &params).await?;
     let response = ListResponse::new("embd", &headers, request.request_id.as_deref(), engine, Vec::<EmbeddingData>::new(), tokens);
     if request.encoding.is_bytes() {
         let shaped: Vec<(Vec<usize>, Vec<f32>)> = vectors.into_iter().map(|v| (vec![v.len()], v)).collect();
@@ -133,13 +138,6 @@ pub async fn create(
         .map(|(index, v)| EmbeddingData { index, object: "embedding", embedding: encoding.vector(v), late_chunking: None })
         .collect();
     OffRuntimeJson(ListResponse { data, ..response }).into_response(permit).await
-}
-
-fn vector(output: PoolingOutput) -> Result<Vec<f32>, ApiError> {
-    match output {
-        PoolingOutput::Vector(v) => Ok(v),
-        _ => Err(ApiError::Internal("embedding task returned per-token output".into())),
-    }
 }
 
 /// A `bytes` / `bytes_only` response (see [`super::encoding`]): `outputs` are `(shape,
@@ -190,14 +188,10 @@ fn ascii_json(text: &str) -> String {
     out
 }
 
-/// vLLM's token-embedding endpoint on `/v1/embeddings` (its `TokenEmbeddingRequest`): float
-/// matrices only, no `dimensions`, text or token inputs, optional late chunking.
-async fn token_embeddings(
-    state: &AppState,
-    engine: &Engine,
-    headers: &HeaderMap,
-    request: EmbeddingRequest,
-) -> Result<axum::response::Response, ApiError> {
+/// vLLM's token-embedding request on `/v1/embeddings` (its `TokenEmbeddingRequest`): float
+/// matrices only, no `dimensions`, text or token inputs, optional late chunking (its chunk
+/// size returned).
+fn token_embedding_checks(request: &EmbeddingRequest) -> Result<Option<u64>, ApiError> {
     if let Some(format) = request.encoding.encoding_format.filter(|f| *f != EncodingFormat::Float) {
         let name = match format {
             EncodingFormat::Base64 => "base64",
@@ -218,11 +212,21 @@ async fn token_embeddings(
             param: Some("input"),
         });
     }
-    let chunk_size = match &request.late_chunking_params {
-        Some(value) => Some(late_chunk_size(value)?),
-        None => None,
-    };
-    let permit = admit(engine)?;
+    match &request.late_chunking_params {
+        Some(value) => Ok(Some(late_chunk_size(value)?)),
+        None => Ok(None),
+    }
+}
+
+/// The token-embedding request, once [`token_embedding_checks`] passed and it was admitted.
+async fn token_embeddings(
+    state: &AppState,
+    engine: &Engine,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    headers: &HeaderMap,
+    request: EmbeddingRequest,
+    chunk_size: Option<u64>,
+) -> Result<axum::response::Response, ApiError> {
     let spec = engine.spec();
     let mut params = request.params.verify(Task::TokenEmbed, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     let prompts = state.prompts(&request.input)?;
@@ -231,12 +235,9 @@ async fn token_embeddings(
         texts = late_chunking_texts(&prompts, &params, &request.params, spec.lowercase)?;
         params = ResolvedParams { late_chunk: Some(usize::try_from(size).unwrap_or(usize::MAX)), ..params };
     }
-    let (outputs, tokens) = engine.encode(prompts, &params).await?;
+    let (outputs, tokens): (Vec<Vec<Vec<f32>>>, _) = engine.encode_as(prompts, &params).await?;
     let mut data = Vec::with_capacity(outputs.len());
-    for (index, output) in outputs.into_iter().enumerate() {
-        let PoolingOutput::Tokens(rows) = output else {
-            return Err(ApiError::Internal("token_embed returned one vector".into()));
-        };
+    for (index, rows) in outputs.into_iter().enumerate() {
         let late_chunking = match (chunk_size, texts.get(index)) {
             (Some(size), Some(text)) => Some(late_chunking_ranges(engine, text, &params, size).await?),
             _ => None,

@@ -19,7 +19,7 @@ pub mod score;
 pub mod tei;
 pub mod tokenize;
 
-use crate::engine::{Engine, EngineError};
+use crate::engine::Engine;
 use crate::input::Prompt;
 use crate::pooling::Task;
 use axum::extract::DefaultBodyLimit;
@@ -222,37 +222,22 @@ impl AppState {
         }
     }
 
-    /// The first steps of every model request, in one order on every route: the model named
-    /// (404), the engine ready (503), the task supported (400), then admission (429). The
-    /// handler then validates its parameters and parses its inputs (400), then runs.
-    pub fn begin(&self, model: Option<&str>, task: Task, api: &str) -> Result<(&Engine, tokio::sync::OwnedSemaphorePermit), ApiError> {
-        let engine = self.engine_for(model, task, api)?;
-        Ok((engine, admit(engine)?))
-    }
-
-    /// [`Self::begin`] for `/score` and `/rerank` (any model with a score mode).
-    pub fn begin_scoring(&self, model: Option<&str>, api: &str) -> Result<(&Engine, tokio::sync::OwnedSemaphorePermit), ApiError> {
-        let engine = self.scoring_engine(model, api)?;
-        Ok((engine, admit(engine)?))
-    }
-
-    /// The engine for a request that named `model` and wants `task` (`api` names the endpoint
-    /// in the "does not support" message), see [`serves`].
-    pub fn engine_for(&self, model: Option<&str>, task: Task, api: &str) -> Result<&Engine, ApiError> {
+    /// The one way into a model request, in one order on every route: the model named (404;
+    /// without a name the only one, 400 with several), ready (503), the route's `check` of the
+    /// model (which task it serves: 404 / 501 / 400, see [`serves`] and [`scores`]; and
+    /// whatever else the route decides from the model and the body, returned as `T`), then
+    /// admission (429). The handler then validates its parameters and parses its inputs
+    /// (400), then runs.
+    /// `E`: the route's error shape (ours, or TEI's on TEI's routes).
+    pub fn begin<'s, T, E: From<ApiError>>(
+        &'s self,
+        model: Option<&str>,
+        check: impl FnOnce(&'s Engine) -> Result<T, E>,
+    ) -> Result<(&'s Engine, tokio::sync::OwnedSemaphorePermit, T), E> {
         let engine = self.model(model)?;
-        serves(engine.spec(), task, api)?;
-        Ok(engine)
-    }
-
-    /// The engine for a pair-scoring request (`/score`, `/rerank`): a model whose pooling task
-    /// scores ([`crate::loader::spec::ModelSpec::scores`]); vLLM registers no such route for
-    /// others (404 `{"detail": "Not Found"}`).
-    pub fn scoring_engine(&self, model: Option<&str>, _api: &str) -> Result<&Engine, ApiError> {
-        let engine = self.model(model)?;
-        if engine.score_mode().is_none() {
-            return Err(ApiError::RouteNotFound);
-        }
-        Ok(engine)
+        let decided = check(engine)?;
+        let permit = engine.admit().map_err(ApiError::from)?;
+        Ok((engine, permit, decided))
     }
 
     pub fn started(&self) -> u64 {
@@ -273,6 +258,27 @@ pub fn serves(spec: &crate::loader::spec::ModelSpec, task: Task, api: &str) -> R
     } else {
         Err(ApiError::RouteNotFound)
     }
+}
+
+/// [`AppState::begin`]'s check for a vLLM task route: the model serves `task` ([`serves`];
+/// `api` names the endpoint in the 501 message).
+pub fn serving(task: Task, api: &'static str) -> impl FnOnce(&Engine) -> Result<(), ApiError> {
+    move |engine| serves(engine.spec(), task, api)
+}
+
+/// [`AppState::begin`]'s check for `/score` and `/rerank`: a model whose pooling task scores
+/// pairs ([`crate::loader::spec::ModelSpec::scores`]); vLLM registers no such route for others
+/// (404 `{"detail": "Not Found"}`).
+pub fn scores(engine: &Engine) -> Result<(), ApiError> {
+    match engine.score_mode() {
+        Some(_) => Ok(()),
+        None => Err(ApiError::RouteNotFound),
+    }
+}
+
+/// [`AppState::begin`]'s check for routes that serve any model.
+pub fn any_model(_: &Engine) -> Result<(), ApiError> {
+    Ok(())
 }
 
 /// Token counts of a response: everything the model ran, special tokens included.
@@ -377,11 +383,6 @@ pub fn parse_input(input: &serde_json::Value) -> Result<Vec<Prompt>, ApiError> {
         },
         _ => Err(shape_error()),
     }
-}
-
-/// Admission: a request past `--max-concurrent-requests` gets 429 at once.
-pub fn admit(engine: &Engine) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-    engine.admit().map_err(|e: EngineError| e.into())
 }
 
 async fn not_found() -> ApiError {

@@ -11,12 +11,12 @@ use super::embeddings::bytes_response;
 use super::encoding::{EncodedValue, EncodingParams};
 use super::error::{ApiError, ErrorResponses};
 use super::json::{ApiJson, OffRuntimeJson};
-use super::{admit, AppState, ListResponse};
+use super::{AppState, ListResponse};
 use crate::engine::literal;
 use crate::engine::params::PoolingParams;
-use crate::engine::PoolingOutput;
 use crate::loader::spec::ModelSpec;
 use crate::pooling::config::POOLER_TASKS;
+use crate::pooling::PoolingOutput;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -119,16 +119,17 @@ pub async fn create(
     ApiJson(request): ApiJson<PoolingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     AppState::require_input(&request.input, request.messages.as_ref())?;
-    let engine = state.model(request.model.as_deref())?;
+    let (engine, permit, task) = state.begin(request.model.as_deref(), |engine| {
+        let task = pooling_task(request.task.as_ref(), engine.spec())?;
+        if task == Task::EmbedSparse && request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
+            return Err(ApiError::BadRequest {
+                message: "embed_sparse outputs are `float` only (lists of {\"index\", \"value\"})".into(),
+                param: Some("encoding_format"),
+            });
+        }
+        Ok(task)
+    })?;
     let spec = engine.spec();
-    let task = pooling_task(request.task.as_ref(), spec)?;
-    if task == Task::EmbedSparse && request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
-        return Err(ApiError::BadRequest {
-            message: "embed_sparse outputs are `float` only (lists of {\"index\", \"value\"})".into(),
-            param: Some("encoding_format"),
-        });
-    }
-    let permit = admit(engine)?;
     let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
     let params = inputs.params(params, request.params.add_special_tokens);

@@ -89,7 +89,7 @@ pub async fn create(
         return Ok(super::tei::rerank(&state, body).await);
     }
     let request: RerankRequest = super::json::from_value(body)?;
-    let (engine, _permit) = state.begin_scoring(request.model.as_deref(), "Rerank (Score)")?;
+    let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
     let params = score_params(engine, &request.params, &request.pair)?;
     if !request.documents.is_array() {
         return Err(ApiError::BadRequest {

@@ -176,7 +176,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<ScoreRequest>,
 ) -> Result<Json<ListResponse<ScoreData>>, ApiError> {
-    let (engine, _permit) = state.begin_scoring(request.model.as_deref(), "Score")?;
+    let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
     let params = score_params(engine, &request.params, &request.pair)?;
     if let Some((first, second)) = request.content_sides() {
         // A side of content parts (vLLM's multimodal form): texts and images, embedded.

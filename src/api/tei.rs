@@ -26,7 +26,7 @@ use super::error::{ApiError, ErrorNote};
 use super::pooling::SparseValue;
 use super::AppState;
 use crate::engine::params::{PoolingParams, ResolvedParams};
-use crate::engine::{Engine, EngineError, PoolingOutput};
+use crate::engine::{Engine, EngineError};
 use crate::input::tokenizer::TruncationSide;
 use crate::input::InputError;
 use crate::input::Prompt;
@@ -170,18 +170,35 @@ impl Kind {
     }
 }
 
-/// The engine a TEI request goes to: the model it names, else the only one, else the only
-/// one `fits` (several models serve here; TEI serves one).
-fn model<'a>(state: &'a AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<&'a Engine, TeiError> {
+/// The served name a TEI request goes to: the model it names, else the only one, else the
+/// only one `fits` (several models serve here; TEI serves one); `None` leaves the choice to
+/// [`AppState::model`] (which then asks for a name).
+fn pick(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<Option<String>, TeiError> {
     if name.is_some() || state.served_names().count() == 1 {
-        return Ok(state.model(name)?);
+        return Ok(name.map(str::to_string));
     }
     let engines = state.engines()?;
     let fitting: Vec<&&Engine> = engines.iter().filter(|e| fits(e.spec())).collect();
-    match fitting.as_slice() {
-        [one] => Ok(state.model(Some(&one.spec().served_name))?),
-        _ => Ok(state.model(None)?),
-    }
+    Ok(match fitting.as_slice() {
+        [one] => Some(one.spec().served_name.clone()),
+        _ => None,
+    })
+}
+
+/// The engine a TEI request reads (its tokenizer, its description), without model work.
+fn model<'a>(state: &'a AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<&'a Engine, TeiError> {
+    Ok(state.model(pick(state, name, fits)?.as_deref())?)
+}
+
+/// A TEI request's way into the model: [`pick`], then [`AppState::begin`] with the route's
+/// `check`.
+fn begin<'a, T>(
+    state: &'a AppState,
+    name: Option<&str>,
+    fits: impl Fn(&ModelSpec) -> bool,
+    check: impl FnOnce(&'a Engine) -> Result<T, TeiError>,
+) -> Result<(&'a Engine, tokio::sync::OwnedSemaphorePermit, T), TeiError> {
+    state.begin(pick(state, name, fits)?.as_deref(), check)
 }
 
 fn batch_size(state: &AppState, n: usize) -> Result<(), TeiError> {
@@ -311,8 +328,8 @@ fn yes() -> bool {
 }
 
 async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<f32>>, TeiError> {
-    let engine = model(state, request.fields.model.as_deref(), |s| s.supports(Task::Embed) || s.supports(Task::EmbedSparse))?;
-    let _permit = engine.admit().map_err(TeiError::from)?;
+    let (engine, _permit, ()) =
+        begin(state, request.fields.model.as_deref(), |s| s.supports(Task::Embed) || s.supports(Task::EmbedSparse), |_| Ok(()))?;
     let spec = engine.spec();
     let splade = Kind::of(spec) == Some(Kind::Splade);
     if splade && request.normalize {
@@ -329,19 +346,16 @@ async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<
     if splade {
         // TEI's dense form of a SPLADE vector: every vocabulary weight.
         let params = request.fields.params(Task::EmbedSparse, spec, false)?;
-        let (outputs, _) = engine.encode(prompts, &params).await?;
+        let (outputs, _): (Vec<Vec<(u32, f32)>>, _) = engine.encode_as(prompts, &params).await?;
         let size = engine.input().vocab_size();
-        return outputs
+        return Ok(outputs
             .into_iter()
-            .map(|o| match o {
-                PoolingOutput::Sparse(weights) => {
-                    let mut dense = vec![0.0; size];
-                    weights.into_iter().filter(|(i, _)| (*i as usize) < size).for_each(|(i, w)| dense[i as usize] = w);
-                    Ok(dense)
-                }
-                _ => Err(TeiError::backend("the sparse head returned dense output")),
+            .map(|weights| {
+                let mut dense = vec![0.0; size];
+                weights.into_iter().filter(|(i, _)| (*i as usize) < size).for_each(|(i, w)| dense[i as usize] = w);
+                dense
             })
-            .collect();
+            .collect());
     }
     let mut params = request.fields.params(Task::Embed, spec, request.normalize)?;
     if let Some(d) = request.dimensions {
@@ -352,14 +366,7 @@ async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<
         }
         params.dimensions = (d < spec.embedding_size).then_some(d);
     }
-    let (outputs, _) = engine.encode(prompts, &params).await?;
-    outputs
-        .into_iter()
-        .map(|o| match o {
-            PoolingOutput::Vector(v) => Ok(v),
-            _ => Err(TeiError::backend("embedding returned per-token output")),
-        })
-        .collect()
+    Ok(engine.encode_as(prompts, &params).await?.0)
 }
 
 #[utoipa::path(post, tag = "TEI", path = "/embed", description = "TEI: one vector per input (a list of lists).", request_body = EmbedRequest, responses((status = 200, body = Vec<Vec<f32>>), super::error::TeiErrorResponses))]
@@ -372,8 +379,7 @@ pub async fn embed_all(
     State(state): State<AppState>,
     TeiJson(request): TeiJson<InputFields>,
 ) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
-    let engine = model(&state, request.model.as_deref(), |s| s.supports(Task::Embed))?;
-    let _permit = engine.admit().map_err(TeiError::from)?;
+    let (engine, _permit, ()) = begin(&state, request.model.as_deref(), |s| s.supports(Task::Embed), |_| Ok(()))?;
     let spec = engine.spec();
     match Kind::of(spec) {
         Some(Kind::Splade) => return Err(TeiError::backend("`embed_all` is not available for SPLADE models")),
@@ -383,20 +389,11 @@ pub async fn embed_all(
     let prompts = request.inputs.clone().prompts()?;
     batch_size(&state, prompts.len())?;
     let params = request.params(Task::TokenEmbed, spec, false)?;
-    let (outputs, _) = engine.encode(prompts, &params).await?;
-    outputs
-        .into_iter()
-        .map(|o| match o {
-            PoolingOutput::Tokens(rows) => Ok(rows),
-            _ => Err(TeiError::backend("token embedding returned one vector")),
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Json)
+    Ok(Json(engine.encode_as(prompts, &params).await?.0))
 }
 
 async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Vec<Vec<SparseValue>>, TeiError> {
-    let engine = model(state, request.model.as_deref(), |s| s.supports(Task::EmbedSparse))?;
-    let _permit = engine.admit().map_err(TeiError::from)?;
+    let (engine, _permit, ()) = begin(state, request.model.as_deref(), |s| s.supports(Task::EmbedSparse), |_| Ok(()))?;
     let spec = engine.spec();
     if Kind::of(spec) != Some(Kind::Splade) {
         return Err(TeiError::backend("Model is not an embedding model with SPLADE pooling"));
@@ -404,14 +401,8 @@ async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Ve
     let prompts = request.inputs.clone().prompts()?;
     batch_size(state, prompts.len())?;
     let params = request.params(Task::EmbedSparse, spec, false)?;
-    let (outputs, _) = engine.encode(prompts, &params).await?;
-    outputs
-        .into_iter()
-        .map(|o| match o {
-            PoolingOutput::Sparse(weights) => Ok(SparseValue::list(weights)),
-            _ => Err(TeiError::backend("the sparse head returned dense output")),
-        })
-        .collect()
+    let (outputs, _): (Vec<Vec<(u32, f32)>>, _) = engine.encode_as(prompts, &params).await?;
+    Ok(outputs.into_iter().map(SparseValue::list).collect())
 }
 
 #[utoipa::path(post, tag = "TEI", path = "/embed_sparse", description = "TEI: SPLADE sparse embeddings, non-zero `{index, value}` per input.", request_body = InputFields, responses((status = 200, body = Vec<Vec<SparseValue>>), super::error::TeiErrorResponses))]
@@ -498,12 +489,18 @@ fn tei_order<T>(items: &mut [T], score: impl Fn(&T) -> f32) {
 }
 
 async fn predict_inner(state: &AppState, request: PredictRequest) -> Result<PredictResponse, TeiError> {
-    let engine = model(state, request.model.as_deref(), |s| s.supports(Task::Classify))?;
-    let (prompts, batch) = predict_inputs(&request.inputs)?;
-    if batch {
-        batch_size(state, prompts.len())?;
-    }
-    let _permit = engine.admit().map_err(TeiError::from)?;
+    let (engine, _permit, (prompts, batch)) = begin(
+        state,
+        request.model.as_deref(),
+        |s| s.supports(Task::Classify),
+        |_| {
+            let (prompts, batch) = predict_inputs(&request.inputs)?;
+            if batch {
+                batch_size(state, prompts.len())?;
+            }
+            Ok((prompts, batch))
+        },
+    )?;
     let spec = engine.spec();
     if !spec.supports(Task::Classify) {
         return Err(TeiError::backend("Model is not a classifier model"));
@@ -515,12 +512,9 @@ async fn predict_inner(state: &AppState, request: PredictRequest) -> Result<Pred
         ..Default::default()
     };
     let params = sent.verify(Task::Classify, spec).map_err(|e| TeiError::validation(e.message))?;
-    let (outputs, _) = engine.encode(prompts, &params).await?;
+    let (outputs, _): (Vec<Vec<f32>>, _) = engine.encode_as(prompts, &params).await?;
     let mut lists = Vec::with_capacity(outputs.len());
-    for output in outputs {
-        let PoolingOutput::Vector(mut logits) = output else {
-            return Err(TeiError::backend("classification returned per-token output"));
-        };
+    for mut logits in outputs {
         tei_activation(&mut logits, request.raw_scores);
         if logits.iter().any(|s| s.is_nan()) {
             return Err(TeiError::backend("score is NaN").with_message("score is NaN"));
@@ -585,13 +579,18 @@ async fn rerank_inner(state: &AppState, request: RerankRequest) -> Result<Vec<Ra
     if request.texts.is_empty() {
         return Err(TeiError::empty("`texts` cannot be empty"));
     }
-    let engine = model(state, request.model.as_deref(), |s| Kind::of(s) == Some(Kind::Reranker))?;
+    let (engine, _permit, ()) = begin(
+        state,
+        request.model.as_deref(),
+        |s| Kind::of(s) == Some(Kind::Reranker),
+        |engine| {
+            if Kind::of(engine.spec()) != Some(Kind::Reranker) || engine.score_mode().is_none() {
+                return Err(TeiError::backend("model is not a re-ranker model"));
+            }
+            batch_size(state, request.texts.len())
+        },
+    )?;
     let spec = engine.spec();
-    if Kind::of(spec) != Some(Kind::Reranker) || engine.score_mode().is_none() {
-        return Err(TeiError::backend("model is not a re-ranker model"));
-    }
-    batch_size(state, request.texts.len())?;
-    let _permit = engine.admit().map_err(TeiError::from)?;
     let sent = PoolingParams {
         truncate_prompt_tokens: request.truncate.unwrap_or(true).then_some(-1),
         truncation_side: Some(request.truncation_direction.into()),

@@ -71,8 +71,7 @@ pub async fn tokenize(
         return Ok(super::tei::tokenize(&state, body).await);
     }
     let request: TokenizeRequest = super::json::from_value(body)?;
-    let engine = state.model(request.model.as_deref())?;
-    let _permit = super::admit(engine)?;
+    let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::any_model)?;
     // The text and the sentence-transformers prompt it gets, as the embedding routes prepend it.
     let (text, prompt) = match (request.prompt, &request.messages) {
         (Some(_), Some(_)) => {
@@ -117,8 +116,7 @@ pub async fn detokenize(
     State(state): State<AppState>,
     ApiJson(request): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
-    let engine = state.model(request.model.as_deref())?;
-    let _permit = super::admit(engine)?;
+    let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::any_model)?;
     let vocab = engine.input().tokenizer().vocab_size();
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(InputError::InvalidTokenId { id: id as i64 }.into());

@@ -13,9 +13,10 @@ pub mod progress;
 
 use crate::config::{ServeArgs, ServerConfig};
 use crate::engine::params::{PoolingParams, ResolvedParams};
-use crate::engine::{Engine, PoolingOutput};
+use crate::engine::Engine;
 use crate::input::Prompt;
 use crate::pooler::Pooler;
+use crate::pooling::PoolingOutput;
 use crate::pooling::Task;
 use input::{InputFormat, Payload, Record};
 use serde::Serialize;

@@ -16,8 +16,8 @@ use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::loader::LoadedModel;
 use crate::models::batch::TokenizedInput;
-use crate::pooling::Task;
-pub use scheduler::PoolingOutput;
+use crate::pooling::heads::Heads;
+use crate::pooling::{PoolingOutput, Task, TaskOutput};
 use scheduler::{BatchLimits, Job, Runner};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -184,10 +184,7 @@ impl Engine {
             rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
         let runner = Runner {
             backbone,
-            pooling,
-            embedding_head,
-            classifier,
-            sparse_head,
+            heads: Heads { pooling, embedding: embedding_head, classifier, sparse: sparse_head },
             limits,
             chunk_tokens,
             model: spec.served_name.clone(),
@@ -377,6 +374,18 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Self::encode`] for callers that run one task, whose output has one shape: each
+    /// output in that form ([`TaskOutput`]), checked here once.
+    pub async fn encode_as<T: TaskOutput>(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<T>, usize), EngineError> {
+        let (outputs, tokens) = self.encode(prompts, params).await?;
+        Ok((typed(outputs, params.task)?, tokens))
+    }
+
+    /// [`Self::run`] with typed outputs, as [`Self::encode_as`].
+    pub async fn run_as<T: TaskOutput>(&self, inputs: Vec<TokenizedInput>, params: &ResolvedParams) -> Result<Vec<T>, EngineError> {
+        typed(self.run(inputs, params).await?, params.task)
+    }
+
     /// The input layer's `prepare`, then `run`; also returns the number of tokens the model
     /// processed (an image counts its tower's sequence). Texts and images of an image-text
     /// model go in one request, embedded by their towers into one space.
@@ -426,12 +435,9 @@ impl Engine {
         }
         let lengths: Vec<usize> = chunks.iter().map(TokenizedInput::len).collect();
         let raw = ResolvedParams { dimensions: None, activation: false, ..params.clone() };
-        let outputs = self.run(chunks, &raw).await?;
+        let outputs: Vec<Vec<f32>> = self.run_as(chunks, &raw).await?;
         let mut sums: Vec<Option<Vec<f32>>> = vec![None; inputs.len()];
-        for ((output, owner), len) in outputs.into_iter().zip(owners).zip(lengths) {
-            let PoolingOutput::Vector(v) = output else {
-                return Err(EngineError::Model("chunked processing applies to embeddings only".into()));
-            };
+        for ((v, owner), len) in outputs.into_iter().zip(owners).zip(lengths) {
             let sum = sums[owner].get_or_insert_with(|| vec![0.0; v.len()]);
             sum.iter_mut().zip(&v).for_each(|(s, x)| *s += x * len as f32);
         }
@@ -445,4 +451,17 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// Each output in the form its caller asked for; a task whose output has another shape is a
+/// bug (500), named here.
+fn typed<T: TaskOutput>(outputs: Vec<PoolingOutput>, task: Task) -> Result<Vec<T>, EngineError> {
+    outputs
+        .into_iter()
+        .map(|output| {
+            T::from_output(output).map_err(|other| {
+                EngineError::Model(format!("task {task} gave {} where {} was expected", other.shape(), std::any::type_name::<T>()))
+            })
+        })
+        .collect()
 }

@@ -1,4 +1,5 @@
-//! The model thread: forms batches from queued inputs and runs backbone, pooling and heads.
+//! The model thread: forms batches from queued inputs and runs the backbone (or the vision
+//! tower) over them; the heads ([`crate::pooling::heads`]) turn its hidden states into answers.
 //!
 //! Every input is one [`Job`] with its own reply channel. The thread drains whatever has
 //! arrived, takes the oldest job plus any others that fit the token budget and sequence cap,
@@ -13,27 +14,14 @@ use crate::input::ModelInput;
 use crate::metrics;
 use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::{Backbone, VisionTower};
-use crate::pooling::classifier::ClassifierHead;
-use crate::pooling::head::{finish_embedding, EmbeddingHead};
-use crate::pooling::method::{All, HiddenStates, PoolingMethod};
-use crate::pooling::sparse::SparseHead;
-use crate::pooling::Task;
+use crate::pooling::heads::{Heads, PoolRequest};
+use crate::pooling::method::HiddenStates;
+use crate::pooling::PoolingOutput;
 use candle_core::Device;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
-
-/// The result for one input.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PoolingOutput {
-    /// One vector (embed).
-    Vector(Vec<f32>),
-    /// One vector per token (token_embed, token_classify).
-    Tokens(Vec<Vec<f32>>),
-    /// Non-zero `(token id, weight)` pairs in id order (embed_sparse).
-    Sparse(Vec<(u32, f32)>),
-}
 
 /// What an image job's token accessor returns: images have no tokens.
 static NO_TOKENS: TokenizedInput = TokenizedInput { ids: Vec::new(), type_ids: Vec::new() };
@@ -51,7 +39,22 @@ pub struct Job {
     pub enqueued: Instant,
 }
 
+/// A batch's jobs split in two, each with its index in the batch.
+type IndexedJobs<'a> = (Vec<(usize, &'a Job)>, Vec<(usize, &'a Job)>);
+
 impl Job {
+    /// What this job asks of the heads.
+    fn pool_request(&self) -> PoolRequest<'_> {
+        let params = &self.params;
+        PoolRequest {
+            task: params.task,
+            dimensions: params.dimensions,
+            activation: params.activation,
+            late_chunk: params.late_chunk,
+            ids: &self.tokens().ids,
+        }
+    }
+
     /// The text's tokens (none for an image).
     pub fn tokens(&self) -> &TokenizedInput {
         match &self.input {
@@ -78,11 +81,8 @@ pub struct BatchLimits {
 
 pub struct Runner {
     pub backbone: Box<dyn Backbone>,
-    /// The sentence-level pooling of `embed` (absent for models that do not embed).
-    pub pooling: Option<&'static dyn PoolingMethod>,
-    pub embedding_head: EmbeddingHead,
-    pub classifier: Option<ClassifierHead>,
-    pub sparse_head: Option<SparseHead>,
+    /// Pooling and the task heads, run on the backbone's output.
+    pub heads: Heads,
     pub limits: BatchLimits,
     /// Tokens per forward pass ([`crate::models::forward_chunk_tokens`]).
     pub chunk_tokens: usize,
@@ -239,8 +239,7 @@ impl Runner {
     /// Forward passes, pooling and heads for one batch; outputs in job order. Texts and
     /// images run through their own towers.
     pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
-        let (images, texts): (Vec<(usize, &Job)>, Vec<(usize, &Job)>) =
-            jobs.iter().enumerate().partition(|(_, j)| matches!(j.input, ModelInput::Image(_)));
+        let (images, texts): IndexedJobs = jobs.iter().enumerate().partition(|(_, j)| matches!(j.input, ModelInput::Image(_)));
         if images.is_empty() {
             return self.execute_texts(&jobs.iter().collect::<Vec<_>>());
         }
@@ -267,14 +266,11 @@ impl Runner {
             .and_then(|e| e.to_device(&Device::Cpu))
             .and_then(|e| e.to_vec2::<f32>())
             .map_err(|e| crate::models::describe(&e))?;
-        Ok(jobs
-            .iter()
-            .zip(embeddings)
-            .map(|(job, row)| PoolingOutput::Vector(finish_embedding(row, job.params.dimensions, job.params.activation)))
-            .collect())
+        let requests: Vec<PoolRequest> = jobs.iter().map(|job| job.pool_request()).collect();
+        Ok(self.heads.images(embeddings, &requests))
     }
 
-    /// Text forward pass, pooling and heads; outputs in job order.
+    /// Text forward pass, then the heads; outputs in job order.
     fn execute_texts(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, String> {
         let batch = Batch::from_inputs(jobs.iter().map(|j| j.tokens()));
         let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, self.chunk_tokens)
@@ -283,101 +279,9 @@ impl Runner {
             .and_then(|h| h.flatten_all())
             .and_then(|h| h.to_vec1::<f32>())
             .map_err(|e| crate::models::describe(&e))?;
-        let hidden_size = self.backbone.hidden_size();
-        let states = HiddenStates { data: &hidden, hidden_size, input_ids: &batch.input_ids };
-
-        // Pool every job into its head's rows, then run each head once over all its rows.
-        let mut embedding_rows = Vec::new();
-        let mut classifier_rows = Vec::new();
-        // Token states of token_classify: some heads skip their pooler layer on them.
-        let mut token_classifier_rows = Vec::new();
-        let mut sparse = Vec::new();
-        let mut row_counts = Vec::with_capacity(jobs.len());
-        for (job, (start, len)) in jobs.iter().zip(batch.spans()) {
-            let task = job.params.task;
-            let (rows, pooled) = match task {
-                Task::Embed => (&mut embedding_rows, self.pooling()?.pool(&states, start, len)),
-                Task::TokenEmbed => {
-                    let rows = All.pool(&states, start, len);
-                    let rows = match job.params.late_chunk {
-                        Some(size) => crate::pooling::method::chunk_means(&rows, hidden_size, size),
-                        None => rows,
-                    };
-                    (&mut embedding_rows, rows)
-                }
-                Task::Classify | Task::Score => (&mut classifier_rows, self.classifier(task)?.pool(task, &states, start, len)),
-                Task::TokenClassify => (&mut token_classifier_rows, self.classifier(task)?.pool(task, &states, start, len)),
-                Task::EmbedSparse => {
-                    let head = self.sparse_head.as_ref().ok_or("SPLADE needs a masked-LM head, which this model lacks")?;
-                    let rows = All.pool(&states, start, len);
-                    sparse.push(head.weights(&rows, hidden_size).map_err(|e| crate::models::describe(&e))?);
-                    row_counts.push(0);
-                    continue;
-                }
-            };
-            row_counts.push(pooled.len() / hidden_size);
-            rows.extend(pooled);
-        }
-        let (embeddings, width) = self.embedding_head.project(embedding_rows, hidden_size).map_err(|e| crate::models::describe(&e))?;
-        let (logits, token_logits) = match &self.classifier {
-            Some(head) => (
-                head.logits(classifier_rows, hidden_size, false).map_err(|e| crate::models::describe(&e))?,
-                head.logits(token_classifier_rows, hidden_size, true).map_err(|e| crate::models::describe(&e))?,
-            ),
-            None => (Vec::new(), Vec::new()),
-        };
-
-        let mut outputs = Vec::with_capacity(jobs.len());
-        let (mut embedding_offset, mut logit_offset, mut token_logit_offset) = (0, 0, 0);
-        let mut sparse = sparse.into_iter();
-        for (job, count) in jobs.iter().zip(row_counts) {
-            let params = &job.params;
-            outputs.push(match params.task {
-                Task::Classify | Task::Score | Task::TokenClassify => {
-                    let head = self.classifier(params.task)?;
-                    let labels = head.num_labels();
-                    let (source, offset) = match params.task {
-                        Task::TokenClassify => (&token_logits, &mut token_logit_offset),
-                        _ => (&logits, &mut logit_offset),
-                    };
-                    let block = &source[*offset * labels..(*offset + count) * labels];
-                    *offset += count;
-                    let activate = |row: &[f32]| {
-                        let mut values = row.to_vec();
-                        if params.activation {
-                            head.activation(params.task).apply(&mut values);
-                        }
-                        values
-                    };
-                    match (params.task, &head.step) {
-                        (Task::TokenClassify, Some(step)) => {
-                            PoolingOutput::Tokens(step.apply(&job.tokens().ids, block, labels).iter().map(|r| activate(r)).collect())
-                        }
-                        (Task::TokenClassify, None) => PoolingOutput::Tokens(block.chunks(labels).map(activate).collect()),
-                        _ => PoolingOutput::Vector(activate(block)),
-                    }
-                }
-                Task::EmbedSparse => PoolingOutput::Sparse(sparse.next().ok_or("sparse output missing")?),
-                task => {
-                    let block = &embeddings[embedding_offset * width..(embedding_offset + count) * width];
-                    embedding_offset += count;
-                    let finish = |row: &[f32]| finish_embedding(row.to_vec(), params.dimensions, params.activation);
-                    match task {
-                        Task::TokenEmbed => PoolingOutput::Tokens(block.chunks(width).map(finish).collect()),
-                        _ => PoolingOutput::Vector(finish(block)),
-                    }
-                }
-            });
-        }
-        Ok(outputs)
-    }
-
-    fn pooling(&self) -> Result<&'static dyn PoolingMethod, String> {
-        self.pooling.ok_or_else(|| "this model has no sentence-level pooling".to_string())
-    }
-
-    fn classifier(&self, task: Task) -> Result<&ClassifierHead, String> {
-        self.classifier.as_ref().ok_or_else(|| format!("task {task} needs a classifier head, which this model lacks"))
+        let states = HiddenStates { data: &hidden, hidden_size: self.backbone.hidden_size(), input_ids: &batch.input_ids };
+        let requests: Vec<PoolRequest> = jobs.iter().map(|job| job.pool_request()).collect();
+        self.heads.texts(&states, batch.spans(), &requests)
     }
 }
 
@@ -385,8 +289,11 @@ impl Runner {
 mod tests {
     use super::*;
     use crate::input::tokenizer::TruncationSide;
+    use crate::pooling::Task;
 
-    fn job(len: usize) -> (Job, oneshot::Receiver<Result<(PoolingOutput, JobTiming), EngineError>>) {
+    type Reply = oneshot::Receiver<Result<(PoolingOutput, JobTiming), EngineError>>;
+
+    fn job(len: usize) -> (Job, Reply) {
         let (reply, rx) = oneshot::channel();
         let params = ResolvedParams {
             task: Task::Embed,

@@ -7,7 +7,7 @@
 //! dot product with any document token, on L2-normalized token vectors. All pairs of a request are queued together, so
 //! the scheduler batches them like any other inputs.
 
-use super::{Engine, EngineError, PoolingOutput};
+use super::{Engine, EngineError};
 use crate::engine::params::ResolvedParams;
 use crate::input::{InputError, Prompt};
 use crate::pooling::Task;
@@ -41,25 +41,9 @@ pub fn max_sim(query: &[Vec<f32>], document: &[Vec<f32>]) -> f32 {
     query.iter().map(|q| document.iter().map(|d| q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>()).fold(f32::NEG_INFINITY, f32::max)).sum()
 }
 
-fn token_vectors(output: PoolingOutput) -> Result<Vec<Vec<f32>>, EngineError> {
-    match output {
-        PoolingOutput::Tokens(t) => Ok(t),
-        _ => Err(EngineError::Model("the token head did not return per-token vectors".into())),
-    }
-}
-
-fn single_value(output: PoolingOutput) -> Result<f32, EngineError> {
-    match output {
-        PoolingOutput::Vector(v) if !v.is_empty() => Ok(v[0]),
-        _ => Err(EngineError::Model("the score head returned no value".into())),
-    }
-}
-
-fn vector(output: PoolingOutput) -> Result<Vec<f32>, EngineError> {
-    match output {
-        PoolingOutput::Vector(v) => Ok(v),
-        _ => Err(EngineError::Model("the embedding head did not return one vector".into())),
-    }
+/// A cross-encoder's score: the first (only) value of its one-label output.
+fn single_value(scores: Vec<f32>) -> Result<f32, EngineError> {
+    scores.first().copied().ok_or_else(|| EngineError::Model("the score head returned no value".into()))
 }
 
 /// Pairs of a prompt-template reranker rendered and tokenized at a time.
@@ -121,14 +105,14 @@ impl Engine {
                             inputs.extend(self.prepare(prompts, &params).await?);
                         }
                         let tokens = inputs.iter().map(|i| i.len()).sum();
-                        (self.run(inputs, &params).await?, tokens)
+                        (self.run_as::<Vec<f32>>(inputs, &params).await?, tokens)
                     }
                     // Each distinct query and document is tokenized once; pairs are joined
                     // from their token ids.
                     None => {
                         let inputs = self.prepare_pairs(queries, documents, pairs, params).await?;
                         let tokens = inputs.iter().map(|i| i.len()).sum();
-                        (self.run(inputs, params).await?, tokens)
+                        (self.run_as::<Vec<f32>>(inputs, params).await?, tokens)
                     }
                 };
                 let scores = outputs.into_iter().map(single_value).collect::<Result<_, _>>()?;
@@ -142,8 +126,7 @@ impl Engine {
                 let per_token = ResolvedParams { task: Task::TokenEmbed, dimensions: None, activation: true, ..params.clone() };
                 let query_count = queries.len();
                 let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
-                let (outputs, tokens) = self.encode(prompts, &per_token).await?;
-                let matrices = outputs.into_iter().map(token_vectors).collect::<Result<Vec<_>, _>>()?;
+                let (matrices, tokens): (Vec<Vec<Vec<f32>>>, _) = self.encode_as(prompts, &per_token).await?;
                 // MaxSim is pairs × query tokens × document tokens × dims multiply-adds: on a
                 // blocking thread, not a runtime worker.
                 let scores = tokio::task::spawn_blocking(move || {
@@ -172,8 +155,7 @@ impl Engine {
         // Normalized embeddings of every input, queries first; cosine is then exact.
         let embed = ResolvedParams { task: Task::Embed, dimensions: None, activation: true, ..params.clone() };
         let query_count = queries.len();
-        let (outputs, tokens) = self.encode(queries.into_iter().chain(documents).collect(), &embed).await?;
-        let vectors = outputs.into_iter().map(vector).collect::<Result<Vec<_>, _>>()?;
+        let (vectors, tokens): (Vec<Vec<f32>>, _) = self.encode_as(queries.into_iter().chain(documents).collect(), &embed).await?;
         let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
         Ok((scores, tokens))
     }
