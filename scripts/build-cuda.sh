@@ -3,6 +3,7 @@
 # PyPI's CUDA 13.0 wheels, and prints the binary's path as its last line.
 #
 #   scripts/build-cuda.sh            # → target/cuda/release/poolserve
+#   scripts/build-cuda.sh --clippy   # the same, then clippy over the CUDA build (-D warnings)
 #
 # CUDA_COMPUTE_CAP (default 90: H100/H200) picks the GPU generation candle's kernels are
 # compiled for; candle's build turns 90 into sm_90a, which runs on compute capability 9.0 only.
@@ -64,4 +65,8 @@ export PATH="$CU13/bin:$CU13/nvvm/bin:$PATH" CUDA_HOME="$CU13"
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}" CUDARC_CUDA_VERSION=13000
 export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}" CARGO_TARGET_DIR="$PWD/target/cuda"
 cargo build --release --locked --features cuda --bin poolserve >&2
+if [ "${1:-}" = --clippy ]; then
+  # The release profile reuses the build's compiled kernels (build scripts are not run again).
+  cargo clippy --release --locked --features cuda --all-targets -- -D warnings >&2
+fi
 echo "$PWD/target/cuda/release/poolserve"

@@ -33,11 +33,17 @@ export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2" POOLSERVE_MODELS="$PWD/mo
 
 # Benches and examples are not built by `cargo test`; check that they still compile.
 cargo check --locked --benches --examples
+# Habits: formatted as rustfmt.toml says, and clippy-clean (every unsafe block with its SAFETY
+# note, Cargo.toml's [lints]); the CUDA build gets the same clippy below.
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked
 
 # The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain): built here so that the GPU code
 # cannot rot; it runs only where a GPU and its libraries are (scripts/build-cuda.sh).
-cuda_binary=$(scripts/build-cuda.sh | tail -1)
+cuda_binary=$(scripts/build-cuda.sh --clippy | tail -1)
 readelf -d "$cuda_binary" | grep -q 'NEEDED.*libcublas.so.13' || { echo "CUDA binary does not link cuBLAS" >&2; exit 1; }
 echo "cuda build: ok ($cuda_binary)"
 # The GPU check's parity step, dry-run through the CPU binary (float32 and float16): every

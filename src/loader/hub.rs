@@ -7,6 +7,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// A model's files, wherever they live.
+// One value per model load: the hub variant's size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum ModelSource {
     Local(PathBuf),
     /// Hub repository: `files` lists what the repository holds; `get` downloads on demand.

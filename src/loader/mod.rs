@@ -136,9 +136,9 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
 
     let device = device(options.device)?;
     let files = weight_files(&source)?;
+    let dtype = options.dtype.dtype_on(options.device);
     // SAFETY: the weight files are memory-mapped read-only and must not change while we run,
     // the same contract as every safetensors loader.
-    let dtype = options.dtype.dtype_on(options.device);
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &device)? };
     #[cfg(feature = "cuda")]
     if device.is_cuda() {

@@ -217,7 +217,7 @@ impl Bert {
                 return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
             }
         }
-        if config.hidden_size % config.num_attention_heads != 0 {
+        if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
             return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
         }
         let activation = Activation::from_config(&config.hidden_act)

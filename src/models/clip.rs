@@ -159,7 +159,7 @@ impl TowerConfig {
             activation: Activation::from_config(act).ok_or_else(|| ModelError::Config(format!("hidden_act `{act}` is not supported")))?,
             layer_norm_eps: self.layer_norm_eps.unwrap_or(defaults.eps),
         };
-        if tower.heads == 0 || tower.hidden_size % tower.heads != 0 {
+        if tower.heads == 0 || !tower.hidden_size.is_multiple_of(tower.heads) {
             return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
         }
         Ok(tower)
@@ -181,7 +181,7 @@ impl PatchGeometry {
             patch: config.patch_size.unwrap_or(patch),
             channels: config.num_channels.unwrap_or(3),
         };
-        if geometry.patch == 0 || geometry.image_size % geometry.patch != 0 || geometry.channels != 3 {
+        if geometry.patch == 0 || !geometry.image_size.is_multiple_of(geometry.patch) || geometry.channels != 3 {
             return Err(ModelError::Config(format!(
                 "vision_config: image_size {} must be a multiple of patch_size {} with 3 channels",
                 geometry.image_size, geometry.patch

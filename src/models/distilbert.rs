@@ -92,7 +92,7 @@ const EPS: f64 = 1e-12;
 
 fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     let config: DistilBertConfig = parse_config(raw)?;
-    if config.dim % config.n_heads != 0 {
+    if !config.dim.is_multiple_of(config.n_heads) {
         return Err(ModelError::Config("dim is not a multiple of n_heads".into()));
     }
     let activation = Activation::from_config(&config.activation)

@@ -121,7 +121,7 @@ impl RelativeBias for RelativePositions {
 
 fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     let config: MpnetConfig = parse_config(raw)?;
-    if config.hidden_size % config.num_attention_heads != 0 {
+    if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
         return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
     }
     let activation = Activation::from_config(&config.hidden_act)

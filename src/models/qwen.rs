@@ -200,7 +200,7 @@ impl Qwen {
         let (h, heads) = (config.hidden_size, config.num_attention_heads);
         let kv_heads = config.num_key_value_heads.unwrap_or(heads);
         let head_dim = config.head_dim.unwrap_or(h / heads);
-        if kv_heads == 0 || heads % kv_heads != 0 || head_dim % 2 != 0 {
+        if kv_heads == 0 || heads % kv_heads != 0 || !head_dim.is_multiple_of(2) {
             return Err(ModelError::Config(format!("{heads} heads over {kv_heads} key/value heads of {head_dim} dims")));
         }
         let qkv_bias = match version {

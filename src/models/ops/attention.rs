@@ -206,7 +206,7 @@ impl CustomOp1 for AttentionOp<'_> {
         let this = self.attention;
         let qkv = contiguous(storage, layout)?;
         let (tokens, width) = dims2(layout)?;
-        if this.num_kv_heads == 0 || this.num_heads % this.num_kv_heads != 0 {
+        if this.num_kv_heads == 0 || !this.num_heads.is_multiple_of(this.num_kv_heads) {
             bail!("attention: {} heads do not group over {} key/value heads", this.num_heads, this.num_kv_heads);
         }
         if width != this.q_width() + 2 * this.kv_width() {
@@ -288,6 +288,7 @@ multiversion! {
     /// pre-scaled) is packed into zero-padded tiles, scores are computed tile by tile,
     /// softmaxed over the keys the mask allows (the others get weight 0), and multiplied into
     /// V straight from the QKV rows.
+    #[allow(clippy::too_many_arguments)] // one head's geometry; a struct would be rebuilt per head in the hot loop
     fn attention_head(
         rows: &[f32],
         bias: &[f32],

@@ -11,11 +11,16 @@ use candle_core::{bail, CpuStorage, Layout, Result, Tensor};
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])* $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            // The inner versions take the wrapped fn's arguments, however many it has.
             #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
             fn portable<const FMA: bool>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU has avx2 and fma.
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     portable::<true>($($arg),*)
                 }
@@ -74,10 +79,14 @@ pub(crate) fn dims2(layout: &Layout) -> Result<(usize, usize)> {
 /// Raw output pointers that rayon tasks may share because each writes a disjoint region.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedMut(pub(crate) *mut f32);
+// SAFETY: a `SharedMut` goes only to tasks that each write their own disjoint region of a buffer that outlives them (sgemm's row or panel split); nothing else touches the pointer.
 unsafe impl Send for SharedMut {}
+// SAFETY: as for `Send`: concurrent users write disjoint regions and never read each other's.
 unsafe impl Sync for SharedMut {}
 
 #[derive(Clone, Copy)]
 pub(crate) struct SharedConst(pub(crate) *const f32);
+// SAFETY: the pointee is only read while the tasks that share it run, and outlives them.
 unsafe impl Send for SharedConst {}
+// SAFETY: as for `Send`: shared reads of memory nobody writes meanwhile.
 unsafe impl Sync for SharedConst {}

@@ -145,8 +145,7 @@ mod tests {
         // One head of 4 dims (2 frequencies), theta 10000: position 0 is the identity, and a
         // rotation keeps each (x_k, x_{k+2}) pair's length.
         let rotary = Rotary::new(4, 10_000.0);
-        let qkv =
-            Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0, 9.0, 9.0, 9.0, 9.0].repeat(2), (2, 12), &Device::Cpu).unwrap();
+        let qkv = Tensor::from_vec([1f32, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0, 9.0, 9.0, 9.0, 9.0].repeat(2), (2, 12), &Device::Cpu).unwrap();
         let out = rotary.table(&[0, 1]).apply(&qkv, 1, 1, None).unwrap().to_vec2::<f32>().unwrap();
         assert_eq!(&out[0][..4], &[1.0, 2.0, 3.0, 4.0]);
         let (c, s) = (1f32.cos(), 1f32.sin());

@@ -114,6 +114,7 @@ impl PackedMatrix {
         // concurrent calls share an output row × panel.
         let run = |rows: std::ops::Range<usize>, panels: std::ops::Range<usize>| {
             let (out, input) = (out, input);
+            // SAFETY: see above: ranges inside the product, disjoint between concurrent calls.
             unsafe { isa.run(self, out.0, input.0, rows, panels, read_dst) }
         };
         if m * self.n * self.k < PARALLEL_MIN_WORK || threads < 2 {
@@ -160,10 +161,8 @@ impl Isa {
         let mut all = vec![Isa::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if best == Isa::Avx512 || best == Isa::Avx2 {
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    all.push(Isa::Avx2);
-                }
+            if (best == Isa::Avx512 || best == Isa::Avx2) && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                all.push(Isa::Avx2);
             }
             if best == Isa::Avx512 {
                 all.push(Isa::Avx512);
@@ -185,14 +184,19 @@ impl Isa {
     ) {
         match self {
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx512` is detected only on CPUs with avx512f, avx2 and fma; bounds are the caller's.
             Isa::Avx512 => unsafe { block_avx512(w, dst, x, rows, panels, read_dst) },
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is detected only on CPUs with avx2 and fma; bounds are the caller's.
             Isa::Avx2 => unsafe { block_avx2(w, dst, x, rows, panels, read_dst) },
+            // SAFETY: the portable kernel needs no CPU feature; bounds are the caller's.
             Isa::Portable => unsafe { block::<Portable, 6>(w, dst, x, rows, panels, read_dst) },
         }
     }
 }
 
+/// # Safety
+/// The CPU has avx512f, avx2 and fma; the rest of [`block`]'s contract.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn block_avx512(
@@ -203,9 +207,12 @@ unsafe fn block_avx512(
     panels: std::ops::Range<usize>,
     read_dst: bool,
 ) {
+    // SAFETY: the features `block` needs are this fn's target features; bounds are the caller's.
     unsafe { block::<x86::Avx512, 12>(w, dst, x, rows, panels, read_dst) }
 }
 
+/// # Safety
+/// The CPU has avx2 and fma; the rest of [`block`]'s contract.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2(
@@ -216,6 +223,7 @@ unsafe fn block_avx2(
     panels: std::ops::Range<usize>,
     read_dst: bool,
 ) {
+    // SAFETY: the features `block` needs are this fn's target features; bounds are the caller's.
     unsafe { block::<x86::Avx2, 6>(w, dst, x, rows, panels, read_dst) }
 }
 
@@ -248,10 +256,12 @@ unsafe fn block<K: Micro, const MR: usize>(
             let kc = KC.min(k - k0);
             let accumulate = read_dst || k0 > 0;
             for p in panels.clone() {
+                // SAFETY: panel `p` < panels and `k0` < k: inside the packed weights.
                 let b = unsafe { w.rows.as_ptr().add(p * k + k0) };
                 let cols = PANEL.min(n - p * PANEL);
                 let mut r0 = m0;
                 while r0 < m1 {
+                    // SAFETY: `r0` < rows.end <= m and `p·PANEL` < n: inside `x` and `dst`.
                     let (a, c) = unsafe { (x.add(r0 * k + k0), dst.add(r0 * n + p * PANEL)) };
                     let tile = Tile { a, lda: k, b, kc, c, ldc: n, cols, accumulate };
                     let left = (m1 - r0).min(MR);
@@ -294,6 +304,9 @@ struct Tile {
 
 impl Tile {
     /// Writes (or adds) row `r`'s 16 results, only the valid columns.
+    ///
+    /// # Safety
+    /// `r` < the tile's rows; `c` covers them, `cols` columns each.
     #[inline(always)]
     unsafe fn store(&self, r: usize, acc: &[f32; PANEL]) {
         // SAFETY: row r of the tile, `cols` ≤ 16 valid columns.
@@ -310,6 +323,8 @@ impl Tile {
 struct Portable;
 
 impl Micro for Portable {
+    /// # Safety
+    /// As [`Micro::tile`]: the tile's pointers cover it (no CPU feature needed).
     #[inline(always)]
     unsafe fn tile<const R: usize>(t: &Tile) {
         let mut acc = [[0.0f32; PANEL]; R];
@@ -317,6 +332,7 @@ impl Micro for Portable {
             // SAFETY: i < kc rows of the panel slice and of each of the R activation rows.
             let b = unsafe { &(*t.b.add(i)).0 };
             for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: `r` < R rows and `i` < kc inputs of the tile's activation rows.
                 let a = unsafe { *t.a.add(r * t.lda + i) };
                 for (acc, &b) in acc.iter_mut().zip(b) {
                     *acc = super::dispatch::fma::<{ cfg!(target_arch = "aarch64") }>(a, b, *acc);
@@ -324,6 +340,7 @@ impl Micro for Portable {
             }
         }
         for (r, acc) in acc.iter().enumerate() {
+            // SAFETY: `r` < R, the rows the tile covers.
             unsafe { t.store(r, acc) };
         }
     }
@@ -338,15 +355,21 @@ mod x86 {
     pub(super) struct Avx2;
 
     impl Micro for Avx2 {
+        /// # Safety
+        /// As [`Micro::tile`]: the CPU has avx2 and fma; the tile's pointers cover it.
         #[inline(always)]
         unsafe fn tile<const R: usize>(t: &Tile) {
+            // SAFETY: `Micro::tile`'s contract (the CPU has avx2 and fma; pointers cover the tile).
             unsafe { avx2_tile::<R>(t) }
         }
     }
 
+    /// # Safety
+    /// The CPU has avx2 and fma; `t`'s pointers cover its `R` rows, `kc` inputs and 16 columns.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn avx2_tile<const R: usize>(t: &Tile) {
+        // SAFETY: the tile's pointers cover its `R` rows × `kc` inputs and 16 columns (this fn's contract); the features are enabled.
         unsafe {
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             let mut b = t.b as *const f32;
@@ -385,15 +408,21 @@ mod x86 {
     pub(super) struct Avx512;
 
     impl Micro for Avx512 {
+        /// # Safety
+        /// As [`Micro::tile`]: the CPU has avx512f; the tile's pointers cover it.
         #[inline(always)]
         unsafe fn tile<const R: usize>(t: &Tile) {
+            // SAFETY: `Micro::tile`'s contract (the CPU has avx512f; pointers cover the tile).
             unsafe { avx512_tile::<R>(t) }
         }
     }
 
+    /// # Safety
+    /// The CPU has avx512f, avx2 and fma; `t`'s pointers cover its `R` rows, `kc` inputs and 16 columns.
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[inline]
     unsafe fn avx512_tile<const R: usize>(t: &Tile) {
+        // SAFETY: the tile's pointers cover its `R` rows × `kc` inputs and 16 columns (this fn's contract); the features are enabled.
         unsafe {
             let mut acc = [_mm512_setzero_ps(); R];
             let mut b = t.b as *const f32;
@@ -460,16 +489,19 @@ mod tests {
             let fresh = reference(&x, &w, m, k, n, &vec![0.0; m * n]);
             for &isa in &isas {
                 let mut y = prior.clone();
+                // SAFETY: `isa` is one this CPU has; `y` holds m × n floats and the ranges cover the product.
                 unsafe { isa.run(&packed, y.as_mut_ptr(), x.as_ptr(), 0..m, 0..packed.panels(), true) };
                 let worst = y.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
                 assert!(worst < 1e-4 * k as f32, "{isa:?} {m}×{k}×{n}: {worst}");
                 let mut y = vec![f32::NAN; m * n];
+                // SAFETY: `isa` is one this CPU has; `y` holds m × n floats and the ranges cover the product.
                 unsafe { isa.run(&packed, y.as_mut_ptr(), x.as_ptr(), 0..m, 0..packed.panels(), false) };
                 let worst = y.iter().zip(&fresh).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
                 assert!(worst < 1e-4 * k as f32, "{isa:?} {m}×{k}×{n} fresh: {worst}");
             }
             // The threaded driver (rows or panels split) gives the same result.
             let mut y = prior.clone();
+            // SAFETY: `y` holds m × n initialized floats.
             unsafe { packed.matmul(y.as_mut_ptr(), &x, m, true) };
             let worst = y.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(worst < 1e-4 * k as f32, "threaded {m}×{k}×{n}: {worst}");

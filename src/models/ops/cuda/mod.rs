@@ -100,10 +100,13 @@ fn optional(t: Option<&Tensor>) -> Result<u64> {
 /// An uninitialized `shape` tensor of `dtype` on `dev`, and its address.
 fn empty(dev: &CudaDevice, dtype: DType, shape: Shape) -> Result<(Tensor, u64)> {
     let n = shape.elem_count().max(1);
-    // SAFETY: every kernel below writes each element of its output before anyone reads it.
+    // Uninitialized: every kernel below writes each element of its output before anyone reads it.
     let storage = match dtype {
+        // SAFETY: as said above, the memory is written before it is read.
         DType::F32 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n)? }, dev.clone()),
+        // SAFETY: as for F32.
         DType::F16 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::f16>(n)? }, dev.clone()),
+        // SAFETY: as for F32.
         DType::BF16 => CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n)? }, dev.clone()),
         other => bail!("CUDA kernels take f32, f16 or bf16, not {other:?}"),
     };

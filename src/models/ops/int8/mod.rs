@@ -244,6 +244,7 @@ struct Out {
 }
 // SAFETY: threads sharing an `Out` write disjoint tiles (see `Int8Weight::run_tiles`).
 unsafe impl Send for Out {}
+// SAFETY: as for `Send`: threads sharing an `Out` write disjoint tiles.
 unsafe impl Sync for Out {}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -321,8 +322,10 @@ impl Kernel {
     unsafe fn tile_bytes(self, a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out) {
         match self {
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Vnni` is detected only on CPUs with avx512f/bw/vnni; the tile bounds are this fn's contract.
             Kernel::Vnni => unsafe { x86::tile_vnni(a, tile, w, p0, segments, out) },
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `AvxVnni` is detected only on CPUs with avx2, fma and avxvnni; bounds as above.
             Kernel::AvxVnni => unsafe { x86::tile_avxvnni(a, tile, w, p0, segments, out) },
             _ => unreachable!("{self:?} does not use Scheme::Bytes"),
         }
@@ -336,7 +339,9 @@ impl Kernel {
     unsafe fn tile_wide(self, a: &WideRows, tile: usize, w: &Int8Weight, p: usize, segments: Segments, out: Out) {
         match self {
             #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx2` is detected only on CPUs with avx2 and fma; the tile bounds are this fn's contract.
             Kernel::Avx2 => unsafe { x86::tile_avx2(a, tile, w, p, segments, out) },
+            // SAFETY: the portable tile needs no CPU feature; the tile bounds are this fn's contract.
             Kernel::Portable => unsafe { portable::tile_wide(a, tile, w, p, segments, out) },
             #[cfg(target_arch = "x86_64")]
             _ => unreachable!("{self:?} does not use Scheme::Wide"),
@@ -385,8 +390,10 @@ mod tests {
                 for tile in 0..tiles {
                     for p0 in (0..w.panels).step_by(tile_panels) {
                         if reference {
+                            // SAFETY: `tile` < tiles and the panels are in range of `rows`, `w` and `out` (m × n); one thread.
                             unsafe { portable_bytes::tile(&rows, tile, w, p0, 0..w.segments, out) };
                         } else {
+                            // SAFETY: `tile` < tiles and the panels are in range of `rows`, `w` and `out` (m × n); one thread.
                             unsafe { kernel.tile_bytes(&rows, tile, w, p0, 0..w.segments, out) };
                         }
                     }
@@ -397,8 +404,10 @@ mod tests {
                 for tile in 0..tiles {
                     for p in 0..w.panels {
                         if reference {
+                            // SAFETY: `tile` < tiles and the panels are in range of `rows`, `w` and `out` (m × n); one thread.
                             unsafe { portable::tile_wide(&rows, tile, w, p, 0..w.segments, out) };
                         } else {
+                            // SAFETY: `tile` < tiles and the panels are in range of `rows`, `w` and `out` (m × n); one thread.
                             unsafe { kernel.tile_wide(&rows, tile, w, p, 0..w.segments, out) };
                         }
                     }
@@ -440,6 +449,7 @@ mod tests {
                 }
                 // The threaded driver gives the same result as the tile loop.
                 let mut threaded = prior.clone();
+                // SAFETY: the output holds m × n initialized floats.
                 unsafe { q.matmul(threaded.as_mut_ptr(), &x, m, true) };
                 for i in 0..m * n {
                     assert!((threaded[i] - fast[i]).abs() <= 1e-5 * (1.0 + fast[i].abs()), "{kernel:?} {m}×{k}×{n} threaded at {i}");
@@ -458,6 +468,7 @@ mod tests {
         let q = Int8Weight::quantize_for(Kernel::Portable, &w, k, n);
         let exact = reference(&x, &w, m, k, n);
         let mut y = vec![0.0f32; m * n];
+        // SAFETY: the output holds m × n initialized floats.
         unsafe { q.matmul(y.as_mut_ptr(), &x, m, false) };
         let dequantized = {
             let mut d = vec![0.0f32; k * n];
@@ -486,6 +497,7 @@ mod tests {
         for kernel in Kernel::available() {
             let q = Int8Weight::quantize_for(kernel, &w, k, n);
             let mut y: Vec<f32> = Vec::with_capacity(m * n);
+            // SAFETY: `y` has capacity m × n and `matmul` writes every element (read_dst false) before `set_len`.
             unsafe {
                 q.matmul(y.as_mut_ptr(), &x, m, false);
                 y.set_len(m * n);

@@ -108,6 +108,7 @@ unsafe fn quantize_segment_avx512(x: &[f32], out: &mut [u8]) -> (f32, i32) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_wide_avx2(x: &[f32], out: &mut [i16]) -> f32 {
+    // SAFETY: this fn's contract (avx2 and fma present, `out` as long as `x`) covers every load and store below, all within `x` and `out`.
     unsafe {
         let (n, body) = (x.len(), x.len() / 16 * 16);
         let sign = _mm256_set1_ps(-0.0);

@@ -63,8 +63,13 @@ pub(super) unsafe fn tile_vnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: us
 
 /// Adds `y·s` to the 8 floats at `d` (or writes it, when not `read`), only the first `valid`
 /// of them: masked stores are slow on AMD (microcoded), so only at a ragged last panel.
+///
+/// # Safety
+/// The CPU has avx2; `d` points to 8 writable floats (`valid` of them when fewer), initialized
+/// when `read`.
 #[inline(always)]
 unsafe fn store8(d: *mut f32, y: __m256, s: __m256, read: bool, valid: usize) {
+    // SAFETY: `d` points to 8 floats (`valid` of them when < 8) of the caller's tile row.
     unsafe {
         if valid >= 8 {
             let prior = if read { _mm256_loadu_ps(d) } else { _mm256_setzero_ps() };
@@ -85,6 +90,7 @@ unsafe fn store8(d: *mut f32, y: __m256, s: __m256, read: bool, valid: usize) {
 #[target_feature(enable = "avx2,fma,avxvnni")]
 pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out) {
     const ROWS: usize = 4;
+    // SAFETY: this fn's contract: the CPU features and the tile's bounds in `a`, `w` and `out`.
     unsafe {
         let panel_bytes = w.panel_bytes();
         for half in 0..BYTES_TILE_ROWS / ROWS {
@@ -138,6 +144,7 @@ pub(super) unsafe fn tile_avxvnni(a: &ByteRows, tile: usize, w: &Int8Weight, p0:
 /// The CPU has avx2 and fma; the caller's contract of [`super::Kernel::tile_wide`].
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn tile_avx2(a: &WideRows, tile: usize, w: &Int8Weight, p: usize, segments: Segments, out: Out) {
+    // SAFETY: this fn's contract: the CPU features and the tile's bounds in `a`, `w` and `out`.
     unsafe {
         let c0 = p * PANEL;
         if c0 >= out.cols {
