@@ -1,6 +1,8 @@
-//! The engine: tokenization workers, the batching queue and the model thread, behind one
-//! cheap-to-clone [`Engine`] handle. The HTTP layer (and the library API) hand it prompts and
-//! validated parameters and get one output per prompt back, in order; it never sees tensors.
+//! The engine: admission, request validation ([`params`]), the batching queue and the model
+//! thread ([`scheduler`]), pair scoring ([`score`]), behind one cheap-to-clone [`Engine`]
+//! handle. The HTTP layer (and the library API) hand it prompts and validated parameters and
+//! get one output per prompt back, in order; the input layer ([`crate::input`]) turns the
+//! prompts into model inputs first. It never shows tensors to its callers.
 
 pub mod literal;
 pub mod params;
