@@ -351,3 +351,38 @@ fn chunked_processing_is_refused_for_image_text_models() {
     let error = Engine::load(&config.models[0], &config.engine).err().expect("load fails").to_string();
     assert!(error.contains("chunked processing does not apply to image-text models"), "{error}");
 }
+
+/// A CLIP folder as transformers 5 saves it: the image processor nested in
+/// `processor_config.json` (tests/fixtures/transformers5, written by
+/// tests/fixtures/make_encoder_families.py) and no `preprocessor_config.json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transformers5_processor_config_is_read() {
+    let dir = std::env::temp_dir().join(format!("poolserve-t5-clip-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture_model("clip-tiny")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "preprocessor_config.json" {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    let saved = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transformers5/clip-tiny/processor_config.json");
+
+    // Neither file: one message naming both.
+    let config = config_for(&dir, |_| {});
+    let error = Engine::load(&config.models[0], &config.engine).err().expect("load fails").to_string();
+    assert!(error.contains("the model has no preprocessor_config.json or processor_config.json"), "{error}");
+
+    std::fs::copy(saved, dir.join("processor_config.json")).unwrap();
+    let expected = expected("clip-tiny");
+    let router = api::router(AppState::ready_with(engine(&dir, |_| {}), ApiOptions::default()), 2_000_000);
+    let files = image_files(&expected);
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [image_message(&data_url(&files[0]))]})).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_image_close(
+        &floats(&reply.body["data"][0]["embedding"]),
+        &floats(&expected["images"][0]["image_embeds_normalized"]),
+        "clip-tiny saved by transformers 5",
+    );
+}

@@ -200,16 +200,22 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision, chat_template })
 }
 
-/// `preprocessor_config.json`, checked against the tower it feeds.
+/// `preprocessor_config.json` (transformers 4), or else the `image_processor` inside
+/// `processor_config.json` (transformers 5), checked against the tower it feeds.
 fn image_processor(
     source: &ModelSource,
     tower: &dyn models::VisionTower,
     text_size: usize,
 ) -> Result<image::ImageProcessorConfig, LoadError> {
-    let path = source.required("preprocessor_config.json")?;
-    let processor = image::ImageProcessorConfig::from_file(&path)
-        .and_then(|p| p.check().map(|()| p))
-        .map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
+    let (path, read): (_, fn(&std::path::Path) -> _) = match source.file("preprocessor_config.json")? {
+        Some(path) => (path, |p| image::ImageProcessorConfig::from_file(p)),
+        None => match source.file("processor_config.json")? {
+            Some(path) => (path, |p| image::ImageProcessorConfig::from_processor_file(p)),
+            None => return Err(LoadError::NotFound("the model has no preprocessor_config.json or processor_config.json".into())),
+        },
+    };
+    let processor =
+        read(&path).and_then(|p| p.check().map(|()| p)).map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
     let (height, width) = processor.output_size();
     if (height, width) != (tower.image_size(), tower.image_size()) {
         return Err(LoadError::Invalid(format!(

@@ -140,6 +140,8 @@ pub(super) struct Embeddings {
     /// Segment embeddings; `None` for models without them (DistilBERT, MPNet).
     pub token_type: Option<Tensor>,
     pub norm: LayerNorm,
+    /// ELECTRA's `embeddings_project`, from its narrower embedding width to the hidden size.
+    pub projection: Option<Linear>,
 }
 
 /// One post-LayerNorm encoder layer: attention → add & norm → FFN → add & norm.
@@ -209,6 +211,26 @@ pub(super) fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
     vb
 }
 
+/// The `encoder.layer.{i}` stack under BERT's weight names (BERT, RoBERTa, ELECTRA).
+pub(super) fn encoder_layers(vb: &VarBuilder, config: &BertConfig, activation: Activation) -> Result<Vec<Layer>> {
+    let (h, eps) = (config.hidden_size, config.layer_norm_eps);
+    (0..config.num_hidden_layers)
+        .map(|i| {
+            let lv = vb.pp(format!("layer.{i}"));
+            let sa = lv.pp("attention.self");
+            Ok(Layer {
+                qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
+                attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
+                attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+                intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
+                activation,
+                output: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
+                output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
+            })
+        })
+        .collect()
+}
+
 impl Bert {
     pub fn load(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
         let config: BertConfig = parse_config(raw)?;
@@ -230,21 +252,9 @@ impl Bert {
             position: emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?,
             token_type: Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?),
             norm: layer_norm(&emb.pp("LayerNorm"), h, config.layer_norm_eps)?,
+            projection: None,
         };
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let lv = vb.pp(format!("encoder.layer.{i}"));
-            let sa = lv.pp("attention.self");
-            layers.push(Layer {
-                qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
-                attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-                attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, config.layer_norm_eps)?,
-                intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
-                activation,
-                output: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
-                output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, config.layer_norm_eps)?,
-            });
-        }
+        let layers = encoder_layers(&vb.pp("encoder"), &config, activation)?;
         let position_offset = config.position_offset(kind);
         Ok(Self {
             embeddings,
@@ -274,7 +284,11 @@ impl Bert {
             Some(table) => (word + position)?.broadcast_add(&table.get(0)?)?,
             None => (word + position)?,
         };
-        self.embeddings.norm.forward(summed)
+        let normed = self.embeddings.norm.forward(summed)?;
+        match &self.embeddings.projection {
+            Some(projection) => projection.forward(&normed),
+            None => Ok(normed),
+        }
     }
 }
 

@@ -105,6 +105,7 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
         position: emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?,
         token_type: None,
         norm: layer_norm(&emb.pp("LayerNorm"), h, EPS)?,
+        projection: None,
     };
     let mut layers = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {

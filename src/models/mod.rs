@@ -11,10 +11,12 @@ pub mod batch;
 pub mod bert;
 pub mod clip;
 pub mod distilbert;
+pub mod electra;
 pub mod gte;
 pub mod heads;
 pub mod modernbert;
 pub mod mpnet;
+pub mod nomic_bert;
 pub mod ops;
 pub mod qwen;
 pub mod siglip;
@@ -31,9 +33,11 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &bert::BERT,
     &bert::ROBERTA,
     &distilbert::DISTILBERT,
+    &electra::ELECTRA,
     &mpnet::MPNET,
     &modernbert::MODERNBERT,
     &gte::GTE,
+    &nomic_bert::NOMIC_BERT,
     &qwen::QWEN2,
     &qwen::QWEN3,
     &clip::CLIP,

@@ -130,6 +130,18 @@ impl ImageProcessorConfig {
         serde_json::from_str(&text).map_err(|e| ImageError::Config(format!("{}: {e}", path.display())))
     }
 
+    /// The `image_processor` object of a `processor_config.json`, where transformers 5's
+    /// `ProcessorMixin.save_pretrained` keeps it (it writes no `preprocessor_config.json`).
+    pub fn from_processor_file(path: impl AsRef<Path>) -> Result<Self, ImageError> {
+        let path = path.as_ref();
+        let bad = |m: String| ImageError::Config(format!("{}: {m}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let mut processor: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let nested =
+            processor.get_mut("image_processor").map(serde_json::Value::take).ok_or_else(|| bad("has no `image_processor`".into()))?;
+        serde_json::from_value(nested).map_err(|e| bad(format!("image_processor: {e}")))
+    }
+
     /// Refuses what `preprocess` cannot reproduce exactly, and configs whose output size depends on the image
     /// (the towers take one fixed size).
     pub fn check(&self) -> Result<(), ImageError> {

@@ -1,0 +1,111 @@
+//! ELECTRA (`ElectraModel`, `ElectraForSequenceClassification`, `ElectraForTokenClassification`,
+//! the discriminator `ElectraForPreTraining` as an embedder): BERT's encoder under BERT's
+//! weight names, with embeddings of their own width (`embedding_size`) projected to the hidden
+//! size by `embeddings_project` when the two differ. Served by the shared [`Bert`] forward pass.
+//!
+//! Its sequence classifier is RoBERTa-shaped but with GELU instead of tanh:
+//! `out_proj(gelu(dense(h[CLS])))` (transformers' `ElectraClassificationHead`).
+
+use super::bert::{encoder_layers, layer_norm, linear, Bert, BertConfig, Embeddings};
+use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
+use super::ops::Activation;
+use super::{parse_config, Architecture, Backbone, ModelError};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub struct Electra;
+pub static ELECTRA: Electra = Electra;
+
+/// What ELECTRA's config adds to BERT's.
+#[derive(Debug, Deserialize)]
+struct ElectraExtra {
+    /// transformers' `ElectraConfig` default when config.json leaves it out.
+    #[serde(default = "default_embedding_size")]
+    embedding_size: usize,
+}
+
+fn default_embedding_size() -> usize {
+    128
+}
+
+impl Architecture for Electra {
+    fn name(&self) -> &'static str {
+        "ELECTRA"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["Electra"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["electra"]
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(load(config, vb)?))
+    }
+
+    /// `classifier.dense` → GELU → `classifier.out_proj` on the first token. vLLM runs
+    /// RoBERTa's identically shaped `classifier.dense` on every token for token_classify, so
+    /// this one does too.
+    fn classifier(
+        &self,
+        config: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> Result<ClassifierWeights, ModelError> {
+        let h = parse_config::<BertConfig>(config)?.hidden_size;
+        Ok(ClassifierWeights {
+            pre: Some(PreClassifier {
+                dense: host_linear(&vb.pp("classifier.dense"), h, h)?,
+                activation: Some(Activation::Gelu),
+                norm: None,
+            }),
+            classifier: host_linear(&vb.pp("classifier.out_proj"), num_labels, h)?,
+            input: HeadInput::First,
+            pre_on_tokens: true,
+        })
+    }
+
+    fn token_classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize) -> Result<ClassifierWeights, ModelError> {
+        ClassifierWeights::per_token(&vb, num_labels, parse_config::<BertConfig>(config)?.hidden_size)
+    }
+}
+
+fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
+    let config: BertConfig = parse_config(raw)?;
+    let ElectraExtra { embedding_size } = parse_config(raw)?;
+    if let Some(kind) = config.position_embedding_type.as_deref() {
+        if kind != "absolute" {
+            return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
+        }
+    }
+    if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
+        return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
+    }
+    let activation = Activation::from_config(&config.hidden_act)
+        .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
+    let vb = if vb.contains_tensor("electra.embeddings.word_embeddings.weight") { vb.pp("electra") } else { vb };
+    let (h, e) = (config.hidden_size, embedding_size);
+    let emb = vb.pp("embeddings");
+    let embeddings = Embeddings {
+        word: emb.get((config.vocab_size, e), "word_embeddings.weight")?,
+        position: emb.get((config.max_position_embeddings, e), "position_embeddings.weight")?,
+        token_type: Some(emb.get((config.type_vocab_size, e), "token_type_embeddings.weight")?),
+        norm: layer_norm(&emb.pp("LayerNorm"), e, config.layer_norm_eps)?,
+        // transformers creates the projection only when the widths differ.
+        projection: if e != h { Some(linear(&vb.pp("embeddings_project"), h, e)?) } else { None },
+    };
+    Ok(Bert {
+        embeddings,
+        layers: encoder_layers(&vb.pp("encoder"), &config, activation)?,
+        num_heads: config.num_attention_heads,
+        hidden_size: h,
+        vocab_size: config.vocab_size,
+        max_positions: config.max_position_embeddings,
+        position_offset: 0,
+        relative: None,
+    })
+}

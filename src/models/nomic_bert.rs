@@ -1,0 +1,302 @@
+//! NomicBERT (`NomicBertModel`, model_type `nomic_bert`: nomic-embed-text-v1 / v1.5), as
+//! nomic-ai's published `modeling_hf_nomic_bert.py` (nomic-ai/contrastors) runs it: a
+//! post-LayerNorm encoder with rotary positions (GPT-NeoX half rotation) instead of a position
+//! table, a fused `Wqkv`, and a SwiGLU feed-forward `fc2(fc11(x) · silu(fc12(x)))`; none of
+//! its linear layers has a bias in the published checkpoints.
+//!
+//! Embeddings are `emb_ln(word + token_type)`; each layer is `norm1(x + attn(x))` then
+//! `norm2(h + mlp(h))`, with no final norm. The variants the published code also has but no
+//! published text checkpoint uses (pre-norm, partial or interleaved rotary, parallel blocks)
+//! are refused at load with the field named.
+
+use super::batch::Batch;
+use super::bert::layer_norm;
+use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
+use super::{parse_config, Architecture, Backbone, ModelError};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub struct NomicBert;
+pub static NOMIC_BERT: NomicBert = NomicBert;
+
+/// The fields of a NomicBERT `config.json` (GPT-2-style names), with the published config
+/// class's defaults where the file leaves one out.
+#[derive(Debug, Clone, Deserialize)]
+struct NomicBertConfig {
+    #[serde(default = "default_vocab")]
+    vocab_size: usize,
+    #[serde(default = "one")]
+    pad_vocab_size_multiple: usize,
+    #[serde(default = "default_width")]
+    n_embd: usize,
+    #[serde(default = "default_count")]
+    n_head: usize,
+    #[serde(default = "default_count")]
+    n_layer: usize,
+    #[serde(default)]
+    n_inner: Option<usize>,
+    #[serde(default = "default_positions")]
+    n_positions: usize,
+    #[serde(default = "default_act")]
+    activation_function: String,
+    #[serde(default = "default_eps")]
+    layer_norm_epsilon: f64,
+    #[serde(default = "default_types")]
+    type_vocab_size: usize,
+    #[serde(default)]
+    rotary_emb_fraction: f64,
+    #[serde(default = "default_base")]
+    rotary_emb_base: f64,
+    #[serde(default)]
+    rotary_emb_interleaved: bool,
+    #[serde(default)]
+    rotary_scaling_factor: Option<f64>,
+    #[serde(default = "default_trained")]
+    max_trained_positions: usize,
+    #[serde(default = "yes")]
+    qkv_proj_bias: bool,
+    #[serde(default = "yes")]
+    mlp_fc1_bias: bool,
+    #[serde(default = "yes")]
+    mlp_fc2_bias: bool,
+    #[serde(default)]
+    prenorm: bool,
+    #[serde(default)]
+    parallel_block: bool,
+    #[serde(default)]
+    causal: bool,
+}
+
+fn default_vocab() -> usize {
+    50257
+}
+fn one() -> usize {
+    1
+}
+fn default_width() -> usize {
+    768
+}
+fn default_count() -> usize {
+    12
+}
+fn default_positions() -> usize {
+    1024
+}
+fn default_act() -> String {
+    "gelu_new".into()
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_types() -> usize {
+    2
+}
+fn default_trained() -> usize {
+    2048
+}
+fn default_base() -> f64 {
+    10_000.0
+}
+fn yes() -> bool {
+    true
+}
+
+impl NomicBertConfig {
+    /// The embedding table's rows: the published model rounds the vocabulary up to a multiple
+    /// of `pad_vocab_size_multiple`.
+    fn padded_vocab(&self) -> usize {
+        self.vocab_size.div_ceil(self.pad_vocab_size_multiple.max(1)) * self.pad_vocab_size_multiple.max(1)
+    }
+
+    /// The feed-forward width: `n_inner` (else 8/3 of the width), rounded up to a multiple of
+    /// 256 as the published MLP does.
+    fn inner(&self) -> usize {
+        let inner = self.n_inner.unwrap_or(8 * self.n_embd / 3);
+        inner.div_ceil(256) * 256
+    }
+
+    /// What this file does not run, as a config error naming the field.
+    fn refuse_unsupported(&self) -> std::result::Result<(), ModelError> {
+        let refuse = |what: &str| Err(ModelError::Config(format!("NomicBERT with {what} is not supported")));
+        if self.prenorm {
+            return refuse("prenorm: true");
+        }
+        if self.parallel_block {
+            return refuse("parallel_block: true");
+        }
+        if self.causal {
+            return refuse("causal: true");
+        }
+        if self.rotary_emb_fraction != 1.0 {
+            return refuse(&format!("rotary_emb_fraction {} (only 1.0, full rotary positions)", self.rotary_emb_fraction));
+        }
+        if self.rotary_emb_interleaved {
+            return refuse("rotary_emb_interleaved: true");
+        }
+        if !matches!(self.activation_function.as_str(), "swiglu" | "geglu") {
+            return refuse(&format!("activation_function `{}` (swiglu and geglu are)", self.activation_function));
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) || !(self.n_embd / self.n_head).is_multiple_of(2) {
+            return Err(ModelError::Config("n_embd does not split into even-sized heads".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Architecture for NomicBert {
+    fn name(&self) -> &'static str {
+        "NomicBERT"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["NomicBert"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["nomic_bert"]
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(NomicBertModel::load(config, vb)?))
+    }
+}
+
+struct Layer {
+    qkv: Linear,
+    out_proj: Linear,
+    norm1: LayerNorm,
+    /// `fc11` (up) and `fc12` (gate) stacked, so one product makes both halves.
+    up_gate: Linear,
+    fc2: Linear,
+    norm2: LayerNorm,
+}
+
+pub struct NomicBertModel {
+    word: Tensor,
+    token_type: Option<Tensor>,
+    emb_ln: LayerNorm,
+    layers: Vec<Layer>,
+    rotary: Rotary,
+    gated: GatedActivation,
+    config: NomicBertConfig,
+}
+
+/// A layer's `[out, in]` weight, and its bias where the config says it has one.
+fn weight_and_bias(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<(Tensor, Option<Tensor>)> {
+    Ok((vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None }))
+}
+
+fn maybe_biased(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    let (weight, bias) = weight_and_bias(vb, out, inp, bias)?;
+    Linear::new(weight, bias)
+}
+
+impl NomicBertModel {
+    fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: NomicBertConfig = parse_config(raw)?;
+        config.refuse_unsupported()?;
+        // `NomicBertForPreTraining` checkpoints keep the encoder under `bert.`.
+        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
+        let (h, inner, eps) = (config.n_embd, config.inner(), config.layer_norm_epsilon);
+        let mut layers = Vec::with_capacity(config.n_layer);
+        for i in 0..config.n_layer {
+            let lv = vb.pp(format!("encoder.layers.{i}"));
+            let mlp = lv.pp("mlp");
+            let (up, up_bias) = weight_and_bias(&mlp.pp("fc11"), inner, h, config.mlp_fc1_bias)?;
+            let (gate, gate_bias) = weight_and_bias(&mlp.pp("fc12"), inner, h, config.mlp_fc1_bias)?;
+            let up_gate_bias = match (up_bias, gate_bias) {
+                (Some(up), Some(gate)) => Some(Tensor::cat(&[up, gate], 0)?),
+                _ => None,
+            };
+            layers.push(Layer {
+                qkv: maybe_biased(&lv.pp("attn.Wqkv"), 3 * h, h, config.qkv_proj_bias)?,
+                out_proj: maybe_biased(&lv.pp("attn.out_proj"), h, h, config.qkv_proj_bias)?,
+                norm1: layer_norm(&lv.pp("norm1"), h, eps)?,
+                up_gate: Linear::new(Tensor::cat(&[up, gate], 0)?, up_gate_bias)?,
+                fc2: maybe_biased(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
+                norm2: layer_norm(&lv.pp("norm2"), h, eps)?,
+            });
+        }
+        let emb = vb.pp("embeddings");
+        let activation = if config.activation_function == "geglu" { Activation::Gelu } else { Activation::Silu };
+        Ok(Self {
+            word: emb.get((config.padded_vocab(), h), "word_embeddings.weight")?,
+            token_type: if config.type_vocab_size > 0 {
+                Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?)
+            } else {
+                None
+            },
+            emb_ln: layer_norm(&vb.pp("emb_ln"), h, eps)?,
+            layers,
+            rotary: Rotary::new(h / config.n_head, config.rotary_emb_base),
+            // fc12, the second half, is the gated one.
+            gated: GatedActivation { activation, act_on_first: false },
+            config,
+        })
+    }
+}
+
+impl Backbone for NomicBertModel {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let n = batch.num_tokens();
+        let device = self.word.device();
+        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
+        let word = self.word.index_select(&ids, 0)?;
+        let embedded = match &self.token_type {
+            Some(table) if table.dim(0)? > 1 && batch.token_type_ids.iter().any(|&t| t != 0) => {
+                let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
+                (word + table.index_select(&types, 0)?)?
+            }
+            Some(table) => word.broadcast_add(&table.get(0)?)?,
+            None => word,
+        };
+        let mut hidden = self.emb_ln.forward(embedded)?;
+        let table = self.rotary.table(&batch.positions(0));
+        let heads = self.config.n_head;
+        let attention = Attention {
+            num_heads: heads,
+            num_kv_heads: heads,
+            head_dim: self.config.n_embd / heads,
+            cu_seqlens: &batch.cu_seqlens,
+            mask: AttentionMask::Bidirectional,
+            position_bias: None,
+        };
+        for layer in &self.layers {
+            // A Wqkv bias (none in the published checkpoints) is added before the rotation.
+            let qkv = table.apply(&layer.qkv.forward(&hidden)?, heads, heads, None)?;
+            hidden = layer.norm1.forward_add(&layer.out_proj, &attention.forward(&qkv, None)?, &hidden)?;
+            let inner = self.gated.forward(&layer.up_gate.forward(&hidden)?)?;
+            hidden = layer.norm2.forward_add(&layer.fc2, &inner, &hidden)?;
+        }
+        Ok(hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.n_embd
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.padded_vocab()
+    }
+
+    /// Rotary positions need no table: `n_positions`, the length the checkpoint declares. With
+    /// `rotary_scaling_factor` set, the published code switches to dynamic NTK scaling above
+    /// `max_trained_positions`; inputs stop there, where its plain rotary is exact (vLLM too
+    /// serves NomicBERT up to `max_trained_positions` by default).
+    fn max_positions(&self) -> usize {
+        match self.config.rotary_scaling_factor {
+            Some(_) => self.config.n_positions.min(self.config.max_trained_positions),
+            None => self.config.n_positions,
+        }
+    }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.out_proj, &mut l.up_gate, &mut l.fc2]).collect()
+    }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
+}

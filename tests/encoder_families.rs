@@ -1,0 +1,244 @@
+//! The encoder families of issue 30 through the real router, against their references in
+//! tests/fixtures/expected (generators: tests/fixtures/make_encoder_families.py for ELECTRA,
+//! with transformers; tests/fixtures/make_nomic_bert.py for NomicBERT, with nomic-ai's
+//! published modeling code): embeddings by cosine ≥ 0.9999, probabilities and
+//! scores within 1e-4, every input alone and all in one batch, pairs with token types; a broken
+//! folder of each family is a one-line startup error.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::*;
+use serde_json::{json, Value};
+use std::path::Path;
+
+const TOLERANCE: f32 = 1e-4;
+
+fn router_for(model: &Path) -> axum::Router {
+    router(engine(model, |_| {}), 2_000_000)
+}
+
+fn texts(expected: &Value) -> Vec<Value> {
+    expected["texts"].as_array().unwrap().iter().map(|t| t["text"].clone()).collect()
+}
+
+/// `/v1/embeddings`, every text alone and all in one request, against the reference embedding.
+async fn check_embeddings(name: &str) {
+    let expected = expected(name);
+    let router = router_for(&fixture_model(name));
+    let inputs = texts(&expected);
+    let batched = post(&router, "/v1/embeddings", json!({"input": inputs})).await;
+    assert_eq!(batched.status, StatusCode::OK, "{}", batched.body);
+    let mut tokens = 0;
+    for (i, case) in expected["texts"].as_array().unwrap().iter().enumerate() {
+        let single = post(&router, "/v1/embeddings", json!({"input": case["text"]})).await;
+        assert_eq!(single.status, StatusCode::OK, "{}", single.body);
+        let reference = floats(&case["embedding"]);
+        for (how, reply) in [("single", &single.body["data"][0]), ("batched", &batched.body["data"][i])] {
+            let c = cosine(&floats(&reply["embedding"]), &reference);
+            assert!(c >= 0.9999, "{name} text {i} {how}: cosine {c}");
+        }
+        tokens += case["input_ids"].as_array().unwrap().len();
+    }
+    assert_eq!(batched.body["usage"]["prompt_tokens"], tokens, "{name}: token counts are the reference tokenizer's");
+}
+
+/// `/classify`: probabilities and labels, alone and batched; raw logits with `use_activation: false`.
+async fn check_classifier(name: &str) {
+    let expected = expected(name);
+    let router = router_for(&fixture_model(name));
+    let batched = post(&router, "/classify", json!({"input": texts(&expected)})).await;
+    assert_eq!(batched.status, StatusCode::OK, "{}", batched.body);
+    for (i, case) in expected["texts"].as_array().unwrap().iter().enumerate() {
+        let single = post(&router, "/classify", json!({"input": case["text"]})).await;
+        let raw = post(&router, "/classify", json!({"input": case["text"], "use_activation": false})).await;
+        for (how, item) in [("single", &single.body["data"][0]), ("batched", &batched.body["data"][i])] {
+            let diff = max_abs_diff(&floats(&item["probs"]), &floats(&case["softmax"]));
+            assert!(diff <= TOLERANCE, "{name} text {i} {how}: probabilities differ by {diff}");
+            assert_eq!(item["label"], case["label"], "{name} text {i} {how}");
+        }
+        let diff = max_abs_diff(&floats(&raw.body["data"][0]["probs"]), &floats(&case["logits"]));
+        assert!(diff <= TOLERANCE, "{name} text {i}: logits differ by {diff}");
+    }
+}
+
+/// `/score` and `/rerank` on a cross-encoder: the pair's tokens and segment ids, its score
+/// alone and in an N:N batch, and the raw logit.
+async fn check_cross_encoder(name: &str) {
+    let expected = expected(name);
+    let router = router_for(&fixture_model(name));
+    let pairs = expected["pairs"].as_array().unwrap();
+    let queries: Vec<&Value> = pairs.iter().map(|p| &p["query"]).collect();
+    let documents: Vec<&Value> = pairs.iter().map(|p| &p["document"]).collect();
+    let batched = post(&router, "/score", json!({"data_1": queries, "data_2": documents})).await;
+    assert_eq!(batched.status, StatusCode::OK, "{}", batched.body);
+    let mut tokens = 0;
+    for (i, pair) in pairs.iter().enumerate() {
+        let single = post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["document"]})).await;
+        let raw = post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["document"], "use_activation": false})).await;
+        let want = pair["score"].as_f64().unwrap();
+        for (how, got) in [("single", &single.body["data"][0]["score"]), ("batched", &batched.body["data"][i]["score"])] {
+            let got = got.as_f64().unwrap_or(f64::NAN);
+            assert!((got - want).abs() <= TOLERANCE as f64, "{name} pair {i} {how}: {got} vs {want}");
+        }
+        let logit = raw.body["data"][0]["score"].as_f64().unwrap_or(f64::NAN);
+        assert!((logit - pair["logit"].as_f64().unwrap()).abs() <= TOLERANCE as f64, "{name} pair {i}: logit {logit}");
+        assert_eq!(single.body["usage"]["prompt_tokens"], pair["input_ids"].as_array().unwrap().len(), "{name} pair {i}: token count");
+        tokens += pair["input_ids"].as_array().unwrap().len();
+    }
+    assert_eq!(batched.body["usage"]["prompt_tokens"], tokens);
+    // /rerank orders the documents of the first query by the same scores.
+    let first = &pairs[0]["query"];
+    let same_query: Vec<(usize, &Value)> = pairs.iter().enumerate().filter(|(_, p)| &p["query"] == first).collect();
+    let docs: Vec<&Value> = same_query.iter().map(|(_, p)| &p["document"]).collect();
+    let reply = post(&router, "/rerank", json!({"query": first, "documents": docs})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    for result in reply.body["results"].as_array().unwrap() {
+        let index = result["index"].as_u64().unwrap() as usize;
+        let want = same_query[index].1["score"].as_f64().unwrap();
+        assert!((result["relevance_score"].as_f64().unwrap() - want).abs() <= TOLERANCE as f64, "{name} rerank {index}");
+    }
+}
+
+/// `/pooling` token_classify: probabilities per token, alone and batched.
+async fn check_token_classifier(name: &str) {
+    let expected = expected(name);
+    let router = router_for(&fixture_model(name));
+    let batched = post(&router, "/pooling", json!({"input": texts(&expected), "task": "token_classify"})).await;
+    assert_eq!(batched.status, StatusCode::OK, "{}", batched.body);
+    for (i, case) in expected["texts"].as_array().unwrap().iter().enumerate() {
+        let single = post(&router, "/pooling", json!({"input": case["text"], "task": "token_classify"})).await;
+        let reference = case["softmax"].as_array().unwrap();
+        for (how, item) in [("single", &single.body["data"][0]["data"]), ("batched", &batched.body["data"][i]["data"])] {
+            let rows = item.as_array().unwrap();
+            assert_eq!(rows.len(), reference.len(), "{name} text {i} {how}: one row per token");
+            for (t, (row, want)) in rows.iter().zip(reference).enumerate() {
+                let diff = max_abs_diff(&floats(row), &floats(want));
+                assert!(diff <= TOLERANCE, "{name} text {i} {how} token {t}: {diff}");
+            }
+        }
+    }
+}
+
+/// Starting the real binary on a copy of `name` broken by `damage` fails with one line naming
+/// the problem.
+fn broken_folder_is_one_line(name: &str, damage: impl FnOnce(&Path), expect: &str) {
+    let dir = std::env::temp_dir().join(format!("poolserve-broken-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_dir(&fixture_model(name), &dir);
+    damage(&dir);
+    let (ok, stderr) = server::run_to_exit(&["serve", dir.to_str().unwrap(), "--port", "0"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok, "{name}: a broken folder must not start");
+    let error: Vec<&str> = stderr.lines().filter(|l| l.contains("Error") || l.contains("error")).collect();
+    assert_eq!(error.len(), 1, "{name}: one error line, got:\n{stderr}");
+    assert!(error[0].contains(expect), "{name}: `{}` should say `{expect}`", error[0]);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Drops one tensor from a folder's model.safetensors (rewritten without it).
+fn drop_tensor(dir: &Path, name_part: &str) {
+    let path = dir.join("model.safetensors");
+    let mut tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+    let before = tensors.len();
+    tensors.retain(|name, _| !name.contains(name_part));
+    assert!(tensors.len() < before, "no tensor named like {name_part}");
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn electra_matches_transformers() {
+    check_embeddings("electra-embed").await;
+    check_classifier("electra-seqcls").await;
+    check_cross_encoder("electra-reranker").await;
+    check_token_classifier("electra-tokcls").await;
+}
+
+#[test]
+fn broken_electra_folder_is_one_line() {
+    broken_folder_is_one_line("electra-seqcls", |dir| drop_tensor(dir, "embeddings_project.weight"), "embeddings_project.weight");
+}
+
+/// NomicBERT (nomic-embed-text-v1.5's layout) against nomic-ai's published modeling code
+/// (tests/fixtures/make_nomic_bert.py): embeddings alone and batched, its prompts by
+/// `prompt_name` and by Cohere's `input_type`, Matryoshka dimensions, and a pair whose token
+/// types change the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomic_bert_matches_the_published_code() {
+    check_embeddings("nomic-embed-mean").await;
+    let expected = expected("nomic-embed-mean");
+    let server = router_for(&fixture_model("nomic-embed-mean"));
+    for (prompt_name, input_type) in [("search_query", "search_query"), ("search_document", "search_document")] {
+        let cases = expected["cases"][prompt_name].as_array().unwrap();
+        let texts: Vec<&Value> = cases.iter().map(|c| &c["text"]).collect();
+        let openai = post(&server, "/v1/embeddings", json!({"input": texts, "prompt_name": prompt_name})).await;
+        assert_eq!(openai.status, StatusCode::OK, "{}", openai.body);
+        let cohere = post(&server, "/v2/embed", json!({"texts": texts, "input_type": input_type, "embedding_types": ["float"]})).await;
+        assert_eq!(cohere.status, StatusCode::OK, "{}", cohere.body);
+        for (i, case) in cases.iter().enumerate() {
+            let reference = floats(&case["embedding"]);
+            let c = cosine(&floats(&openai.body["data"][i]["embedding"]), &reference);
+            assert!(c >= 0.9999, "{prompt_name} text {i}: cosine {c}");
+            let c = cosine(&floats(&cohere.body["embeddings"]["float"][i]), &reference);
+            assert!(c >= 0.9999, "input_type {input_type} text {i}: cosine {c}");
+        }
+    }
+
+    // Matryoshka: the published checkpoints do not flag it in config.json; with the flag (as
+    // vLLM asks, `--hf-overrides '{"is_matryoshka": true}'`) `dimensions` truncates, then normalizes.
+    let matryoshka = &expected["matryoshka"];
+    let dims = matryoshka["dimensions"].as_u64().unwrap();
+    let flagged = router(
+        engine(&fixture_model("nomic-embed-mean"), |c| {
+            c.models[0].hf_overrides.insert("is_matryoshka".into(), json!(true));
+        }),
+        2_000_000,
+    );
+    let reply = post(&flagged, "/v1/embeddings", json!({"input": texts(&expected), "dimensions": dims})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    for (i, want) in matryoshka["embeddings"].as_array().unwrap().iter().enumerate() {
+        let got = floats(&reply.body["data"][i]["embedding"]);
+        assert_eq!(got.len(), dims as usize);
+        let diff = max_abs_diff(&got, &floats(want));
+        assert!(diff <= TOLERANCE, "matryoshka text {i}: {diff}");
+    }
+
+    // A pair: token types 0 and 1 pick different rows of the type table.
+    let pair = &expected["pair"];
+    let engine = engine(&fixture_model("nomic-embed-mean"), |_| {});
+    let params = poolserve::engine::params::PoolingParams::default().verify(poolserve::pooling::Task::Embed, engine.spec()).unwrap();
+    let prompt = poolserve::input::Prompt::Pair(pair["text"].as_str().unwrap().into(), pair["text_pair"].as_str().unwrap().into());
+    let prepared = engine.prepare(vec![prompt.clone()], &params).await.unwrap().remove(0);
+    assert_eq!(prepared.ids, pair["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>());
+    let (outputs, _) = engine.encode(vec![prompt], &params).await.unwrap();
+    let poolserve::pooling::PoolingOutput::Vector(got) = &outputs[0] else { panic!("one vector") };
+    let c = cosine(got, &floats(&pair["embedding"]));
+    assert!(c >= 0.9999, "pair: cosine {c}");
+}
+
+#[test]
+fn broken_nomic_bert_folder_is_one_line() {
+    broken_folder_is_one_line("nomic-embed-mean", |dir| drop_tensor(dir, "layers.1.mlp.fc12"), "encoder.layers.1.mlp.fc12.weight");
+    broken_folder_is_one_line(
+        "nomic-embed-mean",
+        |dir| {
+            let path = dir.join("config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config["rotary_emb_interleaved"] = json!(true);
+            std::fs::write(&path, config.to_string()).unwrap();
+        },
+        "NomicBERT with rotary_emb_interleaved: true is not supported",
+    );
+}
