@@ -46,6 +46,7 @@ fn main() {
         cu_seqlens: &cu,
         mask: AttentionMask::Bidirectional,
         position_bias: None,
+        disentangled: None,
     };
     let qkv_out = qkv.forward_unbiased(&x).expect("qkv");
 

@@ -1,7 +1,8 @@
 //! The encoder families of issue 30 through the real router, against their references in
-//! tests/fixtures/expected (generators: tests/fixtures/make_encoder_families.py for ELECTRA,
-//! with transformers; tests/fixtures/make_nomic_bert.py for NomicBERT, with nomic-ai's
-//! published modeling code): embeddings by cosine ≥ 0.9999, probabilities and
+//! tests/fixtures/expected (generators: tests/fixtures/make_encoder_families.py for ELECTRA and
+//! DeBERTa-v2/v3, with transformers; tests/fixtures/make_nomic_bert.py for NomicBERT, with
+//! nomic-ai's published modeling code; tests/fixtures/make_jina_bert.py for JinaBERT, with its
+//! published forward pass): embeddings by cosine ≥ 0.9999, probabilities and
 //! scores within 1e-4, every input alone and all in one batch, pairs with token types; a broken
 //! folder of each family is a one-line startup error.
 
@@ -240,5 +241,59 @@ fn broken_nomic_bert_folder_is_one_line() {
             std::fs::write(&path, config.to_string()).unwrap();
         },
         "NomicBERT with rotary_emb_interleaved: true is not supported",
+    );
+}
+
+/// DeBERTa-v3's layout (shared attention keys, LayerNorm'ed relative embeddings, log-bucketed
+/// distances, no absolute positions) on the embedder, classifier and cross-encoder; v2's older
+/// layout (separate position projections, clamped distances, absolute positions and token
+/// types) on the token classifier. References: transformers' `DebertaV2*` classes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deberta_matches_transformers() {
+    check_embeddings("deberta-embed").await;
+    check_classifier("deberta-seqcls").await;
+    check_cross_encoder("deberta-reranker").await;
+    check_token_classifier("deberta-tokcls").await;
+}
+
+#[test]
+fn broken_deberta_folder_is_one_line() {
+    broken_folder_is_one_line("deberta-seqcls", |dir| drop_tensor(dir, "rel_embeddings"), "deberta.encoder.rel_embeddings.weight");
+    broken_folder_is_one_line(
+        "deberta-embed",
+        |dir| {
+            let path = dir.join("config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config["conv_kernel_size"] = json!(3);
+            std::fs::write(&path, config.to_string()).unwrap();
+        },
+        "conv_kernel_size",
+    );
+}
+
+/// JinaBERT (jina-embeddings-v2's `JinaBertForMaskedLM` in its sentence-transformers folder, and
+/// jina-reranker-v1's `JinaBertForSequenceClassification`) against the published forward pass
+/// (tests/fixtures/make_jina_bert.py): symmetric ALiBi with 6 heads, the GEGLU feed-forward,
+/// mean pooling, a 698-token input past BERT's 512 positions, pairs with token types.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jina_bert_matches_the_published_code() {
+    check_embeddings("jina-embed").await;
+    check_cross_encoder("jina-reranker").await;
+    let longest = expected("jina-embed")["texts"].as_array().unwrap().iter().map(|t| t["input_ids"].as_array().unwrap().len()).max();
+    assert!(longest > Some(512), "the fixture holds an input longer than BERT's position table");
+}
+
+#[test]
+fn broken_jina_bert_folder_is_one_line() {
+    broken_folder_is_one_line("jina-embed", |dir| drop_tensor(dir, "layer.1.mlp.gated_layers"), "encoder.layer.1.mlp.gated_layers.weight");
+    broken_folder_is_one_line(
+        "jina-reranker",
+        |dir| {
+            let path = dir.join("config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config["feed_forward_type"] = json!("original");
+            std::fs::write(&path, config.to_string()).unwrap();
+        },
+        "feed_forward_type `original`",
     );
 }

@@ -210,6 +210,8 @@ async fn half_precision_stays_within_tolerance() {
             "qwen2-embed-last",
             "electra-embed",
             "nomic-embed-mean",
+            "deberta-embed",
+            "jina-embed",
         ] {
             let worst = worst_embedding_cosine(name, |c| c.models[0].dtype = dtype).await;
             eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
@@ -245,6 +247,8 @@ async fn int8_quantization_runs_every_backbone_close_to_reference() {
         "qwen2-embed-last",
         "electra-embed",
         "nomic-embed-mean",
+        "deberta-embed",
+        "jina-embed",
     ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");

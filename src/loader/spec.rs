@@ -8,7 +8,7 @@ use super::sentence::SentenceTransformer;
 use super::tokenizer::TruncationSide;
 use super::LoadError;
 use crate::models::heads::RerankTemplate;
-use crate::models::Architecture;
+use crate::models::{Architecture, SequencePooling};
 use crate::pooling::classifier::{ClassifierActivation, StepFilter};
 use crate::pooling::config::PoolerConfig;
 use crate::pooling::{PoolingType, Task};
@@ -182,6 +182,7 @@ impl ModelSpec {
             pooling: pooler.pooling_type.or(sentence.pooling),
             multi_vector: sentence.multi_vector,
             sentence_pooling: sentence.pooling_module,
+            masked_lm_embeds: architecture.masked_lm_embeds(),
         };
         if vision && pooler.enable_chunked_processing == Some(true) {
             return Err(LoadError::Unsupported(format!(
@@ -209,8 +210,11 @@ impl ModelSpec {
         let default_pooling = match () {
             // vLLM's process reward models pool the step tags.
             _ if architecture_name == PROCESS_REWARD_MODEL && supports(Task::TokenClassify) => PoolingType::Step,
-            _ if architecture.pools_last_token() => PoolingType::Last,
-            _ => PoolingType::Cls,
+            _ => match architecture.default_pooling() {
+                SequencePooling::First => PoolingType::Cls,
+                SequencePooling::Last => PoolingType::Last,
+                SequencePooling::Mean => PoolingType::Mean,
+            },
         };
         let pooling = pooler.pooling_type.or(sentence.pooling).unwrap_or(default_pooling);
         if pooler.pooling_type == Some(PoolingType::Step) && !supports(Task::TokenClassify) {
@@ -434,6 +438,8 @@ pub struct TaskHints {
     /// modules.json runs the Transformer into a Pooling module: the folder is an embedding
     /// model whatever head its config.json's `architectures` names.
     pub sentence_pooling: bool,
+    /// The architecture publishes its embedders as `*ForMaskedLM` (JinaBERT).
+    pub masked_lm_embeds: bool,
 }
 
 /// The tasks a checkpoint serves, in preference order (the first is /pooling's default):
@@ -476,6 +482,7 @@ pub fn tasks_for(architecture: &str, convert: Convert, hints: TaskHints) -> Resu
             "--convert classify needs a `*ForSequenceClassification` or `*ForTokenClassification` checkpoint with classifier weights; `{architecture}` has none"
         ))),
         Convert::Auto if masked_lm && hints.pooling == Some(PoolingType::Splade) => Ok(vec![Task::EmbedSparse]),
+        Convert::Auto if masked_lm && hints.masked_lm_embeds => Ok(embedder()),
         Convert::Auto if masked_lm => Err(LoadError::Unsupported(format!(
             "`{architecture}` is served as a SPLADE sparse encoder with --pooler-config '{{\"pooling_type\": \"SPLADE\"}}', or as an embedding model with --convert embed"
         ))),

@@ -303,6 +303,7 @@ impl Backbone for Bert {
             cu_seqlens: &batch.cu_seqlens,
             mask: AttentionMask::Bidirectional,
             position_bias: position_bias.as_ref(),
+            disentangled: None,
         };
         for layer in &self.layers {
             // Biases of QKV and of the intermediate layer are folded into attention and GELU.

@@ -18,7 +18,7 @@
 use super::batch::Batch;
 use super::bert::{fused_qkv, layer_norm, linear};
 use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
-use super::{parse_config, Architecture, Backbone, ModelError, VisionTower};
+use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling, VisionTower};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -41,8 +41,8 @@ impl Architecture for Clip {
         &["clip"]
     }
 
-    fn pools_last_token(&self) -> bool {
-        true
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Last
     }
 
     fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
@@ -266,6 +266,7 @@ impl PreLnEncoder {
             cu_seqlens,
             mask,
             position_bias: None,
+            disentangled: None,
         };
         for layer in &self.layers {
             let normed = layer.norm1.forward(hidden.copy()?)?;

@@ -137,6 +137,7 @@ impl Backbone for Gte {
             cu_seqlens: &batch.cu_seqlens,
             mask: AttentionMask::Bidirectional,
             position_bias: None,
+            disentangled: None,
         };
         for layer in &self.layers {
             // The bias must be in Q and K before they are rotated, so it is not folded here.

@@ -10,10 +10,12 @@
 pub mod batch;
 pub mod bert;
 pub mod clip;
+pub mod deberta;
 pub mod distilbert;
 pub mod electra;
 pub mod gte;
 pub mod heads;
+pub mod jina_bert;
 pub mod modernbert;
 pub mod mpnet;
 pub mod nomic_bert;
@@ -34,10 +36,12 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &bert::ROBERTA,
     &distilbert::DISTILBERT,
     &electra::ELECTRA,
+    &deberta::DEBERTA,
     &mpnet::MPNET,
     &modernbert::MODERNBERT,
     &gte::GTE,
     &nomic_bert::NOMIC_BERT,
+    &jina_bert::JINA_BERT,
     &qwen::QWEN2,
     &qwen::QWEN3,
     &clip::CLIP,
@@ -153,6 +157,14 @@ pub fn describe(e: &candle_core::Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
+/// The sentence-level pooling an architecture embeds with by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequencePooling {
+    First,
+    Last,
+    Mean,
+}
+
 /// Errors raised while building a backbone or a head from its files.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -181,9 +193,15 @@ pub trait Architecture: Sync {
     fn architecture_stems(&self) -> &'static [&'static str];
     /// The `model_type`s it serves when `architectures` is missing or unknown.
     fn model_types(&self) -> &'static [&'static str];
-    /// Whether embeddings read the last token by default: decoders (causal attention) and the
-    /// text towers of CLIP and SigLIP do; encoders read the first.
-    fn pools_last_token(&self) -> bool {
+    /// How embeddings pool by default (without `--pooler-config` or a sentence-transformers
+    /// Pooling module): encoders read the first token; decoders (causal attention) and the text
+    /// towers of CLIP and SigLIP the last; JinaBERT averages, as it is published.
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::First
+    }
+    /// Whether the architecture's `*ForMaskedLM` checkpoints are its published embedders
+    /// (JinaBERT's are) rather than SPLADE candidates.
+    fn masked_lm_embeds(&self) -> bool {
         false
     }
     /// The text backbone (for CLIP and SigLIP, the text tower).

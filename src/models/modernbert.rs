@@ -234,6 +234,7 @@ impl Backbone for ModernBert {
             cu_seqlens: &batch.cu_seqlens,
             mask,
             position_bias: None,
+            disentangled: None,
         };
         let (global, local) = (attention(AttentionMask::Bidirectional), attention(AttentionMask::Window(self.window)));
         for layer in &self.layers {

@@ -262,6 +262,7 @@ impl Backbone for NomicBertModel {
             cu_seqlens: &batch.cu_seqlens,
             mask: AttentionMask::Bidirectional,
             position_bias: None,
+            disentangled: None,
         };
         for layer in &self.layers {
             // A Wqkv bias (none in the published checkpoints) is added before the rotation.

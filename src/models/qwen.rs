@@ -8,7 +8,7 @@
 use super::batch::Batch;
 use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier, RerankTemplate};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -39,8 +39,8 @@ impl Architecture for QwenVersion {
         }
     }
 
-    fn pools_last_token(&self) -> bool {
-        true
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Last
     }
 
     fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
@@ -269,6 +269,7 @@ impl Backbone for Qwen {
             cu_seqlens: &batch.cu_seqlens,
             mask: AttentionMask::Causal,
             position_bias: None,
+            disentangled: None,
         };
         for layer in &self.layers {
             let qkv = layer.qkv.forward(&layer.input_norm.forward(&hidden)?)?;

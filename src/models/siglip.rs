@@ -14,7 +14,7 @@
 use super::bert::{layer_norm, linear};
 use super::clip::{dense_seqlens, patch_rows, PatchGeometry, PreLnEncoder, TextTower, TowerConfig, TowerDefaults};
 use super::ops::{Activation, AttentionMask, LayerNorm, Linear};
-use super::{parse_config, Architecture, Backbone, ModelError, VisionTower};
+use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling, VisionTower};
 use candle_core::{DType, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -49,8 +49,8 @@ impl Architecture for Siglip {
         &["siglip"]
     }
 
-    fn pools_last_token(&self) -> bool {
-        true
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Last
     }
 
     fn pads_text(&self, config: &Value) -> Option<(usize, u32)> {

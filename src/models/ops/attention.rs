@@ -46,6 +46,8 @@ pub struct Attention<'a> {
     pub mask: AttentionMask,
     /// Added to the scaled scores by relative distance (MPNet).
     pub position_bias: Option<&'a PositionBias>,
+    /// DeBERTa's content→position and position→content scores, added to the scaled scores.
+    pub disentangled: Option<&'a DisentangledBias>,
 }
 
 /// A learned bias per head and relative distance `j − i`, for one batch: head `h`'s values are
@@ -60,6 +62,66 @@ impl PositionBias {
     fn head(&self, head: usize) -> &[f32] {
         let span = 2 * self.max_len - 1;
         &self.values[head * span..(head + 1) * span]
+    }
+}
+
+/// DeBERTa's disentangled attention terms for one batch, already scaled: the score of query
+/// `i` and key `j` of one sequence gains `c2p[h][i][col(i − j)] + p2c[h][j][col(i − j)]`,
+/// where `col` maps a distance to the relative-position bucket column it falls in. Only the
+/// columns the batch's distances reach are kept, so the tables are linear in the tokens.
+#[derive(Debug, Clone)]
+pub struct DisentangledBias {
+    /// `[heads, tokens, columns]`: each query against each bucket's key projection.
+    pub c2p: Vec<f32>,
+    /// `[heads, tokens, columns]`: each key against each bucket's query projection.
+    pub p2c: Vec<f32>,
+    pub tokens: usize,
+    pub columns: usize,
+    /// The column of distance `d = i − j` at `column_of[max_len − 1 + d]`.
+    pub column_of: Vec<u32>,
+    pub max_len: usize,
+}
+
+impl DisentangledBias {
+    /// One head's tables for the tokens `start..start + len`, with the column map.
+    fn head(&self, head: usize, start: usize, len: usize) -> DisentangledRows<'_> {
+        let range = (head * self.tokens + start) * self.columns..(head * self.tokens + start + len) * self.columns;
+        DisentangledRows {
+            c2p: &self.c2p[range.clone()],
+            p2c: &self.p2c[range],
+            columns: self.columns,
+            column_of: &self.column_of,
+            center: self.max_len - 1,
+        }
+    }
+
+    /// The bias of every (query, key) pair of one head and sequence, for the composite path.
+    fn pairs(&self, head: usize, start: usize, first: usize, rows: usize, len: usize) -> Vec<f32> {
+        let t = self.head(head, start, len);
+        (0..rows * len)
+            .map(|x| {
+                let (i, j) = (first + x / len, x % len);
+                t.get(i, j)
+            })
+            .collect()
+    }
+}
+
+/// One head's [`DisentangledBias`] over one sequence.
+#[derive(Clone, Copy)]
+struct DisentangledRows<'a> {
+    c2p: &'a [f32],
+    p2c: &'a [f32],
+    columns: usize,
+    column_of: &'a [u32],
+    center: usize,
+}
+
+impl DisentangledRows<'_> {
+    #[inline(always)]
+    fn get(&self, i: usize, j: usize) -> f32 {
+        let col = self.column_of[self.center + i - j] as usize;
+        self.c2p[i * self.columns + col] + self.p2c[j * self.columns + col]
     }
 }
 
@@ -126,7 +188,7 @@ impl<'a> Attention<'a> {
             return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
         }
         #[cfg(feature = "cuda")]
-        if super::cuda::takes(qkv) && self.head_dim <= super::cuda::MAX_HEAD_DIM {
+        if super::cuda::takes(qkv) && self.head_dim <= super::cuda::MAX_HEAD_DIM && self.disentangled.is_none() {
             return super::cuda::attention(&self.kernel(), qkv, bias.map(|b| &b.tensor));
         }
         match bias {
@@ -173,6 +235,10 @@ impl<'a> Attention<'a> {
                             bias.head(h)[center + j - i]
                         })
                         .collect();
+                    scores = (scores + Tensor::from_vec(values, (self.num_heads, rows, len), qkv.device())?)?;
+                }
+                if let Some(bias) = self.disentangled {
+                    let values: Vec<f32> = (0..self.num_heads).flat_map(|h| bias.pairs(h, start, first, rows, len)).collect();
                     scores = (scores + Tensor::from_vec(values, (self.num_heads, rows, len), qkv.device())?)?;
                 }
                 if self.mask != AttentionMask::Bidirectional {
@@ -243,6 +309,16 @@ impl CustomOp1 for AttentionOp<'_> {
                 bail!("attention: position bias does not cover sequences of {longest} tokens");
             }
         }
+        if let Some(bias) = this.disentangled {
+            let longest = this.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            let table = heads * tokens * bias.columns;
+            if bias.tokens != tokens || bias.c2p.len() != table || bias.p2c.len() != table || bias.max_len < longest {
+                bail!("attention: the disentangled bias does not cover this batch");
+            }
+            if bias.column_of.len() != 2 * bias.max_len - 1 || bias.column_of.iter().any(|&c| c as usize >= bias.columns) {
+                bail!("attention: the disentangled bias maps a distance outside its columns");
+            }
+        }
         (0..num_seqs * heads).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, job| {
             let (seq, head) = (job / heads, job % heads);
             let start = this.cu_seqlens[seq];
@@ -256,7 +332,8 @@ impl CustomOp1 for AttentionOp<'_> {
             // alone writes its rows' columns of this head.
             let out_rows = unsafe { dst.0.add(start * out_width) };
             let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
-            attention_head(rows, bias, out_rows, this.columns(head), this.mask, relative, scale, scratch);
+            let disentangled = this.disentangled.map(|b| b.head(head, start, len));
+            attention_head(rows, bias, out_rows, this.columns(head), this.mask, relative, disentangled, scale, scratch);
         });
         // SAFETY: the cu_seqlens checked above cover all tokens, so the jobs wrote every row.
         unsafe { dst.set_len(tokens * out_width) };
@@ -296,6 +373,7 @@ multiversion! {
         cols: HeadColumns,
         mask: AttentionMask,
         relative: Option<(&[f32], usize)>,
+        disentangled: Option<DisentangledRows>,
         scale: f32,
         scratch: &mut Vec<f32>,
     ) {
@@ -358,6 +436,9 @@ multiversion! {
                 if let Some((bias, center)) = relative {
                     // Distance j − query of key j is at center + j − query.
                     row.iter_mut().zip(&bias[center - query..center - query + len]).for_each(|(s, b)| *s += b);
+                }
+                if let Some(terms) = disentangled {
+                    row.iter_mut().enumerate().for_each(|(j, s)| *s += terms.get(query, j));
                 }
                 let (lo, hi) = mask.keys(query, len);
                 softmax_in_place(&mut row[lo..hi]);
@@ -444,6 +525,7 @@ mod tests {
                 cu_seqlens: &cu,
                 mask: AttentionMask::Bidirectional,
                 position_bias: None,
+                disentangled: None,
             };
             let fast = att.forward(&qkv, None).unwrap();
             assert_eq!(fast.dims(), &[17, hidden]);
@@ -462,7 +544,8 @@ mod tests {
         let qkv = (random((25, 128), 12) * 3.0).unwrap();
         let bias = Bias::new(random((1, 128), 13).flatten_all().unwrap()).unwrap();
         for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(2)] {
-            let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: None };
+            let att =
+                Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: None, disentangled: None };
             let fast = att.forward(&qkv, Some(&bias)).unwrap();
             assert_eq!(fast.dims(), &[25, 64]);
             let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
@@ -480,6 +563,7 @@ mod tests {
             cu_seqlens: &cu,
             mask: AttentionMask::Bidirectional,
             position_bias: Some(&position_bias),
+            disentangled: None,
         };
         assert!(max_diff(&att.forward(&qkv, None).unwrap(), &att.forward_generic(&qkv).unwrap()) < 1e-5, "position bias");
     }
@@ -496,12 +580,48 @@ mod tests {
         for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(150)] {
             for relative in [None, Some(&position_bias)] {
                 // 4 query heads over 2 key/value heads of 16 dims.
-                let att = Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: relative };
+                let att = Attention {
+                    num_heads: 4,
+                    num_kv_heads: 2,
+                    head_dim: 16,
+                    cu_seqlens: &cu,
+                    mask,
+                    position_bias: relative,
+                    disentangled: None,
+                };
                 let fast = att.forward(&qkv, Some(&bias)).unwrap();
                 let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
                 assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}, relative bias {}", relative.is_some());
             }
         }
+    }
+
+    #[test]
+    fn disentangled_bias_matches_composite() {
+        // A 300-token sequence (three query blocks) beside a 7-token one; 4 heads of 16 dims,
+        // 9 bucket columns reached through an uneven distance → column map.
+        let cu = [0usize, 300, 307];
+        let (heads, tokens, columns, max_len) = (4, 307, 9, 300);
+        let qkv = random((tokens, 3 * heads * 16), 20);
+        let table = |seed| random((heads * tokens, columns), seed).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let column_of = (0..2 * max_len - 1).map(|x| ((x * columns) / (2 * max_len - 1)) as u32).collect();
+        let terms = DisentangledBias { c2p: table(21), p2c: table(22), tokens, columns, column_of, max_len };
+        let att = Attention {
+            num_heads: heads,
+            num_kv_heads: heads,
+            head_dim: 16,
+            cu_seqlens: &cu,
+            mask: AttentionMask::Bidirectional,
+            position_bias: None,
+            disentangled: Some(&terms),
+        };
+        let plain = Attention { disentangled: None, ..att };
+        let fast = att.forward(&qkv, None).unwrap();
+        assert!(max_diff(&fast, &att.forward_generic(&qkv).unwrap()) < 1e-5);
+        assert!(max_diff(&fast, &plain.forward(&qkv, None).unwrap()) > 1e-3, "the terms change the result");
+        // A table that does not cover the batch is an error, not a read out of bounds.
+        let short = DisentangledBias { tokens: 300, ..terms.clone() };
+        assert!(Attention { disentangled: Some(&short), ..plain }.forward(&qkv, None).is_err());
     }
 
     /// The working memory of one attention job: QUERY_BLOCK × len scores plus Kᵀ and a Q block,
@@ -511,8 +631,15 @@ mod tests {
         let len = 4096;
         let cu = [0usize, len];
         let qkv = random((len, 3 * 64), 19);
-        let att =
-            Attention { num_heads: 1, num_kv_heads: 1, head_dim: 64, cu_seqlens: &cu, mask: AttentionMask::Causal, position_bias: None };
+        let att = Attention {
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 64,
+            cu_seqlens: &cu,
+            mask: AttentionMask::Causal,
+            position_bias: None,
+            disentangled: None,
+        };
         att.forward(&qkv, None).unwrap();
         let floats = MAX_SCRATCH_FLOATS.load(std::sync::atomic::Ordering::Relaxed);
         // Kᵀ and the scores round the length up to a key tile.

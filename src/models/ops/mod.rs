@@ -32,7 +32,7 @@ mod rotary;
 mod sgemm;
 
 pub use activation::Activation;
-pub use attention::{Attention, AttentionMask, PositionBias};
+pub use attention::{Attention, AttentionMask, DisentangledBias, PositionBias};
 pub(crate) use dispatch::{contiguous, contiguous_mut, dims2, fused, host_f32};
 pub use gated::GatedActivation;
 pub use int8::Int8Weight;

@@ -110,7 +110,15 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
         let qkv = (random((tokens, width), 7 + head_dim as u64)? * 2.0)?;
         let qkv_bias = random((1, width), 8)?.flatten_all()?;
         for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(3), AttentionMask::Window(40)] {
-            let att = Attention { num_heads: heads, num_kv_heads: kv_heads, head_dim, cu_seqlens: &cu, mask, position_bias: None };
+            let att = Attention {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim,
+                cu_seqlens: &cu,
+                mask,
+                position_bias: None,
+                disentangled: None,
+            };
             let reference = att.forward_generic(&qkv.broadcast_add(&qkv_bias)?)?;
             compare(
                 &format!("attention {heads}/{kv_heads} heads of {head_dim}, {mask:?}"),
@@ -131,6 +139,7 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
         cu_seqlens: &cu,
         mask: AttentionMask::Bidirectional,
         position_bias: Some(&position_bias),
+        disentangled: None,
     };
     compare("attention with position bias", attention(&att.kernel(), &qkv, None)?, att.forward_generic(&qkv)?)?;
 

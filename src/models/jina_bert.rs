@@ -1,0 +1,292 @@
+//! JinaBERT (`JinaBertModel`, `JinaBertForMaskedLM`, `JinaBertForSequenceClassification`:
+//! jina-embeddings-v2-*, jina-reranker-v1-*), as jinaai/jina-bert-implementation's
+//! `modeling_bert.py` runs it: BERT without a position table, whose attention scores gain a
+//! symmetric ALiBi bias `-slope_h · |i − j|` instead, and whose feed-forward is gated:
+//! `layernorm(x + wo(act(g[..I]) · g[I..]))` with `g = gated_layers(x)` (GEGLU, or ReGLU).
+//!
+//! The published checkpoints say `model_type: bert` with `position_embedding_type: alibi` and
+//! name a `JinaBert*` class, which is how they are told from BERT. The embedders are published as
+//! `JinaBertForMaskedLM` and embed by mean pooling (their `emb_pooler`, and vLLM's default for
+//! JinaBERT). Since ALiBi needs no table, inputs run up to `max_position_embeddings` (8,192).
+//! The later `jina-bert-v2-qk-post-norm` variant (jina-embeddings-v2-base-code: LayerNorm on Q
+//! and K, `up_gated_layer`) is refused at load with its name.
+
+use super::batch::Batch;
+use super::bert::{encoder_root, fused_qkv, layer_norm, linear};
+use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
+use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias};
+use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub struct JinaBert;
+pub static JINA_BERT: JinaBert = JinaBert;
+
+/// The fields of a JinaBERT `config.json` (BERT's, plus `feed_forward_type`).
+#[derive(Debug, Clone, Deserialize)]
+struct JinaBertConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    #[serde(default = "default_type_vocab")]
+    type_vocab_size: usize,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f64,
+    #[serde(default)]
+    position_embedding_type: Option<String>,
+    #[serde(default)]
+    feed_forward_type: Option<String>,
+}
+
+fn default_type_vocab() -> usize {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+
+impl JinaBertConfig {
+    /// The gate's activation: GEGLU (every published checkpoint) or ReGLU.
+    fn gate_activation(&self) -> std::result::Result<Activation, ModelError> {
+        match self.feed_forward_type.as_deref() {
+            Some("geglu") => Ok(Activation::Gelu),
+            Some("reglu") => Ok(Activation::Relu),
+            other => Err(ModelError::Config(format!(
+                "JinaBERT with feed_forward_type `{}` is not supported (geglu and reglu are)",
+                other.unwrap_or("original")
+            ))),
+        }
+    }
+}
+
+impl Architecture for JinaBert {
+    fn name(&self) -> &'static str {
+        "JinaBERT"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["JinaBert"]
+    }
+
+    /// Published folders say `bert`; only their architecture name tells them apart.
+    fn model_types(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Mean
+    }
+
+    fn masked_lm_embeds(&self) -> bool {
+        true
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(JinaBertModel::load(config, vb)?))
+    }
+
+    /// BERT's pooler (dense, tanh on the first token) and classifier.
+    fn classifier(
+        &self,
+        config: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
+        let h = parse_config::<JinaBertConfig>(config)?.hidden_size;
+        Ok(ClassifierWeights {
+            pre: Some(PreClassifier::tanh(host_linear(&encoder_root(vb.clone()).pp("pooler.dense"), h, h)?)),
+            classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
+            input: HeadInput::First,
+            pre_on_tokens: false,
+        })
+    }
+
+    fn token_classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
+        ClassifierWeights::per_token(&vb, num_labels, parse_config::<JinaBertConfig>(config)?.hidden_size)
+    }
+}
+
+struct Layer {
+    qkv: Linear,
+    attention_out: Linear,
+    attention_norm: LayerNorm,
+    /// `[2·I, h]`, no bias: the activated half first.
+    gated_layers: Linear,
+    wo: Linear,
+    layernorm: LayerNorm,
+}
+
+pub struct JinaBertModel {
+    word: Tensor,
+    token_type: Tensor,
+    norm: LayerNorm,
+    layers: Vec<Layer>,
+    gate: GatedActivation,
+    /// One ALiBi slope per head.
+    slopes: Vec<f32>,
+    config: JinaBertConfig,
+}
+
+/// ALiBi's head slopes: `2^(−8(h+1)/n)` for `n` heads a power of two; otherwise those of the
+/// power of two below, then every other slope of the power of two above (the ALiBi paper's
+/// rule, as the published code computes it).
+fn alibi_slopes(heads: usize) -> Vec<f32> {
+    fn power_of_two(n: usize) -> Vec<f64> {
+        let start = 2f64.powf(-(2f64.powf(-((n as f64).log2() - 3.0))));
+        (0..n).map(|i| start * start.powi(i as i32)).collect()
+    }
+    fn slopes(n: usize) -> Vec<f64> {
+        if n.is_power_of_two() {
+            return power_of_two(n);
+        }
+        let closest = 1usize << n.ilog2();
+        let mut out = power_of_two(closest);
+        out.extend(slopes(2 * closest).into_iter().step_by(2).take(n - closest));
+        out
+    }
+    // The published code keeps the slopes as f32 (`torch.Tensor(list)`).
+    slopes(heads).into_iter().map(|s| s as f32).collect()
+}
+
+impl JinaBertModel {
+    fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: JinaBertConfig = parse_config(raw)?;
+        if raw.get("_name_or_path").and_then(Value::as_str) == Some("jinaai/jina-bert-v2-qk-post-norm") {
+            return Err(ModelError::Config(
+                "JinaBERT's qk-post-norm variant (jinaai/jina-bert-v2-qk-post-norm, jina-embeddings-v2-base-code) is not supported".into(),
+            ));
+        }
+        match config.position_embedding_type.as_deref() {
+            Some("alibi") => {}
+            other => {
+                return Err(ModelError::Config(format!(
+                    "JinaBERT with position_embedding_type `{}` is not supported (alibi is)",
+                    other.unwrap_or("absolute")
+                )))
+            }
+        }
+        let activation = config.gate_activation()?;
+        if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
+            return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
+        }
+        let vb = encoder_root(vb);
+        if vb.contains_tensor("encoder.layer.0.attention.self.layer_norm_q.weight") {
+            return Err(ModelError::Config(
+                "JinaBERT's qk-post-norm variant (LayerNorm on Q and K, jina-embeddings-v2-base-code) is not supported".into(),
+            ));
+        }
+        let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                let lv = vb.pp(format!("encoder.layer.{i}"));
+                let sa = lv.pp("attention.self");
+                Ok(Layer {
+                    qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
+                    attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
+                    attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+                    gated_layers: Linear::new(lv.pp("mlp.gated_layers").get((2 * inner, h), "weight")?, None)?,
+                    wo: linear(&lv.pp("mlp.wo"), h, inner)?,
+                    layernorm: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let emb = vb.pp("embeddings");
+        Ok(Self {
+            word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
+            token_type: emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?,
+            norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
+            layers,
+            gate: GatedActivation { activation, act_on_first: true },
+            slopes: alibi_slopes(config.num_attention_heads),
+            config,
+        })
+    }
+
+    /// `-slope_h · |d|` for every distance a batch of sequences up to `max_len` tokens has.
+    fn alibi(&self, max_len: usize) -> PositionBias {
+        let reach = max_len.max(1) as i64 - 1;
+        let values = self.slopes.iter().flat_map(|&slope| (-reach..=reach).map(move |d| -slope * d.unsigned_abs() as f32)).collect();
+        PositionBias { values, max_len: max_len.max(1) }
+    }
+}
+
+impl Backbone for JinaBertModel {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let n = batch.num_tokens();
+        let device = self.word.device();
+        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
+        let word = self.word.index_select(&ids, 0)?;
+        let embedded = if self.token_type.dim(0)? > 1 && batch.token_type_ids.iter().any(|&t| t != 0) {
+            (word + self.token_type.index_select(&Tensor::from_slice(&batch.token_type_ids, n, device)?, 0)?)?
+        } else {
+            word.broadcast_add(&self.token_type.get(0)?)?
+        };
+        let mut hidden = self.norm.forward(embedded)?;
+        let alibi = self.alibi(batch.max_len);
+        let heads = self.config.num_attention_heads;
+        let attention = Attention {
+            num_heads: heads,
+            num_kv_heads: heads,
+            head_dim: self.config.hidden_size / heads,
+            cu_seqlens: &batch.cu_seqlens,
+            mask: AttentionMask::Bidirectional,
+            position_bias: Some(&alibi),
+            disentangled: None,
+        };
+        for layer in &self.layers {
+            let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;
+            let attended = layer.attention_norm.forward_add(&layer.attention_out, &context, &hidden)?;
+            let inner = self.gate.forward(&layer.gated_layers.forward(&attended)?)?;
+            hidden = layer.layernorm.forward_add(&layer.wo, &inner, &attended)?;
+        }
+        Ok(hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// ALiBi needs no position table: the length the checkpoint declares.
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.gated_layers, &mut l.wo]).collect()
+    }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published code's slopes: a power of two, and 12 heads (jina-embeddings-v2-base),
+    /// which take the interleaving rule.
+    #[test]
+    fn alibi_slopes_follow_the_paper() {
+        let eight = alibi_slopes(8);
+        let want: Vec<f32> = (1..=8).map(|i| 2f32.powi(-i)).collect();
+        assert_eq!(eight, want);
+        let twelve = alibi_slopes(12);
+        assert_eq!(twelve.len(), 12);
+        assert_eq!(&twelve[..8], &want[..]);
+        // Every other slope of 16 heads, from the first: 2^(-0.5), 2^(-1.5), …
+        for (i, slope) in twelve[8..].iter().enumerate() {
+            assert!((slope - 2f32.powf(-0.5 - i as f32)).abs() < 1e-6, "{i}: {slope}");
+        }
+    }
+}
