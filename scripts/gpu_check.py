@@ -232,6 +232,7 @@ CHECKS = {
     "mpnet-embed-mean": ([], [check_embeddings]),
     "mpnet-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "nomic-embed-mean": ([], [check_embeddings]),
+    "nomic-embed-t5": ([], [check_embeddings]),
     "qwen2-embed-chat": ([], [check_embeddings, check_chat]),
     "qwen2-embed-last": ([], [check_embeddings]),
     "qwen2-process-reward": (PRM_STEP, [lambda s, e: check_rewards(s, e, "step_probs")]),

@@ -229,6 +229,14 @@ async fn nomic_bert_matches_the_published_code() {
     assert!(c >= 0.9999, "pair: cosine {c}");
 }
 
+/// A NomicBERT folder as transformers 5's own `NomicBertModel` saves it (BERT-style config
+/// names over the published tensor names, an exact `intermediate_size`, `rope_parameters`),
+/// against that class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomic_bert_saved_by_transformers5_matches_it() {
+    check_embeddings("nomic-embed-t5").await;
+}
+
 #[test]
 fn broken_nomic_bert_folder_is_one_line() {
     broken_folder_is_one_line("nomic-embed-mean", |dir| drop_tensor(dir, "layers.1.mlp.fc12"), "encoder.layers.1.mlp.fc12.weight");

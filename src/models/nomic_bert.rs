@@ -21,27 +21,38 @@ use serde_json::Value;
 pub struct NomicBert;
 pub static NOMIC_BERT: NomicBert = NomicBert;
 
-/// The fields of a NomicBERT `config.json` (GPT-2-style names), with the published config
-/// class's defaults where the file leaves one out.
+/// The fields of a NomicBERT `config.json`, with the published config class's defaults where
+/// the file leaves one out. The published checkpoints use GPT-2-style names (`n_embd`, …);
+/// transformers 5's own `NomicBertConfig` writes BERT-style ones (`hidden_size`, …, with
+/// `hidden_act` and `rope_parameters`) over the same tensor names, so both are read.
 #[derive(Debug, Clone, Deserialize)]
 struct NomicBertConfig {
     #[serde(default = "default_vocab")]
     vocab_size: usize,
     #[serde(default = "one")]
     pad_vocab_size_multiple: usize,
-    #[serde(default = "default_width")]
+    #[serde(default = "default_width", alias = "hidden_size")]
     n_embd: usize,
-    #[serde(default = "default_count")]
+    #[serde(default = "default_count", alias = "num_attention_heads")]
     n_head: usize,
-    #[serde(default = "default_count")]
+    #[serde(default = "default_count", alias = "num_hidden_layers")]
     n_layer: usize,
     #[serde(default)]
     n_inner: Option<usize>,
-    #[serde(default = "default_positions")]
+    /// transformers 5: the feed-forward width as is (the published code rounds `n_inner`).
+    #[serde(default)]
+    intermediate_size: Option<usize>,
+    #[serde(default = "default_positions", alias = "max_position_embeddings")]
     n_positions: usize,
     #[serde(default = "default_act")]
     activation_function: String,
-    #[serde(default = "default_eps")]
+    /// transformers 5: the gate's activation (`silu`: SwiGLU, `gelu`: GeGLU).
+    #[serde(default)]
+    hidden_act: Option<String>,
+    /// transformers 5: `rope_theta`.
+    #[serde(default)]
+    rope_parameters: Option<RopeParameters>,
+    #[serde(default = "default_eps", alias = "layer_norm_eps")]
     layer_norm_epsilon: f64,
     #[serde(default = "default_types")]
     type_vocab_size: usize,
@@ -67,6 +78,11 @@ struct NomicBertConfig {
     parallel_block: bool,
     #[serde(default)]
     causal: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct RopeParameters {
+    rope_theta: f64,
 }
 
 fn default_vocab() -> usize {
@@ -110,11 +126,40 @@ impl NomicBertConfig {
         self.vocab_size.div_ceil(self.pad_vocab_size_multiple.max(1)) * self.pad_vocab_size_multiple.max(1)
     }
 
-    /// The feed-forward width: `n_inner` (else 8/3 of the width), rounded up to a multiple of
-    /// 256 as the published MLP does.
+    /// The feed-forward width: transformers 5's `intermediate_size`; else `n_inner` (else 8/3
+    /// of the width), rounded up to a multiple of 256 as the published MLP does.
     fn inner(&self) -> usize {
+        if let Some(exact) = self.intermediate_size {
+            return exact;
+        }
         let inner = self.n_inner.unwrap_or(8 * self.n_embd / 3);
         inner.div_ceil(256) * 256
+    }
+
+    /// Whether the file is transformers 5's own layout (BERT-style names).
+    fn is_transformers_layout(&self) -> bool {
+        self.hidden_act.is_some() || self.rope_parameters.is_some() || self.intermediate_size.is_some()
+    }
+
+    /// The gated feed-forward's activation: `swiglu` / `geglu` in the published configs,
+    /// `hidden_act` in transformers 5's.
+    fn gate(&self) -> &str {
+        match self.hidden_act.as_deref() {
+            Some("silu" | "swish") => "swiglu",
+            Some("gelu") => "geglu",
+            Some(other) => other,
+            None => &self.activation_function,
+        }
+    }
+
+    /// The rotary base: transformers 5's `rope_parameters.rope_theta` (its default, 1000, when
+    /// the file is in its layout without one), else the published `rotary_emb_base`.
+    fn rotary_base(&self) -> f64 {
+        match &self.rope_parameters {
+            Some(rope) => rope.rope_theta,
+            None if self.is_transformers_layout() => 1000.0,
+            None => self.rotary_emb_base,
+        }
     }
 
     /// What this file does not run, as a config error naming the field.
@@ -129,14 +174,14 @@ impl NomicBertConfig {
         if self.causal {
             return refuse("causal: true");
         }
-        if self.rotary_emb_fraction != 1.0 {
+        if !self.is_transformers_layout() && self.rotary_emb_fraction != 1.0 {
             return refuse(&format!("rotary_emb_fraction {} (only 1.0, full rotary positions)", self.rotary_emb_fraction));
         }
         if self.rotary_emb_interleaved {
             return refuse("rotary_emb_interleaved: true");
         }
-        if !matches!(self.activation_function.as_str(), "swiglu" | "geglu") {
-            return refuse(&format!("activation_function `{}` (swiglu and geglu are)", self.activation_function));
+        if !matches!(self.gate(), "swiglu" | "geglu") {
+            return refuse(&format!("activation `{}` (swiglu and geglu are)", self.gate()));
         }
         if !self.n_embd.is_multiple_of(self.n_head) || !(self.n_embd / self.n_head).is_multiple_of(2) {
             return Err(ModelError::Config("n_embd does not split into even-sized heads".into()));
@@ -195,8 +240,12 @@ fn maybe_biased(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<L
 
 impl NomicBertModel {
     fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config: NomicBertConfig = parse_config(raw)?;
+        let mut config: NomicBertConfig = parse_config(raw)?;
         config.refuse_unsupported()?;
+        if config.is_transformers_layout() {
+            // transformers 5's NomicBertModel has no biases and no flags for them.
+            (config.qkv_proj_bias, config.mlp_fc1_bias, config.mlp_fc2_bias) = (false, false, false);
+        }
         // `NomicBertForPreTraining` checkpoints keep the encoder under `bert.`.
         let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
         let (h, inner, eps) = (config.n_embd, config.inner(), config.layer_norm_epsilon);
@@ -220,7 +269,7 @@ impl NomicBertModel {
             });
         }
         let emb = vb.pp("embeddings");
-        let activation = if config.activation_function == "geglu" { Activation::Gelu } else { Activation::Silu };
+        let activation = if config.gate() == "geglu" { Activation::Gelu } else { Activation::Silu };
         Ok(Self {
             word: emb.get((config.padded_vocab(), h), "word_embeddings.weight")?,
             token_type: if config.type_vocab_size > 0 {
@@ -230,7 +279,7 @@ impl NomicBertModel {
             },
             emb_ln: layer_norm(&vb.pp("emb_ln"), h, eps)?,
             layers,
-            rotary: Rotary::new(h / config.n_head, config.rotary_emb_base),
+            rotary: Rotary::new(h / config.n_head, config.rotary_base()),
             // fc12, the second half, is the gated one.
             gated: GatedActivation { activation, act_on_first: false },
             config,
