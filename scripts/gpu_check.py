@@ -212,6 +212,7 @@ CHECKS = {
     "bert-splade": (SPLADE, [check_sparse]),
     "bert-splade-st": ([], [check_sparse]),
     "bert-tokcls": ([], [check_token_classify]),
+    "bge-m3-tiny": ([], [check_embeddings]),
     "clip-tiny": ([], [check_image_text]),
     "deberta-embed": ([], [check_embeddings]),
     "deberta-reranker": ([], [check_pairs]),

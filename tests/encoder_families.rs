@@ -305,3 +305,158 @@ fn broken_jina_bert_folder_is_one_line() {
         "feed_forward_type `original`",
     );
 }
+
+/// Lexical weights as `(id, weight)` from TEI's `[{"index", "value"}]` (or FlagEmbedding's
+/// `{"id": weight}`), in id order.
+fn sparse_of(value: &Value) -> Vec<(u64, f64)> {
+    let mut pairs: Vec<(u64, f64)> = match value {
+        Value::Array(items) => items.iter().map(|i| (i["index"].as_u64().unwrap(), i["value"].as_f64().unwrap())).collect(),
+        Value::Object(map) => map.iter().map(|(k, v)| (k.parse().unwrap(), v.as_f64().unwrap())).collect(),
+        other => panic!("not sparse weights: {other}"),
+    };
+    pairs.sort_by_key(|p| p.0);
+    pairs
+}
+
+fn assert_sparse_equal(got: &Value, want: &Value, what: &str) {
+    let (got, want) = (sparse_of(got), sparse_of(want));
+    assert_eq!(got.iter().map(|p| p.0).collect::<Vec<_>>(), want.iter().map(|p| p.0).collect::<Vec<_>>(), "{what}: token ids");
+    for ((id, g), (_, w)) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= TOLERANCE as f64, "{what}: token {id}: {g} vs {w}");
+    }
+}
+
+fn assert_rows_close(got: &Value, want: &Value, what: &str) {
+    let (got, want) = (got.as_array().unwrap(), want.as_array().unwrap());
+    assert_eq!(got.len(), want.len(), "{what}: rows");
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        let diff = max_abs_diff(&floats(g), &floats(w));
+        assert!(diff <= TOLERANCE, "{what}: row {r} differs by {diff}");
+    }
+}
+
+/// BGE-M3 as BAAI/bge-m3 ships it (XLM-R with `sparse_linear.pt` and `colbert_linear.pt`)
+/// against FlagEmbedding's `BGEM3FlagModel` (tests/fixtures/make_bge_m3.py): the dense
+/// embedding, lexical weights (`/embed_sparse`, `/pooling` embed_sparse), vLLM's per-token
+/// weights (token_classify) and ColBERT vectors (token_embed), all three from one request, and
+/// the weighted hybrid score on `/score` and `/rerank`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bge_m3_matches_flag_embedding() {
+    let name = "bge-m3-tiny";
+    check_embeddings(name).await;
+    let expected = expected(name);
+    let router = router_for(&fixture_model(name));
+    let cases = expected["texts"].as_array().unwrap();
+    let inputs = texts(&expected);
+    let dense = post(&router, "/v1/embeddings", json!({"input": inputs})).await;
+    for (i, case) in cases.iter().enumerate() {
+        // The tiny model's dense vectors lie close together: hold them to values, not only angles.
+        let diff = max_abs_diff(&floats(&dense.body["data"][i]["embedding"]), &floats(&case["embedding"]));
+        assert!(diff <= TOLERANCE, "dense text {i}: {diff}");
+    }
+
+    let tei = post(&router, "/embed_sparse", json!({"inputs": inputs})).await;
+    assert_eq!(tei.status, StatusCode::OK, "{}", tei.body);
+    let pooled = post(&router, "/pooling", json!({"input": inputs, "task": "embed_sparse"})).await;
+    assert_eq!(pooled.status, StatusCode::OK, "{}", pooled.body);
+    let tokens = post(&router, "/pooling", json!({"input": inputs, "task": "token_classify"})).await;
+    assert_eq!(tokens.status, StatusCode::OK, "{}", tokens.body);
+    let colbert = post(&router, "/pooling", json!({"input": inputs, "task": "token_embed"})).await;
+    assert_eq!(colbert.status, StatusCode::OK, "{}", colbert.body);
+    let all =
+        post(&router, "/pooling", json!({"input": inputs, "return_dense": true, "return_sparse": true, "return_colbert_vecs": true})).await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.body);
+    for (i, case) in cases.iter().enumerate() {
+        assert_sparse_equal(&tei.body[i], &case["lexical_weights"], &format!("/embed_sparse text {i}"));
+        assert_sparse_equal(&pooled.body["data"][i]["data"], &case["lexical_weights"], &format!("embed_sparse text {i}"));
+        // vLLM's token_classify: every token's weight but the leading <s> and trailing </s>.
+        let weights = case["token_weights"].as_array().unwrap();
+        let inner: Vec<Value> = weights[1..weights.len() - 1].iter().map(|w| json!([w])).collect();
+        assert_rows_close(&tokens.body["data"][i]["data"], &Value::Array(inner), &format!("token_classify text {i}"));
+        assert_rows_close(&colbert.body["data"][i]["data"], &case["colbert_vecs"], &format!("token_embed text {i}"));
+        let one = &all.body["data"][i]["data"];
+        assert!(max_abs_diff(&floats(&one["dense_vecs"]), &floats(&case["embedding"])) <= TOLERANCE, "dense_vecs text {i}");
+        assert_sparse_equal(&one["lexical_weights"], &case["lexical_weights"], &format!("lexical_weights text {i}"));
+        assert_rows_close(&one["colbert_vecs"], &case["colbert_vecs"], &format!("colbert_vecs text {i}"));
+    }
+    // Only what is asked for.
+    let some = post(&router, "/pooling", json!({"input": inputs[0], "return_sparse": true})).await;
+    let keys: Vec<&String> = some.body["data"][0]["data"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["lexical_weights"]);
+
+    // Scores: dense cosine by default (the pooling task is embed), the weighted hybrid when asked.
+    let weights = &expected["weights_for_different_modes"];
+    for (i, pair) in expected["pairs"].as_array().unwrap().iter().enumerate() {
+        let body = json!({"text_1": pair["query"], "text_2": pair["passage"]});
+        let plain = post(&router, "/score", body.clone()).await;
+        let got = plain.body["data"][0]["score"].as_f64().unwrap();
+        assert!((got - pair["dense"].as_f64().unwrap()).abs() <= TOLERANCE as f64, "pair {i} dense: {got}");
+        let mut weighted = body;
+        weighted["weights_for_different_modes"] = weights.clone();
+        let hybrid = post(&router, "/score", weighted).await;
+        assert_eq!(hybrid.status, StatusCode::OK, "{}", hybrid.body);
+        let got = hybrid.body["data"][0]["score"].as_f64().unwrap();
+        let want = pair["colbert+sparse+dense"].as_f64().unwrap();
+        assert!((got - want).abs() <= TOLERANCE as f64, "pair {i} hybrid: {got} vs {want}");
+        for (mode, w) in [("dense", json!([1, 0, 0])), ("sparse", json!([0, 1, 0])), ("colbert", json!([0, 0, 1]))] {
+            let one =
+                post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["passage"], "weights_for_different_modes": w}))
+                    .await;
+            let got = one.body["data"][0]["score"].as_f64().unwrap();
+            assert!((got - pair[mode].as_f64().unwrap()).abs() <= TOLERANCE as f64, "pair {i} {mode}: {got}");
+        }
+    }
+    let first = &expected["pairs"][0]["query"];
+    let same: Vec<&Value> = expected["pairs"].as_array().unwrap().iter().filter(|p| &p["query"] == first).collect();
+    let docs: Vec<&Value> = same.iter().map(|p| &p["passage"]).collect();
+    let reranked = post(&router, "/rerank", json!({"query": first, "documents": docs, "weights_for_different_modes": weights})).await;
+    assert_eq!(reranked.status, StatusCode::OK, "{}", reranked.body);
+    for result in reranked.body["results"].as_array().unwrap() {
+        let index = result["index"].as_u64().unwrap() as usize;
+        let want = same[index]["colbert+sparse+dense"].as_f64().unwrap();
+        assert!((result["relevance_score"].as_f64().unwrap() - want).abs() <= TOLERANCE as f64, "rerank {index}");
+    }
+
+    // Refused clearly.
+    let bad = post(&router, "/score", json!({"text_1": "a", "text_2": "b", "weights_for_different_modes": [1, 1]})).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    let bad = post(&router, "/pooling", json!({"input": "a", "return_dense": false})).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    let bad = post(&router, "/pooling", json!({"input": "a", "task": "token_embed", "return_sparse": true})).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    let other = router_for(&fixture_model("xlmr-embed-cls"));
+    let bad = post(&other, "/pooling", json!({"input": "a", "return_sparse": true})).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body["error"]["message"].as_str().unwrap().contains("no sparse and ColBERT heads"), "{}", bad.body);
+    let bad = post(&other, "/score", json!({"text_1": "a", "text_2": "b", "weights_for_different_modes": [1, 1, 1]})).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+}
+
+/// With vLLM's `--pooler-config '{"task": "token_embed"}'` BGE-M3 scores by late interaction:
+/// vLLM's MaxSim over the ColBERT vectors, the sum over query vectors (FlagEmbedding's colbert
+/// score is the mean).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bge_m3_scores_by_late_interaction_when_its_task_is_token_embed() {
+    let name = "bge-m3-tiny";
+    let expected = expected(name);
+    let router = router(engine(&fixture_model(name), |c| c.models[0].pooler.task = Some("token_embed".into())), 2_000_000);
+    let cases = expected["texts"].as_array().unwrap();
+    for pair in expected["pairs"].as_array().unwrap() {
+        let reply = post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["passage"]})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let query_vectors = cases.iter().find(|c| c["text"] == pair["query"]).unwrap()["colbert_vecs"].as_array().unwrap().len();
+        let want = pair["colbert"].as_f64().unwrap() * query_vectors as f64;
+        let got = reply.body["data"][0]["score"].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-3, "MaxSim {got} vs {want}");
+    }
+}
+
+#[test]
+fn broken_bge_m3_folder_is_one_line() {
+    broken_folder_is_one_line("bge-m3-tiny", |dir| std::fs::remove_file(dir.join("colbert_linear.pt")).unwrap(), "the folder has only one");
+    broken_folder_is_one_line(
+        "bge-m3-tiny",
+        |dir| std::fs::write(dir.join("sparse_linear.pt"), b"not a pickle").unwrap(),
+        "sparse_linear.pt",
+    );
+}

@@ -249,6 +249,7 @@ async fn int8_quantization_runs_every_backbone_close_to_reference() {
         "nomic-embed-mean",
         "deberta-embed",
         "jina-embed",
+        "bge-m3-tiny",
     ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");

@@ -228,6 +228,12 @@ async fn token_embeddings(
     chunk_size: Option<u64>,
 ) -> Result<axum::response::Response, ApiError> {
     let spec = engine.spec();
+    if chunk_size.is_some() && spec.m3 {
+        return Err(ApiError::BadRequest {
+            message: "late chunking averages token states; BGE-M3's token_embed gives ColBERT vectors, which are not chunked".into(),
+            param: Some("late_chunking_params"),
+        });
+    }
     let mut params = request.params.verify(Task::TokenEmbed, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     let prompts = state.prompts(&request.input)?;
     let mut texts = Vec::new();

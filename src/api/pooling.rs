@@ -16,6 +16,7 @@ use crate::engine::literal;
 use crate::engine::params::PoolingParams;
 use crate::loader::spec::ModelSpec;
 use crate::pooling::config::POOLER_TASKS;
+use crate::pooling::m3::{MultiOutput, MultiVectors};
 use crate::pooling::PoolingOutput;
 use crate::pooling::Task;
 use axum::extract::State;
@@ -42,12 +43,56 @@ pub struct PoolingRequest {
     /// vLLM: names the response (`pooling-{request_id}`) when no `X-Request-Id` header does.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// BGE-M3 only: FlagEmbedding's `encode` flags. Any of them asks for several outputs of one
+    /// pass; each item's `data` is then an object with the ones asked for.
+    #[serde(default)]
+    pub return_dense: Option<bool>,
+    #[serde(default)]
+    pub return_sparse: Option<bool>,
+    #[serde(default)]
+    pub return_colbert_vecs: Option<bool>,
     #[serde(flatten)]
     pub encoding: EncodingParams,
     #[serde(flatten)]
     pub chat: ChatFields,
     #[serde(flatten)]
     pub params: PoolingParams,
+}
+
+impl PoolingRequest {
+    /// The BGE-M3 outputs asked for together, if the request names any.
+    fn multi(&self) -> Option<MultiOutput> {
+        if self.return_dense.is_none() && self.return_sparse.is_none() && self.return_colbert_vecs.is_none() {
+            return None;
+        }
+        Some(MultiOutput {
+            dense: self.return_dense.unwrap_or(false),
+            sparse: self.return_sparse.unwrap_or(false),
+            colbert: self.return_colbert_vecs.unwrap_or(false),
+        })
+    }
+}
+
+/// BGE-M3's outputs of one input, named as FlagEmbedding's `encode` returns them:
+/// `dense_vecs`, `lexical_weights` (token id → weight) and `colbert_vecs`, those asked for.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MultiData {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_vecs: Option<Vec<f32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lexical_weights: Option<std::collections::BTreeMap<String, f32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub colbert_vecs: Option<Vec<Vec<f32>>>,
+}
+
+impl From<MultiVectors> for MultiData {
+    fn from(m: MultiVectors) -> Self {
+        MultiData {
+            dense_vecs: m.dense,
+            lexical_weights: m.sparse.map(|s| s.into_iter().map(|(id, w)| (id.to_string(), w)).collect()),
+            colbert_vecs: m.colbert,
+        }
+    }
 }
 
 /// One non-zero weight of a sparse embedding (TEI's `SparseValue`).
@@ -68,6 +113,7 @@ impl SparseValue {
 pub enum PoolingValue {
     Encoded(EncodedValue),
     Sparse(Vec<SparseValue>),
+    Multi(MultiData),
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -100,6 +146,8 @@ fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Resu
     }
     match name.parse::<Task>().ok().filter(|t| *t != Task::Score) {
         Some(task) if task == spec.pooling_task => Ok(task),
+        // BGE-M3 computes all its outputs in one pass: every task it has is served.
+        Some(task) if spec.m3 && spec.supports(task) => Ok(task),
         Some(task) if spec.supports(task) => Err(bad(format!("Try switching the model's pooling_task via --pooler-config.task {name}."))),
         _ => Err(bad(format!("Unsupported task: '{name}' Supported tasks: {}", Task::py_tuple(&spec.pooling_tasks())))),
     }
@@ -119,7 +167,11 @@ pub async fn create(
     ApiJson(request): ApiJson<PoolingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     AppState::require_input(&request.input, request.messages.as_ref())?;
+    let multi = request.multi();
     let (engine, permit, task) = state.begin(request.model.as_deref(), |engine| {
+        if let Some(multi) = multi {
+            check_multi(multi, &request, engine.spec())?;
+        }
         let task = pooling_task(request.task.as_ref(), engine.spec())?;
         if task == Task::EmbedSparse && request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
             return Err(ApiError::BadRequest {
@@ -130,7 +182,8 @@ pub async fn create(
         Ok(task)
     })?;
     let spec = engine.spec();
-    let params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
+    let mut params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
+    params.multi = multi;
     let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
     let params = inputs.params(params, request.params.add_special_tokens);
     let (outputs, tokens) = engine.encode(inputs.prompts, &params).await?;
@@ -142,7 +195,7 @@ pub async fn create(
             .map(|output| match output {
                 PoolingOutput::Vector(v) => Ok((vec![v.len()], v)),
                 PoolingOutput::Tokens(rows) => Ok((vec![rows.len(), rows.first().map_or(0, Vec::len)], rows.concat())),
-                PoolingOutput::Sparse(_) => Err(ApiError::Internal("sparse outputs have no bytes form".into())),
+                PoolingOutput::Sparse(_) | PoolingOutput::Multi(_) => Err(ApiError::Internal("sparse outputs have no bytes form".into())),
             })
             .collect::<Result<Vec<_>, _>>()?;
         return bytes_response(encoding, shaped, response).await;
@@ -155,11 +208,37 @@ pub async fn create(
                 PoolingOutput::Vector(v) => PoolingValue::Encoded(encoding.vector(v)),
                 PoolingOutput::Tokens(rows) => PoolingValue::Encoded(encoding.matrix(rows)),
                 PoolingOutput::Sparse(s) => PoolingValue::Sparse(SparseValue::list(s)),
+                PoolingOutput::Multi(m) => PoolingValue::Multi(m.into()),
             };
             PoolingData { index, object: "pooling", data }
         })
         .collect();
     OffRuntimeJson(ListResponse { data, ..response }).into_response(permit).await
+}
+
+/// A request for several BGE-M3 outputs: a BGE-M3 model, the embed task (or none), float JSON,
+/// and at least one output.
+fn check_multi(multi: MultiOutput, request: &PoolingRequest, spec: &ModelSpec) -> Result<(), ApiError> {
+    let bad = |message: String, param| Err(ApiError::BadRequest { message, param: Some(param) });
+    if !spec.m3 {
+        return bad(
+            format!(
+                "return_dense, return_sparse and return_colbert_vecs ask for BGE-M3's outputs; model {} has no sparse and ColBERT heads",
+                spec.served_name
+            ),
+            "return_sparse",
+        );
+    }
+    if !matches!(request.task.as_ref(), None | Some(serde_json::Value::Null)) && request.task != Some("embed".into()) {
+        return bad("return_dense, return_sparse and return_colbert_vecs go with task `embed` (or no task)".into(), "task");
+    }
+    if request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
+        return bad("several outputs at once are `float` JSON only".into(), "encoding_format");
+    }
+    if !(multi.dense || multi.sparse || multi.colbert) {
+        return bad("return_dense, return_sparse and return_colbert_vecs are all false: nothing to return".into(), "return_dense");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -59,6 +59,10 @@ pub struct PairFields {
     pub max_tokens_per_query: Option<i64>,
     #[serde(default)]
     pub max_tokens_per_doc: Option<i64>,
+    /// BGE-M3 only: FlagEmbedding's `[dense, sparse, colbert]` weights; the score is then
+    /// their weighted mean (FlagEmbedding's `colbert+sparse+dense`).
+    #[serde(default)]
+    pub weights_for_different_modes: Option<Vec<f64>>,
 }
 
 impl PairFields {
@@ -108,7 +112,32 @@ pub fn texts_of(value: &Value, param: &'static str) -> Result<Vec<String>, ApiEr
 pub fn score_params(engine: &Engine, params: &PoolingParams, pair: &PairFields) -> Result<ResolvedParams, ApiError> {
     let mut resolved = params.verify(Task::Score, engine.spec())?;
     resolved.pair_limits = pair.resolve()?;
+    if let Some(weights) = &pair.weights_for_different_modes {
+        resolved.hybrid = Some(hybrid_weights(weights, engine)?);
+    }
     Ok(resolved)
+}
+
+/// `weights_for_different_modes`: three finite, non-negative weights of a positive sum, for a
+/// BGE-M3 model.
+fn hybrid_weights(weights: &[f64], engine: &Engine) -> Result<[f32; 3], ApiError> {
+    let param = Some("weights_for_different_modes");
+    if !engine.spec().m3 {
+        return Err(ApiError::BadRequest {
+            message: format!(
+                "weights_for_different_modes weighs BGE-M3's dense, sparse and ColBERT scores; model {} has no sparse and ColBERT heads",
+                engine.spec().served_name
+            ),
+            param,
+        });
+    }
+    match weights {
+        [d, s, c] if weights.iter().all(|w| w.is_finite() && *w >= 0.0) && d + s + c > 0.0 => Ok([*d as f32, *s as f32, *c as f32]),
+        _ => Err(ApiError::BadRequest {
+            message: "weights_for_different_modes must be three non-negative numbers (dense, sparse, colbert) with a positive sum".into(),
+            param,
+        }),
+    }
 }
 
 /// One side as inputs: a side of texts, or vLLM's `{"content": [parts]}`, each part one

@@ -158,6 +158,10 @@ enum Kind {
 
 impl Kind {
     fn of(spec: &ModelSpec) -> Option<Kind> {
+        if spec.m3 {
+            // BGE-M3 is an embedding model to TEI; its lexical weights are on /embed_sparse too.
+            return Some(Kind::Embedding);
+        }
         if spec.supports(Task::Classify) {
             Some(if spec.num_labels == 1 { Kind::Reranker } else { Kind::Classifier })
         } else if spec.supports(Task::EmbedSparse) {
@@ -395,7 +399,7 @@ pub async fn embed_all(
 async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Vec<Vec<SparseValue>>, TeiError> {
     let (engine, _permit, ()) = begin(state, request.model.as_deref(), |s| s.supports(Task::EmbedSparse), |_| Ok(()))?;
     let spec = engine.spec();
-    if Kind::of(spec) != Some(Kind::Splade) {
+    if Kind::of(spec) != Some(Kind::Splade) && !spec.m3 {
         return Err(TeiError::backend("Model is not an embedding model with SPLADE pooling"));
     }
     let prompts = request.inputs.clone().prompts()?;

@@ -170,6 +170,8 @@ impl Job {
                 let data: Vec<SparseEntry> = s.iter().map(|&(index, value)| SparseEntry { index, value }).collect();
                 line(id, Output::Sparse { data })
             }
+            // The batch commands ask for one task at a time, never BGE-M3's outputs together.
+            (_, PoolingOutput::Multi(_)) => format!("{{\"id\":{id},\"error\":\"several outputs at once are served on /pooling only\"}}"),
         }
     }
 

@@ -159,7 +159,8 @@ impl Engine {
 
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision, chat_template } = model;
+        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template } =
+            model;
         let images = vision.as_ref().map(|v| ImageSide {
             processor: Arc::new(v.processor.clone()),
             limits: crate::input::image::ImageLimits { max_pixels: options.max_image_pixels },
@@ -186,7 +187,7 @@ impl Engine {
             rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
         let runner = Runner {
             backbone,
-            heads: Heads { pooling, embedding: embedding_head, classifier, sparse: sparse_head },
+            heads: Heads { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head },
             limits,
             chunk_tokens,
             model: spec.served_name.clone(),
@@ -264,6 +265,8 @@ impl Engine {
             late_chunk: None,
             pair_limits: Default::default(),
             prompt: None,
+            multi: None,
+            hybrid: None,
         };
         let _ = self.inner.jobs.send(Job {
             request: scheduler::STOP_REQUEST,
@@ -366,6 +369,8 @@ impl Engine {
         let width = match params.task {
             Task::TokenEmbed => params.dimensions.unwrap_or(spec.embedding_size.max(1)),
             Task::TokenClassify => spec.labels.len().max(1),
+            // BGE-M3's ColBERT vectors asked for with other outputs.
+            Task::Embed if params.multi.is_some_and(|m| m.colbert) => spec.embedding_size.max(1),
             _ => return Ok(()),
         };
         let floats = tokens.saturating_mul(width);

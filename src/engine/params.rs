@@ -7,6 +7,7 @@
 
 use crate::input::tokenizer::{PairLimits, TruncationSide};
 use crate::loader::spec::ModelSpec;
+use crate::pooling::m3::MultiOutput;
 use crate::pooling::Task;
 use serde::Deserialize;
 
@@ -63,7 +64,7 @@ pub fn optional<'de, D: serde::Deserializer<'de>, T: Copy>(
 }
 
 /// Parameters after validation: everything the engine needs, nothing left optional.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ResolvedParams {
     pub task: Task,
     /// Keep at most this many tokens (special tokens included); `None`: reject over-long inputs.
@@ -84,6 +85,12 @@ pub struct ResolvedParams {
     /// Text prepended to every text input before tokenization (a sentence-transformers prompt):
     /// the model's default unless the request names one ([`ResolvedParams::with_prompt_name`]).
     pub prompt: Option<std::sync::Arc<str>>,
+    /// BGE-M3: the outputs `/pooling` asked for together (`return_dense`, `return_sparse`,
+    /// `return_colbert_vecs`).
+    pub multi: Option<MultiOutput>,
+    /// BGE-M3: `/score` and `/rerank` weigh dense, sparse and ColBERT scores by these
+    /// (FlagEmbedding's `weights_for_different_modes`).
+    pub hybrid: Option<[f32; 3]>,
 }
 
 impl ResolvedParams {
@@ -197,6 +204,8 @@ impl PoolingParams {
             late_chunk: None,
             pair_limits: PairLimits::default(),
             prompt: spec.prompts.default.as_deref().map(Into::into),
+            multi: None,
+            hybrid: None,
         })
     }
 }

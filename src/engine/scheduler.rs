@@ -52,6 +52,7 @@ impl Job {
             activation: params.activation,
             late_chunk: params.late_chunk,
             ids: &self.tokens().ids,
+            multi: params.multi,
         }
     }
 
@@ -306,6 +307,8 @@ mod tests {
             late_chunk: None,
             pair_limits: Default::default(),
             prompt: None,
+            multi: None,
+            hybrid: None,
         };
         let input = ModelInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
         (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now() }, rx)

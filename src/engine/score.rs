@@ -4,12 +4,14 @@
 //! activated logit is the score. An embedding model (bi-encoder) embeds every distinct text once
 //! and scores the cosine of the two embeddings. A multi-vector model (ColBERT-style late
 //! interaction) embeds every token and scores MaxSim: the sum over query tokens of the largest
-//! dot product with any document token, on L2-normalized token vectors. All pairs of a request are queued together, so
+//! dot product with any document token, on L2-normalized token vectors. BGE-M3 also weighs its
+//! three scores into one when a request gives FlagEmbedding's weights. All pairs of a request are queued together, so
 //! the scheduler batches them like any other inputs.
 
 use super::{Engine, EngineError};
 use crate::engine::params::ResolvedParams;
 use crate::input::{InputError, Prompt};
+use crate::pooling::m3::{self, MultiOutput, MultiVectors};
 use crate::pooling::Task;
 
 /// How the served model turns a pair into a score.
@@ -83,6 +85,9 @@ impl Engine {
         instruction: Option<&str>,
     ) -> Result<(Vec<f32>, usize), EngineError> {
         let pairs = pair_up(queries.len(), documents.len())?;
+        if let Some(weights) = params.hybrid {
+            return self.score_hybrid(queries, documents, pairs, params, weights).await;
+        }
         match self.score_mode() {
             Some(ScoreMode::CrossEncoder) => {
                 // Embedding prompts do not apply to a cross-encoder's pairs or to its template.
@@ -138,6 +143,47 @@ impl Engine {
             }
             None => Err(EngineError::Model("this model cannot score pairs".into())),
         }
+    }
+
+    /// BGE-M3's hybrid score, as FlagEmbedding's `compute_score` weighs it:
+    /// `(w_dense · dense + w_sparse · lexical + w_colbert · colbert) / Σw`, where dense is the
+    /// cosine of the normalized embeddings, lexical the sum over shared token ids of the two
+    /// lexical weights' product, and colbert the mean over query vectors of the best dot product
+    /// with a passage vector. Every distinct text runs once, with all three outputs of its pass.
+    async fn score_hybrid(
+        &self,
+        queries: &[String],
+        documents: &[String],
+        pairs: Vec<(usize, usize)>,
+        params: &ResolvedParams,
+        weights: [f32; 3],
+    ) -> Result<(Vec<f32>, usize), EngineError> {
+        let all = MultiOutput { dense: true, sparse: true, colbert: true };
+        let multi =
+            ResolvedParams { task: Task::Embed, dimensions: None, activation: true, multi: Some(all), hybrid: None, ..params.clone() };
+        let query_count = queries.len();
+        let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
+        let (outputs, tokens): (Vec<MultiVectors>, _) = self.encode_as(prompts, &multi).await?;
+        if outputs.iter().any(|m| m.dense.is_none() || m.sparse.is_none() || m.colbert.is_none()) {
+            return Err(EngineError::Model("BGE-M3 returned fewer outputs than asked for".into()));
+        }
+        let total: f32 = weights.iter().sum();
+        // ColBERT is pairs × query tokens × passage tokens × dims multiply-adds: off the runtime.
+        let scores = tokio::task::spawn_blocking(move || {
+            pairs
+                .iter()
+                .map(|&(i, j)| {
+                    let (q, d) = (&outputs[i], &outputs[query_count + j]);
+                    let dense = cosine(q.dense.as_deref().unwrap_or_default(), d.dense.as_deref().unwrap_or_default());
+                    let sparse = m3::lexical_score(q.sparse.as_deref().unwrap_or_default(), d.sparse.as_deref().unwrap_or_default());
+                    let colbert = m3::colbert_score(q.colbert.as_deref().unwrap_or_default(), d.colbert.as_deref().unwrap_or_default());
+                    (weights[0] * dense + weights[1] * sparse + weights[2] * colbert) / total
+                })
+                .collect()
+        })
+        .await
+        .map_err(|_| EngineError::Model("hybrid scoring failed".into()))?;
+        Ok((scores, tokens))
     }
 
     /// Bi-encoder scores: the cosine of each pair's embeddings, the sides being texts or (for

@@ -12,9 +12,11 @@ pub mod spec;
 use crate::input::chat_template::{self, ChatError, ChatTemplate};
 use crate::input::image;
 use crate::input::tokenizer::{self, TextTokenizer, TokenizeError};
+use crate::models::bge_m3::{self, M3Weights};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::EmbeddingHead;
+use crate::pooling::m3::M3Head;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
 use candle_core::Device;
@@ -82,6 +84,8 @@ pub struct LoadedModel {
     pub classifier: Option<ClassifierHead>,
     /// Present when the model serves `embed_sparse` (SPLADE).
     pub sparse_head: Option<SparseHead>,
+    /// BGE-M3's sparse and ColBERT heads (`sparse_linear.pt`, `colbert_linear.pt`).
+    pub m3_head: Option<M3Head>,
     /// Where the backbone runs.
     pub device: Device,
     /// The image tower and its processor, for image-text models (CLIP, SigLIP).
@@ -155,6 +159,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         }
     }
 
+    let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
     let vision = match architecture.vision_tower(&config, vb.clone())? {
         Some(tower) => Some(VisionInput { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
         None => None,
@@ -169,13 +174,21 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         hidden_size: backbone.hidden_size(),
         max_positions: backbone.max_positions(),
         vision: vision.is_some(),
+        m3: m3_weights.is_some(),
     })?;
     let pad_token = tokenizer::special_token(&tokenizer_config, "pad_token");
     let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?
         .with_pad_token(pad_token.as_deref());
 
+    let m3_head = m3_weights.map(|weights| {
+        let id = |name: &str| tokenizer::special_token(&tokenizer_config, name).and_then(|t| tokenizer.token_id(&t));
+        let unused = ["cls_token", "eos_token", "pad_token", "unk_token"].into_iter().filter_map(id).collect();
+        M3Head { weights, unused, bos: id("cls_token").or_else(|| id("bos_token")), eos: id("eos_token") }
+    });
     let calibration = (spec.pooler_defaults.logit_bias.map(|b| b as f32), spec.pooler_defaults.logit_sigma.map(|s| s as f32));
-    let classifier = if spec.supports(Task::Classify) {
+    let classifier = if spec.m3 {
+        None
+    } else if spec.supports(Task::Classify) {
         let from_tokens = classifier_token_ids(spec.classifier_from_token.as_deref(), &tokenizer)?;
         let weights = architecture.classifier(&config, vb.clone(), spec.num_labels, from_tokens.as_deref())?;
         Some(ClassifierHead::new(weights, spec.step.clone(), calibration, spec.classify_activation, spec.score_activation))
@@ -185,8 +198,11 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     } else {
         None
     };
-    let sparse_head =
-        if spec.supports(Task::EmbedSparse) { Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? }) } else { None };
+    let sparse_head = if spec.supports(Task::EmbedSparse) && !spec.m3 {
+        Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? })
+    } else {
+        None
+    };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     let template = match &options.chat_template {
         Some(flag) => Some(chat_template::read_flag(flag)?),
@@ -197,7 +213,27 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         )?,
     };
     let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, device, vision, chat_template })
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template })
+}
+
+/// BGE-M3's heads when the folder has both of its head files (or vLLM's architecture name asks
+/// for them); one file without the other is an error, as is the name without them.
+fn bge_m3_heads(source: &ModelSource, architecture: &str, hidden: usize) -> Result<Option<M3Weights>, LoadError> {
+    let (sparse, colbert) = (source.file(bge_m3::SPARSE_FILE)?, source.file(bge_m3::COLBERT_FILE)?);
+    match (sparse, colbert) {
+        (Some(sparse), Some(colbert)) => Ok(Some(M3Weights::read(&sparse, &colbert, hidden)?)),
+        (None, None) if architecture == bge_m3::VLLM_ARCHITECTURE => Err(LoadError::NotFound(format!(
+            "{architecture} needs {} and {} beside the weights, as BAAI/bge-m3 ships them",
+            bge_m3::SPARSE_FILE,
+            bge_m3::COLBERT_FILE
+        ))),
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(LoadError::NotFound(format!(
+            "BGE-M3 needs both {} and {}; the folder has only one",
+            bge_m3::SPARSE_FILE,
+            bge_m3::COLBERT_FILE
+        ))),
+    }
 }
 
 /// `preprocessor_config.json` (transformers 4), or else the `image_processor` inside

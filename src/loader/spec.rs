@@ -142,6 +142,10 @@ pub struct ModelSpec {
     pub chunked_up_to: Option<usize>,
     /// Whether `embed` also takes images (CLIP, SigLIP: a vision tower and a processor).
     pub images: bool,
+    /// BGE-M3 (sparse and ColBERT heads beside the weights): `/pooling` serves every task of
+    /// `tasks` whatever the pooling task, since one pass computes them all, and takes several
+    /// outputs at once; `/score` and `/rerank` take FlagEmbedding's hybrid weights.
+    pub m3: bool,
     /// `(length, pad id)`: texts are padded to this length before they run (SigLIP).
     pub pad_text_to: Option<(usize, u32)>,
     /// The weights' type as it runs (`float32`, `float16`, `bfloat16`).
@@ -163,13 +167,25 @@ pub struct SpecInputs<'a> {
     pub max_positions: usize,
     /// Whether the architecture loaded a vision tower (image-text models embed only).
     pub vision: bool,
+    /// Whether BGE-M3's sparse and ColBERT heads were found beside the weights.
+    pub m3: bool,
 }
 
 impl ModelSpec {
     /// Every decision about the model, in one place.
     pub fn decide(input: SpecInputs) -> Result<ModelSpec, LoadError> {
-        let SpecInputs { options, config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision } =
-            input;
+        let SpecInputs {
+            options,
+            config,
+            architecture_name,
+            architecture,
+            sentence,
+            tokenizer_config,
+            hidden_size,
+            max_positions,
+            vision,
+            m3,
+        } = input;
         let pooler = &options.pooler;
         // vLLM fixes the reward heads' sizes (Qwen2.5-Math-RM's config.json names none).
         let num_labels = match architecture_name.as_str() {
@@ -197,6 +213,15 @@ impl ModelSpec {
                 )));
             }
             vec![Task::Embed]
+        } else if m3 {
+            // BGE-M3: the dense embedding, ColBERT vectors, per-token and per-id lexical
+            // weights, all from one pass.
+            if !matches!(options.convert, Convert::Auto | Convert::Embed) {
+                return Err(LoadError::Unsupported(format!(
+                    "BGE-M3 (`{architecture_name}` with its sparse and ColBERT heads) is served with --convert auto or embed only"
+                )));
+            }
+            vec![Task::Embed, Task::TokenEmbed, Task::TokenClassify, Task::EmbedSparse]
         } else {
             tasks_for(&architecture_name, options.convert, hints)?
         };
@@ -238,9 +263,11 @@ impl ModelSpec {
         }
         let classifier_from_token = classifier_tokens(config);
         let classifies = supports(Task::Classify);
+        // BGE-M3's token_classify is its lexical weight per token, not a classifier's labels.
+        let token_classifier = supports(Task::TokenClassify) && !m3;
         let labels = match &classifier_from_token {
             Some(tokens) if classifies && num_labels == tokens.len() => tokens.clone(),
-            _ if classifies || supports(Task::TokenClassify) => labels_of(config, num_labels),
+            _ if classifies || token_classifier => labels_of(config, num_labels),
             _ => Vec::new(),
         };
         let step = (pooling == PoolingType::Step).then(|| StepFilter {
@@ -285,7 +312,7 @@ impl ModelSpec {
             },
             lowercase: sentence.do_lower_case,
             segment_ids: uses_token_type_ids(tokenizer_config, config),
-            num_labels: if classifies || supports(Task::TokenClassify) { num_labels } else { 0 },
+            num_labels: if classifies || token_classifier { num_labels } else { 0 },
             labels,
             classifier_from_token: classifier_from_token.filter(|_| classifies),
             classify_activation,
@@ -301,6 +328,7 @@ impl ModelSpec {
             )?,
             chunked_up_to: (pooler.enable_chunked_processing == Some(true)).then(|| pooler.max_embed_len.unwrap_or(usize::MAX)),
             images: vision,
+            m3,
             pad_text_to: architecture.pads_text(config),
             dtype: match options.dtype.dtype_on(options.device) {
                 candle_core::DType::F16 => "float16",
@@ -541,6 +569,7 @@ impl ModelSpec {
             prompts: Prompts::default(),
             chunked_up_to: None,
             images: false,
+            m3: false,
             pad_text_to: None,
             dtype: "float32",
         }

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod bert;
+pub mod bge_m3;
 pub mod clip;
 pub mod deberta;
 pub mod distilbert;

@@ -7,6 +7,7 @@
 
 use super::classifier::ClassifierHead;
 use super::head::{finish_embedding, EmbeddingHead};
+use super::m3::{M3Head, MultiOutput, MultiVectors};
 use super::method::{All, HiddenStates, PoolingMethod};
 use super::output::PoolingOutput;
 use super::sparse::SparseHead;
@@ -23,8 +24,11 @@ pub struct PoolRequest<'a> {
     pub activation: bool,
     /// token_embed's late chunking: mean of every `n` token rows.
     pub late_chunk: Option<usize>,
-    /// The sequence's token ids (STEP reward heads keep the rows of their tag token).
+    /// The sequence's token ids (STEP reward heads keep the rows of their tag token; BGE-M3's
+    /// heads drop BOS/EOS rows and key lexical weights by id).
     pub ids: &'a [u32],
+    /// BGE-M3: several outputs of one pass (the task is then `embed`).
+    pub multi: Option<MultiOutput>,
 }
 
 /// A model's heads, as the loader built them for the tasks its spec serves.
@@ -34,6 +38,10 @@ pub struct Heads {
     pub embedding: EmbeddingHead,
     pub classifier: Option<ClassifierHead>,
     pub sparse: Option<SparseHead>,
+    /// BGE-M3's sparse and ColBERT heads: with them `token_embed` gives ColBERT vectors,
+    /// `token_classify` per-token lexical weights and `embed_sparse` FlagEmbedding's lexical
+    /// weights (instead of plain token states, a classifier and SPLADE).
+    pub m3: Option<M3Head>,
 }
 
 impl Heads {
@@ -52,9 +60,24 @@ impl Heads {
         // Token states of token_classify: some heads skip their pooler layer on them.
         let mut token_classifier_rows = Vec::new();
         let mut sparse = Vec::new();
+        // Outputs BGE-M3's heads finished in this first pass (a multi-output request's dense
+        // part still goes through the embedding head below).
+        let mut m3_outputs: Vec<Option<PoolingOutput>> = Vec::with_capacity(requests.len());
         let mut row_counts = Vec::with_capacity(requests.len());
         for (request, (start, len)) in requests.iter().zip(spans) {
             let task = request.task;
+            if let Some(head) = &self.m3 {
+                if let Some(output) = self.m3_output(head, request, states, start, len).map_err(|e| describe(&e))? {
+                    let dense = matches!(&output, PoolingOutput::Multi(_)) && request.multi.is_some_and(|m| m.dense);
+                    if dense {
+                        embedding_rows.extend(self.pooling()?.pool(states, start, len));
+                    }
+                    m3_outputs.push(Some(output));
+                    row_counts.push(usize::from(dense));
+                    continue;
+                }
+            }
+            m3_outputs.push(None);
             let (rows, pooled) = match task {
                 Task::Embed => (&mut embedding_rows, self.pooling()?.pool(states, start, len)),
                 Task::TokenEmbed => {
@@ -90,7 +113,21 @@ impl Heads {
         let mut outputs = Vec::with_capacity(requests.len());
         let (mut embedding_offset, mut logit_offset, mut token_logit_offset) = (0, 0, 0);
         let mut sparse = sparse.into_iter();
-        for (request, count) in requests.iter().zip(row_counts) {
+        for ((request, count), ready) in requests.iter().zip(row_counts).zip(m3_outputs) {
+            if let Some(ready) = ready {
+                outputs.push(match ready {
+                    PoolingOutput::Multi(mut multi) => {
+                        let block = &embeddings[embedding_offset * width..(embedding_offset + count) * width];
+                        embedding_offset += count;
+                        if count > 0 {
+                            multi.dense = Some(finish_embedding(block.to_vec(), request.dimensions, request.activation));
+                        }
+                        PoolingOutput::Multi(multi)
+                    }
+                    other => other,
+                });
+                continue;
+            }
             outputs.push(match request.task {
                 Task::Classify | Task::Score | Task::TokenClassify => {
                     let head = self.classifier(request.task)?;
@@ -139,6 +176,33 @@ impl Heads {
             .zip(requests)
             .map(|(row, request)| PoolingOutput::Vector(finish_embedding(row, request.dimensions, request.activation)))
             .collect()
+    }
+
+    /// What BGE-M3's heads answer for one sequence: the multi-output request's sparse and
+    /// ColBERT parts (its dense part is left to the embedding head), or a per-token or sparse
+    /// task; `None` for the tasks its embedding head serves as any model's.
+    fn m3_output(
+        &self,
+        head: &M3Head,
+        request: &PoolRequest,
+        states: &HiddenStates,
+        start: usize,
+        len: usize,
+    ) -> candle_core::Result<Option<PoolingOutput>> {
+        let width = states.hidden_size;
+        let rows = &states.data[start * width..(start + len) * width];
+        let ids = request.ids;
+        if let Some(multi) = request.multi {
+            let sparse = if multi.sparse { Some(head.lexical_weights(ids, &head.token_weights(rows, width)?)) } else { None };
+            let colbert = if multi.colbert { Some(head.colbert(ids, rows, width, request.activation)?) } else { None };
+            return Ok(Some(PoolingOutput::Multi(MultiVectors { dense: None, sparse, colbert })));
+        }
+        Ok(match request.task {
+            Task::TokenEmbed => Some(PoolingOutput::Tokens(head.colbert(ids, rows, width, request.activation)?)),
+            Task::TokenClassify => Some(PoolingOutput::Tokens(head.token_rows(ids, rows, width)?)),
+            Task::EmbedSparse => Some(PoolingOutput::Sparse(head.lexical_weights(ids, &head.token_weights(rows, width)?))),
+            _ => None,
+        })
     }
 
     fn pooling(&self) -> Result<&'static dyn PoolingMethod, String> {

@@ -1,6 +1,7 @@
 //! What the model returns for one input, and its typed forms. A task fixes the shape of its
 //! output (embed, classify and score: one vector; token_embed and token_classify: a row per
-//! token; embed_sparse: `(token id, weight)` pairs), so callers that run one task ask for
+//! token; embed_sparse: `(token id, weight)` pairs; BGE-M3's outputs asked for together: one
+//! [`super::m3::MultiVectors`]), so callers that run one task ask for
 //! that shape ([`TaskOutput`]) and the engine checks it in one place; only callers that
 //! serve any task (`/pooling`, the batch commands) take the enum.
 
@@ -13,6 +14,8 @@ pub enum PoolingOutput {
     Tokens(Vec<Vec<f32>>),
     /// Non-zero `(token id, weight)` pairs in id order (embed_sparse).
     Sparse(Vec<(u32, f32)>),
+    /// BGE-M3's outputs a request asked for together (dense, lexical weights, ColBERT).
+    Multi(super::m3::MultiVectors),
 }
 
 impl PoolingOutput {
@@ -22,6 +25,7 @@ impl PoolingOutput {
             PoolingOutput::Vector(_) => "one vector",
             PoolingOutput::Tokens(_) => "one vector per token",
             PoolingOutput::Sparse(_) => "sparse weights",
+            PoolingOutput::Multi(_) => "BGE-M3 outputs",
         }
     }
 }
@@ -61,6 +65,15 @@ impl TaskOutput for Vec<(u32, f32)> {
     fn from_output(output: PoolingOutput) -> Result<Self, PoolingOutput> {
         match output {
             PoolingOutput::Sparse(weights) => Ok(weights),
+            other => Err(other),
+        }
+    }
+}
+
+impl TaskOutput for super::m3::MultiVectors {
+    fn from_output(output: PoolingOutput) -> Result<Self, PoolingOutput> {
+        match output {
+            PoolingOutput::Multi(m) => Ok(m),
             other => Err(other),
         }
     }
