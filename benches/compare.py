@@ -6,8 +6,9 @@ as `cargo bench --bench forward` (all-MiniLM-L6-v2 unless MODEL_DIR is given, f3
 
 Needs torch, transformers and sentence-transformers (see README, "Benchmarks"). Prints, per shape,
 the median time of a transformers forward pass (`torch.inference_mode`) and its tokens/s, then
-sentence-transformers `encode` throughput on short sentences. Run `cargo bench --bench forward`
-right after and compare the lines of the same shape.
+sentence-transformers `encode` throughput on short sentences (not with SKIP_ST=1, e.g. for the
+bare backbones of benches/make_family_models.py). Run `cargo bench --bench forward` right after
+and compare the lines of the same shape.
 """
 import os
 import statistics
@@ -58,6 +59,8 @@ for seqs, length, iterations in [(32, 128, 20), (1, 16, 200), (8, 128, 40)]:
     median, p90 = measure(forward, iterations)
     print(f"{seqs:>3}x{length:<4} median {median * 1e3:8.2f} ms   p90 {p90 * 1e3:8.2f} ms   {seqs * length / median:8.0f} tokens/s")
 
+if os.environ.get("SKIP_ST"):
+    sys.exit(0)
 try:
     from sentence_transformers import SentenceTransformer
 except ImportError:

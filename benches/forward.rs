@@ -4,8 +4,8 @@
 //! `cargo bench --bench forward [-- 32x128 1x16 8x128]` (model folder from `POOLSERVE_MINILM`, default
 //! `models/all-MiniLM-L6-v2`; fetch it with scripts/fetch-minilm.sh). Prints one line per
 //! shape: median and p90 time per forward, tokens/s. `benches/compare.py` runs the same shapes
-//! through PyTorch for the ratio. `POOLSERVE_DTYPE=bfloat16` or `POOLSERVE_QUANTIZATION=int8` (any
-//! serve flag's variable) measures another precision.
+//! through PyTorch for the ratio. `POOLSERVE_DTYPE=bfloat16` or `POOLSERVE_QUANTIZATION=int8` (the
+//! serve flags' variables) measure another precision.
 
 use poolserve::config::ServerConfig;
 use poolserve::loader;
@@ -49,7 +49,15 @@ fn main() {
         eprintln!("{dir} is missing: run scripts/fetch-minilm.sh models (or set POOLSERVE_MINILM)");
         std::process::exit(1);
     }
-    let config = ServerConfig::for_model(dir.clone());
+    let mut config = ServerConfig::for_model(dir.clone());
+    // The precision flags' variables, as `serve` reads them.
+    use clap::ValueEnum;
+    if let Ok(value) = std::env::var("POOLSERVE_QUANTIZATION") {
+        config.models[0].quantization = Some(ValueEnum::from_str(&value, true).expect("POOLSERVE_QUANTIZATION: int8"));
+    }
+    if let Ok(value) = std::env::var("POOLSERVE_DTYPE") {
+        config.models[0].dtype = ValueEnum::from_str(&value, true).expect("POOLSERVE_DTYPE: auto, float32, float16 or bfloat16");
+    }
     let model = loader::load(&config.models[0]).expect("model loads");
     let vocab = model.backbone.vocab_size() as u32;
     let precision = match config.models[0].quantization {
