@@ -108,10 +108,21 @@ fn device(kind: DeviceArg) -> Result<Device, LoadError> {
     }
 }
 
-/// Weight files: one `model.safetensors`, or the shards a `model.safetensors.index.json` names.
-fn weight_files(source: &ModelSource) -> Result<Vec<PathBuf>, LoadError> {
+/// Where a folder keeps its weights.
+enum WeightFiles {
+    /// `model.safetensors`, or the shards a `model.safetensors.index.json` names: memory-mapped.
+    Safetensors(Vec<PathBuf>),
+    /// One `pytorch_model.bin` (the zip format `torch.save` writes since PyTorch 1.6), for
+    /// folders published without safetensors (BAAI/bge-m3, microsoft/deberta-v3-*): read through
+    /// candle's pickle reader, each tensor when it is loaded; not memory-mapped.
+    Pytorch(PathBuf),
+}
+
+/// The folder's weights: safetensors when it has them (one `model.safetensors`, or the shards
+/// a `model.safetensors.index.json` names), else a single `pytorch_model.bin`.
+fn weight_files(source: &ModelSource) -> Result<WeightFiles, LoadError> {
     if let Some(p) = source.file("model.safetensors")? {
-        return Ok(vec![p]);
+        return Ok(WeightFiles::Safetensors(vec![p]));
     }
     if let Some(index) = source.file("model.safetensors.index.json")? {
         let index: serde_json::Value = read_json(&index)?;
@@ -122,9 +133,17 @@ fn weight_files(source: &ModelSource) -> Result<Vec<PathBuf>, LoadError> {
             .unwrap_or_default();
         shards.sort();
         shards.dedup();
-        return shards.iter().map(|s| source.required(s)).collect();
+        return Ok(WeightFiles::Safetensors(shards.iter().map(|s| source.required(s)).collect::<Result<_, _>>()?));
     }
-    Err(LoadError::Unsupported("no model.safetensors (PyTorch .bin weights are not supported)".into()))
+    if let Some(p) = source.file("pytorch_model.bin")? {
+        return Ok(WeightFiles::Pytorch(p));
+    }
+    if source.file("pytorch_model.bin.index.json")?.is_some() {
+        return Err(LoadError::Unsupported(
+            "sharded PyTorch .bin weights are not supported: convert them to safetensors (transformers' save_pretrained does)".into(),
+        ));
+    }
+    Err(LoadError::NotFound("no model.safetensors or pytorch_model.bin".into()))
 }
 
 pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
@@ -139,11 +158,13 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
 
     let device = device(options.device)?;
-    let files = weight_files(&source)?;
     let dtype = options.dtype.dtype_on(options.device);
-    // SAFETY: the weight files are memory-mapped read-only and must not change while we run,
-    // the same contract as every safetensors loader.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &device)? };
+    let vb = match weight_files(&source)? {
+        // SAFETY: the weight files are memory-mapped read-only and must not change while we
+        // run, the same contract as every safetensors loader.
+        WeightFiles::Safetensors(files) => unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &device)? },
+        WeightFiles::Pytorch(file) => VarBuilder::from_pth(&file, dtype, &device)?,
+    };
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
         match models::ops::cuda::self_check(&device, dtype) {
