@@ -264,6 +264,44 @@ async fn deberta_matches_transformers() {
     check_token_classifier("deberta-tokcls").await;
 }
 
+/// A DeBERTa folder as microsoft/deberta-v3-* publish theirs: `spm.model` and the slow
+/// tokenizer's tokenizer_config.json, no tokenizer.json. The tokenizer built from spm.model
+/// gives transformers' ids (texts with whitespace runs, tabs, newlines and combining accents,
+/// and pairs with their type ids), and the classifier the same outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deberta_without_tokenizer_json_tokenizes_from_spm_model() {
+    let dir = std::env::temp_dir().join(format!("poolserve-deberta-spm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_dir(&fixture_model("deberta-seqcls"), &dir);
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    let published = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sentencepiece/deberta");
+    for file in ["spm.model", "tokenizer_config.json"] {
+        std::fs::copy(published.join(file), dir.join(file)).unwrap();
+    }
+    let engine = engine(&dir, |_| {});
+    let reference = expected("deberta-spm");
+    let params = poolserve::engine::params::PoolingParams::default().verify(poolserve::pooling::Task::Classify, engine.spec()).unwrap();
+    let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    for case in reference["texts"].as_array().unwrap() {
+        let prompt = poolserve::input::Prompt::Text(case["text"].as_str().unwrap().into());
+        let prepared = engine.prepare(vec![prompt], &params).await.unwrap().remove(0);
+        assert_eq!(prepared.ids, ids(&case["input_ids"]), "{:?}", case["text"]);
+    }
+    for pair in reference["pairs"].as_array().unwrap() {
+        let prompt = poolserve::input::Prompt::Pair(pair["query"].as_str().unwrap().into(), pair["document"].as_str().unwrap().into());
+        let prepared = engine.prepare(vec![prompt], &params).await.unwrap().remove(0);
+        assert_eq!(prepared.ids, ids(&pair["input_ids"]), "{:?}", pair["query"]);
+    }
+    let router = router(engine, 2_000_000);
+    let classified = expected("deberta-seqcls");
+    for (i, case) in classified["texts"].as_array().unwrap().iter().enumerate() {
+        let reply = post(&router, "/classify", json!({"input": case["text"]})).await;
+        let diff = max_abs_diff(&floats(&reply.body["data"][0]["probs"]), &floats(&case["softmax"]));
+        assert!(diff <= TOLERANCE, "text {i}: {diff}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn broken_deberta_folder_is_one_line() {
     broken_folder_is_one_line("deberta-seqcls", |dir| drop_tensor(dir, "rel_embeddings"), "deberta.encoder.rel_embeddings.weight");

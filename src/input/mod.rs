@@ -4,7 +4,8 @@
 //! [`Preprocessor::prepare`] (and [`Preprocessor::prepare_pairs`] for cross-encoder pairs), and
 //! `/tokenize` goes through the same steps.
 //!
-//! - [`tokenizer`]: the model's `tokenizer.json` with our truncation rules; [`pool`]: the
+//! - [`tokenizer`]: the model's `tokenizer.json` with our truncation rules ([`sentencepiece`]:
+//!   DeBERTa's `spm.model` made into one for folders without it); [`pool`]: the
 //!   worker threads it (and image decoding, and chat rendering) runs on, off the async runtime;
 //! - [`chat_template`]: conversations rendered into one text (minijinja, transformers' settings);
 //! - [`image`]: image bytes → pixel values (decoding, Pillow-exact resampling, normalization);
@@ -22,6 +23,7 @@ pub mod image;
 pub mod media;
 pub mod pool;
 pub mod prepare;
+pub mod sentencepiece;
 pub mod tokenizer;
 
 pub use prepare::{ImageSide, InputOptions, Preprocessor};

@@ -72,7 +72,18 @@ pub struct TextTokenizer {
 
 impl TextTokenizer {
     pub fn from_file(path: &Path, lowercase: bool, type_ids: bool) -> Result<Self, TokenizeError> {
-        let mut inner = Tokenizer::from_file(path).map_err(|e| TokenizeError::Failed(format!("{}: {e}", path.display())))?;
+        let inner = Tokenizer::from_file(path).map_err(|e| TokenizeError::Failed(format!("{}: {e}", path.display())))?;
+        Self::new(inner, lowercase, type_ids)
+    }
+
+    /// From a `tokenizer.json` document built in memory (a SentencePiece model converted by
+    /// [`super::sentencepiece`]).
+    pub fn from_json(document: &str, lowercase: bool, type_ids: bool) -> Result<Self, TokenizeError> {
+        let inner: Tokenizer = document.parse().map_err(|e| TokenizeError::Failed(format!("converted tokenizer: {e}")))?;
+        Self::new(inner, lowercase, type_ids)
+    }
+
+    fn new(mut inner: Tokenizer, lowercase: bool, type_ids: bool) -> Result<Self, TokenizeError> {
         let pad_id = inner.get_padding().map(|p| p.pad_id);
         inner.with_padding(None);
         inner.with_truncation(None).map_err(|e| TokenizeError::Failed(e.to_string()))?;

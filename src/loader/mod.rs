@@ -11,6 +11,7 @@ pub mod spec;
 
 use crate::input::chat_template::{self, ChatError, ChatTemplate};
 use crate::input::image;
+use crate::input::sentencepiece;
 use crate::input::tokenizer::{self, TextTokenizer, TokenizeError};
 use crate::models::bge_m3::{self, M3Weights};
 use crate::models::{self, Backbone, ModelError};
@@ -143,7 +144,7 @@ fn weight_files(source: &ModelSource) -> Result<WeightFiles, LoadError> {
             "sharded PyTorch .bin weights are not supported: convert them to safetensors (transformers' save_pretrained does)".into(),
         ));
     }
-    Err(LoadError::NotFound("no model.safetensors or pytorch_model.bin".into()))
+    Err(LoadError::NotFound("the model has no model.safetensors or pytorch_model.bin".into()))
 }
 
 pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
@@ -198,8 +199,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         m3: m3_weights.is_some(),
     })?;
     let pad_token = tokenizer::special_token(&tokenizer_config, "pad_token");
-    let tokenizer = TextTokenizer::from_file(&source.required("tokenizer.json")?, spec.lowercase, spec.segment_ids)?
-        .with_pad_token(pad_token.as_deref());
+    let tokenizer = text_tokenizer(&source, &tokenizer_config, &spec)?.with_pad_token(pad_token.as_deref());
 
     let m3_head = m3_weights.map(|weights| {
         let id = |name: &str| tokenizer::special_token(&tokenizer_config, name).and_then(|t| tokenizer.token_id(&t));
@@ -235,6 +235,24 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
     let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template })
+}
+
+/// The folder's `tokenizer.json`, or for a DeBERTa-v2/v3 folder published without one, the
+/// tokenizer transformers builds from its `spm.model`.
+fn text_tokenizer(source: &ModelSource, tokenizer_config: &serde_json::Value, spec: &ModelSpec) -> Result<TextTokenizer, LoadError> {
+    if let Some(path) = source.file("tokenizer.json")? {
+        return Ok(TextTokenizer::from_file(&path, spec.lowercase, spec.segment_ids)?);
+    }
+    let class = tokenizer_config.get("tokenizer_class").and_then(serde_json::Value::as_str).unwrap_or("");
+    if class.trim_end_matches("Fast") == "DebertaV2Tokenizer" {
+        if let Some(path) = source.file("spm.model")? {
+            let bytes = std::fs::read(&path).map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
+            let document = sentencepiece::deberta_v2_tokenizer_json(&bytes, tokenizer_config)
+                .map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
+            return Ok(TextTokenizer::from_json(&document, spec.lowercase, spec.segment_ids)?);
+        }
+    }
+    Err(LoadError::NotFound("the model has no tokenizer.json (nor, for DeBERTa-v2/v3, spm.model)".into()))
 }
 
 /// BGE-M3's heads when the folder has both of its head files (or vLLM's architecture name asks
