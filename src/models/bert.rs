@@ -64,12 +64,7 @@ impl Architecture for BertKind {
         let h = parse_config::<BertConfig>(config)?.hidden_size;
         match self {
             BertKind::Roberta => roberta_classifier(&vb, h, num_labels),
-            BertKind::Bert => Ok(ClassifierWeights {
-                pre: Some(PreClassifier::tanh(host_linear(&encoder_root(vb.clone()).pp("pooler.dense"), h, h)?)),
-                classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
-                input: HeadInput::First,
-                pre_on_tokens: false,
-            }),
+            BertKind::Bert => bert_classifier(&vb, h, num_labels),
         }
     }
 
@@ -80,6 +75,17 @@ impl Architecture for BertKind {
     fn masked_lm_head(&self, config: &Value, vb: VarBuilder) -> std::result::Result<MaskedLmHead, ModelError> {
         load_mlm_head(config, *self, vb)
     }
+}
+
+/// BERT's sequence-classification head (also JinaBERT's): the pooler (`pooler.dense`, tanh on
+/// the first token, beside the encoder) and `classifier`.
+pub(super) fn bert_classifier(vb: &VarBuilder, h: usize, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
+    Ok(ClassifierWeights {
+        pre: Some(PreClassifier::tanh(host_linear(&encoder_root(vb.clone()).pp("pooler.dense"), h, h)?)),
+        classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
+        input: HeadInput::First,
+        pre_on_tokens: false,
+    })
 }
 
 /// RoBERTa's (and MPNet's) sequence-classification head: `classifier.dense` (tanh) and
@@ -213,22 +219,57 @@ pub(super) fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
 
 /// The `encoder.layer.{i}` stack under BERT's weight names (BERT, RoBERTa, ELECTRA).
 pub(super) fn encoder_layers(vb: &VarBuilder, config: &BertConfig, activation: Activation) -> Result<Vec<Layer>> {
-    let (h, eps) = (config.hidden_size, config.layer_norm_eps);
+    let sizes = LayerSizes { hidden: config.hidden_size, intermediate: config.intermediate_size, eps: config.layer_norm_eps };
     (0..config.num_hidden_layers)
         .map(|i| {
             let lv = vb.pp(format!("layer.{i}"));
             let sa = lv.pp("attention.self");
-            Ok(Layer {
-                qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
-                attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-                attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
-                intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
-                activation,
-                output: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
-                output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
-            })
+            Layer::load(&lv, fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), sizes.hidden)?, sizes, activation)
         })
         .collect()
+}
+
+/// The sizes a [`Layer`] is loaded with.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LayerSizes {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub eps: f64,
+}
+
+impl Layer {
+    /// A layer under BERT's names below its Q/K/V projection (`attention.output.*`,
+    /// `intermediate.dense`, `output.*`), with the fused `qkv` its architecture built.
+    pub(super) fn load(lv: &VarBuilder, qkv: Linear, sizes: LayerSizes, activation: Activation) -> Result<Layer> {
+        let LayerSizes { hidden: h, intermediate, eps } = sizes;
+        Ok(Layer {
+            qkv,
+            attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
+            attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+            intermediate: linear(&lv.pp("intermediate.dense"), intermediate, h)?,
+            activation,
+            output: linear(&lv.pp("output.dense"), h, intermediate)?,
+            output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
+        })
+    }
+
+    /// Everything after attention: add & norm, the feed-forward (its bias folded into the
+    /// activation), add & norm.
+    pub(super) fn after_attention(&self, context: &Tensor, hidden: &Tensor) -> Result<Tensor> {
+        let attended = self.attention_norm.forward_add(&self.attention_out, context, hidden)?;
+        let inner = self.activation.forward_biased(self.intermediate.forward_unbiased(&attended)?, self.intermediate.bias())?;
+        self.output_norm.forward_add(&self.output, &inner, &attended)
+    }
+
+    /// [`Backbone::int8_linears`] of a stack of these layers.
+    pub(super) fn int8_linears(layers: &mut [Layer]) -> Vec<&mut Linear> {
+        layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.intermediate, &mut l.output]).collect()
+    }
+
+    /// [`Backbone::attention_input_linears`] of a stack of these layers.
+    pub(super) fn qkv_linears(layers: &mut [Layer]) -> Vec<&mut Linear> {
+        layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
 }
 
 impl Bert {
@@ -308,9 +349,7 @@ impl Backbone for Bert {
         for layer in &self.layers {
             // Biases of QKV and of the intermediate layer are folded into attention and GELU.
             let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;
-            let attended = layer.attention_norm.forward_add(&layer.attention_out, &context, &hidden)?;
-            let inner = layer.activation.forward_biased(layer.intermediate.forward_unbiased(&attended)?, layer.intermediate.bias())?;
-            hidden = layer.output_norm.forward_add(&layer.output, &inner, &attended)?;
+            hidden = layer.after_attention(&context, &hidden)?;
         }
         Ok(hidden)
     }
@@ -328,11 +367,11 @@ impl Backbone for Bert {
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.intermediate, &mut l.output]).collect()
+        Layer::int8_linears(&mut self.layers)
     }
 
     fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+        Layer::qkv_linears(&mut self.layers)
     }
 }
 

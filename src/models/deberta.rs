@@ -13,7 +13,7 @@
 //! kernel's own `1/√head_dim` scaling gives content × content's.
 
 use super::batch::Batch;
-use super::bert::{layer_norm, linear, Layer};
+use super::bert::{layer_norm, linear, Layer, LayerSizes};
 use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, Attention, AttentionMask, DisentangledBias, LayerNorm, Linear};
 use super::{parse_config, Architecture, Backbone, ModelError};
@@ -239,15 +239,8 @@ impl DebertaModel {
             let (q, k, v) = (sa.pp("query_proj"), sa.pp("key_proj"), sa.pp("value_proj"));
             let weight = Tensor::cat(&[(q.get((h, h), "weight")? * fold)?, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
             let bias = Tensor::cat(&[(q.get(h, "bias")? * fold)?, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
-            layers.push(Layer {
-                qkv: Linear::new(weight, Some(bias))?,
-                attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-                attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
-                intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
-                activation,
-                output: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
-                output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
-            });
+            let sizes = LayerSizes { hidden: h, intermediate: config.intermediate_size, eps };
+            layers.push(Layer::load(&lv, Linear::new(weight, Some(bias))?, sizes, activation)?);
             if config.relative_attention {
                 let (key, query) = if config.share_att_key { (k, q) } else { (sa.pp("pos_key_proj"), sa.pp("pos_query_proj")) };
                 projections.push(PositionProjections { key: linear(&key, h, h)?, query: linear(&query, h, h)? });
@@ -371,10 +364,7 @@ impl Backbone for DebertaModel {
                 position_bias: None,
                 disentangled: terms.as_ref(),
             };
-            let context = attention.forward(&qkv, None)?;
-            let attended = layer.attention_norm.forward_add(&layer.attention_out, &context, &hidden)?;
-            let inner = layer.activation.forward_biased(layer.intermediate.forward_unbiased(&attended)?, layer.intermediate.bias())?;
-            hidden = layer.output_norm.forward_add(&layer.output, &inner, &attended)?;
+            hidden = layer.after_attention(&attention.forward(&qkv, None)?, &hidden)?;
         }
         Ok(hidden)
     }
@@ -392,11 +382,11 @@ impl Backbone for DebertaModel {
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.intermediate, &mut l.output]).collect()
+        Layer::int8_linears(&mut self.layers)
     }
 
     fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+        Layer::qkv_linears(&mut self.layers)
     }
 }
 

@@ -12,8 +12,8 @@
 //! and K, `up_gated_layer`) is refused at load with its name.
 
 use super::batch::Batch;
-use super::bert::{encoder_root, fused_qkv, layer_norm, linear};
-use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
+use super::bert::{bert_classifier, encoder_root, fused_qkv, layer_norm, linear};
+use super::heads::ClassifierWeights;
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
 use candle_core::{Result, Tensor};
@@ -98,13 +98,7 @@ impl Architecture for JinaBert {
         num_labels: usize,
         _from_tokens: Option<&[u32]>,
     ) -> std::result::Result<ClassifierWeights, ModelError> {
-        let h = parse_config::<JinaBertConfig>(config)?.hidden_size;
-        Ok(ClassifierWeights {
-            pre: Some(PreClassifier::tanh(host_linear(&encoder_root(vb.clone()).pp("pooler.dense"), h, h)?)),
-            classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
-            input: HeadInput::First,
-            pre_on_tokens: false,
-        })
+        bert_classifier(&vb, parse_config::<JinaBertConfig>(config)?.hidden_size, num_labels)
     }
 
     fn token_classifier(&self, config: &Value, vb: VarBuilder, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
