@@ -47,6 +47,7 @@ fn main() {
         mask: AttentionMask::Bidirectional,
         position_bias: None,
         disentangled: None,
+        softcap: None,
     };
     let qkv_out = qkv.forward_unbiased(&x).expect("qkv");
 

@@ -345,6 +345,7 @@ impl Backbone for Bert {
             mask: AttentionMask::Bidirectional,
             position_bias: position_bias.as_ref(),
             disentangled: None,
+            softcap: None,
         };
         for layer in &self.layers {
             // Biases of QKV and of the intermediate layer are folded into attention and GELU.

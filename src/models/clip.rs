@@ -267,6 +267,7 @@ impl PreLnEncoder {
             mask,
             position_bias: None,
             disentangled: None,
+            softcap: None,
         };
         for layer in &self.layers {
             let normed = layer.norm1.forward(hidden.copy()?)?;

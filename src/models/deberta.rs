@@ -363,6 +363,7 @@ impl Backbone for DebertaModel {
                 mask: AttentionMask::Bidirectional,
                 position_bias: None,
                 disentangled: terms.as_ref(),
+                softcap: None,
             };
             hidden = layer.after_attention(&attention.forward(&qkv, None)?, &hidden)?;
         }

@@ -138,6 +138,7 @@ impl Backbone for Gte {
             mask: AttentionMask::Bidirectional,
             position_bias: None,
             disentangled: None,
+            softcap: None,
         };
         for layer in &self.layers {
             // The bias must be in Q and K before they are rotated, so it is not folded here.

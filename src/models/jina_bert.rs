@@ -232,6 +232,7 @@ impl Backbone for JinaBertModel {
             mask: AttentionMask::Bidirectional,
             position_bias: Some(&alibi),
             disentangled: None,
+            softcap: None,
         };
         for layer in &self.layers {
             let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;

@@ -235,6 +235,7 @@ impl Backbone for ModernBert {
             mask,
             position_bias: None,
             disentangled: None,
+            softcap: None,
         };
         let (global, local) = (attention(AttentionMask::Bidirectional), attention(AttentionMask::Window(self.window)));
         for layer in &self.layers {

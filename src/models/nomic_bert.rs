@@ -312,6 +312,7 @@ impl Backbone for NomicBertModel {
             mask: AttentionMask::Bidirectional,
             position_bias: None,
             disentangled: None,
+            softcap: None,
         };
         for layer in &self.layers {
             // A Wqkv bias (none in the published checkpoints) is added before the rotation.

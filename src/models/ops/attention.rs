@@ -17,6 +17,9 @@ pub enum AttentionMask {
     Causal,
     /// Token `i` sees tokens `j` with `|i − j| ≤ w` (local attention).
     Window(usize),
+    /// Token `i` sees the `w` tokens `i − w < j ≤ i` (a decoder's sliding window, as
+    /// transformers masks Mistral's and Gemma's local layers).
+    CausalWindow(usize),
 }
 
 impl AttentionMask {
@@ -27,6 +30,7 @@ impl AttentionMask {
             Self::Bidirectional => (0, len),
             Self::Causal => (0, i + 1),
             Self::Window(w) => (i.saturating_sub(w), (i + w + 1).min(len)),
+            Self::CausalWindow(w) => ((i + 1).saturating_sub(w), i + 1),
         }
     }
 }
@@ -48,6 +52,8 @@ pub struct Attention<'a> {
     pub position_bias: Option<&'a PositionBias>,
     /// DeBERTa's content→position and position→content scores, added to the scaled scores.
     pub disentangled: Option<&'a DisentangledBias>,
+    /// Gemma 2's soft cap: scaled scores become `cap · tanh(score / cap)` before the mask.
+    pub softcap: Option<f32>,
 }
 
 /// A learned bias per head and relative distance `j − i`, for one batch: head `h`'s values are
@@ -178,6 +184,7 @@ impl<'a> Attention<'a> {
                 AttentionMask::Bidirectional => KernelMask::Bidirectional,
                 AttentionMask::Causal => KernelMask::Causal,
                 AttentionMask::Window(w) => KernelMask::Window(w),
+                AttentionMask::CausalWindow(w) => KernelMask::CausalWindow(w),
             },
             position_bias: self.position_bias.map(|pb| (pb.values.as_slice(), pb.max_len)),
         }
@@ -188,7 +195,7 @@ impl<'a> Attention<'a> {
             return qkv.apply_op1_no_bwd(&AttentionOp { attention: self, bias: bias.map(|b| b.host.as_slice()) });
         }
         #[cfg(feature = "cuda")]
-        if super::cuda::takes(qkv) && self.head_dim <= super::cuda::MAX_HEAD_DIM && self.disentangled.is_none() {
+        if super::cuda::takes(qkv) && self.head_dim <= super::cuda::MAX_HEAD_DIM && self.disentangled.is_none() && self.softcap.is_none() {
             return super::cuda::attention(&self.kernel(), qkv, bias.map(|b| &b.tensor));
         }
         match bias {
@@ -240,6 +247,9 @@ impl<'a> Attention<'a> {
                 if let Some(bias) = self.disentangled {
                     let values: Vec<f32> = (0..self.num_heads).flat_map(|h| bias.pairs(h, start, first, rows, len)).collect();
                     scores = (scores + Tensor::from_vec(values, (self.num_heads, rows, len), qkv.device())?)?;
+                }
+                if let Some(cap) = self.softcap {
+                    scores = ((scores / cap as f64)?.tanh()? * cap as f64)?;
                 }
                 if self.mask != AttentionMask::Bidirectional {
                     let mask: Vec<f32> = (0..rows * len)
@@ -333,12 +343,22 @@ impl CustomOp1 for AttentionOp<'_> {
             let out_rows = unsafe { dst.0.add(start * out_width) };
             let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
             let disentangled = this.disentangled.map(|b| b.head(head, start, len));
-            attention_head(rows, bias, out_rows, this.columns(head), this.mask, relative, disentangled, scale, scratch);
+            let scores = ScoreTerms { relative, disentangled, softcap: this.softcap };
+            attention_head(rows, bias, out_rows, this.columns(head), this.mask, scores, scale, scratch);
         });
         // SAFETY: the cu_seqlens checked above cover all tokens, so the jobs wrote every row.
         unsafe { dst.set_len(tokens * out_width) };
         Ok((CpuStorage::F32(dst), Shape::from((tokens, out_width))))
     }
+}
+
+/// What one head adds to its scaled scores besides Q·Kᵀ.
+#[derive(Clone, Copy)]
+struct ScoreTerms<'a> {
+    /// A learned bias by distance (head's values, index of distance 0).
+    relative: Option<(&'a [f32], usize)>,
+    disentangled: Option<DisentangledRows<'a>>,
+    softcap: Option<f32>,
 }
 
 /// Query rows and key columns of one score tile; the tile's 4×16 accumulators (and the 4×16
@@ -372,11 +392,11 @@ multiversion! {
         out: *mut f32,
         cols: HeadColumns,
         mask: AttentionMask,
-        relative: Option<(&[f32], usize)>,
-        disentangled: Option<DisentangledRows>,
+        terms: ScoreTerms,
         scale: f32,
         scratch: &mut Vec<f32>,
     ) {
+        let ScoreTerms { relative, disentangled, softcap } = terms;
         let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, out_width } = cols;
         let len = rows.len() / width;
         let lk = len.div_ceil(TILE_K) * TILE_K;
@@ -441,6 +461,9 @@ multiversion! {
                     row.iter_mut().enumerate().for_each(|(j, s)| *s += terms.get(query, j));
                 }
                 let (lo, hi) = mask.keys(query, len);
+                if let Some(cap) = softcap {
+                    row[lo..hi].iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+                }
                 softmax_in_place(&mut row[lo..hi]);
                 row[..lo].fill(0.0);
                 row[hi..].fill(0.0);
@@ -526,6 +549,7 @@ mod tests {
                 mask: AttentionMask::Bidirectional,
                 position_bias: None,
                 disentangled: None,
+                softcap: None,
             };
             let fast = att.forward(&qkv, None).unwrap();
             assert_eq!(fast.dims(), &[17, hidden]);
@@ -543,13 +567,27 @@ mod tests {
         // 4 query heads over 2 key/value heads of 16 dims: q 64 + k 32 + v 32 columns.
         let qkv = (random((25, 128), 12) * 3.0).unwrap();
         let bias = Bias::new(random((1, 128), 13).flatten_all().unwrap()).unwrap();
-        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(2)] {
-            let att =
-                Attention { num_heads: 4, num_kv_heads: 2, head_dim: 16, cu_seqlens: &cu, mask, position_bias: None, disentangled: None };
+        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(2), AttentionMask::CausalWindow(3)] {
+            let att = Attention {
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 16,
+                cu_seqlens: &cu,
+                mask,
+                position_bias: None,
+                disentangled: None,
+                softcap: None,
+            };
             let fast = att.forward(&qkv, Some(&bias)).unwrap();
             assert_eq!(fast.dims(), &[25, 64]);
             let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
             assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}");
+            // Gemma 2's soft cap (small, so that it bends the scores).
+            let capped = Attention { softcap: Some(0.5), ..att };
+            let fast = capped.forward(&qkv, Some(&bias)).unwrap();
+            let reference = capped.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
+            assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?} capped");
+            assert!(max_diff(&fast, &att.forward(&qkv, Some(&bias)).unwrap()) > 1e-3, "the cap changes the scores");
         }
         // A relative position bias (MPNet), longer than the longest sequence.
         let max_len = 20;
@@ -564,6 +602,7 @@ mod tests {
             mask: AttentionMask::Bidirectional,
             position_bias: Some(&position_bias),
             disentangled: None,
+            softcap: None,
         };
         assert!(max_diff(&att.forward(&qkv, None).unwrap(), &att.forward_generic(&qkv).unwrap()) < 1e-5, "position bias");
     }
@@ -588,6 +627,7 @@ mod tests {
                     mask,
                     position_bias: relative,
                     disentangled: None,
+                    softcap: None,
                 };
                 let fast = att.forward(&qkv, Some(&bias)).unwrap();
                 let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
@@ -614,6 +654,7 @@ mod tests {
             mask: AttentionMask::Bidirectional,
             position_bias: None,
             disentangled: Some(&terms),
+            softcap: None,
         };
         let plain = Attention { disentangled: None, ..att };
         let fast = att.forward(&qkv, None).unwrap();
@@ -639,6 +680,7 @@ mod tests {
             mask: AttentionMask::Causal,
             position_bias: None,
             disentangled: None,
+            softcap: None,
         };
         att.forward(&qkv, None).unwrap();
         let floats = MAX_SCRATCH_FLOATS.load(std::sync::atomic::Ordering::Relaxed);

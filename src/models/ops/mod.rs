@@ -41,7 +41,7 @@ pub use linear::{Bias, Linear};
 pub(crate) use math::sum_squares;
 pub use math::{erf, exp};
 pub use rms_norm::RmsNorm;
-pub use rotary::{QkNorm, Rotary, RotaryTable};
+pub use rotary::{QkNorm, RopeScaling, Rotary, RotaryTable};
 pub use sgemm::PackedMatrix;
 
 /// Deterministic inputs and a tensor distance for the kernels' unit tests.

@@ -11,6 +11,54 @@ use rayon::prelude::*;
 #[derive(Debug, Clone)]
 pub struct Rotary {
     inv_freq: Vec<f32>,
+    /// YaRN's factor on cos and sin (1 otherwise).
+    attention_factor: f32,
+    /// Dynamic NTK scaling, whose frequencies depend on the sequence's length.
+    dynamic: Option<DynamicNtk>,
+}
+
+/// The rotary scalings of transformers' `ROPE_INIT_FUNCTIONS` that decoders' configs carry
+/// (`rope_parameters` / `rope_scaling`), computed as `modeling_rope_utils` computes them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    Default,
+    /// Frequencies divided by `factor` (position interpolation).
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3.1's: long wavelengths divided by `factor`, short ones kept, a smooth blend
+    /// between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_positions: usize,
+    },
+    /// NTK-aware: a sequence longer than `max_positions` rotates with a larger theta.
+    Dynamic {
+        factor: f64,
+        max_positions: usize,
+    },
+    /// YaRN: interpolation blended into extrapolation by a ramp over the dimensions, and cos/sin
+    /// scaled by the attention factor.
+    Yarn {
+        factor: f64,
+        original_max_positions: usize,
+        attention_factor: Option<f64>,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        truncate: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct DynamicNtk {
+    theta: f64,
+    head_dim: usize,
+    factor: f64,
+    max_positions: usize,
 }
 
 /// Per-head RMSNorm weights for queries and keys.
@@ -34,8 +82,106 @@ pub struct RotaryTable {
 impl Rotary {
     /// `inv_freq[k] = 1 / theta^(2k / head_dim)`, in f32 as transformers computes it.
     pub fn new(head_dim: usize, theta: f64) -> Self {
-        let inv_freq = (0..head_dim / 2).map(|k| 1.0 / (theta as f32).powf((2 * k) as f32 / head_dim as f32)).collect();
-        Self { inv_freq }
+        Self { inv_freq: default_frequencies(head_dim, theta), attention_factor: 1.0, dynamic: None }
+    }
+
+    /// The frequencies of `theta` under `scaling`, as transformers' `ROPE_INIT_FUNCTIONS`.
+    pub fn scaled(head_dim: usize, theta: f64, scaling: &RopeScaling) -> Self {
+        let base = default_frequencies(head_dim, theta);
+        match *scaling {
+            RopeScaling::Default => Self::new(head_dim, theta),
+            RopeScaling::Linear { factor } => {
+                Self { inv_freq: base.iter().map(|f| f / factor as f32).collect(), attention_factor: 1.0, dynamic: None }
+            }
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_positions } => {
+                let (factor, old_len) = (factor as f32, original_max_positions as f32);
+                let (low_wavelen, high_wavelen) = (old_len / low_freq_factor as f32, old_len / high_freq_factor as f32);
+                let inv_freq = base
+                    .iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (old_len / wavelen - low_freq_factor as f32) / (high_freq_factor - low_freq_factor) as f32;
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect();
+                Self { inv_freq, attention_factor: 1.0, dynamic: None }
+            }
+            RopeScaling::Dynamic { factor, max_positions } => {
+                Self { inv_freq: base, attention_factor: 1.0, dynamic: Some(DynamicNtk { theta, head_dim, factor, max_positions }) }
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_positions,
+                attention_factor,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                truncate,
+            } => {
+                let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+                let attention_factor = attention_factor.unwrap_or(match (mscale, mscale_all_dim) {
+                    (Some(m), Some(all)) if m != 0.0 && all != 0.0 => get_mscale(factor, m) / get_mscale(factor, all),
+                    _ => get_mscale(factor, 1.0),
+                });
+                let dim = head_dim as f64;
+                let correction = |rotations: f64| {
+                    dim * (original_max_positions as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+                };
+                let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let inv_freq = base
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &extrapolation)| {
+                        let interpolation = 1.0 / (factor as f32 * (1.0 / extrapolation));
+                        let ramp = ((k as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                        let extrapolation_share = 1.0 - ramp;
+                        interpolation * (1.0 - extrapolation_share) + extrapolation * extrapolation_share
+                    })
+                    .collect();
+                Self { inv_freq, attention_factor: attention_factor as f32, dynamic: None }
+            }
+        }
+    }
+
+    /// The frequencies a sequence of `len` tokens rotates with.
+    fn frequencies(&self, len: usize) -> std::borrow::Cow<'_, [f32]> {
+        match &self.dynamic {
+            Some(d) if len > d.max_positions => {
+                let dim = d.head_dim as f64;
+                let theta = d.theta * ((d.factor * len as f64 / d.max_positions as f64) - (d.factor - 1.0)).powf(dim / (dim - 2.0));
+                std::borrow::Cow::Owned(default_frequencies(d.head_dim, theta))
+            }
+            _ => std::borrow::Cow::Borrowed(&self.inv_freq),
+        }
+    }
+
+    /// The table for the sequences `cu_seqlens` delimits, each starting at position 0. Under
+    /// dynamic scaling each sequence rotates as transformers rotates it alone (transformers
+    /// scales a padded batch by its longest sequence, so a batch there differs from its
+    /// sequences run one by one; here it never does).
+    pub fn table_for_sequences(&self, cu_seqlens: &[usize]) -> RotaryTable {
+        let half = self.inv_freq.len();
+        let tokens = cu_seqlens.last().copied().unwrap_or(0);
+        let (mut cos, mut sin) = (Vec::with_capacity(tokens * half), Vec::with_capacity(tokens * half));
+        for w in cu_seqlens.windows(2) {
+            let len = w[1] - w[0];
+            self.push_angles(&self.frequencies(len), 0..len as u32, &mut cos, &mut sin);
+        }
+        self.finish(cos, sin)
     }
 
     /// The table for tokens at `positions` (each token's position inside its own sequence).
@@ -43,13 +189,22 @@ impl Rotary {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for &f in &self.inv_freq {
+        self.push_angles(&self.inv_freq, positions.iter().copied(), &mut cos, &mut sin);
+        self.finish(cos, sin)
+    }
+
+    fn push_angles(&self, inv_freq: &[f32], positions: impl Iterator<Item = u32>, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
+        for p in positions {
+            for &f in inv_freq {
                 let angle = (p as f32 * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push(angle.cos() as f32 * self.attention_factor);
+                sin.push(angle.sin() as f32 * self.attention_factor);
             }
         }
+    }
+
+    fn finish(&self, cos: Vec<f32>, sin: Vec<f32>) -> RotaryTable {
+        let half = self.inv_freq.len();
         RotaryTable {
             cos,
             sin,
@@ -58,6 +213,11 @@ impl Rotary {
             on_device: std::sync::OnceLock::new(),
         }
     }
+}
+
+/// `1 / theta^(2k / head_dim)` for each of the `head_dim / 2` pairs.
+fn default_frequencies(head_dim: usize, theta: f64) -> Vec<f32> {
+    (0..head_dim / 2).map(|k| 1.0 / (theta as f32).powf((2 * k) as f32 / head_dim as f32)).collect()
 }
 
 impl RotaryTable {

@@ -109,7 +109,13 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
         let width = (heads + 2 * kv_heads) * head_dim;
         let qkv = (random((tokens, width), 7 + head_dim as u64)? * 2.0)?;
         let qkv_bias = random((1, width), 8)?.flatten_all()?;
-        for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(3), AttentionMask::Window(40)] {
+        for mask in [
+            AttentionMask::Bidirectional,
+            AttentionMask::Causal,
+            AttentionMask::Window(3),
+            AttentionMask::Window(40),
+            AttentionMask::CausalWindow(4),
+        ] {
             let att = Attention {
                 num_heads: heads,
                 num_kv_heads: kv_heads,
@@ -118,6 +124,7 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
                 mask,
                 position_bias: None,
                 disentangled: None,
+                softcap: None,
             };
             let reference = att.forward_generic(&qkv.broadcast_add(&qkv_bias)?)?;
             compare(
@@ -140,6 +147,7 @@ fn check_kernels(device: &Device, dtype: DType) -> Result<Option<String>> {
         mask: AttentionMask::Bidirectional,
         position_bias: Some(&position_bias),
         disentangled: None,
+        softcap: None,
     };
     compare("attention with position bias", attention(&att.kernel(), &qkv, None)?, att.forward_generic(&qkv)?)?;
 

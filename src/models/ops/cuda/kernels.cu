@@ -196,11 +196,13 @@ __device__ void rotary(T *qkv, const float *cos_table, const float *sin_table, c
 #define MASK_BIDIRECTIONAL 0
 #define MASK_CAUSAL 1
 #define MASK_WINDOW 2
+#define MASK_CAUSAL_WINDOW 3
 
 __device__ __forceinline__ void key_range(int mask, int window, int i, int len, int *lo, int *hi) {
     switch (mask) {
     case MASK_CAUSAL: *lo = 0; *hi = i + 1; break;
     case MASK_WINDOW: *lo = max(0, i - window); *hi = min(len, i + window + 1); break;
+    case MASK_CAUSAL_WINDOW: *lo = max(0, i + 1 - window); *hi = i + 1; break;
     default: *lo = 0; *hi = len;
     }
 }

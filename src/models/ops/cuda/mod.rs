@@ -144,6 +144,8 @@ pub(crate) enum KernelMask {
     Causal,
     /// `|i − j| ≤ w`.
     Window(usize),
+    /// `i − w < j ≤ i`.
+    CausalWindow(usize),
 }
 
 /// The attention kernel's parameters.
@@ -450,6 +452,7 @@ pub(crate) fn attention(att: &KernelAttention, qkv: &Tensor, bias: Option<&Tenso
         // A window wider than the longest sequence sees everything; clamped, `i + w + 1` cannot
         // overflow in the kernel.
         KernelMask::Window(w) => (2, w.min(tokens) as i32),
+        KernelMask::CausalWindow(w) => (3, w.min(tokens + 1) as i32),
     };
     let cfg = LaunchConfig { grid_dim: (num_tiles as u32, heads as u32, 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
     let name = format!("attention_{}", suffix(qkv.dtype())?);
