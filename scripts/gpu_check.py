@@ -200,6 +200,7 @@ def check_rewards(server, expected, key="token_rewards"):
 PRM_STEP = ["--pooler-config", json.dumps({"pooling_type": "STEP", "step_tag_id": 1000, "returned_token_ids": [0, 1]})]
 QWEN3_RERANKER = json.dumps({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": True})
 SPLADE = ["--pooler-config", json.dumps({"pooling_type": "SPLADE"})]
+GEMMA_RERANKER = json.dumps({"architectures": ["GemmaForSequenceClassification"], "classifier_from_token": ["Yes"], "method": "no_post_processing"})
 
 # Fixture folder → (extra server flags, checks).
 CHECKS = {
@@ -224,9 +225,17 @@ CHECKS = {
     "electra-reranker": ([], [check_pairs]),
     "electra-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "electra-tokcls": ([], [check_token_classify]),
+    "embeddinggemma-tiny": ([], [check_embeddings]),
+    "gemma-causal-reranker": (["--hf-overrides", GEMMA_RERANKER], [check_pairs]),
+    "gemma2-embed-last": ([], [check_embeddings]),
+    "gemma2-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "gemma3-causal": ([], [check_embeddings]),
     "gte-embed-cls": ([], [check_embeddings]),
     "jina-embed": ([], [check_embeddings]),
     "jina-reranker": ([], [check_pairs]),
+    "llama-embed-last": ([], [check_embeddings]),
+    "llama-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "mistral-embed-window": ([], [check_embeddings]),
     "modernbert-embed-mean": ([], [check_embeddings]),
     "modernbert-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "mpnet-embed-masked-lm": ([], [check_embeddings]),

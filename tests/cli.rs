@@ -42,9 +42,9 @@ fn bad_flags_and_models_fail_with_one_line() {
     );
     assert_one_line_error(&["serve", "./no/such/folder", "--port", "0"], "does not exist");
 
-    let dir = std::env::temp_dir().join(format!("poolserve-cli-llama-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("poolserve-cli-phi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#).unwrap();
+    std::fs::write(dir.join("config.json"), r#"{"architectures": ["PhiForCausalLM"], "model_type": "phi"}"#).unwrap();
     assert_one_line_error(&["serve", dir.to_str().unwrap(), "--port", "0"], "unsupported model");
     let fixture = fixture_model("bert-embed-mean");
     assert_one_line_error(&["serve", fixture.to_str().unwrap(), "--port", "0", "--max-model-len", "4096"], "larger than the model's limit");

@@ -212,6 +212,11 @@ async fn half_precision_stays_within_tolerance() {
             "nomic-embed-mean",
             "deberta-embed",
             "jina-embed",
+            "llama-embed-last",
+            "mistral-embed-window",
+            "gemma2-embed-last",
+            "gemma3-causal",
+            "embeddinggemma-tiny",
         ] {
             let worst = worst_embedding_cosine(name, |c| c.models[0].dtype = dtype).await;
             eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
@@ -250,6 +255,11 @@ async fn int8_quantization_runs_every_backbone_close_to_reference() {
         "deberta-embed",
         "jina-embed",
         "bge-m3-tiny",
+        "llama-embed-last",
+        "mistral-embed-window",
+        "gemma2-embed-last",
+        "gemma3-causal",
+        "embeddinggemma-tiny",
     ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");

@@ -279,12 +279,14 @@ impl ModelSpec {
             return Err(LoadError::Invalid(format!("returned_token_ids: {bad} is not one of the model's {num_labels} labels")));
         }
         let rerank_template = if classifies {
-            architecture.rerank_template(num_labels).map(|mut template| {
-                if let Some(instruction) = &options.reranker_instruction {
-                    template.instruction = instruction.clone();
-                }
-                template
-            })
+            rerank_template_override(config, num_labels)?.or_else(|| architecture.rerank_template(config, num_labels)).map(
+                |mut template| {
+                    if let Some(instruction) = &options.reranker_instruction {
+                        template.instruction = instruction.clone();
+                    }
+                    template
+                },
+            )
         } else {
             None
         };
@@ -396,15 +398,33 @@ pub fn architecture_of(config: &Value) -> Result<(String, &'static dyn Architect
     Ok((architecture, served))
 }
 
+/// A reranker prompt set in config.json or `--hf-overrides`: `rerank_template` (with
+/// `{query}`, `{document}` and `{instruction}`) and optionally `rerank_instruction`, for
+/// one-label classifiers whose published usage wraps pairs in a prompt we do not detect.
+fn rerank_template_override(config: &Value, num_labels: usize) -> Result<Option<RerankTemplate>, LoadError> {
+    let Some(format) = config.get("rerank_template") else { return Ok(None) };
+    let format = format.as_str().ok_or_else(|| LoadError::Invalid("rerank_template must be a string".into()))?;
+    if num_labels != 1 {
+        return Err(LoadError::Invalid(format!("rerank_template needs a one-label classifier; this one has {num_labels} labels")));
+    }
+    if !format.contains("{query}") || !format.contains("{document}") {
+        return Err(LoadError::Invalid("rerank_template must contain {query} and {document}".into()));
+    }
+    let instruction = config.get("rerank_instruction").and_then(Value::as_str).unwrap_or_default();
+    Ok(Some(RerankTemplate { format: format.into(), instruction: instruction.into() }))
+}
+
 /// `classifier_from_token` of a converted causal LM (`--hf-overrides`), e.g. `["no", "yes"]`.
 pub fn classifier_tokens(config: &Value) -> Option<Vec<String>> {
     let tokens = config.get("classifier_from_token")?.as_array()?;
     tokens.iter().map(|t| t.as_str().map(String::from)).collect()
 }
 
-/// Whether the config turns Qwen3-Reranker's yes/no logits into one score.
+/// Whether the config turns two tokens' logits into one score (Qwen3-Reranker's yes − no):
+/// `is_original_qwen3_reranker`, or vLLM's `"method": "from_2_way_softmax"`.
 pub fn is_original_qwen3_reranker(config: &Value) -> bool {
     config.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false)
+        || config.get("method").and_then(Value::as_str) == Some("from_2_way_softmax")
 }
 
 /// Number of classifier outputs: one per `classifier_from_token` token (one in all for
@@ -620,9 +640,14 @@ mod tests {
         assert_eq!(name(json!({"architectures": ["MPNetForMaskedLM"]})), "MPNet");
         assert_eq!(name(json!({"architectures": ["DistilBertForTokenClassification"]})), "DistilBERT");
         assert_eq!(name(json!({"architectures": ["ModernBertModel"]})), "ModernBERT");
-        let err =
-            architecture_of(&json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})).err().expect("llama is not served");
-        assert!(err.to_string().contains("LlamaForCausalLM"));
+        assert_eq!(name(json!({"architectures": ["LlamaForCausalLM"]})), "Llama");
+        assert_eq!(name(json!({"architectures": ["MistralModel"]})), "Mistral");
+        assert_eq!(name(json!({"architectures": ["GemmaForSequenceClassification"]})), "Gemma");
+        assert_eq!(name(json!({"architectures": ["Gemma2ForCausalLM"]})), "Gemma2");
+        assert_eq!(name(json!({"architectures": ["Gemma3TextModel"]})), "Gemma3Text");
+        assert_eq!(name(json!({"architectures": ["Gemma3ForCausalLM"]})), "Gemma3Text");
+        let err = architecture_of(&json!({"architectures": ["PhiForCausalLM"], "model_type": "phi"})).err().expect("phi is not served");
+        assert!(err.to_string().contains("PhiForCausalLM"));
     }
 
     #[test]

@@ -107,21 +107,75 @@ impl MaskedLmHead {
 }
 
 /// A reranker converted from a chat model: a (query, document) pair becomes one prompt whose
-/// last token the one-label classifier judges. This is the Qwen3-Reranker prompt, whose
-/// reference usage always wraps pairs this way.
+/// last token the one-label classifier judges. The prompt is rendered and tokenized whole,
+/// special tokens included, with nothing added by the tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RerankTemplate {
-    pub system: String,
+    /// The prompt, with `{query}`, `{document}` and `{instruction}` where they go.
+    pub format: String,
+    /// What `{instruction}` becomes unless the request or `--reranker-instruction` says.
     pub instruction: String,
 }
 
 impl RerankTemplate {
-    /// The prompt for one pair; `instruction` replaces the default task description.
+    /// Qwen3-Reranker's chat prompt, whose reference usage always wraps pairs this way.
+    pub fn qwen3() -> Self {
+        RerankTemplate {
+            format: "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. \
+                     Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\n\
+                     <Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                .into(),
+            instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+        }
+    }
+
+    /// BAAI/bge-reranker-v2-gemma's prompt (FlagEmbedding's `FlagLLMReranker`, and vLLM's test
+    /// of it): `<bos>A: {query}\nB: {document}\n{prompt}`, read at the "Yes" token.
+    pub fn bge_reranker_gemma() -> Self {
+        RerankTemplate {
+            format: "<bos>A: {query}\nB: {document}\n{instruction}".into(),
+            instruction: "Given a query A and a passage B, determine whether the passage contains an answer to the query by providing a prediction of either 'Yes' or 'No'.".into(),
+        }
+    }
+
+    /// The prompt for one pair; `instruction` replaces the default task description. Each
+    /// placeholder of the format is replaced once, in one pass: braces inside a query or a
+    /// document stay as they are.
     pub fn render(&self, query: &str, document: &str, instruction: Option<&str>) -> String {
-        format!(
-            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n<Instruct>: {}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
-            self.system,
-            instruction.unwrap_or(&self.instruction)
-        )
+        let mut out = String::with_capacity(self.format.len() + query.len() + document.len());
+        let mut rest = self.format.as_str();
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let after = &rest[open..];
+            let (value, len) = if after.starts_with("{query}") {
+                (query, "{query}".len())
+            } else if after.starts_with("{document}") {
+                (document, "{document}".len())
+            } else if after.starts_with("{instruction}") {
+                (instruction.unwrap_or(&self.instruction), "{instruction}".len())
+            } else {
+                ("{", 1)
+            };
+            out.push_str(value);
+            rest = &after[len..];
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RerankTemplate;
+
+    #[test]
+    fn templates_render_each_placeholder_once() {
+        let qwen = RerankTemplate::qwen3().render("q {document}", "d", None);
+        assert!(qwen.contains("<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: q {document}\n<Document>: d<|im_end|>"));
+        assert!(qwen.starts_with(
+            "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that"
+        ));
+        let gemma = RerankTemplate::bge_reranker_gemma().render("what {x}", "B", Some("Yes?"));
+        assert_eq!(gemma, "<bos>A: what {x}\nB: B\nYes?");
     }
 }

@@ -14,9 +14,11 @@ pub mod clip;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
+pub mod gemma;
 pub mod gte;
 pub mod heads;
 pub mod jina_bert;
+pub mod llama;
 pub mod modernbert;
 pub mod mpnet;
 pub mod nomic_bert;
@@ -45,6 +47,11 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &jina_bert::JINA_BERT,
     &qwen::QWEN2,
     &qwen::QWEN3,
+    &llama::LLAMA,
+    &llama::MISTRAL,
+    &gemma::GEMMA,
+    &gemma::GEMMA2,
+    &gemma::GEMMA3,
     &clip::CLIP,
     &siglip::SIGLIP,
 ];
@@ -236,7 +243,7 @@ pub trait Architecture: Sync {
         Err(ModelError::NoHead(format!("SPLADE needs a masked-LM head; {} models have none here", self.name())))
     }
     /// The prompt that turns a one-label classifier of this architecture into a reranker.
-    fn rerank_template(&self, _num_labels: usize) -> Option<RerankTemplate> {
+    fn rerank_template(&self, _config: &Value, _num_labels: usize) -> Option<RerankTemplate> {
         None
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cross_encoder;
+pub mod families;
 pub mod server;
 
 use axum::body::Body;

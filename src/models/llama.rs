@@ -1,0 +1,408 @@
+//! Llama and Mistral, and the pre-norm decoder they share with Qwen2/3: RMSNorm, rotary
+//! positions (with the scalings their configs carry: `linear`, `dynamic`, `yarn`, `llama3`),
+//! grouped-query causal attention (Mistral's within a sliding window), SwiGLU MLP.
+//!
+//! Every sequence starts at position 0 at its first token, so left or right padding in the
+//! client's tokenizer cannot matter: there is no padding. Q, K and V are fused into one
+//! projection and gate/up into another at load time.
+//!
+//! Decoders embed with their last token (the EOS the published tokenizer appends, e.g.
+//! e5-mistral's), classify with `*ForSequenceClassification`'s `score` on the rightmost
+//! non-padding token, and, converted with `classifier_from_token`, read rows of the LM head.
+
+use super::batch::Batch;
+use super::heads::{on_host, ClassifierWeights, HeadInput};
+use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary};
+use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub static LLAMA: LlamaFamily = LlamaFamily::Llama;
+pub static MISTRAL: LlamaFamily = LlamaFamily::Mistral;
+
+/// Llama, or Mistral (Llama with a sliding attention window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LlamaFamily {
+    Llama,
+    Mistral,
+}
+
+impl Architecture for LlamaFamily {
+    fn name(&self) -> &'static str {
+        match self {
+            LlamaFamily::Llama => "Llama",
+            LlamaFamily::Mistral => "Mistral",
+        }
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        match self {
+            LlamaFamily::Llama => &["Llama"],
+            LlamaFamily::Mistral => &["Mistral"],
+        }
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        match self {
+            LlamaFamily::Llama => &["llama"],
+            LlamaFamily::Mistral => &["mistral"],
+        }
+    }
+
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Last
+    }
+
+    fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        let config: DecoderConfig = parse_config(raw)?;
+        let layout = DecoderLayout {
+            qkv_bias: config.attention_bias.unwrap_or(false),
+            mlp_bias: config.mlp_bias,
+            qk_norm: false,
+            // Llama has no window; Mistral's is `sliding_window` (null in v0.2 and later).
+            sliding_window: match self {
+                LlamaFamily::Llama => None,
+                LlamaFamily::Mistral => config.sliding_window,
+            },
+        };
+        Ok(Box::new(Decoder::load(raw, layout, vb)?))
+    }
+
+    fn classifier(
+        &self,
+        raw: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
+        last_token_classifier(raw, vb, num_labels, from_tokens)
+    }
+}
+
+/// The fields of a decoder's `config.json` (Llama, Mistral, Qwen2/3) the forward pass needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DecoderConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    pub intermediate_size: usize,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    pub max_position_embeddings: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    #[serde(default)]
+    pub use_sliding_window: bool,
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+
+impl DecoderConfig {
+    /// `(query heads, key/value heads, head_dim)`, checked to group evenly.
+    pub fn heads(&self) -> std::result::Result<(usize, usize, usize), ModelError> {
+        grouped_heads(self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.hidden_size)
+    }
+}
+
+/// `(query heads, key/value heads, head_dim)` of a config (key/value heads default to the query
+/// heads, head_dim to hidden / heads), checked to group evenly into rotatable heads.
+pub fn grouped_heads(
+    heads: usize,
+    kv_heads: Option<usize>,
+    head_dim: Option<usize>,
+    hidden: usize,
+) -> std::result::Result<(usize, usize, usize), ModelError> {
+    let kv_heads = kv_heads.unwrap_or(heads);
+    let head_dim = head_dim.unwrap_or(hidden / heads.max(1));
+    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) || !head_dim.is_multiple_of(2) {
+        return Err(ModelError::Config(format!("{heads} heads over {kv_heads} key/value heads of {head_dim} dims")));
+    }
+    Ok((heads, kv_heads, head_dim))
+}
+
+/// What varies between the decoders built on [`Decoder`].
+#[derive(Debug, Clone, Copy)]
+pub struct DecoderLayout {
+    /// Biases on q/k/v (Qwen2; Llama with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Biases on the MLP's projections (Llama with `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm of queries and keys before the rotation (Qwen3).
+    pub qk_norm: bool,
+    /// Each token attends to the last `w` tokens, itself included (Mistral).
+    pub sliding_window: Option<usize>,
+}
+
+/// The rotary frequencies a decoder's config asks for, and the longest sequence they serve:
+/// `max_position_embeddings`, stretched by the factor of a `linear` or `dynamic` scaling, or
+/// YaRN's `original_max_position_embeddings × factor` (as vLLM derives its max_model_len).
+/// `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (earlier).
+pub fn rope_of(raw: &Value, head_dim: usize, max_positions: usize) -> std::result::Result<(Rotary, usize), ModelError> {
+    let params = raw.get("rope_parameters").or_else(|| raw.get("rope_scaling")).filter(|v| v.is_object());
+    let field = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
+    let theta = field("rope_theta").or_else(|| raw.get("rope_theta").and_then(Value::as_f64)).unwrap_or(10_000.0);
+    if field("partial_rotary_factor").is_some_and(|f| f != 1.0) {
+        return Err(ModelError::Config("partial_rotary_factor is not supported".into()));
+    }
+    let kind = params.and_then(|p| p.get("rope_type").or_else(|| p.get("type"))).and_then(Value::as_str).unwrap_or("default");
+    let required = |name: &str| field(name).ok_or_else(|| ModelError::Config(format!("rope_type `{kind}` needs `{name}`")));
+    let original = field("original_max_position_embeddings").map(|v| v as usize);
+    let (scaling, longest) = match kind {
+        "default" => (RopeScaling::Default, max_positions),
+        "linear" => {
+            let factor = required("factor")?;
+            (RopeScaling::Linear { factor }, (max_positions as f64 * factor) as usize)
+        }
+        "dynamic" => {
+            let factor = required("factor")?;
+            (RopeScaling::Dynamic { factor, max_positions }, (max_positions as f64 * factor) as usize)
+        }
+        "llama3" => {
+            let scaling = RopeScaling::Llama3 {
+                factor: required("factor")?,
+                low_freq_factor: required("low_freq_factor")?,
+                high_freq_factor: required("high_freq_factor")?,
+                original_max_positions: original.unwrap_or(max_positions),
+            };
+            (scaling, max_positions)
+        }
+        "yarn" => {
+            let original_max_positions =
+                original.ok_or_else(|| ModelError::Config("rope_type `yarn` needs `original_max_position_embeddings`".into()))?;
+            let factor = field("factor").unwrap_or(max_positions as f64 / original_max_positions as f64);
+            let scaling = RopeScaling::Yarn {
+                factor,
+                original_max_positions,
+                attention_factor: field("attention_factor"),
+                beta_fast: field("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: field("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+                mscale: field("mscale"),
+                mscale_all_dim: field("mscale_all_dim"),
+                truncate: params.and_then(|p| p.get("truncate")).and_then(Value::as_bool).unwrap_or(true),
+            };
+            (scaling, ((original_max_positions as f64 * factor) as usize).max(max_positions))
+        }
+        other => return Err(ModelError::Config(format!("rope_type `{other}` is not supported"))),
+    };
+    Ok((Rotary::scaled(head_dim, theta, &scaling), longest))
+}
+
+struct Layer {
+    input_norm: RmsNorm,
+    qkv: Linear,
+    qk_norm: Option<QkNorm>,
+    o_proj: Linear,
+    post_norm: RmsNorm,
+    gate_up: Linear,
+    down: Linear,
+}
+
+/// A pre-norm decoder on the flat batch (Llama's block; Qwen2/3 and Mistral are its layouts).
+pub struct Decoder {
+    embed_tokens: Tensor,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    rotary: Rotary,
+    gated: GatedActivation,
+    mask: AttentionMask,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    max_positions: usize,
+    config: DecoderConfig,
+}
+
+/// Task checkpoints (`*ForSequenceClassification`, `*ForCausalLM`) keep the decoder under `model.`.
+pub fn decoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
+    if vb.contains_tensor("model.embed_tokens.weight") {
+        vb.pp("model")
+    } else {
+        vb
+    }
+}
+
+/// `[q; k; v]` of one attention block, fused into one `[q_out + 2·kv_out, hidden]` weight (and
+/// bias), as the attention kernel takes them.
+pub fn fused_qkv(at: &VarBuilder, h: usize, q_out: usize, kv_out: usize, bias: bool) -> Result<(Tensor, Option<Tensor>)> {
+    let weight = |name: &str, out: usize| at.pp(name).get((out, h), "weight");
+    let qkv = Tensor::cat(&[weight("q_proj", q_out)?, weight("k_proj", kv_out)?, weight("v_proj", kv_out)?], 0)?;
+    let bias = if bias {
+        let bias = |name: &str, out: usize| at.pp(name).get(out, "bias");
+        Some(Tensor::cat(&[bias("q_proj", q_out)?, bias("k_proj", kv_out)?, bias("v_proj", kv_out)?], 0)?)
+    } else {
+        None
+    };
+    Ok((qkv, bias))
+}
+
+/// `[gate; up]` of one MLP fused into one `[2·inter, hidden]` projection.
+pub fn fused_gate_up(mlp: &VarBuilder, h: usize, inter: usize, bias: bool) -> Result<Linear> {
+    let gate_up = Tensor::cat(&[mlp.pp("gate_proj").get((inter, h), "weight")?, mlp.pp("up_proj").get((inter, h), "weight")?], 0)?;
+    let bias =
+        if bias { Some(Tensor::cat(&[mlp.pp("gate_proj").get(inter, "bias")?, mlp.pp("up_proj").get(inter, "bias")?], 0)?) } else { None };
+    Linear::new(gate_up, bias)
+}
+
+impl Decoder {
+    pub fn load(raw: &Value, layout: DecoderLayout, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: DecoderConfig = parse_config(raw)?;
+        let activation = Activation::from_config(&config.hidden_act)
+            .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
+        let h = config.hidden_size;
+        let (heads, kv_heads, head_dim) = config.heads()?;
+        let (rotary, max_positions) = rope_of(raw, head_dim, config.max_position_embeddings)?;
+        let vb = decoder_root(vb);
+        let (q_out, kv_out) = (heads * head_dim, kv_heads * head_dim);
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let lv = vb.pp(format!("layers.{i}"));
+            let at = lv.pp("self_attn");
+            let (qkv_weight, qkv_bias) = fused_qkv(&at, h, q_out, kv_out, layout.qkv_bias)?;
+            let qk_norm = if layout.qk_norm {
+                Some(QkNorm {
+                    q: host_f32(&at.pp("q_norm").get(head_dim, "weight")?)?,
+                    k: host_f32(&at.pp("k_norm").get(head_dim, "weight")?)?,
+                    eps: config.rms_norm_eps as f32,
+                })
+            } else {
+                None
+            };
+            let mlp = lv.pp("mlp");
+            let inter = config.intermediate_size;
+            let linear = |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+                Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })
+            };
+            layers.push(Layer {
+                input_norm: RmsNorm::new(lv.pp("input_layernorm").get(h, "weight")?, config.rms_norm_eps)?,
+                qkv: Linear::new(qkv_weight, qkv_bias)?,
+                qk_norm,
+                o_proj: linear(
+                    at.pp("o_proj"),
+                    h,
+                    q_out,
+                    layout.qkv_bias && raw.get("attention_bias").and_then(Value::as_bool) == Some(true),
+                )?,
+                post_norm: RmsNorm::new(lv.pp("post_attention_layernorm").get(h, "weight")?, config.rms_norm_eps)?,
+                gate_up: fused_gate_up(&mlp, h, inter, layout.mlp_bias)?,
+                down: linear(mlp.pp("down_proj"), h, inter, layout.mlp_bias)?,
+            });
+        }
+        Ok(Self {
+            embed_tokens: vb.get((config.vocab_size, h), "embed_tokens.weight")?,
+            norm: RmsNorm::new(vb.pp("norm").get(h, "weight")?, config.rms_norm_eps)?,
+            rotary,
+            gated: GatedActivation { activation, act_on_first: true },
+            mask: layout.sliding_window.map_or(AttentionMask::Causal, AttentionMask::CausalWindow),
+            layers,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim,
+            max_positions,
+            config,
+        })
+    }
+}
+
+impl Backbone for Decoder {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let device = self.embed_tokens.device();
+        let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), device)?;
+        let mut hidden = self.embed_tokens.index_select(&ids, 0)?;
+        let table = self.rotary.table_for_sequences(&batch.cu_seqlens);
+        let attention = Attention {
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            cu_seqlens: &batch.cu_seqlens,
+            mask: self.mask,
+            position_bias: None,
+            disentangled: None,
+            softcap: None,
+        };
+        for layer in &self.layers {
+            let qkv = layer.qkv.forward(&layer.input_norm.forward(&hidden)?)?;
+            let qkv = table.apply(&qkv, self.num_heads, self.num_kv_heads, layer.qk_norm.as_ref())?;
+            hidden = layer.o_proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
+            let inner = self.gated.forward(&layer.gate_up.forward(&layer.post_norm.forward(&hidden)?)?)?;
+            hidden = layer.down.forward_add(&inner, &hidden)?;
+        }
+        self.norm.forward(&hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.o_proj, &mut l.gate_up, &mut l.down]).collect()
+    }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
+}
+
+/// A decoder's classifier on its last token, for every decoder family:
+/// - `*ForSequenceClassification`: `score` (no bias) on the rightmost non-padding token, as
+///   transformers reads it (the last token when the config has no `pad_token_id`);
+/// - a causal LM converted with `classifier_from_token` (vLLM's `--hf-overrides`): rows of the
+///   LM head (tied to the embeddings unless `lm_head.weight` exists) on the last token; the
+///   difference `row(tokens[1]) − row(tokens[0])` for vLLM's `from_2_way_softmax`
+///   (`is_original_qwen3_reranker`), else one row per token (`no_post_processing`).
+///
+/// Gemma 2's final logit soft-cap is not applied to these rows, as vLLM's conversion does not.
+pub fn last_token_classifier(
+    raw: &Value,
+    vb: VarBuilder,
+    num_labels: usize,
+    from_tokens: Option<&[u32]>,
+) -> std::result::Result<ClassifierWeights, ModelError> {
+    let field = |name: &str| raw.get(name).and_then(Value::as_u64).map(|v| v as usize);
+    let h = field("hidden_size").ok_or_else(|| ModelError::Config("missing field `hidden_size`".into()))?;
+    let Some(tokens) = from_tokens else {
+        let input = match raw.get("pad_token_id").and_then(Value::as_u64) {
+            Some(pad) => HeadInput::LastNonPad { pad_token_id: pad as u32 },
+            None => HeadInput::Last,
+        };
+        let classifier = Linear::new(on_host(vb.pp("score").get((num_labels, h), "weight")?)?, None)?;
+        return Ok(ClassifierWeights { pre: None, classifier, input, pre_on_tokens: false });
+    };
+    let vocab = field("vocab_size").ok_or_else(|| ModelError::Config("missing field `vocab_size`".into()))?;
+    let lm_head = if vb.contains_tensor("lm_head.weight") {
+        vb.get((vocab, h), "lm_head.weight")?
+    } else {
+        decoder_root(vb).get((vocab, h), "embed_tokens.weight")?
+    };
+    let ids = Tensor::from_slice(tokens, tokens.len(), lm_head.device())?;
+    let rows = on_host(lm_head.index_select(&ids, 0)?)?;
+    let two_way = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false)
+        || raw.get("method").and_then(Value::as_str) == Some("from_2_way_softmax");
+    let weight = if two_way && tokens.len() == 2 { (rows.get(1)? - rows.get(0)?)?.unsqueeze(0)? } else { rows };
+    Ok(ClassifierWeights { pre: None, classifier: Linear::new(weight, None)?, input: HeadInput::Last, pre_on_tokens: false })
+}
