@@ -5,6 +5,7 @@
 //! live in [`crate::input`], which runs them per request) and the heads the spec's tasks need.
 
 pub mod hub;
+mod mapped;
 pub mod options;
 pub mod sentence;
 pub mod spec;
@@ -159,11 +160,17 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
 
     let device = device(options.device)?;
-    let dtype = options.dtype.dtype_on(options.device);
+    let mut dtype = options.dtype.dtype_on(options.device);
     let vb = match weight_files(&source)? {
-        // SAFETY: the weight files are memory-mapped read-only and must not change while we
-        // run, the same contract as every safetensors loader.
-        WeightFiles::Safetensors(files) => unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, &device)? },
+        WeightFiles::Safetensors(files) => {
+            // SAFETY: the weight files are memory-mapped read-only and must not change while
+            // we run, the same contract as every safetensors loader.
+            let weights = unsafe { mapped::MappedWeights::open(&files)? };
+            if options.dtype == options::DTypeArg::Auto && device.is_cpu() {
+                dtype = mapped::auto_cpu_dtype(&weights, &files, mapped::available_memory());
+            }
+            VarBuilder::from_backend(Box::new(weights), dtype, device.clone())
+        }
         WeightFiles::Pytorch(file) => VarBuilder::from_pth(&file, dtype, &device)?,
     };
     #[cfg(feature = "cuda")]
@@ -241,7 +248,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
 /// tokenizer transformers builds from its `spm.model`.
 fn text_tokenizer(source: &ModelSource, tokenizer_config: &serde_json::Value, spec: &ModelSpec) -> Result<TextTokenizer, LoadError> {
     if let Some(path) = source.file("tokenizer.json")? {
-        return Ok(TextTokenizer::from_file(&path, spec.lowercase, spec.segment_ids)?);
+        return Ok(TextTokenizer::from_file(&path, spec.lowercase, spec.segment_ids)?.with_llama_special_tokens(tokenizer_config)?);
     }
     let class = tokenizer_config.get("tokenizer_class").and_then(serde_json::Value::as_str).unwrap_or("");
     if class.trim_end_matches("Fast") == "DebertaV2Tokenizer" {
