@@ -90,6 +90,42 @@ impl TextTokenizer {
         Ok(Self { inner, lowercase, type_ids, pad_id })
     }
 
+    /// The BOS/EOS that transformers 4's `LlamaTokenizerFast` and `GemmaTokenizerFast` add by
+    /// `tokenizer_config.json`'s `add_bos_token` (default true) and `add_eos_token` (default
+    /// false): they rebuild the post-processor from those flags, whatever tokenizer.json says.
+    /// e5-mistral-7b-instruct publishes `add_eos_token: true` over a tokenizer.json that appends
+    /// nothing, and was trained and evaluated with the `</s>` appended (its last-token pooling
+    /// reads it). Applied only when `add_eos_token` is true and the tokenizer.json does not
+    /// already end a text with that EOS; other classes are left as tokenizer.json says.
+    pub fn with_llama_special_tokens(mut self, tokenizer_config: &serde_json::Value) -> Result<Self, TokenizeError> {
+        let class = tokenizer_config.get("tokenizer_class").and_then(serde_json::Value::as_str).unwrap_or("");
+        let flag = |name: &str, default: bool| tokenizer_config.get(name).and_then(serde_json::Value::as_bool).unwrap_or(default);
+        if !matches!(class.trim_end_matches("Fast"), "LlamaTokenizer" | "CodeLlamaTokenizer" | "GemmaTokenizer")
+            || !flag("add_eos_token", false)
+        {
+            return Ok(self);
+        }
+        let token = |name: &str| special_token(tokenizer_config, name).and_then(|t| self.inner.token_to_id(&t).map(|id| (t, id)));
+        let Some((eos, eos_id)) = token("eos_token") else { return Ok(self) };
+        let appends_eos = self.inner.encode("a", true).map(|e| e.get_ids().last() == Some(&eos_id)).unwrap_or(false);
+        if appends_eos {
+            return Ok(self);
+        }
+        let bos = if flag("add_bos_token", true) { token("bos_token") } else { None };
+        let prefix = bos.as_ref().map(|(t, _)| format!("{t}:0 ")).unwrap_or_default();
+        let mut specials: Vec<(String, u32)> = bos.into_iter().collect();
+        specials.push((eos.clone(), eos_id));
+        let template = tokenizers::processors::template::TemplateProcessing::builder()
+            .try_single(format!("{prefix}$A:0 {eos}:0"))
+            .and_then(|b| b.try_pair(format!("{prefix}$A:0 {eos}:0 {}$B:1 {eos}:1", prefix.replace(":0", ":1"))))
+            .map_err(|e| TokenizeError::Failed(format!("add_eos_token: {e}")))?
+            .special_tokens(specials)
+            .build()
+            .map_err(|e| TokenizeError::Failed(format!("add_eos_token: {e}")))?;
+        self.inner.with_post_processor(Some(template));
+        Ok(self)
+    }
+
     /// Names the pad token (`tokenizer_config.json`'s `pad_token`), when the vocabulary has it.
     pub fn with_pad_token(mut self, token: Option<&str>) -> Self {
         if let Some(id) = token.and_then(|t| self.inner.token_to_id(t)) {
