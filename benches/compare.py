@@ -47,7 +47,13 @@ def measure(fn, iterations):
 
 name = os.path.basename(os.path.normpath(model_dir))
 print(f"PyTorch {torch.__version__}, {THREADS} threads, {name} forward (transformers, mean pooling)")
+# SHAPES=8x128,1x16 runs only the shapes named (as `cargo bench --bench forward -- 8x128 1x16`).
+only = [s for s in os.environ.get("SHAPES", "").split(",") if s]
 for seqs, length, iterations in [(32, 128, 20), (1, 16, 200), (8, 128, 40)]:
+    if only and f"{seqs}x{length}" not in only:
+        continue
+    # BENCH_ITERATIONS=N times every shape N times (large models), as the forward bench reads it.
+    iterations = int(os.environ.get("BENCH_ITERATIONS", iterations))
     input_ids = ids(seqs, length)
     mask = torch.ones_like(input_ids)
 

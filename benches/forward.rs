@@ -75,6 +75,8 @@ fn main() {
         if !only.is_empty() && !only.contains(&format!("{seqs}x{len}")) {
             continue;
         }
+        // BENCH_ITERATIONS=N times every shape N times (large models), as benches/compare.py reads it.
+        let iterations = std::env::var("BENCH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(iterations);
         let batch = Batch::from_inputs(inputs(seqs, len, vocab).iter());
         let (median, p90) = measure("forward", iterations, || {
             let hidden = poolserve::models::forward_chunked(model.backbone.as_ref(), &batch, chunk).expect("forward");

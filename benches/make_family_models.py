@@ -9,7 +9,15 @@ folder, interleaved; see README, "Benchmarks"):
   nomic-v1.5        transformers 5's own NomicBertModel in nomic-embed-text-v1.5's shape: hidden
                     768, 12 layers, 12 heads, SwiGLU 3072, vocab 30528, rotary base 1000 (137M)
 
-    python3 benches/make_family_models.py OUT_DIR      # needs torch and transformers >= 5
+and of the decoder families of issue 31:
+
+  qwen3-0.6b        Qwen3Model in Qwen3-Embedding-0.6B's shape: hidden 1024, 28 layers, 16 heads
+                    over 8 key/value heads of 128, SwiGLU 3072, vocab 151669 (596M)
+  gemma3-300m       Gemma3TextModel in google/embeddinggemma-300m's shape: hidden 768, 24 layers,
+                    3 heads over 1 key/value head of 256, GeGLU 1152, vocab 262144, bidirectional,
+                    sliding window 512 on 5 of every 6 layers (303M)
+
+    python3 benches/make_family_models.py OUT_DIR [NAME ...]   # torch and transformers >= 5; all by default
 
 Weights are each class's random initialization under a fixed seed: speed does not depend on
 their values. The tokenizer is the deberta-embed fixture's (only its files are needed: the forward
@@ -20,16 +28,22 @@ import shutil
 import sys
 
 import torch
-from transformers import DebertaV2Config, DebertaV2Model, NomicBertConfig, NomicBertModel
+from transformers import (DebertaV2Config, DebertaV2Model, Gemma3TextConfig, Gemma3TextModel, NomicBertConfig, NomicBertModel,
+                          Qwen3Config, Qwen3Model)
 
 if len(sys.argv) < 2:
     sys.exit(__doc__)
 out = sys.argv[1]
+wanted = set(sys.argv[2:]) or {"deberta-v3-base", "nomic-v1.5", "qwen3-0.6b", "gemma3-300m"}
 here = os.path.dirname(os.path.abspath(__file__))
 tokenizer = os.path.join(here, "..", "tests", "fixtures", "models", "deberta-embed")
 
 
-def write(name, model):
+def write(name, make):
+    if name not in wanted:
+        return
+    torch.manual_seed(0)
+    model = make()
     dst = os.path.join(out, name)
     shutil.rmtree(dst, ignore_errors=True)
     model.eval().save_pretrained(dst)
@@ -38,14 +52,20 @@ def write(name, model):
     print(dst)
 
 
-torch.manual_seed(0)
-write("deberta-v3-base", DebertaV2Model(DebertaV2Config(
+write("deberta-v3-base", lambda: DebertaV2Model(DebertaV2Config(
     vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
     max_position_embeddings=512, relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
     pos_att_type=["p2c", "c2p"], layer_norm_eps=1e-7, max_relative_positions=-1, position_biased_input=False, type_vocab_size=0,
     pad_token_id=0, architectures=["DebertaV2Model"])))
-torch.manual_seed(0)
-write("nomic-v1.5", NomicBertModel(NomicBertConfig(
+write("nomic-v1.5", lambda: NomicBertModel(NomicBertConfig(
     vocab_size=30528, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="silu",
     max_position_embeddings=2048, layer_norm_eps=1e-12, rope_parameters={"rope_theta": 1000.0, "rope_type": "default"},
     architectures=["NomicBertModel"])))
+write("qwen3-0.6b", lambda: Qwen3Model(Qwen3Config(
+    vocab_size=151669, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+    intermediate_size=3072, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, architectures=["Qwen3Model"])))
+write("gemma3-300m", lambda: Gemma3TextModel(Gemma3TextConfig(
+    vocab_size=262144, hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1, head_dim=256,
+    intermediate_size=1152, max_position_embeddings=2048, query_pre_attn_scalar=256, sliding_window=512,
+    use_bidirectional_attention=True, rms_norm_eps=1e-6, architectures=["Gemma3TextModel"])))
