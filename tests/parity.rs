@@ -195,11 +195,12 @@ async fn worst_embedding_cosine(name: &str, tweak: impl FnOnce(&mut poolserve::c
 }
 
 /// `--dtype float16|bfloat16`: the same models in half precision stay within the documented
-/// tolerance of the float32 reference (README, "Precision").
+/// tolerance of the float32 reference (README, "Precision"). On the CPU bfloat16 is the packed
+/// bf16 kernels' path (f32 activations), float16 candle's composite ops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_precision_stays_within_tolerance() {
     use poolserve::loader::options::DTypeArg;
-    for (dtype, min_cosine, max_prob_diff) in [(DTypeArg::Float16, 0.9999, 1e-3), (DTypeArg::Bfloat16, 0.999, 1e-2)] {
+    for (dtype, min_cosine, max_prob_diff) in [(DTypeArg::Float16, 0.9999, 1e-3), (DTypeArg::Bfloat16, 0.9999, 5e-3)] {
         for name in [
             "bert-embed-mean",
             "xlmr-embed-cls",

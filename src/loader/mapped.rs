@@ -35,10 +35,10 @@ impl MappedWeights {
     }
 }
 
-/// `--dtype auto` on the CPU: float32 (our CPU kernels' type), unless the weights are stored in
-/// half precision and their float32 copy would not fit in the memory available (more than 80%
-/// of it): then their stored dtype, so that a 7B bfloat16 checkpoint serves on a 24 GiB
-/// machine instead of failing to allocate. Said in the log either way it falls.
+/// `--dtype auto` on the CPU: float32, unless the weights are stored in half precision and
+/// their float32 copy would not fit in the memory available (more than 80% of it): then their
+/// stored dtype (for bfloat16, the packed bf16 kernels), so that a 7B bfloat16 checkpoint serves
+/// on a 24 GiB machine instead of failing to allocate. Said in the log when it falls back.
 pub fn auto_cpu_dtype(weights: &MappedWeights, files: &[PathBuf], available: Option<u64>) -> DType {
     let stored = weights.files.tensors().iter().filter_map(|(_, view)| DType::try_from(view.dtype()).ok()).find(|d| *d != DType::F32);
     let stored = match stored {

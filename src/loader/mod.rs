@@ -15,13 +15,14 @@ use crate::input::image;
 use crate::input::sentencepiece;
 use crate::input::tokenizer::{self, TextTokenizer, TokenizeError};
 use crate::models::bge_m3::{self, M3Weights};
+use crate::models::ops::{with_cpu_weight_format, WeightFormat};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head::EmbeddingHead;
 use crate::pooling::m3::M3Head;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
-use candle_core::Device;
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use hub::ModelSource;
 use options::{DeviceArg, ModelOptions};
@@ -161,7 +162,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
 
     let device = device(options.device)?;
     let mut dtype = options.dtype.dtype_on(options.device);
-    let vb = match weight_files(&source)? {
+    let weights = match weight_files(&source)? {
         WeightFiles::Safetensors(files) => {
             // SAFETY: the weight files are memory-mapped read-only and must not change while
             // we run, the same contract as every safetensors loader.
@@ -169,9 +170,21 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
             if options.dtype == options::DTypeArg::Auto && device.is_cpu() {
                 dtype = mapped::auto_cpu_dtype(&weights, &files, mapped::available_memory());
             }
-            VarBuilder::from_backend(Box::new(weights), dtype, device.clone())
+            Ok(weights)
         }
-        WeightFiles::Pytorch(file) => VarBuilder::from_pth(&file, dtype, &device)?,
+        WeightFiles::Pytorch(file) => Err(file),
+    };
+    // bfloat16 on the CPU: the transformer's dense layers packed in bf16 for the CPU kernels,
+    // everything else (activations, norms, attention, heads) in f32. See `ops::sgemm`.
+    let cpu_weight_format = if device.is_cpu() && dtype == DType::BF16 {
+        dtype = DType::F32;
+        WeightFormat::Bf16
+    } else {
+        WeightFormat::F32
+    };
+    let vb = match weights {
+        Ok(weights) => VarBuilder::from_backend(Box::new(weights), dtype, device.clone()),
+        Err(file) => VarBuilder::from_pth(&file, dtype, &device)?,
     };
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
@@ -180,7 +193,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
             Err(problem) => tracing::error!("CUDA kernel self-check failed ({problem}): running on candle's composite ops instead, slower"),
         }
     }
-    let mut backbone = architecture.backbone(&config, vb.clone())?;
+    let mut backbone = with_cpu_weight_format(cpu_weight_format, || architecture.backbone(&config, vb.clone()))?;
     if options.quantization.is_some() {
         models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
         if !models::ops::int8::accelerated() {
@@ -189,7 +202,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     }
 
     let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
-    let vision = match architecture.vision_tower(&config, vb.clone())? {
+    let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
         Some(tower) => Some(VisionInput { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
         None => None,
     };

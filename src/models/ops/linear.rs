@@ -6,9 +6,29 @@
 
 use super::dispatch::{contiguous, dims2, fused, host_f32};
 use super::int8::Int8Weight;
-use super::sgemm::PackedMatrix;
+use super::sgemm::{PackedMatrix, WeightFormat};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use std::cell::Cell;
 use std::sync::Arc;
+
+thread_local! {
+    static CPU_WEIGHT_FORMAT: Cell<WeightFormat> = const { Cell::new(WeightFormat::F32) };
+}
+
+/// Runs `load` with every [`Linear`] it creates on the CPU packed in `format`: how the loader
+/// serves `--dtype bfloat16` on a CPU (f32 activations, bf16 weights and products) without each
+/// architecture's constructor carrying the choice. Layers made outside (heads) stay f32.
+pub fn with_cpu_weight_format<R>(format: WeightFormat, load: impl FnOnce() -> R) -> R {
+    /// Puts the previous format back, also when `load` unwinds.
+    struct Restore(WeightFormat);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CPU_WEIGHT_FORMAT.set(self.0);
+        }
+    }
+    let _restore = Restore(CPU_WEIGHT_FORMAT.replace(format));
+    load()
+}
 
 /// A bias vector, on the device for the composite path and on the host for the CPU kernels.
 #[derive(Debug, Clone)]
@@ -24,7 +44,8 @@ impl Bias {
 }
 
 /// A dense layer `y = x·Wᵀ + b`. Checkpoints store `W` as `[out, in]`. On the CPU in f32 it is
-/// packed for [`super::sgemm`] at load, or quantized to int8 ([`Linear::quantize_int8`]);
+/// packed for [`super::sgemm`] at load (in f32, or bf16 under [`with_cpu_weight_format`]), or
+/// quantized to int8 ([`Linear::quantize_int8`]);
 /// elsewhere it is kept transposed, `[in, out]`, for candle's matmul.
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -53,7 +74,8 @@ impl Linear {
         let bias = bias.map(Bias::new).transpose()?;
         let weight = if fused(&weight) {
             let (n, k) = weight.dims2()?;
-            Weight::Packed(Arc::new(PackedMatrix::pack_out_in(&weight.flatten_all()?.to_vec1::<f32>()?, n, k)))
+            let format = CPU_WEIGHT_FORMAT.get();
+            Weight::Packed(Arc::new(PackedMatrix::pack_out_in(format, &weight.flatten_all()?.to_vec1::<f32>()?, n, k)))
         } else {
             Weight::Transposed(weight.t()?.contiguous()?)
         };
@@ -86,8 +108,8 @@ impl Linear {
         self.bias.as_ref()
     }
 
-    /// Replaces the f32 weight by its int8 quantization (CPU, f32 activations only). The f32
-    /// copy is dropped: quantized layers keep a quarter of the memory.
+    /// Replaces the packed weight by its int8 quantization (CPU, f32 activations only). The
+    /// packed copy is dropped: quantized layers keep a quarter of f32's memory.
     pub fn quantize_int8(&mut self) -> Result<()> {
         match &self.weight {
             Weight::Packed(w) => {
@@ -117,7 +139,7 @@ impl Linear {
                     None => Ok(y),
                 };
             }
-            Weight::Packed(w) => Kernel::F32(w),
+            Weight::Packed(w) => Kernel::Packed(w),
             Weight::Int8(w) => Kernel::Int8(w),
         };
         if !fused(x) {
@@ -154,7 +176,7 @@ impl Linear {
 /// The weight a CPU product runs on.
 #[derive(Clone, Copy)]
 enum Kernel<'a> {
-    F32(&'a PackedMatrix),
+    Packed(&'a PackedMatrix),
     Int8(&'a Int8Weight),
 }
 
@@ -168,7 +190,7 @@ impl LinearOp<'_> {
     fn run(&self, x: &[f32], x_l: &Layout, residual: Option<&[f32]>) -> Result<(CpuStorage, Shape)> {
         let (m, k) = dims2(x_l)?;
         let (k2, n) = match self.kernel {
-            Kernel::F32(w) => (w.in_features(), w.out_features()),
+            Kernel::Packed(w) => (w.in_features(), w.out_features()),
             Kernel::Int8(q) => (q.in_features(), q.out_features()),
         };
         if k != k2 {
@@ -206,7 +228,7 @@ impl LinearOp<'_> {
         // kernels write every one of them before the length is set.
         unsafe {
             match self.kernel {
-                Kernel::F32(w) => w.matmul(dst.as_mut_ptr(), x, m, read_dst),
+                Kernel::Packed(w) => w.matmul(dst.as_mut_ptr(), x, m, read_dst),
                 Kernel::Int8(q) => q.matmul(dst.as_mut_ptr(), x, m, read_dst),
             }
             dst.set_len(m * n);

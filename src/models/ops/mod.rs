@@ -11,7 +11,7 @@
 //! ops, so the same model code runs there.
 //!
 //! One subject a file: [`dispatch`] (run-time kernel choice, storage access), [`math`]
-//! (approximations, reductions), [`sgemm`] (f32 products on packed weights), [`linear`] (dense
+//! (approximations, reductions), [`sgemm`] (products on weights packed in f32 or bf16), [`linear`] (dense
 //! layers with folded bias and residual), [`layer_norm`],
 //! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`] and [`int8`]; `cuda`
 //! holds the GPU kernels of all of them.
@@ -37,12 +37,12 @@ pub(crate) use dispatch::{contiguous, contiguous_mut, dims2, fused, host_f32};
 pub use gated::GatedActivation;
 pub use int8::Int8Weight;
 pub use layer_norm::LayerNorm;
-pub use linear::{Bias, Linear};
+pub use linear::{with_cpu_weight_format, Bias, Linear};
 pub(crate) use math::sum_squares;
 pub use math::{erf, exp};
 pub use rms_norm::RmsNorm;
 pub use rotary::{QkNorm, RopeScaling, Rotary, RotaryTable};
-pub use sgemm::PackedMatrix;
+pub use sgemm::{PackedMatrix, WeightFormat};
 
 /// Deterministic inputs and a tensor distance for the kernels' unit tests.
 #[cfg(test)]
