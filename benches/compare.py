@@ -22,7 +22,9 @@ from transformers import AutoModel  # noqa: E402
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 torch.set_num_threads(THREADS)
 model_dir = sys.argv[1] if len(sys.argv) > 1 else "models/all-MiniLM-L6-v2"
-model = AutoModel.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+# DTYPE=bfloat16 runs the model in bfloat16 (what `--dtype bfloat16` is compared with).
+DTYPE = getattr(torch, os.environ.get("DTYPE", "float32"))
+model = AutoModel.from_pretrained(model_dir, torch_dtype=DTYPE).eval()
 vocab = model.config.vocab_size
 
 

@@ -38,7 +38,7 @@ fn bad_flags_and_models_fail_with_one_line() {
     assert_one_line_error(&["serve", "m", "--device", "cuda"], "cuda");
     assert_one_line_error(
         &["serve", "m", "--quantization", "int8", "--dtype", "float16"],
-        "--quantization int8 runs on --device cpu with --dtype float32 only",
+        "--quantization int8 runs on --device cpu with --dtype float32 or bfloat16 only",
     );
     assert_one_line_error(&["serve", "./no/such/folder", "--port", "0"], "does not exist");
 

@@ -126,7 +126,10 @@ async fn precision_stays_close(label: &str, min_cosine: f64, tweak: impl FnOnce(
     let variant = embed(router(engine(&dir, tweak), 2_000_000)).await;
     let worst = variant.iter().zip(&f32s).map(|(q, f)| cosine(q, f)).fold(1.0, f64::min);
     let worst_st = (0..fixture_texts).map(|i| cosine(&variant[i], &floats(&reference["texts"][i]["embedding"]))).fold(1.0, f64::min);
-    eprintln!("all-MiniLM-L6-v2 {label}: worst cosine to f32 over {} texts {worst:.6}, to sentence-transformers {worst_st:.6}", texts.len());
+    eprintln!(
+        "all-MiniLM-L6-v2 {label}: worst cosine to f32 over {} texts {worst:.6}, to sentence-transformers {worst_st:.6}",
+        texts.len()
+    );
     for (i, (q, f)) in variant.iter().zip(&f32s).enumerate() {
         let similarity = cosine(q, f);
         assert!(similarity >= min_cosine, "text {i}: {label} vs f32 cosine {similarity}");

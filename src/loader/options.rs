@@ -65,7 +65,8 @@ pub enum DeviceArg {
 pub enum Quantization {
     /// Int8 weights (per output channel) and activations (per token, at run time) in every
     /// dense layer of the transformer blocks; embeddings, attention, norms and heads stay f32.
-    /// CPU and float32 only; needs AVX2 (AVX-VNNI and AVX-512 VNNI are used where present).
+    /// CPU only; needs AVX2 (AVX-VNNI and AVX-512 VNNI are used where present). With
+    /// `--dtype bfloat16` the dense layers int8 leaves alone (Q/K/V on VNNI CPUs) run in bf16.
     Int8,
 }
 
@@ -137,9 +138,10 @@ impl ModelOptions {
         if self.max_model_len == Some(0) {
             return Err("--max-model-len must be greater than 0".into());
         }
-        let float32_cpu = self.device == DeviceArg::Cpu && self.dtype.dtype_on(self.device) == candle_core::DType::F32;
-        if self.quantization.is_some() && !float32_cpu {
-            return Err("--quantization int8 runs on --device cpu with --dtype float32 only".into());
+        let cpu_dtype =
+            self.device == DeviceArg::Cpu && matches!(self.dtype.dtype_on(self.device), candle_core::DType::F32 | candle_core::DType::BF16);
+        if self.quantization.is_some() && !cpu_dtype {
+            return Err("--quantization int8 runs on --device cpu with --dtype float32 or bfloat16 only".into());
         }
         Ok(())
     }

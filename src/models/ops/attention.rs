@@ -362,9 +362,132 @@ struct ScoreTerms<'a> {
 }
 
 /// Query rows and key columns of one score tile; the tile's 4×16 accumulators (and the 4×16
-/// output tile of P·V) stay in eight AVX registers.
+/// output tile of P·V) stay in eight AVX registers. With AVX-512 a tile has [`WIDE_TILE_Q`]
+/// rows, one zmm register each: four chains of multiply-adds could not hide their latency
+/// (attention was 37% of the FMA units' peak with four, measured on Zen 4).
 const TILE_Q: usize = 4;
+const WIDE_TILE_Q: usize = 8;
 const TILE_K: usize = 16;
+
+/// `TQ` query rows × 16 keys of the scores: row `r`, keys `j0..j0+16` of `scores` (rows `lk`
+/// apart) get `Σ_d q[r·head_dim + d] · kt[d·lk + j0 + c]`.
+///
+/// # Safety
+/// `q` holds `TQ` rows of `head_dim`; `kt` holds `head_dim` rows of `lk` with `j0 + 16 <= lk`;
+/// `scores` holds `TQ` rows of `lk`.
+#[inline(always)]
+unsafe fn score_tile<const TQ: usize, const FMA: bool>(
+    q: *const f32,
+    head_dim: usize,
+    kt: *const f32,
+    lk: usize,
+    j0: usize,
+    scores: *mut f32,
+) {
+    let mut acc = [[0f32; TILE_K]; TQ];
+    for d in 0..head_dim {
+        // SAFETY: row d < head_dim of kt, keys j0..j0+16 inside its lk.
+        let kv = unsafe { &*(kt.add(d * lk + j0) as *const [f32; TILE_K]) };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            // SAFETY: row r < TQ of q, column d < head_dim.
+            let qv = unsafe { *q.add(r * head_dim + d) };
+            for c in 0..TILE_K {
+                acc_row[c] = fma::<FMA>(qv, kv[c], acc_row[c]);
+            }
+        }
+    }
+    for (r, acc_row) in acc.iter().enumerate() {
+        // SAFETY: row r < TQ of scores, keys j0..j0+16 inside its lk.
+        unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), scores.add(r * lk + j0), TILE_K) };
+    }
+}
+
+/// The AVX-512 tiles: [`WIDE_TILE_Q`] rows, one zmm accumulator each, written with intrinsics
+/// (from the plain loops LLVM vectorized across the rows, with gathers).
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::{TILE_K, WIDE_TILE_Q};
+    use std::arch::x86_64::*;
+
+    /// [`super::score_tile`] for [`WIDE_TILE_Q`] rows.
+    ///
+    /// # Safety
+    /// The CPU has avx512f; the rest of [`super::score_tile`]'s contract.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn score_tile(q: *const f32, head_dim: usize, kt: *const f32, lk: usize, j0: usize, scores: *mut f32) {
+        // SAFETY: the pointers cover the tile (this fn's contract); the feature is enabled.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); WIDE_TILE_Q];
+            for d in 0..head_dim {
+                let kv = _mm512_loadu_ps(kt.add(d * lk + j0));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * head_dim + d)), kv, *acc);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(scores.add(r * lk + j0), *acc);
+            }
+        }
+    }
+
+    /// [`super::value_tile`] for [`WIDE_TILE_Q`] rows.
+    ///
+    /// # Safety
+    /// The CPU has avx512f; the rest of [`super::value_tile`]'s contract.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn value_tile(
+        p: *const f32,
+        lk: usize,
+        len: usize,
+        v: *const f32,
+        width: usize,
+        bias: &[f32; TILE_K],
+    ) -> [[f32; TILE_K]; WIDE_TILE_Q] {
+        // SAFETY: the pointers cover the tile (this fn's contract); the feature is enabled.
+        unsafe {
+            let mut acc = [_mm512_loadu_ps(bias.as_ptr()); WIDE_TILE_Q];
+            for j in 0..len {
+                let vv = _mm512_loadu_ps(v.add(j * width));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(r * lk + j)), vv, *acc);
+                }
+            }
+            let mut out = [[0.0; TILE_K]; WIDE_TILE_Q];
+            for (row, acc) in out.iter_mut().zip(&acc) {
+                _mm512_storeu_ps(row.as_mut_ptr(), *acc);
+            }
+            out
+        }
+    }
+}
+
+/// `TQ` query rows × 16 dimensions of P·V + bias: `Σ_j p[r·lk + j] · v[j·width + c]`.
+///
+/// # Safety
+/// `p` holds `TQ` rows of `lk >= len` weights; `v` holds `len` rows `width` apart of at least 16.
+#[inline(always)]
+unsafe fn value_tile<const TQ: usize, const FMA: bool>(
+    p: *const f32,
+    lk: usize,
+    len: usize,
+    v: *const f32,
+    width: usize,
+    bias: &[f32; TILE_K],
+) -> [[f32; TILE_K]; TQ] {
+    let mut acc = [*bias; TQ];
+    for j in 0..len {
+        // SAFETY: row j < len of v, 16 values.
+        let vv = unsafe { &*(v.add(j * width) as *const [f32; TILE_K]) };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            // SAFETY: row r < TQ of p, key j < len <= lk.
+            let weight = unsafe { *p.add(r * lk + j) };
+            for c in 0..TILE_K {
+                acc_row[c] = fma::<FMA>(weight, vv[c], acc_row[c]);
+            }
+        }
+    }
+    acc
+}
 
 /// Queries whose scores exist at once (a multiple of [`TILE_Q`]): working memory per thread is
 /// `QUERY_BLOCK × len` scores plus the packed Kᵀ, linear in the sequence length (a 32k-token
@@ -400,7 +523,8 @@ multiversion! {
         let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, out_width } = cols;
         let len = rows.len() / width;
         let lk = len.div_ceil(TILE_K) * TILE_K;
-        let block = QUERY_BLOCK.min(len.div_ceil(TILE_Q) * TILE_Q);
+        let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
+        let block = QUERY_BLOCK.min(len.div_ceil(WIDE_TILE_Q) * WIDE_TILE_Q);
         scratch.clear();
         scratch.resize(block * head_dim + head_dim * lk + block * lk, 0.0);
         #[cfg(test)]
@@ -424,7 +548,7 @@ multiversion! {
         let dims_tiled = head_dim / TILE_K * TILE_K;
         for first in (0..len).step_by(block) {
             let n = block.min(len - first);
-            let lq = n.div_ceil(TILE_Q) * TILE_Q;
+            let lq = n.div_ceil(tile_q) * tile_q;
             // Q (biased, pre-scaled) of this block; padding rows stay zero.
             q[n * head_dim..].fill(0.0);
             for i in 0..n {
@@ -433,20 +557,20 @@ multiversion! {
                 dst.iter_mut().zip(src).zip(q_bias).for_each(|((d, s), b)| *d = (s + b) * scale);
             }
             // scores = (scale·Q)·Kᵀ, tile by tile.
-            for i0 in (0..lq).step_by(TILE_Q) {
+            for i0 in (0..lq).step_by(tile_q) {
+                let (q, scores) = (q[i0 * head_dim..lq * head_dim].as_ptr(), scores[i0 * lk..lq * lk].as_mut_ptr());
                 for j0 in (0..lk).step_by(TILE_K) {
-                    let mut acc = [[0f32; TILE_K]; TILE_Q];
-                    for d in 0..head_dim {
-                        let kv: &[f32; TILE_K] = kt[d * lk + j0..d * lk + j0 + TILE_K].try_into().unwrap();
-                        for (r, acc_row) in acc.iter_mut().enumerate() {
-                            let qv = q[(i0 + r) * head_dim + d];
-                            for c in 0..TILE_K {
-                                acc_row[c] = fma::<FMA>(qv, kv[c], acc_row[c]);
-                            }
+                    // SAFETY: rows i0..i0+tile_q ≤ lq of q and scores (checked by the slices
+                    // above), keys j0+16 ≤ lk of kt (head_dim × lk).
+                    unsafe {
+                        #[cfg(target_arch = "x86_64")]
+                        if WIDE {
+                            wide::score_tile(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                            continue;
                         }
-                    }
-                    for (r, acc_row) in acc.iter().enumerate() {
-                        scores[(i0 + r) * lk + j0..(i0 + r) * lk + j0 + TILE_K].copy_from_slice(acc_row);
+                        {
+                            score_tile::<TILE_Q, FMA>(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                        }
                     }
                 }
             }
@@ -471,26 +595,32 @@ multiversion! {
             // out = P·V + v_bias (each row of P sums to 1, so V's bias passes through unchanged),
             // 4 queries × 16 head dims at a time (head_dim is a multiple of 16 for every model we
             // serve; the remainder loop below keeps other sizes correct).
-            for i0 in (0..lq).step_by(TILE_Q) {
+            for i0 in (0..lq).step_by(tile_q) {
+                let p = scores[i0 * lk..lq * lk].as_ptr();
                 for d0 in (0..dims_tiled).step_by(TILE_K) {
                     let vb: &[f32; TILE_K] = v_bias[d0..d0 + TILE_K].try_into().unwrap();
-                    let mut acc = [*vb; TILE_Q];
-                    for j in 0..len {
-                        let base = j * width + vc + d0;
-                        let vv: &[f32; TILE_K] = rows[base..base + TILE_K].try_into().unwrap();
-                        for (r, acc_row) in acc.iter_mut().enumerate() {
-                            let p = scores[(i0 + r) * lk + j];
-                            for c in 0..TILE_K {
-                                acc_row[c] = fma::<FMA>(p, vv[c], acc_row[c]);
-                            }
-                        }
-                    }
-                    for (r, acc_row) in acc.iter().enumerate().take(n.saturating_sub(i0)) {
+                    // V's columns d0..d0+16 of every row: the last row's end lies inside `rows`.
+                    let v = rows[vc + d0..(len - 1) * width + vc + d0 + TILE_K].as_ptr();
+                    let store = |r: usize, acc_row: &[f32; TILE_K]| {
                         // SAFETY: row first+i0+r < len, columns qc+d0.. of this head, inside the output.
                         unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((first + i0 + r) * out_width + qc + d0), TILE_K) };
+                    };
+                    // SAFETY: rows i0..i0+tile_q ≤ lq of the scores (lk ≥ len each, the slice
+                    // above), `len` rows of V from `v` (the slice above).
+                    unsafe {
+                        #[cfg(target_arch = "x86_64")]
+                        if WIDE {
+                            let acc = wide::value_tile(p, lk, len, v, width, vb);
+                            acc.iter().enumerate().take(n.saturating_sub(i0)).for_each(|(r, a)| store(r, a));
+                            continue;
+                        }
+                        {
+                            let acc = value_tile::<TILE_Q, FMA>(p, lk, len, v, width, vb);
+                            acc.iter().enumerate().take(n.saturating_sub(i0)).for_each(|(r, a)| store(r, a));
+                        }
                     }
                 }
-                for i in i0..(i0 + TILE_Q).min(n) {
+                for i in i0..(i0 + tile_q).min(n) {
                     for d in dims_tiled..head_dim {
                         let sum = v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
                         // SAFETY: as above.

@@ -4,34 +4,57 @@
 
 use candle_core::{bail, CpuStorage, Layout, Result, Tensor};
 
-/// Defines `fn $name` twice: as written, and compiled with AVX2+FMA for CPUs that have them
-/// (chosen at run time, so one binary stays portable). The kernels are plain loops; this is
+/// Defines `fn $name` three times: as written, compiled with AVX2+FMA, and with AVX-512 (chosen
+/// at run time, so one binary stays portable; AVX-512 doubles the vector width of the
+/// element-wise kernels, which is what they are bound by once the products run in bf16). The kernels are plain loops; this is
 /// what lets LLVM turn them into 8-wide code, with `floor` as one instruction. Inside the body,
-/// the const `FMA` says whether fused multiply-add is native (use [`fma`]).
+/// the const `FMA` says whether fused multiply-add is native (use [`fma`]), and `WIDE` whether
+/// there are 32 vector registers of 16 floats (AVX-512), for kernels that size register tiles.
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])* $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             // The inner versions take the wrapped fn's arguments, however many it has.
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]
-            fn portable<const FMA: bool>($($arg: $ty),*) $(-> $ret)? $body
+            fn portable<const FMA: bool, const WIDE: bool>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                /// # Safety
+                /// The CPU has avx512f, avx512bw, avx512vl, avx2 and fma.
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    portable::<true, true>($($arg),*)
+                }
                 /// # Safety
                 /// The CPU has avx2 and fma.
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    portable::<true>($($arg),*)
+                    portable::<true, false>($($arg),*)
+                }
+                if $crate::models::ops::dispatch::has_avx512() {
+                    // SAFETY: the running CPU has the features `avx512` was compiled for.
+                    return unsafe { avx512($($arg),*) };
                 }
                 if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                     // SAFETY: the running CPU has the features `avx2` was compiled for.
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            portable::<{ cfg!(target_arch = "aarch64") }>($($arg),*)
+            portable::<{ cfg!(target_arch = "aarch64") }, false>($($arg),*)
         }
     };
+}
+
+/// Whether the CPU runs the AVX-512 versions `multiversion!` compiles (F, BW, VL, with AVX2+FMA).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512() -> bool {
+    std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512bw")
+        && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
 }
 
 /// `a·b + c`, fused when the kernel was compiled with native FMA (a software fused
