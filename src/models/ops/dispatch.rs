@@ -37,7 +37,10 @@ macro_rules! multiversion {
                     // SAFETY: the running CPU has the features `avx512` was compiled for.
                     return unsafe { avx512($($arg),*) };
                 }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                if $crate::models::ops::dispatch::max_isa() >= $crate::models::ops::dispatch::IsaLevel::Avx2
+                    && std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                {
                     // SAFETY: the running CPU has the features `avx2` was compiled for.
                     return unsafe { avx2($($arg),*) };
                 }
@@ -47,10 +50,38 @@ macro_rules! multiversion {
     };
 }
 
+/// Instruction-set levels of the CPU kernels, lowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum IsaLevel {
+    Portable,
+    Avx2,
+    /// AVX-512 F/BW/VL (and VNNI for int8), without BF16.
+    Avx512,
+    Avx512Bf16,
+}
+
+/// The highest level the kernels may use: whatever the CPU has, unless `POOLSERVE_MAX_CPU_ISA`
+/// (`portable`, `avx2`, `avx512`, `avx512_bf16`) caps it, as oneDNN's `ONEDNN_MAX_CPU_ISA`
+/// does: it measures and tests the kernels of older CPUs on a newer one.
+pub(crate) fn max_isa() -> IsaLevel {
+    static CAP: std::sync::OnceLock<IsaLevel> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("POOLSERVE_MAX_CPU_ISA").ok().as_deref() {
+        None | Some("avx512_bf16") => IsaLevel::Avx512Bf16,
+        Some("avx512") => IsaLevel::Avx512,
+        Some("avx2") => IsaLevel::Avx2,
+        Some("portable") => IsaLevel::Portable,
+        Some(other) => {
+            tracing::warn!("POOLSERVE_MAX_CPU_ISA={other:?} is not portable, avx2, avx512 or avx512_bf16: ignored");
+            IsaLevel::Avx512Bf16
+        }
+    })
+}
+
 /// Whether the CPU runs the AVX-512 versions `multiversion!` compiles (F, BW, VL, with AVX2+FMA).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx512() -> bool {
-    std::is_x86_feature_detected!("avx512f")
+    max_isa() >= IsaLevel::Avx512
+        && std::is_x86_feature_detected!("avx512f")
         && std::is_x86_feature_detected!("avx512bw")
         && std::is_x86_feature_detected!("avx512vl")
         && std::is_x86_feature_detected!("avx2")

@@ -268,13 +268,15 @@ impl Kernel {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx512f")
+            use super::dispatch::{max_isa, IsaLevel};
+            if max_isa() >= IsaLevel::Avx512
+                && std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512bw")
                 && std::is_x86_feature_detected!("avx512vnni")
             {
                 return Kernel::Vnni;
             }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if max_isa() >= IsaLevel::Avx2 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 if std::is_x86_feature_detected!("avxvnni") {
                     return Kernel::AvxVnni;
                 }

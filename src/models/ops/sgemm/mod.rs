@@ -31,7 +31,7 @@ mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use super::dispatch::{SharedConst, SharedMut};
+use super::dispatch::{IsaLevel, SharedConst, SharedMut};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -225,14 +225,32 @@ enum Kernel {
 }
 
 impl Kernel {
+    /// The fastest kernel of `format` this CPU has, within `POOLSERVE_MAX_CPU_ISA`.
     fn detect(format: WeightFormat) -> Self {
-        Self::available(format).pop().unwrap_or(match format {
+        let cap = super::dispatch::max_isa();
+        let mut kernels = Self::available(format);
+        kernels.retain(|k| k.level() <= cap);
+        kernels.pop().unwrap_or(match format {
             WeightFormat::F32 => Kernel::F32Portable,
             WeightFormat::Bf16 => Kernel::Bf16Portable,
         })
     }
 
-    /// Every kernel of `format` the running CPU can execute, fastest last.
+    /// The instruction-set level the kernel needs.
+    fn level(self) -> IsaLevel {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::F32Avx512 | Kernel::Bf16Avx512 => IsaLevel::Avx512,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Bf16Dot => IsaLevel::Avx512Bf16,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::F32Avx2 | Kernel::Bf16Avx2 => IsaLevel::Avx2,
+            Kernel::F32Portable | Kernel::Bf16Portable => IsaLevel::Portable,
+        }
+    }
+
+    /// Every kernel of `format` the running CPU can execute, fastest last (whatever the cap: the
+    /// tests compare them all).
     fn available(format: WeightFormat) -> Vec<Self> {
         let mut all = vec![match format {
             WeightFormat::F32 => Kernel::F32Portable,
