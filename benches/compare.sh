@@ -10,7 +10,11 @@
 #      quantization: the forward pass (in the rounds of step 1) and the end-to-end pipeline on
 #      the same corpus;
 #   6. base size: a random-weight BERT-base (benches/make_base_model.py, made once into
-#      target/compare/bert-base-random), forward pass of PyTorch, ours (float32, int8) and ORT.
+#      target/compare/bert-base-random), forward pass of PyTorch, ours (float32, int8) and ORT;
+#   7. every CPU engine on one 512-text corpus in ENGINE_ROUNDS (default 5) interleaved rounds
+#      (benches/compare_engines.py): sentence-transformers, ORT f32/int8, OpenVINO f32 hint /
+#      default / NNCF int8, and our servers in float32, bfloat16, int8 and int8 + bfloat16, into
+#      target/compare/engines.txt (skipped, with a note, when PYTHON has no openvino and nncf).
 # REPEAT=N (default 1) runs the forward comparisons of steps 1 and 6 round-robin N times
 # (PyTorch, ours f32, ours int8, ORT, PyTorch, ...), appending to the same files; the table takes
 # the median per shape, which evens out the drift of a shared machine.
@@ -72,6 +76,25 @@ serve server-int8.log --quantization int8
 loadgen --concurrency 1 --requests 300 --min-tokens 16 --max-tokens 16 | tee target/compare/single-int8.txt
 loadgen --concurrency 32 --requests 2000 | tee target/compare/load-int8.txt
 kill $server; wait $server 2>/dev/null || true
+
+# Every engine on one corpus, interleaved: our four precisions as four servers.
+if "$PYTHON" -c 'import openvino, nncf' 2>/dev/null; then
+  engine_servers=()
+  for flags in "f32:" "bf16:--dtype bfloat16" "int8:--quantization int8" "int8-bf16:--quantization int8 --dtype bfloat16"; do
+    engine_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # shellcheck disable=SC2086 # the flags are words
+    ./target/release/poolserve serve "$MODEL" --host 127.0.0.1 --port "$engine_port" ${flags#*:} > "$OUT/server-${flags%%:*}.log" 2>&1 &
+    engine_servers+=("--ours" "${flags%%:*}=http://127.0.0.1:$engine_port")
+    server=$!
+    until curl -fs "http://127.0.0.1:$engine_port/health" >/dev/null 2>&1; do sleep 0.2; done
+    trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+  done
+  "$PYTHON" benches/compare_engines.py "$MODEL" --rounds "${ENGINE_ROUNDS:-5}" "${engine_servers[@]}" 2>>"$OUT/engines.log" | tee "$OUT/engines.txt"
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+else
+  echo "NOTE: $PYTHON has no openvino/nncf: step 7 (every engine on one corpus) SKIPPED" >&2
+fi
 
 # Base size: BERT-base shapes (random weights; speed does not depend on them).
 [ -f "$BASE/model.safetensors" ] || "$PYTHON" benches/make_base_model.py "$BASE" "$MODEL"

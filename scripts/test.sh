@@ -40,6 +40,9 @@ cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked
+# The kernels of CPUs older than this one (AVX2 without AVX-512, e.g. Zen 3), through whole
+# models: the half-precision parity again, capped (the unit tests compare every kernel already).
+POOLSERVE_MAX_CPU_ISA=avx2 cargo test --locked --test parity half_precision
 
 # The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain): built here so that the GPU code
 # cannot rot; it runs only where a GPU and its libraries are (scripts/build-cuda.sh).
