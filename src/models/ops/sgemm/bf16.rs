@@ -1,23 +1,9 @@
-//! bfloat16 for the packed products: rounding, the activations each kernel reads, and the
+//! bfloat16 for the packed products: the activations each kernel reads, and the
 //! portable kernel on bf16 panels (the x86 ones are in [`super::x86`]).
 
-use super::{Kernel, Micro, PairRow, Tile, PANEL};
+use super::{widen, Kernel, Micro, PairRow, Tile, PANEL};
 use rayon::prelude::*;
 use std::cell::Cell;
-
-/// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
-pub(super) fn round(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) as u16) | 0x40;
-    }
-    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
-}
-
-/// A bfloat16 as the f32 it stands for (exact).
-pub(super) fn widen(b: u16) -> f32 {
-    f32::from_bits((b as u32) << 16)
-}
 
 thread_local! {
     // The previous product's converted activations, reused: a fresh buffer of several MB per

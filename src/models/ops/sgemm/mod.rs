@@ -54,6 +54,20 @@ pub enum WeightFormat {
     Bf16,
 }
 
+/// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
+pub(super) fn round(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) as u16) | 0x40;
+    }
+    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+/// A bfloat16 as the f32 it stands for (exact).
+pub(super) fn widen(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
 /// One f32 panel row: one input's 16 columns, one cache line.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(64))]
@@ -121,7 +135,7 @@ impl PackedMatrix {
             WeightFormat::Bf16 => {
                 let steps = k.div_ceil(2);
                 let mut rows = vec![PairRow([0; 2 * PANEL]); panel_count * steps];
-                each(&mut |i, o, v| rows[(o / PANEL) * steps + i / 2].0[(o % PANEL) * 2 + i % 2] = bf16::round(v));
+                each(&mut |i, o, v| rows[(o / PANEL) * steps + i / 2].0[(o % PANEL) * 2 + i % 2] = round(v));
                 Panels::Bf16(rows)
             }
         };
@@ -160,7 +174,7 @@ impl PackedMatrix {
         let (p, c) = (o / PANEL, o % PANEL);
         match &self.panels {
             Panels::F32(rows) => rows[p * self.k + i].0[c],
-            Panels::Bf16(rows) => bf16::widen(rows[p * self.steps() + i / 2].0[2 * c + i % 2]),
+            Panels::Bf16(rows) => widen(rows[p * self.steps() + i / 2].0[2 * c + i % 2]),
         }
     }
 
@@ -465,7 +479,7 @@ mod tests {
     }
 
     fn rounded(v: &[f32]) -> Vec<f32> {
-        v.iter().map(|&v| bf16::widen(bf16::round(v))).collect()
+        v.iter().map(|&v| widen(round(v))).collect()
     }
 
     #[test]
@@ -481,13 +495,13 @@ mod tests {
 
     #[test]
     fn bf16_rounds_to_nearest_even() {
-        assert_eq!(bf16::round(1.0), 0x3f80);
+        assert_eq!(round(1.0), 0x3f80);
         // 1 + 2⁻⁸ lies halfway between 1 and 1 + 2⁻⁷: ties go to the even mantissa (1.0).
-        assert_eq!(bf16::round(1.0 + 1.0 / 256.0), 0x3f80);
-        assert_eq!(bf16::round(1.0 + 3.0 / 256.0), 0x3f82);
-        assert_eq!(bf16::widen(bf16::round(-2.5)), -2.5);
-        assert!(bf16::widen(bf16::round(f32::NAN)).is_nan());
-        assert_eq!(bf16::widen(bf16::round(f32::INFINITY)), f32::INFINITY);
+        assert_eq!(round(1.0 + 1.0 / 256.0), 0x3f80);
+        assert_eq!(round(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(widen(round(-2.5)), -2.5);
+        assert!(widen(round(f32::NAN)).is_nan());
+        assert_eq!(widen(round(f32::INFINITY)), f32::INFINITY);
     }
 
     #[test]

@@ -25,7 +25,7 @@ entry!(bf16_avx512, "avx512f,avx2,fma", Bf16Avx512, 12);
 entry!(bf16_avx2, "avx2,fma", Bf16Avx2, 4);
 
 /// `x` rounded to bf16 into `out`'s pairs (the last one padded with 0 for an odd length),
-/// 16 at a time with `vcvtneps2bf16` (round to nearest even, as [`super::bf16::round`]).
+/// 16 at a time with `vcvtneps2bf16` (round to nearest even, as [`super::round`]).
 ///
 /// # Safety
 /// The CPU has avx512f and avx512bf16; `out` holds at least `⌈x.len()/2⌉` pairs.
@@ -44,7 +44,7 @@ pub(super) unsafe fn round_row(x: &[f32], out: &mut [u32]) {
     }
     for (j, &v) in x.iter().enumerate().skip(i) {
         // SAFETY: j < x.len() ≤ 2·out.len().
-        unsafe { *dst.add(j) = super::bf16::round(v) };
+        unsafe { *dst.add(j) = super::round(v) };
     }
     if x.len() % 2 == 1 {
         // SAFETY: the odd row's last pair has room for its padding half.
