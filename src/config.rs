@@ -3,6 +3,7 @@
 //! engine's [`EngineOptions`], and the HTTP server's own settings.
 
 use crate::engine::EngineOptions;
+use crate::loader::lora::{LoraModule, LoraOptions};
 use crate::loader::options::{Convert, DTypeArg, DeviceArg, ModelOptions, Quantization};
 use crate::pooling::config::PoolerConfig;
 use clap::{Args, ValueEnum};
@@ -136,6 +137,26 @@ pub struct ServeArgs {
     pub shutdown_timeout: u64,
     #[arg(long, value_enum, default_value = "text", env = "POOLSERVE_LOG_FORMAT")]
     pub log_format: LogFormat,
+    /// Serve PEFT LoRA adapters of the models (README "LoRA adapters"): a request's `model`
+    /// may name an adapter, and sequences of different adapters share a batch.
+    #[arg(long, env = "POOLSERVE_ENABLE_LORA")]
+    pub enable_lora: bool,
+    /// Adapters loaded at start: `NAME=PATH`, or vLLM's JSON
+    /// `{"name": …, "path": …, "base_model_name": …}` (the served model it adapts; default the
+    /// first). Several values, or the flag repeated.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH")]
+    pub lora_modules: Vec<String>,
+    /// Most distinct adapters in one forward pass; requests for more wait for the next batch.
+    #[arg(long, default_value_t = 1, env = "POOLSERVE_MAX_LORAS")]
+    pub max_loras: usize,
+    /// Largest adapter rank accepted.
+    #[arg(long, default_value_t = 16, env = "POOLSERVE_MAX_LORA_RANK")]
+    pub max_lora_rank: usize,
+    /// Register `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (behind
+    /// --api-key). vLLM's switch, the environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING,
+    /// is honoured too.
+    #[arg(long, env = "POOLSERVE_ALLOW_RUNTIME_LORA_UPDATING")]
+    pub allow_runtime_lora_updating: bool,
 }
 
 /// `--log-format`: human-readable lines, or one JSON object per event (log collectors).
@@ -163,6 +184,8 @@ pub struct ServerConfig {
     /// Hosts whose image URLs are fetched, and the fetch's time limit.
     pub allowed_media_domains: Vec<String>,
     pub media_fetch_timeout: std::time::Duration,
+    /// `--allow-runtime-lora-updating`: the adapter load/unload routes exist.
+    pub allow_runtime_lora_updating: bool,
 }
 
 /// A flag value that cannot be used; printed as one line before exiting.
@@ -211,6 +234,34 @@ fn unique_names(models: &[ModelOptions]) -> Result<(), ConfigError> {
         None if models.is_empty() => Err(ConfigError("no model to serve".into())),
         None => Ok(()),
     }
+}
+
+/// `--lora-modules`: each adapter to the model its `base_model_name` names (the first model
+/// without one), which must serve adapters.
+fn assign_lora_modules(models: &mut [ModelOptions], items: &[String]) -> Result<(), ConfigError> {
+    for item in items.iter().filter(|i| !i.trim().is_empty()) {
+        let module: LoraModule = item.parse().map_err(ConfigError)?;
+        let model = match &module.base_model_name {
+            Some(base) => models
+                .iter_mut()
+                .find(|m| &m.served_name == base)
+                .ok_or_else(|| ConfigError(format!("--lora-modules `{}`: base_model_name `{base}` is not a served model", module.name)))?,
+            None => models.first_mut().ok_or_else(|| ConfigError("no model to serve".into()))?,
+        };
+        let served_name = model.served_name.clone();
+        let lora = model.lora.as_mut().ok_or_else(|| {
+            ConfigError(format!("--lora-modules `{}`: model `{served_name}` does not serve adapters (--enable-lora)", module.name))
+        })?;
+        lora.modules.push(module);
+    }
+    // An adapter's name is a `model` of its own: unique among models and adapters.
+    let mut seen: std::collections::HashSet<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
+    for module in models.iter().filter_map(|m| m.lora.as_ref()).flat_map(|l| &l.modules) {
+        if !seen.insert(module.name.as_str()) {
+            return Err(ConfigError(format!("the LoRA adapter `{}` has the name of another model or adapter", module.name)));
+        }
+    }
+    Ok(())
 }
 
 /// A command line written for vLLM, as clap reads ours: flag names with underscores
@@ -321,6 +372,7 @@ fn content_format(value: &str) -> Result<Option<crate::input::chat_template::Con
 /// entry's option replaces the flag's value (objects such as `pooler_config` are not merged).
 mod models_file {
     use super::{unique_names, ConfigError};
+    use crate::loader::lora::{LoraModule, LoraOptions};
     use crate::loader::options::{Convert, DTypeArg, DeviceArg, ModelOptions, Quantization};
     use crate::pooling::config::PoolerConfig;
     use serde::Deserialize;
@@ -349,6 +401,42 @@ mod models_file {
         reranker_instruction: Option<String>,
         chat_template: Option<String>,
         chat_template_content_format: Option<String>,
+        enable_lora: Option<bool>,
+        lora_modules: Option<Vec<LoraEntry>>,
+        max_loras: Option<usize>,
+        max_lora_rank: Option<usize>,
+    }
+
+    /// A `lora_modules` item: `NAME=PATH`, or the object form.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum LoraEntry {
+        Text(String),
+        Object(LoraModule),
+    }
+
+    /// The entry's adapters: its own switch and limits over the flags'.
+    fn lora_of(e: &mut Entry, defaults: Option<LoraOptions>) -> Result<Option<LoraOptions>, String> {
+        let enabled = e.enable_lora.unwrap_or(defaults.is_some() || e.lora_modules.is_some());
+        if !enabled {
+            return match e.lora_modules {
+                Some(_) => Err("lora_modules needs enable_lora".into()),
+                None => Ok(None),
+            };
+        }
+        let mut lora = defaults.unwrap_or_default();
+        lora.max_loras = e.max_loras.unwrap_or(lora.max_loras);
+        lora.max_lora_rank = e.max_lora_rank.unwrap_or(lora.max_lora_rank);
+        for item in e.lora_modules.take().unwrap_or_default() {
+            lora.modules.push(match item {
+                LoraEntry::Text(text) => text.parse()?,
+                LoraEntry::Object(module) => module,
+            });
+        }
+        if lora.max_loras == 0 || lora.max_lora_rank == 0 {
+            return Err("max_loras and max_lora_rank must be greater than 0".into());
+        }
+        Ok(Some(lora))
     }
 
     pub(super) fn read(path: &std::path::Path, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
@@ -367,8 +455,10 @@ mod models_file {
         let models: Vec<ModelOptions> = file
             .models
             .into_iter()
-            .map(|e| -> Result<ModelOptions, String> {
+            .map(|mut e| -> Result<ModelOptions, String> {
                 let d = defaults.clone();
+                let lora =
+                    lora_of(&mut e, d.lora.clone()).map_err(|m| format!("model `{}`: {m}", e.name.as_deref().unwrap_or(&e.model)))?;
                 // An entry that sets a default prompt sets it alone: the flags' prompt defaults
                 // do not mix with it (one would silently win).
                 let (default_prompt_name, default_prompt) = if e.default_prompt_name.is_some() || e.default_prompt.is_some() {
@@ -395,6 +485,7 @@ mod models_file {
                         Some(format) => super::content_format(&format)?,
                         None => d.chat_template_content_format,
                     },
+                    lora,
                 })
             })
             .collect::<Result<_, String>>()?;
@@ -435,11 +526,17 @@ impl TryFrom<ServeArgs> for ServerConfig {
             default_prompt: args.default_prompt,
             chat_template: args.chat_template,
             chat_template_content_format: content_format(&args.chat_template_content_format).map_err(ConfigError)?,
+            lora: args.enable_lora.then(|| LoraOptions {
+                modules: Vec::new(),
+                max_loras: args.max_loras,
+                max_lora_rank: args.max_lora_rank,
+            }),
         };
-        let models = match &args.config {
+        let mut models = match &args.config {
             Some(path) => models_file::read(path, &defaults)?,
             None => named_models(&args.models, args.served_model_name.as_deref(), &defaults)?,
         };
+        assign_lora_modules(&mut models, &args.lora_modules)?;
         for model in &models {
             model.check().map_err(|e| ConfigError(if models.len() > 1 { format!("model `{}`: {e}", model.served_name) } else { e }))?;
         }
@@ -454,6 +551,10 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_output_floats: positive("max-output-floats", args.max_output_floats)?,
             max_image_pixels: positive("max-image-pixels", args.max_image_pixels as usize)? as u64,
         };
+        if args.enable_lora {
+            positive("max-loras", args.max_loras)?;
+            positive("max-lora-rank", args.max_lora_rank)?;
+        }
         Ok(ServerConfig {
             models,
             engine,
@@ -475,6 +576,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
                 .filter(|d| !d.is_empty())
                 .collect(),
             media_fetch_timeout: std::time::Duration::from_secs(positive("media-fetch-timeout", args.media_fetch_timeout as usize)? as u64),
+            allow_runtime_lora_updating: args.allow_runtime_lora_updating || vllm_runtime_lora_updating(),
         })
     }
 }
@@ -497,8 +599,15 @@ impl ServerConfig {
             log_format: LogFormat::Text,
             allowed_media_domains: Vec::new(),
             media_fetch_timeout: std::time::Duration::from_secs(5),
+            allow_runtime_lora_updating: false,
         }
     }
+}
+
+/// vLLM's switch for the adapter routes: `VLLM_ALLOW_RUNTIME_LORA_UPDATING` set to `1` or
+/// `true` (any case), as vLLM's `envs` reads it.
+fn vllm_runtime_lora_updating() -> bool {
+    std::env::var("VLLM_ALLOW_RUNTIME_LORA_UPDATING").is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
 }
 
 #[cfg(test)]

@@ -54,6 +54,8 @@ pub enum PoolerError {
     Unsupported(Task),
     #[error("cannot start the runtime: {0}")]
     Runtime(#[from] std::io::Error),
+    #[error(transparent)]
+    Adapter(#[from] crate::loader::lora::AdapterError),
 }
 
 /// One input's classification: the winning label and every class's probability (or logit).
@@ -63,10 +65,11 @@ pub struct Classification {
     pub probs: Vec<f32>,
 }
 
-/// A loaded model. Cheap to share across threads (`&Pooler` is `Sync`).
+/// A loaded model, or one of its LoRA adapters ([`Pooler::with_adapter`]). Cheap to share
+/// across threads (`&Pooler` is `Sync`).
 pub struct Pooler {
     engine: Engine,
-    runtime: tokio::runtime::Runtime,
+    runtime: std::sync::Arc<tokio::runtime::Runtime>,
 }
 
 impl Pooler {
@@ -76,7 +79,23 @@ impl Pooler {
         options.engine.check().map_err(PoolerError::Load)?;
         let engine = Engine::load(&options.model, &options.engine).map_err(|e| PoolerError::Load(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        Ok(Pooler { engine, runtime })
+        Ok(Pooler { engine, runtime: std::sync::Arc::new(runtime) })
+    }
+
+    /// The same model running the LoRA adapter `name` (loaded with the model, from
+    /// `options.model.lora`, or by [`Pooler::load_adapter`]): every method then answers with
+    /// it. Sharing the base's engine, adapters and the base batch together.
+    pub fn with_adapter(&self, name: &str) -> Result<Pooler, PoolerError> {
+        let engine = self.engine.with_adapter(name).ok_or_else(|| PoolerError::Load(format!("no LoRA adapter `{name}` is loaded")))?;
+        Ok(Pooler { engine, runtime: std::sync::Arc::clone(&self.runtime) })
+    }
+
+    /// Reads the PEFT adapter at `path` as `name` (the model must have been loaded with
+    /// `options.model.lora` set, as `--enable-lora`).
+    pub fn load_adapter(&self, name: &str, path: &str) -> Result<(), PoolerError> {
+        let registry = self.engine.lora().ok_or_else(|| PoolerError::Load("LoRA is not enabled: set options.model.lora".into()))?;
+        registry.load(name, path)?;
+        Ok(())
     }
 
     /// What was decided about the model at load time (tasks, max length, sizes, labels).

@@ -56,6 +56,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
             max_client_batch_size: config.max_client_batch_size,
             trust_request_chat_template: config.trust_request_chat_template,
             media,
+            allow_runtime_lora_updating: config.allow_runtime_lora_updating,
         },
     );
     let app = api::router(state.clone(), config.payload_limit);

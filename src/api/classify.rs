@@ -55,6 +55,7 @@ pub async fn create(
 ) -> Result<Json<ListResponse<ClassifyData>>, ApiError> {
     AppState::require_input(&request.input, request.messages.as_ref())?;
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::serving(Task::Classify, "Classification"))?;
+    let engine = &engine;
     let params = request.params.verify(Task::Classify, engine.spec())?;
     let inputs = chat::inputs(&state, engine, &request.input, request.messages.as_ref(), &request.chat, false).await?;
     let params = inputs.params(params, request.params.add_special_tokens);

@@ -341,6 +341,7 @@ async fn embed(
         }
         super::serves(engine.spec(), Task::Embed, "Embeddings")
     })?;
+    let engine = &engine;
     let spec = engine.spec();
     let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
     let pooling = PoolingParams { truncate_prompt_tokens, truncation_side, dimensions: request.output_dimension, ..Default::default() };

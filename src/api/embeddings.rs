@@ -118,6 +118,7 @@ pub async fn create(
         }
         Ok(None)
     })?;
+    let engine = &engine;
     if let Some(chunk_size) = token_embed {
         return token_embeddings(&state, engine, permit, &headers, request, chunk_size).await;
     }

@@ -23,7 +23,10 @@ pub struct ModelCard {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: &'static str,
+    /// The model folder, or a LoRA adapter's folder.
     pub root: String,
+    /// For a LoRA adapter, the served model it adapts; `null` for models (vLLM's card).
+    pub parent: Option<String>,
     pub max_model_len: usize,
     /// The tasks it serves (`embed`, `classify`, `score`, `token_embed`, `token_classify`,
     /// `embed_sparse`), the first being /pooling's default.
@@ -39,22 +42,25 @@ pub struct ModelList {
 
 #[utoipa::path(get, tag = "Server", path = "/v1/models", responses((status = 200, body = ModelList), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
-    let data = state
-        .engines()?
-        .into_iter()
-        .map(|engine| {
-            let spec = engine.spec();
-            ModelCard {
-                id: spec.served_name.clone(),
-                object: "model",
-                created: state.started(),
-                owned_by: "poolserve",
-                root: spec.root.clone(),
-                max_model_len: spec.max_model_len,
-                tasks: spec.tasks.clone(),
-            }
-        })
-        .collect();
+    let mut data = Vec::new();
+    for engine in state.engines()? {
+        let spec = engine.spec();
+        let card = |id: &str, root: &str, parent: Option<String>| ModelCard {
+            id: id.to_string(),
+            object: "model",
+            created: state.started(),
+            owned_by: "poolserve",
+            root: root.to_string(),
+            parent,
+            max_model_len: spec.max_model_len,
+            tasks: spec.tasks.clone(),
+        };
+        data.push(card(&spec.served_name, &spec.root, None));
+        // Each adapter after its model, as vLLM lists them.
+        for adapter in engine.lora().map(|l| l.list()).unwrap_or_default() {
+            data.push(card(&adapter.name, &adapter.path, Some(spec.served_name.clone())));
+        }
+    }
     Ok(Json(ModelList { object: "list", data }))
 }
 

@@ -10,6 +10,7 @@ pub mod encoding;
 pub mod error;
 pub mod invocations;
 pub mod json;
+pub mod lora;
 pub mod meta;
 pub mod observe;
 pub mod openapi;
@@ -73,6 +74,8 @@ pub struct ApiOptions {
     pub trust_request_chat_template: bool,
     /// Where images named by URL may come from.
     pub media: crate::input::media::MediaOptions,
+    /// Whether the LoRA load/unload routes exist ([`lora`]).
+    pub allow_runtime_lora_updating: bool,
 }
 
 impl Default for ApiOptions {
@@ -82,6 +85,7 @@ impl Default for ApiOptions {
             max_client_batch_size: 1024,
             trust_request_chat_template: false,
             media: crate::input::media::MediaOptions::default(),
+            allow_runtime_lora_updating: false,
         }
     }
 }
@@ -174,17 +178,15 @@ impl AppState {
         self.inner.models.iter().map(|s| s.name.as_str())
     }
 
-    /// The engine of the model a request names (404 for an unknown name); without a name, the
-    /// only model, or a 400 naming the models when there are several. 503 while it loads or
-    /// the server drains.
-    pub fn model(&self, model: Option<&str>) -> Result<&Engine, ApiError> {
+    /// The engine of the model a request names, or of the model whose LoRA adapter it names
+    /// (with that adapter); 404 for an unknown name. Without a name, the only model, or a 400
+    /// naming the models when there are several. 503 while it loads or the server drains.
+    pub fn model(&self, model: Option<&str>) -> Result<Engine, ApiError> {
         let slot = match model {
-            Some(name) => self
-                .inner
-                .models
-                .iter()
-                .find(|s| s.name == name)
-                .ok_or_else(|| ApiError::NotFound(format!("The model `{name}` does not exist.")))?,
+            Some(name) => match self.inner.models.iter().find(|s| s.name == name) {
+                Some(slot) => slot,
+                None => return self.adapter(name),
+            },
             None => match self.inner.models.as_slice() {
                 [only] => only,
                 _ => return Err(self.name_required()),
@@ -194,7 +196,23 @@ impl AppState {
         if self.is_draining() {
             return Err(ApiError::Unavailable("The server is shutting down".into()));
         }
-        slot.engine.get().ok_or_else(|| self.loading(slot))
+        slot.engine.get().cloned().ok_or_else(|| self.loading(slot))
+    }
+
+    /// The engine serving the LoRA adapter `name`, with it.
+    fn adapter(&self, name: &str) -> Result<Engine, ApiError> {
+        let found = self.inner.models.iter().find_map(|slot| slot.engine.get().and_then(|e| e.with_adapter(name)));
+        let engine = found.ok_or_else(|| ApiError::NotFound(format!("The model `{name}` does not exist.")))?;
+        crate::metrics::note_model(&engine.spec().served_name);
+        if self.is_draining() {
+            return Err(ApiError::Unavailable("The server is shutting down".into()));
+        }
+        Ok(engine)
+    }
+
+    /// The engines that serve LoRA adapters (ready ones).
+    pub fn lora_engines(&self) -> impl Iterator<Item = &Engine> {
+        self.inner.models.iter().filter_map(|s| s.engine.get()).filter(|e| e.lora().is_some())
     }
 
     fn name_required(&self) -> ApiError {
@@ -229,13 +247,13 @@ impl AppState {
     /// admission (429). The handler then validates its parameters and parses its inputs
     /// (400), then runs.
     /// `E`: the route's error shape (ours, or TEI's on TEI's routes).
-    pub fn begin<'s, T, E: From<ApiError>>(
-        &'s self,
+    pub fn begin<T, E: From<ApiError>>(
+        &self,
         model: Option<&str>,
-        check: impl FnOnce(&'s Engine) -> Result<T, E>,
-    ) -> Result<(&'s Engine, tokio::sync::OwnedSemaphorePermit, T), E> {
+        check: impl FnOnce(&Engine) -> Result<T, E>,
+    ) -> Result<(Engine, tokio::sync::OwnedSemaphorePermit, T), E> {
         let engine = self.model(model)?;
-        let decided = check(engine)?;
+        let decided = check(&engine)?;
         let permit = engine.admit().map_err(ApiError::from)?;
         Ok((engine, permit, decided))
     }
@@ -313,7 +331,7 @@ impl<T> ListResponse<T> {
             id: response_id(prefix, headers, request_id),
             object: "list",
             created: unix_now(),
-            model: engine.spec().served_name.clone(),
+            model: engine.served_name().to_string(),
             data,
             usage: Usage::new(tokens),
         }
@@ -395,7 +413,12 @@ async fn method_not_allowed() -> ApiError {
 
 pub fn router(state: AppState, payload_limit: usize) -> Router {
     // Model routes sit behind the API key (when one is set); probes and /version do not.
-    let protected = Router::new()
+    let mut protected = Router::new();
+    if state.options().allow_runtime_lora_updating {
+        tracing::warn!("LoRA adapters may be loaded and unloaded through the API (/v1/load_lora_adapter, /v1/unload_lora_adapter)");
+        protected = protected.route("/v1/load_lora_adapter", post(lora::load)).route("/v1/unload_lora_adapter", post(lora::unload));
+    }
+    let protected = protected
         .route("/v1/embeddings", post(embeddings::create))
         .route("/embeddings", post(embeddings::create))
         .route("/classify", post(classify::create))

@@ -181,6 +181,7 @@ pub async fn create(
         }
         Ok(task)
     })?;
+    let engine = &engine;
     let spec = engine.spec();
     let mut params = request.params.verify(task, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
     params.multi = multi;

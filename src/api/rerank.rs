@@ -90,6 +90,7 @@ pub async fn create(
     }
     let request: RerankRequest = super::json::from_value(body)?;
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
+    let engine = &engine;
     let params = score_params(engine, &request.params, &request.pair)?;
     if !request.documents.is_array() {
         return Err(ApiError::BadRequest {
@@ -118,7 +119,7 @@ pub async fn create(
         .collect();
     Ok(Json(RerankResponse {
         id: response_id("rerank", &headers, request.request_id.as_deref()),
-        model: engine.spec().served_name.clone(),
+        model: engine.served_name().to_string(),
         usage: Usage::new(tokens),
         results,
     })

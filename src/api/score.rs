@@ -206,6 +206,7 @@ pub async fn create(
     ApiJson(request): ApiJson<ScoreRequest>,
 ) -> Result<Json<ListResponse<ScoreData>>, ApiError> {
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
+    let engine = &engine;
     let params = score_params(engine, &request.params, &request.pair)?;
     if let Some((first, second)) = request.content_sides() {
         // A side of content parts (vLLM's multimodal form): texts and images, embedded.

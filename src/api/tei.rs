@@ -190,18 +190,18 @@ fn pick(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool)
 }
 
 /// The engine a TEI request reads (its tokenizer, its description), without model work.
-fn model<'a>(state: &'a AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<&'a Engine, TeiError> {
+fn model(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<Engine, TeiError> {
     Ok(state.model(pick(state, name, fits)?.as_deref())?)
 }
 
 /// A TEI request's way into the model: [`pick`], then [`AppState::begin`] with the route's
 /// `check`.
-fn begin<'a, T>(
-    state: &'a AppState,
+fn begin<T>(
+    state: &AppState,
     name: Option<&str>,
     fits: impl Fn(&ModelSpec) -> bool,
-    check: impl FnOnce(&'a Engine) -> Result<T, TeiError>,
-) -> Result<(&'a Engine, tokio::sync::OwnedSemaphorePermit, T), TeiError> {
+    check: impl FnOnce(&Engine) -> Result<T, TeiError>,
+) -> Result<(Engine, tokio::sync::OwnedSemaphorePermit, T), TeiError> {
     state.begin(pick(state, name, fits)?.as_deref(), check)
 }
 

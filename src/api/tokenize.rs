@@ -72,6 +72,7 @@ pub async fn tokenize(
     }
     let request: TokenizeRequest = super::json::from_value(body)?;
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::any_model)?;
+    let engine = &engine;
     // The text and the sentence-transformers prompt it gets, as the embedding routes prepend it.
     let (text, prompt) = match (request.prompt, &request.messages) {
         (Some(_), Some(_)) => {
@@ -117,6 +118,7 @@ pub async fn detokenize(
     ApiJson(request): ApiJson<DetokenizeRequest>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::any_model)?;
+    let engine = &engine;
     let vocab = engine.input().tokenizer().vocab_size();
     if let Some(&id) = request.tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(InputError::InvalidTokenId { id: id as i64 }.into());

@@ -95,7 +95,11 @@ impl Router {
         for record in records {
             // With one model loaded, a line's `model` is not looked at (as before several
             // models could be loaded: OpenAI-style batch lines carry one).
-            let name = self.only.clone().or_else(|| record.model.clone());
+            // A line naming a LoRA adapter of the model runs with it.
+            let name = match &record.model {
+                Some(model) if self.jobs.contains_key(model) => Some(model.clone()),
+                _ => self.only.clone().or_else(|| record.model.clone()),
+            };
             let job = match name.as_deref().map(|n| self.jobs.get(n).ok_or(n)) {
                 Some(Ok(job)) => job,
                 Some(Err(unknown)) => {
@@ -291,6 +295,13 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
             }
         })?;
         let job = Job::for_model(&pooler, command, &args).map_err(|e| if several { format!("model `{name}`: {e}") } else { e })?;
+        // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
+        for adapter in pooler.engine().lora().map(|l| l.list()).unwrap_or_default() {
+            if let Some(engine) = pooler.engine().with_adapter(&adapter.name) {
+                let adapted = Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone() };
+                jobs.insert(adapter.name.clone(), std::sync::Arc::new(adapted));
+            }
+        }
         jobs.insert(name, std::sync::Arc::new(job));
         poolers.push(pooler);
     }

@@ -14,6 +14,7 @@ use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
 use crate::input::{ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt};
+use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::loader::LoadedModel;
@@ -66,6 +67,8 @@ struct Inner {
     /// The token budget of a batch, as the scheduler applies it.
     max_batch_tokens: usize,
     tokenizer_workers: usize,
+    /// The LoRA adapters it serves (`--enable-lora`).
+    lora: Option<Arc<LoraRegistry>>,
 }
 
 /// How the engine batches and admits work, whatever the model.
@@ -131,9 +134,12 @@ pub fn default_batch_tokens(device: &candle_core::Device) -> usize {
     }
 }
 
+/// A model's engine, as a request reaches it: the base model, or one of its LoRA adapters
+/// (the same engine with [`Engine::adapter`] set, from [`Engine::with_adapter`]).
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
+    adapter: Option<Arc<Adapter>>,
 }
 
 impl Engine {
@@ -159,8 +165,19 @@ impl Engine {
 
     /// Starts the tokenizer workers and the model thread.
     pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
-        let LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template } =
-            model;
+        let LoadedModel {
+            spec,
+            backbone,
+            tokenizer,
+            embedding_head,
+            classifier,
+            sparse_head,
+            m3_head,
+            device,
+            vision,
+            chat_template,
+            lora,
+        } = model;
         let images = vision.as_ref().map(|v| ImageSide {
             processor: Arc::new(v.processor.clone()),
             limits: crate::input::image::ImageLimits { max_pixels: options.max_image_pixels },
@@ -171,6 +188,7 @@ impl Engine {
             // An input of max_model_len tokens must always fit in one batch.
             max_tokens: max_batch_tokens.max(spec.max_model_len),
             max_seqs: options.max_num_seqs,
+            max_loras: lora.as_ref().map_or(1, |l| l.max_loras),
         };
         if limits.max_tokens > max_batch_tokens {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
@@ -220,12 +238,36 @@ impl Engine {
                 max_concurrent_requests: options.max_concurrent_requests,
                 max_batch_tokens: limits.max_tokens,
                 tokenizer_workers: options.tokenizer_workers,
+                lora: lora.map(Arc::new),
             }),
+            adapter: None,
         })
     }
 
     pub fn spec(&self) -> &ModelSpec {
         &self.inner.spec
+    }
+
+    /// The name responses carry as `model`: the adapter's, or the served model's (vLLM's
+    /// `model_name(lora_request)`).
+    pub fn served_name(&self) -> &str {
+        self.adapter.as_ref().map_or(&self.inner.spec.served_name, |a| &a.name)
+    }
+
+    /// The adapters this model serves, with `--enable-lora`.
+    pub fn lora(&self) -> Option<&LoraRegistry> {
+        self.inner.lora.as_deref()
+    }
+
+    /// The adapter requests through this handle run with.
+    pub fn adapter(&self) -> Option<&Arc<Adapter>> {
+        self.adapter.as_ref()
+    }
+
+    /// This model with the adapter `name` it serves, if it does.
+    pub fn with_adapter(&self, name: &str) -> Option<Engine> {
+        let adapter = self.lora()?.get(name)?;
+        Some(Engine { inner: Arc::clone(&self.inner), adapter: Some(adapter) })
     }
 
     /// The model's input side ([`crate::input`]): tokenizer, chat template, images, limits.
@@ -275,6 +317,7 @@ impl Engine {
             params,
             reply,
             enqueued: std::time::Instant::now(),
+            adapter: None,
         });
     }
 
@@ -337,12 +380,21 @@ impl Engine {
     async fn run_inputs(&self, inputs: Vec<ModelInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let adapter = self.adapter.as_ref().map(|a| Arc::clone(&a.weights));
         for input in inputs {
             let (reply, rx) = tokio::sync::oneshot::channel();
             let cost = self.inner.input.cost(&input);
             self.inner
                 .jobs
-                .send(Job { request, input, cost, params: params.clone(), reply, enqueued: std::time::Instant::now() })
+                .send(Job {
+                    request,
+                    input,
+                    cost,
+                    params: params.clone(),
+                    reply,
+                    enqueued: std::time::Instant::now(),
+                    adapter: adapter.clone(),
+                })
                 .map_err(|_| EngineError::Stopped)?;
             receivers.push(rx);
         }
@@ -404,6 +456,12 @@ impl Engine {
             }
             if params.task != Task::Embed {
                 return Err(EngineError::Params(ParamsError { message: "images can only be embedded (task `embed`)".into(), param: None }));
+            }
+            if let Some(adapter) = &self.adapter {
+                return Err(EngineError::Params(ParamsError {
+                    message: format!("the LoRA adapter `{}` adapts the text tower; send images to the base model", adapter.name),
+                    param: Some("model"),
+                }));
             }
         }
         let inputs = self.inner.input.prepare(prompts, &self.input_options(params)).await?;

@@ -13,6 +13,7 @@ use crate::engine::params::ResolvedParams;
 use crate::input::ModelInput;
 use crate::metrics;
 use crate::models::batch::{Batch, TokenizedInput};
+use crate::models::ops::lora::LoraWeights;
 use crate::models::{Backbone, VisionTower};
 use crate::pooling::heads::{Heads, PoolRequest};
 use crate::pooling::method::HiddenStates;
@@ -20,6 +21,7 @@ use crate::pooling::PoolingOutput;
 use candle_core::Device;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
@@ -37,6 +39,8 @@ pub struct Job {
     pub reply: oneshot::Sender<Result<(PoolingOutput, JobTiming), EngineError>>,
     /// When the job was queued (its queue time ends when its batch starts).
     pub enqueued: Instant,
+    /// The LoRA adapter it runs with (`None`: the base model).
+    pub adapter: Option<Arc<LoraWeights>>,
 }
 
 /// A batch's jobs split in two, each with its index in the batch.
@@ -78,6 +82,8 @@ pub struct JobTiming {
 pub struct BatchLimits {
     pub max_tokens: usize,
     pub max_seqs: usize,
+    /// Most distinct LoRA adapters in one batch (`--max-loras`).
+    pub max_loras: usize,
 }
 
 pub struct Runner {
@@ -127,7 +133,8 @@ impl Drop for BusyModel {
 /// the batch is full or nothing else fits. A one-text request that arrives behind two
 /// 1,024-input requests thus runs in the next batch instead of after all 2,048 inputs, while
 /// big requests still fill batches when they are alone. The oldest job always runs, even alone
-/// over the budget. Jobs whose client disconnected are dropped here.
+/// over the budget, and at most `max_loras` distinct adapters share a batch (the others' jobs
+/// wait for the next). Jobs whose client disconnected are dropped here.
 fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
     pending.retain(|job| !job.reply.is_closed());
     // Each request's candidate jobs (indices into `pending`, oldest first), requests by first
@@ -143,6 +150,7 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
     }
     let mut chosen = Vec::new();
     let mut tokens = 0;
+    let mut adapters: Vec<&Arc<LoraWeights>> = Vec::new();
     'rounds: loop {
         let mut added = false;
         for jobs in requests.iter_mut() {
@@ -153,7 +161,12 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
             // batch, so it leaves the candidates (each job is looked at once per batch).
             while let Some(&i) = jobs.front() {
                 jobs.pop_front();
+                let new_adapter = pending[i].adapter.as_ref().filter(|a| !adapters.iter().any(|b| Arc::ptr_eq(a, b)));
+                if new_adapter.is_some() && adapters.len() >= limits.max_loras && !chosen.is_empty() {
+                    continue;
+                }
                 if chosen.is_empty() || tokens + pending[i].cost <= limits.max_tokens {
+                    adapters.extend(new_adapter);
                     tokens += pending[i].cost;
                     chosen.push(i);
                     added = true;
@@ -273,7 +286,10 @@ impl Runner {
 
     /// Text forward pass, then the heads; outputs in job order.
     fn execute_texts(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, String> {
-        let batch = Batch::from_inputs(jobs.iter().map(|j| j.tokens()));
+        let mut batch = Batch::from_inputs(jobs.iter().map(|j| j.tokens()));
+        if jobs.iter().any(|j| j.adapter.is_some()) {
+            batch.adapters = jobs.iter().map(|j| j.adapter.clone()).collect();
+        }
         let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, self.chunk_tokens)
             .and_then(|h| h.to_device(&Device::Cpu))
             .and_then(|h| h.to_dtype(candle_core::DType::F32))
@@ -311,12 +327,12 @@ mod tests {
             hybrid: None,
         };
         let input = ModelInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
-        (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now() }, rx)
+        (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now(), adapter: None }, rx)
     }
 
     #[test]
     fn requests_take_turns() {
-        let limits = BatchLimits { max_tokens: 100, max_seqs: 4 };
+        let limits = BatchLimits { max_tokens: 100, max_seqs: 4, max_loras: 1 };
         let mut pending = VecDeque::new();
         let mut receivers = Vec::new();
         // Two big requests queued before a one-input request.
@@ -337,7 +353,7 @@ mod tests {
 
     #[test]
     fn batches_oldest_first_within_budget() {
-        let limits = BatchLimits { max_tokens: 10, max_seqs: 3 };
+        let limits = BatchLimits { max_tokens: 10, max_seqs: 3, max_loras: 1 };
         let mut receivers = Vec::new();
         let mut pending = VecDeque::new();
         for len in [6, 6, 3, 1, 1] {
@@ -355,7 +371,7 @@ mod tests {
 
     #[test]
     fn oversized_first_job_still_runs_and_cancelled_jobs_are_dropped() {
-        let limits = BatchLimits { max_tokens: 4, max_seqs: 8 };
+        let limits = BatchLimits { max_tokens: 4, max_seqs: 8, max_loras: 1 };
         let (a, rx_a) = job(3);
         let (b, rx_b) = job(9);
         drop(rx_a); // client went away

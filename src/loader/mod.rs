@@ -5,6 +5,7 @@
 //! live in [`crate::input`], which runs them per request) and the heads the spec's tasks need.
 
 pub mod hub;
+pub mod lora;
 mod mapped;
 pub mod options;
 pub mod sentence;
@@ -48,6 +49,8 @@ pub enum LoadError {
     Tokenizer(String),
     #[error("device: {0}")]
     Device(String),
+    #[error(transparent)]
+    Adapter(#[from] lora::AdapterError),
 }
 
 impl From<TokenizeError> for LoadError {
@@ -95,6 +98,8 @@ pub struct LoadedModel {
     pub vision: Option<VisionInput>,
     /// How `messages` become text (`--chat-template`, else the folder's template).
     pub chat_template: ChatTemplate,
+    /// The adapters it serves, with `--enable-lora`.
+    pub lora: Option<lora::LoraRegistry>,
 }
 
 /// An image-text model's image side: its tower and how images become its pixel values.
@@ -201,6 +206,25 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         }
     }
 
+    let lora = match &options.lora {
+        Some(lora_options) => {
+            let sites = models::enable_lora(backbone.as_mut());
+            if sites.is_empty() {
+                return Err(LoadError::Unsupported(format!(
+                    "--enable-lora: LoRA adapters are not supported for {} yet",
+                    architecture.name()
+                )));
+            }
+            let registry = lora::LoraRegistry::new(sites, lora_options);
+            for module in &lora_options.modules {
+                let adapter = registry.load(&module.name, &module.path)?;
+                tracing::info!(model = %options.served_name, "LoRA adapter `{}` loaded from {} (rank {}, {} floats)", adapter.name, adapter.path, adapter.rank, adapter.floats);
+            }
+            Some(registry)
+        }
+        None => None,
+    };
+
     let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
     let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
         Some(tower) => Some(VisionInput { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
@@ -254,7 +278,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         )?,
     };
     let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template })
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template, lora })
 }
 
 /// The folder's `tokenizer.json`, or for a DeBERTa-v2/v3 folder published without one, the

@@ -99,6 +99,8 @@ pub struct ModelOptions {
     pub chat_template: Option<String>,
     /// `--chat-template-content-format`: `None` decides from the template (`auto`).
     pub chat_template_content_format: Option<crate::input::chat_template::ContentFormat>,
+    /// `--enable-lora`: the adapters it serves and their limits.
+    pub lora: Option<super::lora::LoraOptions>,
 }
 
 impl ModelOptions {
@@ -121,6 +123,7 @@ impl ModelOptions {
             default_prompt: None,
             chat_template: None,
             chat_template_content_format: None,
+            lora: None,
         }
     }
 

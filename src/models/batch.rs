@@ -4,6 +4,9 @@
 //! and ends. Dense layers run over every token at once and attention runs per sequence, so
 //! no compute is spent on padding, whatever the mix of lengths.
 
+use super::ops::lora::{LoraWeights, Segment};
+use std::sync::Arc;
+
 /// One tokenized input, as the model will see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenizedInput {
@@ -30,6 +33,8 @@ pub struct Batch {
     /// Cumulative sequence lengths: sequence `i` is tokens `cu_seqlens[i]..cu_seqlens[i+1]`.
     pub cu_seqlens: Vec<usize>,
     pub max_len: usize,
+    /// The LoRA adapter of every sequence (`None`: the base model); empty when none has one.
+    pub adapters: Vec<Option<Arc<LoraWeights>>>,
 }
 
 impl Batch {
@@ -74,10 +79,25 @@ impl Batch {
                 token_type_ids: self.token_type_ids[start..end].to_vec(),
                 cu_seqlens: self.cu_seqlens[first..=last].iter().map(|c| c - start).collect(),
                 max_len: self.spans().skip(first).take(last - first).map(|(_, l)| l).max().unwrap_or(0),
+                adapters: self.adapters.get(first..last).map(<[_]>::to_vec).unwrap_or_default(),
             });
             first = last;
         }
         chunks
+    }
+
+    /// The token rows of each run of consecutive sequences with one adapter, for
+    /// [`super::ops::lora::with_segments`]; base-model sequences have none.
+    pub fn lora_segments(&self) -> Vec<Segment> {
+        let mut segments: Vec<Segment> = Vec::new();
+        for ((start, len), adapter) in self.spans().zip(&self.adapters) {
+            let Some(weights) = adapter else { continue };
+            match segments.last_mut() {
+                Some(last) if last.end == start && Arc::ptr_eq(&last.weights, weights) => last.end = start + len,
+                _ => segments.push(Segment { start, end: start + len, weights: Arc::clone(weights) }),
+            }
+        }
+        segments
     }
 
     /// Position of every token inside its own sequence, offset by `offset`

@@ -183,7 +183,7 @@ pub struct Bert {
 }
 
 pub(super) fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
-    Linear::new(vb.get((out, inp), "weight")?, Some(vb.get(out, "bias")?))
+    Ok(Linear::new(vb.get((out, inp), "weight")?, Some(vb.get(out, "bias")?))?.named(&vb.prefix()))
 }
 
 /// A LayerNorm's (weight, bias), also under the `gamma` / `beta` names of older checkpoints
@@ -204,7 +204,7 @@ pub(super) fn layer_norm(vb: &VarBuilder, size: usize, eps: f64) -> Result<Layer
 pub(super) fn fused_qkv(q: VarBuilder, k: VarBuilder, v: VarBuilder, h: usize) -> Result<Linear> {
     let weight = Tensor::cat(&[q.get((h, h), "weight")?, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
     let bias = Tensor::cat(&[q.get(h, "bias")?, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
-    Linear::new(weight, Some(bias))
+    Ok(Linear::new(weight, Some(bias))?.named_parts(&[(q.prefix(), h), (k.prefix(), h), (v.prefix(), h)]))
 }
 
 /// Checkpoints store the encoder at the root (`BertModel`) or under the task model's prefix.

@@ -19,7 +19,7 @@
 
 use super::batch::Batch;
 use super::heads::{ClassifierWeights, RerankTemplate};
-use super::llama::{decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, rope_of};
+use super::llama::{decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
 use candle_core::{DType, Result, Tensor};
@@ -250,6 +250,9 @@ impl Gemma {
             let lv = vb.pp(format!("layers.{i}"));
             let at = lv.pp("self_attn");
             let (mut qkv_weight, mut qkv_bias) = fused_qkv(&at, h, q_out, kv_out, config.attention_bias)?;
+            // LoRA names Q/K/V only where their weights are the checkpoint's: Gemma 1 and 2
+            // fold the query scale into the query rows below, which an adapter's addition lacks.
+            let mut qkv_names = Some(qkv_parts(&at, q_out, kv_out));
             let qk_norm = if version == GemmaVersion::Gemma3 {
                 let norm = |name: &str, scale: f64| -> Result<Vec<f32>> {
                     host_f32(&((at.pp(name).get(head_dim, "weight")?.to_dtype(DType::F32)? + 1.0)? * scale)?)
@@ -258,6 +261,7 @@ impl Gemma {
                 Some(QkNorm { q: norm("q_norm", query_scale)?, k: norm("k_norm", 1.0)?, eps: eps as f32 })
             } else {
                 if query_scale != 1.0 {
+                    qkv_names = None;
                     qkv_weight = scale_rows(&qkv_weight, q_out, query_scale)?;
                     qkv_bias = qkv_bias.map(|b| scale_rows(&b, q_out, query_scale)).transpose()?;
                 }
@@ -269,14 +273,17 @@ impl Gemma {
             let inter = config.intermediate_size;
             layers.push(Layer {
                 input_norm: gemma_norm(lv.pp("input_layernorm"), h, eps)?,
-                qkv: Linear::new(qkv_weight, qkv_bias)?,
+                qkv: match &qkv_names {
+                    Some(names) => Linear::new(qkv_weight, qkv_bias)?.named_parts(names),
+                    None => Linear::new(qkv_weight, qkv_bias)?,
+                },
                 qk_norm,
-                o_proj: Linear::new(at.pp("o_proj").get((h, q_out), "weight")?, o_bias)?,
+                o_proj: Linear::new(at.pp("o_proj").get((h, q_out), "weight")?, o_bias)?.named(&at.pp("o_proj").prefix()),
                 post_attention_norm: later.then(|| gemma_norm(lv.pp("post_attention_layernorm"), h, eps)).transpose()?,
                 pre_mlp_norm: gemma_norm(lv.pp(if later { "pre_feedforward_layernorm" } else { "post_attention_layernorm" }), h, eps)?,
                 post_mlp_norm: later.then(|| gemma_norm(lv.pp("post_feedforward_layernorm"), h, eps)).transpose()?,
                 gate_up: fused_gate_up(&mlp, h, inter, false)?,
-                down: Linear::new(mlp.pp("down_proj").get((h, inter), "weight")?, None)?,
+                down: Linear::new(mlp.pp("down_proj").get((h, inter), "weight")?, None)?.named(&mlp.pp("down_proj").prefix()),
                 local: config.is_local(version, i),
             });
         }

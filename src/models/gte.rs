@@ -97,7 +97,8 @@ impl Gte {
                 qkv: linear(&lv.pp("attention.qkv_proj"), 3 * h, h)?,
                 o_proj: linear(&lv.pp("attention.o_proj"), h, h)?,
                 attn_ln: layer_norm(&lv.pp("attn_ln"), h, eps)?,
-                up_gate: Linear::new(lv.pp("mlp.up_gate_proj").get((2 * inter, h), "weight")?, None)?,
+                up_gate: Linear::new(lv.pp("mlp.up_gate_proj").get((2 * inter, h), "weight")?, None)?
+                    .named(&lv.pp("mlp.up_gate_proj").prefix()),
                 down: linear(&lv.pp("mlp.down_proj"), h, inter)?,
                 mlp_ln: layer_norm(&lv.pp("mlp_ln"), h, eps)?,
             });

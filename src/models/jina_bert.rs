@@ -184,7 +184,8 @@ impl JinaBertModel {
                     qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
                     attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
                     attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
-                    gated_layers: Linear::new(lv.pp("mlp.gated_layers").get((2 * inner, h), "weight")?, None)?,
+                    gated_layers: Linear::new(lv.pp("mlp.gated_layers").get((2 * inner, h), "weight")?, None)?
+                        .named(&lv.pp("mlp.gated_layers").prefix()),
                     wo: linear(&lv.pp("mlp.wo"), h, inner)?,
                     layernorm: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,
                 })

@@ -258,7 +258,12 @@ pub fn fused_gate_up(mlp: &VarBuilder, h: usize, inter: usize, bias: bool) -> Re
     let gate_up = Tensor::cat(&[mlp.pp("gate_proj").get((inter, h), "weight")?, mlp.pp("up_proj").get((inter, h), "weight")?], 0)?;
     let bias =
         if bias { Some(Tensor::cat(&[mlp.pp("gate_proj").get(inter, "bias")?, mlp.pp("up_proj").get(inter, "bias")?], 0)?) } else { None };
-    Linear::new(gate_up, bias)
+    Ok(Linear::new(gate_up, bias)?.named_parts(&[(mlp.pp("gate_proj").prefix(), inter), (mlp.pp("up_proj").prefix(), inter)]))
+}
+
+/// The module names of a fused `[q; k; v]` layer, for LoRA.
+pub fn qkv_parts(at: &VarBuilder, q_out: usize, kv_out: usize) -> [(String, usize); 3] {
+    [(at.pp("q_proj").prefix(), q_out), (at.pp("k_proj").prefix(), kv_out), (at.pp("v_proj").prefix(), kv_out)]
 }
 
 impl Decoder {
@@ -288,11 +293,11 @@ impl Decoder {
             let mlp = lv.pp("mlp");
             let inter = config.intermediate_size;
             let linear = |vb: VarBuilder, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-                Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })
+                Ok(Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })?.named(&vb.prefix()))
             };
             layers.push(Layer {
                 input_norm: RmsNorm::new(lv.pp("input_layernorm").get(h, "weight")?, config.rms_norm_eps)?,
-                qkv: Linear::new(qkv_weight, qkv_bias)?,
+                qkv: Linear::new(qkv_weight, qkv_bias)?.named_parts(&qkv_parts(&at, q_out, kv_out)),
                 qk_norm,
                 o_proj: linear(
                     at.pp("o_proj"),

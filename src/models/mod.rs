@@ -119,6 +119,30 @@ pub fn quantize_int8(backbone: &mut dyn Backbone) -> candle_core::Result<()> {
     backbone.int8_linears().into_iter().try_for_each(Linear::quantize_int8)
 }
 
+/// Makes every named dense layer of `backbone` (those [`Backbone::attention_input_linears`]
+/// and [`Backbone::int8_linears`] list, which the architecture named after its checkpoint
+/// modules) a LoRA site, numbered in that order: what adapters for this model may reach.
+pub fn enable_lora(backbone: &mut dyn Backbone) -> Vec<ops::lora::LoraSite> {
+    let mut sites = Vec::new();
+    let mut add = |layers: Vec<&mut Linear>| {
+        for layer in layers.into_iter().filter(|l| !l.modules().is_empty()) {
+            let (device, dtype) = layer.device_and_dtype();
+            sites.push(ops::lora::LoraSite {
+                parts: layer.modules().to_vec(),
+                in_features: layer.in_features(),
+                out_features: layer.out_features(),
+                on_cpu_kernels: !layer.on_device(),
+                device,
+                dtype,
+            });
+            layer.set_lora_site(sites.len() - 1);
+        }
+    };
+    add(backbone.attention_input_linears());
+    add(backbone.int8_linears());
+    sites
+}
+
 /// Tokens per forward pass that keep a layer's activations (the intermediate layer is
 /// 4·hidden floats per token) in the CPU's caches: a large batch runs as consecutive passes of
 /// about this size. Sequences never attend across each other, so the result is identical;
@@ -136,11 +160,13 @@ pub fn forward_chunk_tokens(device: &Device) -> usize {
 }
 
 /// Runs `batch` through `backbone` in cache-sized sub-batches; hidden states in batch order.
+/// Each pass adds its sequences' LoRA adapters ([`ops::lora::with_segments`]).
 pub fn forward_chunked(backbone: &dyn Backbone, batch: &Batch, chunk_tokens: usize) -> candle_core::Result<Tensor> {
+    let forward = |b: &Batch| ops::lora::with_segments(b.num_tokens(), b.lora_segments(), || backbone.forward(b));
     if batch.num_tokens() <= chunk_tokens {
-        return backbone.forward(batch);
+        return forward(batch);
     }
-    let parts = batch.chunks(chunk_tokens).iter().map(|b| backbone.forward(b)).collect::<candle_core::Result<Vec<_>>>()?;
+    let parts = batch.chunks(chunk_tokens).iter().map(forward).collect::<candle_core::Result<Vec<_>>>()?;
     Tensor::cat(&parts, 0)
 }
 

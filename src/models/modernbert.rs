@@ -140,7 +140,7 @@ fn norm(vb: &VarBuilder, h: usize, config: &ModernBertConfig) -> Result<LayerNor
 }
 
 fn linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-    Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })
+    Ok(Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })?.named(&vb.prefix()))
 }
 
 struct Layer {

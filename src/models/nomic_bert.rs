@@ -235,7 +235,7 @@ fn weight_and_bias(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Resul
 
 fn maybe_biased(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
     let (weight, bias) = weight_and_bias(vb, out, inp, bias)?;
-    Linear::new(weight, bias)
+    Ok(Linear::new(weight, bias)?.named(&vb.prefix()))
 }
 
 impl NomicBertModel {
@@ -263,7 +263,8 @@ impl NomicBertModel {
                 qkv: maybe_biased(&lv.pp("attn.Wqkv"), 3 * h, h, config.qkv_proj_bias)?,
                 out_proj: maybe_biased(&lv.pp("attn.out_proj"), h, h, config.qkv_proj_bias)?,
                 norm1: layer_norm(&lv.pp("norm1"), h, eps)?,
-                up_gate: Linear::new(Tensor::cat(&[up, gate], 0)?, up_gate_bias)?,
+                up_gate: Linear::new(Tensor::cat(&[up, gate], 0)?, up_gate_bias)?
+                    .named_parts(&[(mlp.pp("fc11").prefix(), inner), (mlp.pp("fc12").prefix(), inner)]),
                 fc2: maybe_biased(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
                 norm2: layer_norm(&lv.pp("norm2"), h, eps)?,
             });

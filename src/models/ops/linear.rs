@@ -6,6 +6,7 @@
 
 use super::dispatch::{contiguous, dims2, fused, host_f32};
 use super::int8::Int8Weight;
+use super::lora::{self, ModulePart};
 use super::sgemm::{PackedMatrix, WeightFormat};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use std::cell::Cell;
@@ -51,6 +52,11 @@ impl Bias {
 pub struct Linear {
     weight: Weight,
     bias: Option<Bias>,
+    /// The checkpoint modules this layer computes, where its architecture names them: what a
+    /// LoRA adapter's keys are matched against.
+    modules: Vec<ModulePart>,
+    /// Its number among the backbone's LoRA sites, once the loader enabled adapters.
+    lora_site: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,7 +85,52 @@ impl Linear {
         } else {
             Weight::Transposed(weight.t()?.contiguous()?)
         };
-        Ok(Self { weight, bias })
+        Ok(Self { weight, bias, modules: Vec::new(), lora_site: None })
+    }
+
+    /// Names the checkpoint module this layer computes (its weight's prefix), for LoRA.
+    pub fn named(self, name: &str) -> Self {
+        let len = self.out_features();
+        self.with_modules(vec![ModulePart { name: name.to_string(), offset: 0, len }])
+    }
+
+    /// Names the modules a fused layer computes, in output order with their widths (a fused
+    /// Q/K/V layer: `query`, `key`, `value`), for LoRA.
+    pub fn named_parts(self, parts: &[(String, usize)]) -> Self {
+        let mut offset = 0;
+        let modules = parts
+            .iter()
+            .map(|(name, len)| {
+                offset += len;
+                ModulePart { name: name.clone(), offset: offset - len, len: *len }
+            })
+            .collect();
+        self.with_modules(modules)
+    }
+
+    fn with_modules(mut self, modules: Vec<ModulePart>) -> Self {
+        self.modules = modules;
+        self
+    }
+
+    pub fn modules(&self) -> &[ModulePart] {
+        &self.modules
+    }
+
+    /// Makes this layer LoRA site `site`: passes with adapters ([`lora::with_segments`]) add
+    /// theirs to its output.
+    pub fn set_lora_site(&mut self, site: usize) {
+        self.lora_site = Some(site);
+    }
+
+    /// Test hook: the same layer on candle's products (as on a GPU), on the CPU.
+    #[cfg(test)]
+    pub(super) fn on_candle(mut self) -> Result<Self> {
+        if let Weight::Packed(w) = &self.weight {
+            let t = Tensor::from_vec(w.unpack(), (w.in_features(), w.out_features()), &candle_core::Device::Cpu)?;
+            self.weight = Weight::Transposed(t);
+        }
+        Ok(self)
     }
 
     pub fn out_features(&self) -> usize {
@@ -102,6 +153,14 @@ impl Linear {
     /// rather than packed for the CPU kernels.
     pub fn on_device(&self) -> bool {
         matches!(self.weight, Weight::Transposed(_))
+    }
+
+    /// Where its products run, and in which dtype (packed and int8 weights: the CPU, f32).
+    pub fn device_and_dtype(&self) -> (candle_core::Device, candle_core::DType) {
+        match &self.weight {
+            Weight::Transposed(w) => (w.device().clone(), w.dtype()),
+            Weight::Packed(_) | Weight::Int8(_) => (candle_core::Device::Cpu, candle_core::DType::F32),
+        }
     }
 
     pub fn bias(&self) -> Option<&Bias> {
@@ -127,6 +186,11 @@ impl Linear {
         let kernel = match &self.weight {
             Weight::Transposed(w) => {
                 let mut y = x.matmul(w)?;
+                if let Some(site) = self.lora_site {
+                    if let Some(d) = lora::delta(site, x, w.dims()[1])? {
+                        y = (y + d)?;
+                    }
+                }
                 #[cfg(feature = "cuda")]
                 if super::cuda::takes(&y) && (bias.is_some() || residual.is_some()) {
                     return super::cuda::bias_residual(&y, bias.map(|b| &b.tensor), residual);
@@ -150,7 +214,7 @@ impl Linear {
             let y = self.apply(&as_f32(x)?, bias, residual.as_ref())?;
             return y.to_dtype(x.dtype())?.to_device(x.device());
         }
-        let op = LinearOp { bias: bias.map(|b| b.host.as_slice()), kernel };
+        let op = LinearOp { bias: bias.map(|b| b.host.as_slice()), kernel, lora_site: self.lora_site };
         match residual {
             None => x.apply_op1_no_bwd(&op),
             Some(r) => x.apply_op2_no_bwd(r, &op),
@@ -184,6 +248,7 @@ enum Kernel<'a> {
 struct LinearOp<'a> {
     bias: Option<&'a [f32]>,
     kernel: Kernel<'a>,
+    lora_site: Option<usize>,
 }
 
 impl LinearOp<'_> {
@@ -232,6 +297,9 @@ impl LinearOp<'_> {
                 Kernel::Int8(q) => q.matmul(dst.as_mut_ptr(), x, m, read_dst),
             }
             dst.set_len(m * n);
+        }
+        if let Some(site) = self.lora_site {
+            lora::add_on_cpu(site, x, &mut dst, m, k, n)?;
         }
         Ok((CpuStorage::F32(dst), Shape::from((m, n))))
     }

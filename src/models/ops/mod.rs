@@ -26,6 +26,7 @@ mod gated;
 pub mod int8;
 mod layer_norm;
 mod linear;
+pub mod lora;
 mod math;
 mod rms_norm;
 mod rotary;

@@ -1,0 +1,331 @@
+//! LoRA adapters through the real router: each adapter's outputs against PEFT's merged model
+//! (tests/fixtures/make_lora_adapters.py), concurrent requests for the base and three adapters
+//! sharing batches, int8 and bf16 bases, /v1/models, the load/unload routes and their gate,
+//! refusals, the library and the batch command.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::{cosine, fixture_model, post, send};
+use poolserve::api::{self, ApiOptions, AppState};
+use poolserve::config::ServerConfig;
+use poolserve::engine::Engine;
+use poolserve::loader::lora::{LoraModule, LoraOptions};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+fn adapter_dir(base: &str, adapter: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lora").join(base).join(adapter)
+}
+
+/// The reference entries of `base`'s adapters.
+fn references(base: &str) -> Vec<Value> {
+    common::expected("lora")["adapters"].as_array().expect("adapters").iter().filter(|a| a["base"] == base).cloned().collect()
+}
+
+fn texts() -> Vec<String> {
+    common::expected("lora")["texts"].as_array().expect("texts").iter().map(|t| t.as_str().expect("text").to_string()).collect()
+}
+
+fn rows(v: &Value) -> Vec<Vec<f32>> {
+    v.as_array().expect("rows").iter().map(common::floats).collect()
+}
+
+/// `base` serving `adapters` (each under its fixture name), up to `max_loras` per batch.
+fn lora_config(base: &str, adapters: &[&str], max_loras: usize, tweak: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
+    common::config_for(&fixture_model(base), |config| {
+        config.models[0].served_name = base.to_string();
+        config.models[0].lora = Some(LoraOptions {
+            modules: adapters
+                .iter()
+                .map(|a| LoraModule {
+                    name: a.to_string(),
+                    path: adapter_dir(base, a).to_str().expect("utf-8").to_string(),
+                    base_model_name: None,
+                })
+                .collect(),
+            max_loras,
+            max_lora_rank: 16,
+        });
+        tweak(config);
+    })
+}
+
+fn load(config: &ServerConfig) -> Engine {
+    Engine::load(&config.models[0], &config.engine).expect("model with adapters loads")
+}
+
+fn app(engine: Engine, runtime_updates: bool) -> axum::Router {
+    api::router(
+        AppState::ready_with(engine, ApiOptions { allow_runtime_lora_updating: runtime_updates, ..ApiOptions::default() }),
+        2_000_000,
+    )
+}
+
+async fn embed(router: &axum::Router, model: &str, input: Value) -> Vec<Vec<f32>> {
+    let reply = post(router, "/v1/embeddings", json!({"model": model, "input": input})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{model}: {}", reply.body);
+    assert_eq!(reply.body["model"], model);
+    reply.body["data"].as_array().expect("data").iter().map(|d| common::floats(&d["embedding"])).collect()
+}
+
+fn assert_matches(ours: &[Vec<f32>], reference: &[Vec<f32>], bar: f64, what: &str) {
+    for (i, (o, r)) in ours.iter().zip(reference).enumerate() {
+        let c = cosine(o, r);
+        assert!(c >= bar, "{what}, text {i}: cosine {c} < {bar}");
+    }
+}
+
+/// Every embedder adapter of every base, all texts in one request, against PEFT's merged model.
+#[tokio::test]
+async fn every_adapter_matches_peft_merged_model() {
+    for base in ["bert-embed-cls", "xlmr-embed-cls", "qwen3-embed-last"] {
+        let refs = references(base);
+        let names: Vec<String> = refs.iter().map(|r| r["adapter"].as_str().expect("name").to_string()).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let router = app(load(&lora_config(base, &names, 4, |_| {})), false);
+        for r in &refs {
+            let name = r["adapter"].as_str().expect("name");
+            let ours = embed(&router, name, json!(texts())).await;
+            assert_matches(&ours, &rows(&r["embeddings"]), 0.9999, &format!("{base}/{name}"));
+        }
+        let base_ref = rows(&common::expected("lora")["base_embeddings"][base]);
+        assert_matches(&embed(&router, base, json!(texts())).await, &base_ref, 0.9999, &format!("{base} without an adapter"));
+    }
+}
+
+/// A classifier's adapter (its head stays the base's): probabilities within 1e-4 of the
+/// merged model's softmax.
+#[tokio::test]
+async fn a_classifier_adapter_matches_peft_probabilities() {
+    let router = app(load(&lora_config("bert-seqcls", &["qv"], 1, |_| {})), false);
+    let reference = &references("bert-seqcls")[0];
+    let reply = post(&router, "/classify", json!({"model": "qv", "input": texts()})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    for (i, (data, expected)) in reply.body["data"].as_array().expect("data").iter().zip(rows(&reference["probabilities"])).enumerate() {
+        let diff = common::max_abs_diff(&common::floats(&data["probs"]), &expected);
+        assert!(diff <= 1e-4, "text {i}: probabilities differ by {diff}");
+    }
+}
+
+/// 32 one-text requests at once over the base and three adapters: batches mix them, and each
+/// request gets its own model's vector. With max_loras 2, batches are split by adapter count,
+/// with the same answers.
+#[tokio::test]
+async fn concurrent_requests_for_the_base_and_three_adapters_keep_their_own_model() {
+    let base = "bert-embed-cls";
+    let texts = texts();
+    let mut expected: Vec<(String, Vec<Vec<f32>>)> = vec![(base.to_string(), rows(&common::expected("lora")["base_embeddings"][base]))];
+    for r in references(base) {
+        expected.push((r["adapter"].as_str().expect("name").to_string(), rows(&r["embeddings"])));
+    }
+    // The test means something only if the four models' vectors differ.
+    for (a, b) in [(0, 1), (1, 2), (2, 3), (0, 3)] {
+        assert!(cosine(&expected[a].1[0], &expected[b].1[0]) < 0.99, "{} and {} embed alike", expected[a].0, expected[b].0);
+    }
+    for max_loras in [4, 2] {
+        let router = app(load(&lora_config(base, &["all-dense", "qv-rslora", "ffn"], max_loras, |_| {})), false);
+        let mut requests = tokio::task::JoinSet::new();
+        for i in 0..32 {
+            let (model, refs) = expected[i % 4].clone();
+            let text = i / 4 % texts.len();
+            let router = router.clone();
+            let input = texts[text].clone();
+            requests.spawn(async move { (model.clone(), text, embed(&router, &model, json!(input)).await.remove(0), refs[text].clone()) });
+        }
+        for (model, text, ours, reference) in requests.join_all().await {
+            let c = cosine(&ours, &reference);
+            assert!(c >= 0.9999, "max_loras {max_loras}: `{model}` text {text} got cosine {c} to its own reference");
+        }
+    }
+}
+
+/// Adapters on an int8 base (LoRA in f32) and on a bf16-packed base, at the bars of those
+/// precisions: int8's 0.999; bf16 0.9995, as these random adapters move the activations far
+/// from the base's (the base fixture alone stays above 0.9999 in bf16; measured 0.99989 here).
+#[tokio::test]
+async fn int8_and_bfloat16_bases_take_adapters() {
+    use poolserve::loader::options::{DTypeArg, Quantization};
+    let base = "bert-embed-cls";
+    let reference = &references(base)[0];
+    let name = reference["adapter"].as_str().expect("name");
+    for (what, bar, tweak) in [
+        (
+            "int8",
+            0.999,
+            Box::new(|c: &mut ServerConfig| c.models[0].quantization = Some(Quantization::Int8)) as Box<dyn FnOnce(&mut ServerConfig)>,
+        ),
+        ("bf16", 0.9995, Box::new(|c: &mut ServerConfig| c.models[0].dtype = DTypeArg::Bfloat16)),
+    ] {
+        let router = app(load(&lora_config(base, &[name], 1, tweak)), false);
+        let ours = embed(&router, name, json!(texts())).await;
+        assert_matches(&ours, &rows(&reference["embeddings"]), bar, &format!("{what} base, adapter {name}"));
+    }
+}
+
+#[tokio::test]
+async fn models_lists_each_adapter_with_its_parent() {
+    let router = app(load(&lora_config("bert-embed-cls", &["ffn", "all-dense"], 1, |_| {})), false);
+    let reply = send(&router, "GET", "/v1/models", None, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let cards = reply.body["data"].as_array().expect("cards");
+    let ids: Vec<&str> = cards.iter().map(|c| c["id"].as_str().expect("id")).collect();
+    assert_eq!(ids, ["bert-embed-cls", "all-dense", "ffn"]);
+    assert_eq!(cards[0]["parent"], Value::Null);
+    assert_eq!(cards[1]["parent"], "bert-embed-cls");
+    assert_eq!(cards[2]["root"], adapter_dir("bert-embed-cls", "ffn").to_str().expect("utf-8"));
+}
+
+/// vLLM's load/unload routes: absent without the switch (404), then every answer of theirs.
+#[tokio::test]
+async fn adapters_load_and_unload_at_run_time() {
+    let config = lora_config("bert-embed-cls", &[], 2, |_| {});
+    let engine = load(&config);
+    let path = adapter_dir("bert-embed-cls", "qv-rslora").to_str().expect("utf-8").to_string();
+    let gated = app(engine.clone(), false);
+    let reply = post(&gated, "/v1/load_lora_adapter", json!({"lora_name": "x", "lora_path": path})).await;
+    // Not registered: the server's answer for any unknown path.
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.body["error"]["message"], "Not Found");
+
+    let router = app(engine, true);
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "tenant", "lora_path": path})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body, "Success: LoRA adapter 'tenant' added successfully.");
+    let reference = references("bert-embed-cls").into_iter().find(|r| r["adapter"] == "qv-rslora").expect("reference");
+    assert_matches(&embed(&router, "tenant", json!(texts())).await, &rows(&reference["embeddings"]), 0.9999, "loaded at run time");
+
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "tenant", "lora_path": path})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.body["error"]["message"],
+        "The lora adapter 'tenant' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
+    );
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "tenant", "lora_path": path, "load_inplace": true})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "", "lora_path": path})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.body["error"]["message"], "Both 'lora_name' and 'lora_path' must be provided.");
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "nope", "lora_path": "/no/such/adapter"})).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.body["error"]["message"], "Loading lora nope failed: No adapter found for /no/such/adapter");
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "bert-embed-cls", "lora_path": path})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "an adapter may not take a served model's name");
+
+    let reply = post(&router, "/v1/unload_lora_adapter", json!({"lora_name": "tenant"})).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, "Success: LoRA adapter 'tenant' removed successfully.");
+    let reply = post(&router, "/v1/unload_lora_adapter", json!({"lora_name": "tenant"})).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.body["error"]["message"], "The lora adapter 'tenant' cannot be found.");
+    let reply = post(&router, "/v1/unload_lora_adapter", json!({"lora_name": ""})).await;
+    assert_eq!(reply.body["error"]["message"], "'lora_name' needs to be provided to unload a LoRA adapter.");
+    let reply = post(&router, "/v1/embeddings", json!({"model": "tenant", "input": "hi"})).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.body["error"]["message"], "The model `tenant` does not exist.");
+}
+
+#[tokio::test]
+async fn the_adapter_routes_sit_behind_the_api_key() {
+    let engine = load(&lora_config("bert-embed-cls", &[], 1, |_| {}));
+    let options = ApiOptions { api_key: Some("k".into()), allow_runtime_lora_updating: true, ..ApiOptions::default() };
+    let router = api::router(AppState::ready_with(engine, options), 2_000_000);
+    let body = json!({"lora_name": "t", "lora_path": "/x"}).to_string();
+    let reply = send(&router, "POST", "/v1/load_lora_adapter", Some(body.clone()), &[]).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let reply = send(&router, "POST", "/v1/load_lora_adapter", Some(body), &[("authorization", "Bearer k")]).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "authorized: the path is checked");
+}
+
+/// A fresh folder under target/, named after `what`.
+fn scratch(what: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("lora-{what}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch folder");
+    dir
+}
+
+/// A copy of the `ffn` adapter in `scratch(what)` with its config changed by `edit`.
+fn edited_adapter(what: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    let dir = scratch(what);
+    let source = adapter_dir("bert-embed-cls", "ffn");
+    std::fs::copy(source.join("adapter_model.safetensors"), dir.join("adapter_model.safetensors")).expect("copy");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("adapter_config.json")).expect("config")).expect("json");
+    edit(&mut config);
+    std::fs::write(dir.join("adapter_config.json"), config.to_string()).expect("write");
+    dir
+}
+
+/// What cannot be applied is refused at load, naming it.
+#[tokio::test]
+async fn unsupported_adapters_are_refused_with_the_reason() {
+    let router = app(load(&lora_config("bert-embed-cls", &[], 1, |_| {})), true);
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (edited_adapter("dora", |c| c["use_dora"] = json!(true)), "DoRA (use_dora) is not supported."),
+        (edited_adapter("rank", |c| c["r"] = json!(32)), "LoRA rank 32 is greater than max_lora_rank 16."),
+        (edited_adapter("ia3", |c| c["peft_type"] = json!("IA3")), "PEFT type IA3 is not supported"),
+        (edited_adapter("bias", |c| c["bias"] = json!("all")), "Adapter bias is not supported."),
+        (edited_adapter("heads", |c| c["modules_to_save"] = json!(["classifier"])), "modules_to_save is not supported yet"),
+    ];
+    for (dir, message) in &cases {
+        let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "bad", "lora_path": dir})).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{message}: {}", reply.body);
+        let got = reply.body["error"]["message"].as_str().expect("message");
+        assert!(got.contains(message), "expected `{message}` in `{got}`");
+    }
+    // An adapter trained on a module this model does not run.
+    let dir = scratch("embeddings");
+    std::fs::copy(adapter_dir("bert-embed-cls", "ffn").join("adapter_config.json"), dir.join("adapter_config.json")).expect("copy");
+    let zeros =
+        |shape: (usize, usize)| candle_core::Tensor::zeros(shape, candle_core::DType::F32, &candle_core::Device::Cpu).expect("tensor");
+    let tensors = std::collections::HashMap::from([
+        ("base_model.model.embeddings.word_embeddings.lora_A.weight".to_string(), zeros((4, 809))),
+        ("base_model.model.embeddings.word_embeddings.lora_B.weight".to_string(), zeros((32, 4))),
+    ]);
+    candle_core::safetensors::save(&tensors, dir.join("adapter_model.safetensors")).expect("save");
+    let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "bad", "lora_path": dir})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let got = reply.body["error"]["message"].as_str().expect("message");
+    assert!(
+        got.contains("LoRA on `embeddings.word_embeddings` is not supported: adapters of this model may train its dense layers"),
+        "{got}"
+    );
+    // None of the refused adapters was registered.
+    let reply = post(&router, "/v1/embeddings", json!({"model": "bad", "input": "hi"})).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+}
+
+/// `--lora-modules` with an adapter that cannot be applied: the model does not start, and says why.
+#[tokio::test]
+async fn a_start_with_a_broken_adapter_fails_with_its_reason() {
+    let dir = edited_adapter("start", |c| c["use_dora"] = json!(true));
+    let config = common::config_for(&fixture_model("bert-embed-cls"), |c| {
+        c.models[0].lora = Some(LoraOptions {
+            modules: vec![LoraModule { name: "dora".into(), path: dir.to_str().expect("utf-8").into(), base_model_name: None }],
+            ..LoraOptions::default()
+        });
+    });
+    let err = Engine::load(&config.models[0], &config.engine).err().expect("refused");
+    assert!(err.to_string().contains("LoRA adapter `dora`: DoRA (use_dora) is not supported."), "{err}");
+}
+
+/// The library: `with_adapter`, and an adapter loaded from code.
+#[test]
+fn the_library_runs_adapters() {
+    use poolserve::pooler::{Pooler, PoolerOptions};
+    let base = "bert-embed-cls";
+    let mut options = PoolerOptions::for_model(fixture_model(base).to_str().expect("utf-8"));
+    options.model.lora = Some(LoraOptions { max_loras: 2, ..LoraOptions::default() });
+    let pooler = Pooler::load(options).expect("loads");
+    pooler.load_adapter("ffn", adapter_dir(base, "ffn").to_str().expect("utf-8")).expect("adapter loads");
+    let reference = references(base).into_iter().find(|r| r["adapter"] == "ffn").expect("reference");
+    let texts = texts();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let tuned = pooler.with_adapter("ffn").expect("adapter");
+    let params = poolserve::engine::params::PoolingParams::default();
+    assert_matches(&tuned.embed(&texts, &params).expect("embeds"), &rows(&reference["embeddings"]), 0.9999, "library");
+    let base_ref = rows(&common::expected("lora")["base_embeddings"][base]);
+    assert_matches(&pooler.embed(&texts, &params).expect("embeds"), &base_ref, 0.9999, "library base");
+    assert!(pooler.with_adapter("nope").is_err());
+}
