@@ -725,4 +725,44 @@ mod tests {
         let entry = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt_name": "query"}]}"#, &flagged).unwrap();
         assert_eq!((entry[0].default_prompt_name.as_deref(), entry[0].default_prompt.as_deref()), (Some("query"), None));
     }
+
+    #[test]
+    fn lora_flags_and_models_file_keys() {
+        let config = parse(&[
+            "a=/m/a",
+            "b=/m/b",
+            "--enable-lora",
+            "--max-loras",
+            "4",
+            "--lora-modules",
+            "legal=/ad/legal",
+            r#"{"name": "med", "path": "/ad/med", "base_model_name": "b"}"#,
+        ])
+        .unwrap();
+        let lora = |i: usize| config.models[i].lora.as_ref().unwrap();
+        assert_eq!(lora(0).modules.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["legal"]);
+        assert_eq!(lora(1).modules[0].path, "/ad/med");
+        assert_eq!((lora(0).max_loras, lora(0).max_lora_rank), (4, 16));
+        let err = parse(&["/m/a", "--lora-modules", "x=/ad/x"]).unwrap_err().to_string();
+        assert!(err.contains("does not serve adapters (--enable-lora)"), "{err}");
+        let err = parse(&["a=/m/a", "--enable-lora", "--lora-modules", "a=/ad/x"]).unwrap_err().to_string();
+        assert!(err.contains("has the name of another model or adapter"), "{err}");
+        let err =
+            parse(&["/m/a", "--enable-lora", "--lora-modules", r#"{"name": "x", "path": "/p", "base_model_name": "zz"}"#]).unwrap_err();
+        assert!(err.to_string().contains("base_model_name `zz` is not a served model"), "{err}");
+        assert!(parse(&["/m/a", "--enable-lora", "--max-loras", "0"]).is_err());
+
+        let defaults = ModelOptions::for_model("");
+        let models = models_file::parse(
+            r#"{"models": [{"name": "a", "model": "/m/a", "lora_modules": ["x=/ad/x", {"name": "y", "path": "/ad/y"}], "max_loras": 2},
+                {"name": "b", "model": "/m/b"}]}"#,
+            &defaults,
+        )
+        .unwrap();
+        let a = models[0].lora.as_ref().unwrap();
+        assert_eq!((a.modules.len(), a.max_loras, a.max_lora_rank), (2, 2, 16));
+        assert!(models[1].lora.is_none());
+        let err = models_file::parse(r#"{"models": [{"model": "/m/a", "enable_lora": false, "lora_modules": ["x=/p"]}]}"#, &defaults);
+        assert!(err.unwrap_err().contains("lora_modules needs enable_lora"));
+    }
 }

@@ -329,3 +329,117 @@ fn the_library_runs_adapters() {
     assert_matches(&pooler.embed(&texts, &params).expect("embeds"), &base_ref, 0.9999, "library base");
     assert!(pooler.with_adapter("nope").is_err());
 }
+
+/// Every family that takes adapters names its dense layers after the checkpoint's modules: each
+/// site's module is a `<name>.weight` of the model file (what PEFT's keys are matched against).
+#[test]
+fn every_family_names_its_layers_after_the_checkpoint() {
+    let families = [
+        ("bert-embed-cls", 8),
+        ("xlmr-embed-cls", 8),
+        ("distilbert-seqcls", 0),
+        ("mpnet-embed-mean", 0),
+        ("electra-embed", 0),
+        ("deberta-embed", 0),
+        ("modernbert-embed-mean", 0),
+        ("gte-embed-cls", 0),
+        ("nomic-embed-mean", 0),
+        ("jina-embed", 0),
+        ("qwen2-embed-last", 0),
+        ("qwen3-embed-last", 0),
+        ("llama-embed-last", 0),
+        ("mistral-embed-window", 0),
+        ("gemma3-causal", 0),
+        ("clip-tiny", 0),
+        ("siglip-tiny", 0),
+    ];
+    for (family, at_least) in families {
+        let dir = fixture_model(family);
+        let mut options = poolserve::loader::options::ModelOptions::for_model(dir.to_str().expect("utf-8"));
+        options.lora = Some(LoraOptions::default());
+        let model = poolserve::loader::load(&options).unwrap_or_else(|e| panic!("{family}: {e}"));
+        let sites = &model.lora.as_ref().expect("lora").sites;
+        assert!(sites.len() >= at_least.max(1), "{family}: {} sites", sites.len());
+        let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu).expect("weights");
+        let names: std::collections::HashSet<String> = tensors.into_keys().collect();
+        for part in sites.iter().flat_map(|s| &s.parts) {
+            assert!(names.contains(&format!("{}.weight", part.name)), "{family}: `{}` is not a module of the checkpoint", part.name);
+        }
+    }
+}
+
+/// The real binary as a user starts it: vLLM's flags, the adapters answering over HTTP, one
+/// more loaded through the route vLLM's variable opens; then the batch command with lines
+/// naming an adapter.
+#[test]
+fn the_binary_serves_adapters_and_the_batch_command_runs_them() {
+    use common::server;
+    let base = "bert-embed-cls";
+    let model = fixture_model(base);
+    let all_dense = format!("all-dense={}", adapter_dir(base, "all-dense").display());
+    let ffn = json!({"name": "ffn", "path": adapter_dir(base, "ffn"), "base_model_name": base}).to_string();
+    let args = [
+        model.to_str().expect("utf-8"),
+        "--served-model-name",
+        base,
+        "--enable-lora",
+        "--lora-modules",
+        &all_dense,
+        &ffn,
+        "--max-loras",
+        "4",
+    ];
+    let mut binary = server::start(&args, &[("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")]);
+    server::wait_ready(&mut binary);
+    let references = references(base);
+    let reference = |name: &str| rows(&references.iter().find(|r| r["adapter"] == name).expect("reference")["embeddings"]);
+    let path = adapter_dir(base, "qv-rslora");
+    let answer = server::post(binary.port, "/v1/load_lora_adapter", json!({"lora_name": "qv-rslora", "lora_path": path}));
+    assert_eq!((answer.status, answer.text()), (200, "Success: LoRA adapter 'qv-rslora' added successfully.".to_string()));
+    for name in ["all-dense", "ffn", "qv-rslora"] {
+        let answer = server::post(binary.port, "/v1/embeddings", json!({"model": name, "input": texts()}));
+        assert_eq!(answer.status, 200, "{name}: {}", answer.text());
+        let body = answer.json();
+        assert_eq!(body["model"], name);
+        let ours: Vec<Vec<f32>> = body["data"].as_array().expect("data").iter().map(|d| common::floats(&d["embedding"])).collect();
+        assert_matches(&ours, &reference(name), 0.9999, &format!("binary, {name}"));
+    }
+    let models = server::request(binary.port, "GET", "/v1/models", None, &[]).expect("answer").json();
+    let parents: Vec<&Value> = models["data"].as_array().expect("cards").iter().map(|c| &c["parent"]).collect();
+    assert_eq!(parents, [&Value::Null, &json!(base), &json!(base), &json!(base)]);
+    drop(binary);
+
+    let dir = scratch("batch");
+    let input = dir.join("in.jsonl");
+    let lines: Vec<String> = texts()
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"id": i, "model": if i % 2 == 0 { "ffn" } else { base }, "text": t}).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n")).expect("input");
+    let output = dir.join("out.jsonl");
+    let ffn_path = format!("ffn={}", adapter_dir(base, "ffn").display());
+    let (ok, stderr) = server::run_to_exit(&[
+        "embed",
+        model.to_str().expect("utf-8"),
+        "--served-model-name",
+        base,
+        "--enable-lora",
+        "--lora-modules",
+        &ffn_path,
+        "--input",
+        input.to_str().expect("utf-8"),
+        "--output",
+        output.to_str().expect("utf-8"),
+    ]);
+    assert!(ok, "{stderr}");
+    let base_ref = rows(&common::expected("lora")["base_embeddings"][base]);
+    let ffn_ref = reference("ffn");
+    for line in std::fs::read_to_string(&output).expect("output").lines() {
+        let v: Value = serde_json::from_str(line).expect("json line");
+        let i = v["id"].as_u64().expect("id") as usize;
+        let expected = if i % 2 == 0 { &ffn_ref[i] } else { &base_ref[i] };
+        let c = cosine(&common::floats(&v["embedding"]), expected);
+        assert!(c >= 0.9999, "batch line {i}: cosine {c}");
+    }
+}
