@@ -414,7 +414,7 @@ fn the_binary_serves_adapters_and_the_batch_command_runs_them() {
     let lines: Vec<String> = texts()
         .iter()
         .enumerate()
-        .map(|(i, t)| json!({"id": i, "model": if i % 2 == 0 { "ffn" } else { base }, "text": t}).to_string())
+        .map(|(i, t)| json!({"id": i, "model": if i.is_multiple_of(2) { "ffn" } else { base }, "text": t}).to_string())
         .collect();
     std::fs::write(&input, lines.join("\n")).expect("input");
     let output = dir.join("out.jsonl");
@@ -438,7 +438,7 @@ fn the_binary_serves_adapters_and_the_batch_command_runs_them() {
     for line in std::fs::read_to_string(&output).expect("output").lines() {
         let v: Value = serde_json::from_str(line).expect("json line");
         let i = v["id"].as_u64().expect("id") as usize;
-        let expected = if i % 2 == 0 { &ffn_ref[i] } else { &base_ref[i] };
+        let expected = if i.is_multiple_of(2) { &ffn_ref[i] } else { &base_ref[i] };
         let c = cosine(&common::floats(&v["embedding"]), expected);
         assert!(c >= 0.9999, "batch line {i}: cosine {c}");
     }
