@@ -182,13 +182,19 @@ impl AppState {
     /// (with that adapter); 404 for an unknown name. Without a name, the only model, or a 400
     /// naming the models when there are several. 503 while it loads or the server drains.
     pub fn model(&self, model: Option<&str>) -> Result<Engine, ApiError> {
-        let slot = match model {
+        let (slot, adapter) = match model {
             Some(name) => match self.inner.models.iter().find(|s| s.name == name) {
-                Some(slot) => slot,
-                None => return self.adapter(name),
+                Some(slot) => (slot, None),
+                // A name that is no model may be one of a ready model's LoRA adapters.
+                None => self
+                    .inner
+                    .models
+                    .iter()
+                    .find_map(|s| Some((s, Some(s.engine.get()?.with_adapter(name)?))))
+                    .ok_or_else(|| ApiError::NotFound(format!("The model `{name}` does not exist.")))?,
             },
             None => match self.inner.models.as_slice() {
-                [only] => only,
+                [only] => (only, None),
                 _ => return Err(self.name_required()),
             },
         };
@@ -196,18 +202,10 @@ impl AppState {
         if self.is_draining() {
             return Err(ApiError::Unavailable("The server is shutting down".into()));
         }
-        slot.engine.get().cloned().ok_or_else(|| self.loading(slot))
-    }
-
-    /// The engine serving the LoRA adapter `name`, with it.
-    fn adapter(&self, name: &str) -> Result<Engine, ApiError> {
-        let found = self.inner.models.iter().find_map(|slot| slot.engine.get().and_then(|e| e.with_adapter(name)));
-        let engine = found.ok_or_else(|| ApiError::NotFound(format!("The model `{name}` does not exist.")))?;
-        crate::metrics::note_model(&engine.spec().served_name);
-        if self.is_draining() {
-            return Err(ApiError::Unavailable("The server is shutting down".into()));
+        match adapter {
+            Some(engine) => Ok(engine),
+            None => slot.engine.get().cloned().ok_or_else(|| self.loading(slot)),
         }
-        Ok(engine)
     }
 
     /// The engines that serve LoRA adapters (ready ones).

@@ -352,6 +352,13 @@ fn find_site(sites: &[LoraSite], module: &str) -> Result<(usize, usize), String>
     }
 }
 
+/// vLLM's message for a name already loaded.
+fn already_loaded(name: &str) -> AdapterError {
+    AdapterError::Invalid(format!(
+        "The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
+    ))
+}
+
 /// The adapters a model serves: its sites, its limits, and the adapters loaded so far.
 #[derive(Debug)]
 pub struct LoraRegistry {
@@ -368,19 +375,28 @@ impl LoraRegistry {
 
     /// Reads and registers the adapter `name`; vLLM's message when the name is taken.
     pub fn load(&self, name: &str, path: &str) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+        // Refused before reading the files when the name is already taken.
         if self.get(name).is_some() {
-            return Err(AdapterError::Invalid(format!(
-                "The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
-            )));
+            return Err(already_loaded(name));
         }
-        self.replace(name, path)
+        self.register(name, path, false)
     }
 
     /// Reads the adapter `name` and registers it, replacing one of that name (vLLM's
     /// `load_inplace`).
     pub fn replace(&self, name: &str, path: &str) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+        self.register(name, path, true)
+    }
+
+    /// Reads the adapter, then registers it under the lock: of two loads of one new name at
+    /// once, the second is refused rather than replacing the first.
+    fn register(&self, name: &str, path: &str, replace: bool) -> Result<std::sync::Arc<Adapter>, AdapterError> {
         let adapter = std::sync::Arc::new(load_adapter(name, path, &self.sites, self.max_lora_rank)?);
-        self.adapters.write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), adapter.clone());
+        let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        if !replace && adapters.contains_key(name) {
+            return Err(already_loaded(name));
+        }
+        adapters.insert(name.to_string(), adapter.clone());
         Ok(adapter)
     }
 

@@ -130,7 +130,6 @@ pub fn enable_lora(backbone: &mut dyn Backbone) -> Vec<ops::lora::LoraSite> {
             sites.push(ops::lora::LoraSite {
                 parts: layer.modules().to_vec(),
                 in_features: layer.in_features(),
-                out_features: layer.out_features(),
                 on_cpu_kernels: !layer.on_device(),
                 device,
                 dtype,

@@ -43,7 +43,6 @@ pub struct LoraFactors {
 pub struct LoraSite {
     pub parts: Vec<ModulePart>,
     pub in_features: usize,
-    pub out_features: usize,
     /// Whether the layer runs on the CPU kernels (f32, bf16 or int8 weights); otherwise its
     /// adapters run as candle products on `device` in `dtype`.
     pub on_cpu_kernels: bool,
@@ -262,7 +261,6 @@ mod tests {
         LoraSite {
             parts: (0..parts).map(|p| ModulePart { name: format!("m{p}"), offset: p * len, len }).collect(),
             in_features: k,
-            out_features: n,
             on_cpu_kernels,
             device: Device::Cpu,
             dtype: DType::F32,
