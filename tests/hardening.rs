@@ -125,15 +125,19 @@ async fn a_small_request_is_not_stuck_behind_big_ones() {
         assert_eq!(single().await.status, StatusCode::OK);
         idle.push(started.elapsed());
     }
-    let texts: Vec<String> = (0..1024).map(|i| format!("flood text number {i} with a few more words in it to make it longer")).collect();
+    // Long enough (120 tokens each) that the floods outlast the small requests on a fast
+    // machine too: with 14-token texts they once finished within the first 200 ms.
+    let words = "with a few more words in it to make it longer ".repeat(12);
+    let texts: Vec<String> = (0..1024).map(|i| format!("flood text number {i} {words}")).collect();
     let floods: Vec<_> = (0..3)
         .map(|_| {
             let router = router.clone();
-            let body = json!({"input": texts});
+            let body = json!({"input": texts, "truncate_prompt_tokens": 120});
             tokio::spawn(async move { post(&router, "/v1/embeddings", body).await.status })
         })
         .collect();
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Long enough for the floods to be queued, short against their run.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     let mut flooded = Vec::new();
     for _ in 0..5 {
         let started = std::time::Instant::now();
