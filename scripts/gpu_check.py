@@ -94,6 +94,27 @@ def check_embeddings(server, expected, cases=None):
     return [("cosine", cosine(d["embedding"], c["embedding"])) for d, c in zip(reply["data"], cases)]
 
 
+def check_tasks(server, expected):
+    """jina-embeddings-v3: every task adapter (Jina's `task` field) and the base weights."""
+    results = []
+    for task, rows in expected["tasks"].items():
+        body = {"input": expected["texts"]} | ({} if task == "none" else {"task": task})
+        reply = server.post("/v1/embeddings", body)
+        results += [("cosine", cosine(d["embedding"], row)) for d, row in zip(reply["data"], rows)]
+    return results
+
+
+def check_lora(server, expected, base):
+    """The LoRA adapters of `base` the server was started with (LORA flags): each against
+    PEFT's merged model (tests/fixtures/expected/lora.json)."""
+    lora = json.load(open(f"{FIXTURES}/expected/lora.json"))
+    results = []
+    for entry in (e for e in lora["adapters"] if e["base"] == base and e["adapter"] == LORA_CHECKED[base]):
+        reply = server.post("/v1/embeddings", {"model": entry["adapter"], "input": lora["texts"]})
+        results += [("cosine", cosine(d["embedding"], row)) for d, row in zip(reply["data"], entry["embeddings"])]
+    return results
+
+
 def check_classify(server, expected, activation):
     cases = expected["texts"]
     reply = server.post("/classify", {"input": texts_of(cases)})
@@ -202,10 +223,19 @@ QWEN3_RERANKER = json.dumps({"architectures": ["Qwen3ForSequenceClassification"]
 SPLADE = ["--pooler-config", json.dumps({"pooling_type": "SPLADE"})]
 GEMMA_RERANKER = json.dumps({"architectures": ["GemmaForSequenceClassification"], "classifier_from_token": ["Yes"], "method": "no_post_processing"})
 
+# The adapter check_lora runs (the CUDA path of LoRA: composite candle products).
+LORA_CHECKED = {"bert-embed-cls": "all-dense", "qwen3-embed-last": "all-proj"}
+
+
+def lora_flags(base):
+    adapter = LORA_CHECKED[base]
+    return ["--enable-lora", "--lora-modules", f"{adapter}={FIXTURES}/lora/{base}/{adapter}"]
+
+
 # Fixture folder → (extra server flags, checks).
 CHECKS = {
     "bert-colbert": ([], [check_multi_vector]),
-    "bert-embed-cls": ([], [check_embeddings]),
+    "bert-embed-cls": (lora_flags("bert-embed-cls"), [check_embeddings, lambda s, e: check_lora(s, e, "bert-embed-cls")]),
     "bert-embed-mean": ([], [check_embeddings]),
     "bert-embed-prompts": ([], [lambda s, e: check_embeddings(s, e, e["cases"]["default"])]),
     "bert-reranker": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
@@ -233,6 +263,7 @@ CHECKS = {
     "gte-embed-cls": ([], [check_embeddings]),
     "jina-embed": ([], [check_embeddings]),
     "jina-reranker": ([], [check_pairs]),
+    "jina-v3-tiny": ([], [check_tasks]),
     "llama-embed-last": ([], [check_embeddings]),
     "llama-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "mistral-embed-window": ([], [check_embeddings]),
@@ -248,7 +279,7 @@ CHECKS = {
     "qwen2-process-reward": (PRM_STEP, [lambda s, e: check_rewards(s, e, "step_probs")]),
     "qwen2-reward": ([], [check_rewards]),
     "qwen3-causal-reranker": (["--hf-overrides", QWEN3_RERANKER], [check_pairs]),
-    "qwen3-embed-last": ([], [check_embeddings]),
+    "qwen3-embed-last": (lora_flags("qwen3-embed-last"), [check_embeddings, lambda s, e: check_lora(s, e, "qwen3-embed-last")]),
     "qwen3-seqcls": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
     "siglip-tiny": ([], [check_image_text]),
     "xlmr-embed-cls": ([], [check_embeddings]),

@@ -108,6 +108,113 @@ async fn a_classifier_adapter_matches_peft_probabilities() {
     }
 }
 
+/// `rows` against `expected` within 1e-4, value by value.
+fn assert_probabilities(ours: &[Vec<f32>], expected: &[Vec<f32>], what: &str) {
+    assert_eq!(ours.len(), expected.len(), "{what}: row count");
+    for (i, (o, e)) in ours.iter().zip(expected).enumerate() {
+        let diff = common::max_abs_diff(o, e);
+        assert!(diff <= 1e-4, "{what}, row {i}: differs by {diff}");
+    }
+}
+
+/// Adapters that save their classifier head (PEFT's `modules_to_save`: SEQ_CLS and TOKEN_CLS
+/// adapters, one with the BERT pooler too): each runs its own head over its own hidden states,
+/// against the merged model's probabilities; `/score` pairs through a cross-encoder adapter's
+/// head; requests for an adapter with its own head and one without share batches.
+#[tokio::test]
+async fn adapters_with_their_own_classifier_head_match_peft() {
+    for base in ["bert-seqcls", "xlmr-reranker", "qwen3-seqcls"] {
+        let reference = references(base).into_iter().find(|r| r["adapter"] == "head").expect("head adapter");
+        assert!(!reference["saved_modules"].as_array().expect("saved").is_empty(), "{base}: the fixture saves no head");
+        let router = app(load(&lora_config(base, &["head"], 1, |_| {})), false);
+        let reply = post(&router, "/classify", json!({"model": "head", "input": texts()})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{base}: {}", reply.body);
+        let ours: Vec<Vec<f32>> = reply.body["data"].as_array().expect("data").iter().map(|d| common::floats(&d["probs"])).collect();
+        assert_probabilities(&ours, &rows(&reference["probabilities"]), &format!("{base}/head"));
+        if let Some(pairs) = reference.get("pair_scores") {
+            let reply = post(&router, "/score", json!({"model": "head", "text_1": texts()[0], "text_2": texts()})).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            let ours: Vec<f32> =
+                reply.body["data"].as_array().expect("data").iter().map(|d| d["score"].as_f64().expect("score") as f32).collect();
+            assert_probabilities(&[ours], &[common::floats(pairs)], &format!("{base}/head pairs"));
+        }
+    }
+
+    let reference = references("bert-tokcls").into_iter().find(|r| r["adapter"] == "head").expect("head adapter");
+    let router = app(load(&lora_config("bert-tokcls", &["head"], 1, |_| {})), false);
+    for (text, expected) in texts().iter().zip(reference["probabilities"].as_array().expect("texts")) {
+        let reply = post(&router, "/pooling", json!({"model": "head", "input": text})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let ours: Vec<Vec<f32>> = reply.body["data"][0]["data"].as_array().expect("rows").iter().map(common::floats).collect();
+        assert_probabilities(&ours, &rows(expected), "bert-tokcls/head");
+    }
+
+    // One server, two adapters of one classifier (own head, base head), requests at once.
+    let router = app(load(&lora_config("bert-seqcls", &["head", "qv"], 2, |_| {})), false);
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let adapter = ["head", "qv"][i % 2];
+        let text = i / 2 % texts().len();
+        let router = router.clone();
+        requests.spawn(async move {
+            let reply = post(&router, "/classify", json!({"model": adapter, "input": texts()[text]})).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            (adapter, text, common::floats(&reply.body["data"][0]["probs"]))
+        });
+    }
+    let all = references("bert-seqcls");
+    for (adapter, text, ours) in requests.join_all().await {
+        let reference = all.iter().find(|r| r["adapter"] == adapter).expect("reference");
+        assert_probabilities(&[ours], &[rows(&reference["probabilities"])[text].clone()], &format!("mixed batch, {adapter} text {text}"));
+    }
+}
+
+/// Saved modules the server cannot apply per adapter are refused, naming them: a head on a
+/// model without one, and a backbone weight (shared by every adapter of a batch).
+#[tokio::test]
+async fn saved_modules_outside_a_classifier_head_are_refused() {
+    let with_saved = |what: &str, base: &str, adapter: &str, module: &str, key: &str, shape: (usize, usize)| -> PathBuf {
+        let dir = scratch(what);
+        let source = adapter_dir(base, adapter);
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(source.join("adapter_config.json")).expect("config")).expect("json");
+        let mut saved: Vec<Value> = config["modules_to_save"].as_array().cloned().unwrap_or_default();
+        saved.push(json!(module));
+        config["modules_to_save"] = json!(saved);
+        std::fs::write(dir.join("adapter_config.json"), config.to_string()).expect("write");
+        let mut tensors =
+            candle_core::safetensors::load(source.join("adapter_model.safetensors"), &candle_core::Device::Cpu).expect("load");
+        let zeros = candle_core::Tensor::zeros(shape, candle_core::DType::F32, &candle_core::Device::Cpu).expect("tensor");
+        tensors.insert(key.to_string(), zeros.squeeze(0).expect("squeeze"));
+        candle_core::safetensors::save(&tensors, dir.join("adapter_model.safetensors")).expect("save");
+        dir
+    };
+    let cases = [
+        (
+            "bert-embed-cls",
+            with_saved("head-on-embedder", "bert-embed-cls", "ffn", "classifier", "base_model.model.classifier.weight", (3, 32)),
+            "modules_to_save replaces [\"classifier.weight\"], but this model serves no classifier head to replace",
+        ),
+        (
+            "bert-seqcls",
+            with_saved("layer-norm", "bert-seqcls", "head", "LayerNorm", "base_model.model.bert.embeddings.LayerNorm.weight", (1, 32)),
+            "modules_to_save replaces [\"bert.embeddings.LayerNorm.weight\"], outside the classifier head: not supported",
+        ),
+        (
+            "bert-seqcls",
+            with_saved("wrong-shape", "bert-seqcls", "head", "classifier", "base_model.model.classifier.weight", (5, 32)),
+            "its modules_to_save do not fit this model's classifier head",
+        ),
+    ];
+    for (base, dir, message) in cases {
+        let router = app(load(&lora_config(base, &[], 1, |_| {})), true);
+        let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "bad", "lora_path": dir})).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{message}: {}", reply.body);
+        let got = reply.body["error"]["message"].as_str().expect("message");
+        assert!(got.contains(message), "expected `{message}` in `{got}`");
+    }
+}
+
 /// 32 one-text requests at once over the base and three adapters: batches mix them, and each
 /// request gets its own model's vector. With max_loras 2, batches are split by adapter count,
 /// with the same answers.
@@ -266,7 +373,6 @@ async fn unsupported_adapters_are_refused_with_the_reason() {
         (edited_adapter("rank", |c| c["r"] = json!(32)), "LoRA rank 32 is greater than max_lora_rank 16."),
         (edited_adapter("ia3", |c| c["peft_type"] = json!("IA3")), "PEFT type IA3 is not supported"),
         (edited_adapter("bias", |c| c["bias"] = json!("all")), "Adapter bias is not supported."),
-        (edited_adapter("heads", |c| c["modules_to_save"] = json!(["classifier"])), "modules_to_save is not supported yet"),
     ];
     for (dir, message) in &cases {
         let reply = post(&router, "/v1/load_lora_adapter", json!({"lora_name": "bad", "lora_path": dir})).await;
@@ -442,4 +548,74 @@ fn the_binary_serves_adapters_and_the_batch_command_runs_them() {
         let c = cosine(&common::floats(&v["embedding"]), expected);
         assert!(c >= 0.9999, "batch line {i}: cosine {c}");
     }
+}
+
+/// jina-embeddings-v3 as its publisher's code runs it (tests/fixtures/make_jina_v3.py): served
+/// without --enable-lora, its five tasks listed as adapters of the model, each selected by
+/// `model` or by Jina's `task` field (the retrieval tasks with their instruction prepended),
+/// the base weights without one; requests for every task at once share batches and each gets
+/// its own task's vector.
+#[tokio::test]
+async fn jina_embeddings_v3_tasks_match_the_published_code() {
+    let expected = common::expected("jina-v3-tiny");
+    let texts: Vec<String> = expected["texts"].as_array().expect("texts").iter().map(|t| t.as_str().expect("text").to_string()).collect();
+    let engine = common::engine(&fixture_model("jina-v3-tiny"), |c| c.models[0].served_name = "jina-v3".into());
+    let router = app(engine, false);
+    let reply = send(&router, "GET", "/v1/models", None, &[]).await;
+    let cards = reply.body["data"].as_array().expect("cards");
+    let ids: Vec<&str> = cards.iter().map(|c| c["id"].as_str().expect("id")).collect();
+    assert_eq!(ids, ["jina-v3", "classification", "retrieval.passage", "retrieval.query", "separation", "text-matching"]);
+    assert!(cards[1..].iter().all(|c| c["parent"] == "jina-v3"), "{cards:?}");
+
+    let tasks = expected["tasks"].as_object().expect("tasks");
+    for (task, reference) in tasks {
+        let reference = rows(reference);
+        let model = if task == "none" { "jina-v3" } else { task.as_str() };
+        assert_matches(&embed(&router, model, json!(texts)).await, &reference, 0.9999, &format!("task {task} as model"));
+        if task != "none" {
+            let reply = post(&router, "/v1/embeddings", json!({"model": "jina-v3", "task": task, "input": texts})).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            assert_eq!(reply.body["model"], "jina-v3");
+            let ours: Vec<Vec<f32>> =
+                reply.body["data"].as_array().expect("data").iter().map(|d| common::floats(&d["embedding"])).collect();
+            assert_matches(&ours, &reference, 0.9999, &format!("task {task} as `task`"));
+        }
+    }
+    // The tasks really differ, so that a mix-up would show.
+    let query = rows(&tasks["retrieval.query"]);
+    let matching = rows(&tasks["text-matching"]);
+    assert!(cosine(&query[0], &matching[0]) < 0.99);
+
+    let reply = post(&router, "/v1/embeddings", json!({"model": "jina-v3", "task": "retrieval", "input": "hi"})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.body["error"]["message"],
+        "Unsupported task 'retrieval'. Supported tasks are: retrieval.query, retrieval.passage, separation, classification, text-matching."
+    );
+
+    // Every task and the base at once.
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let (task, reference) = tasks.iter().nth(i % tasks.len()).map(|(t, r)| (t.clone(), rows(r))).expect("task");
+        let text = i / tasks.len() % texts.len();
+        let (router, input) = (router.clone(), texts[text].clone());
+        requests.spawn(async move {
+            let model = if task == "none" { "jina-v3".to_string() } else { task.clone() };
+            (task, text, embed(&router, &model, json!(input)).await.remove(0), reference[text].clone())
+        });
+    }
+    for (task, text, ours, reference) in requests.join_all().await {
+        let c = cosine(&ours, &reference);
+        assert!(c >= 0.9999, "concurrent: task {task} text {text} got cosine {c}");
+    }
+}
+
+/// `task` on a model without task adapters is refused, naming why.
+#[tokio::test]
+async fn task_needs_a_model_with_task_adapters() {
+    let router = app(load(&lora_config("bert-embed-cls", &["ffn"], 1, |_| {})), false);
+    let reply = post(&router, "/v1/embeddings", json!({"model": "bert-embed-cls", "task": "retrieval.query", "input": "hi"})).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.body["error"]["message"], "`task` selects a task adapter; the model `bert-embed-cls` has none");
+    assert_eq!(reply.body["error"]["param"], "task");
 }

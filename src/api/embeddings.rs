@@ -48,6 +48,12 @@ pub struct EmbeddingRequest {
     /// vLLM: names the response (`embd-{request_id}`) when no `X-Request-Id` header does.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// Jina's embeddings API: one of the model's built-in task adapters (jina-embeddings-v3:
+    /// `retrieval.query`, `retrieval.passage`, `separation`, `classification`,
+    /// `text-matching`); the same as naming the task as `model`, with the model's name kept
+    /// in the response. Default: the base weights, as the published `encode` without a task.
+    #[serde(default)]
+    pub task: Option<String>,
     /// vLLM's late chunking (`{"chunk_size": n}`), for models whose pooling task is token_embed.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -118,6 +124,10 @@ pub async fn create(
         }
         Ok(None)
     })?;
+    let engine = match request.task.as_deref() {
+        Some(task) => engine.with_task(task).map_err(|message| ApiError::BadRequest { message, param: Some("task") })?,
+        None => engine,
+    };
     let engine = &engine;
     if let Some(chunk_size) = token_embed {
         return token_embeddings(&state, engine, permit, &headers, request, chunk_size).await;

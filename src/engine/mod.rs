@@ -140,6 +140,9 @@ pub fn default_batch_tokens(device: &candle_core::Device) -> usize {
 pub struct Engine {
     inner: Arc<Inner>,
     adapter: Option<Arc<Adapter>>,
+    /// The adapter was picked by a request's `task` ([`Engine::with_task`]), not by its
+    /// `model`: responses keep the model's name.
+    by_task: bool,
 }
 
 impl Engine {
@@ -241,6 +244,7 @@ impl Engine {
                 lora: lora.map(Arc::new),
             }),
             adapter: None,
+            by_task: false,
         })
     }
 
@@ -251,7 +255,10 @@ impl Engine {
     /// The name responses carry as `model`: the adapter's, or the served model's (vLLM's
     /// `model_name(lora_request)`).
     pub fn served_name(&self) -> &str {
-        self.adapter.as_ref().map_or(&self.inner.spec.served_name, |a| &a.name)
+        match &self.adapter {
+            Some(adapter) if !self.by_task => &adapter.name,
+            _ => &self.inner.spec.served_name,
+        }
     }
 
     /// The adapters this model serves, with `--enable-lora`.
@@ -267,7 +274,24 @@ impl Engine {
     /// This model with the adapter `name` it serves, if it does.
     pub fn with_adapter(&self, name: &str) -> Option<Engine> {
         let adapter = self.lora()?.get(name)?;
-        Some(Engine { inner: Arc::clone(&self.inner), adapter: Some(adapter) })
+        Some(Engine { inner: Arc::clone(&self.inner), adapter: Some(adapter), by_task: false })
+    }
+
+    /// This model with its built-in task adapter `task` (jina-embeddings-v3's
+    /// `retrieval.query`, …), as a request's `task` field asks; the published code's message
+    /// when it has no such task.
+    pub fn with_task(&self, task: &str) -> Result<Engine, String> {
+        let tasks: Vec<String> = self.lora().map(|r| r.tasks()).unwrap_or_default();
+        if tasks.is_empty() {
+            return Err(format!("`task` selects a task adapter; the model `{}` has none", self.inner.spec.served_name));
+        }
+        if self.adapter.is_some() && !self.by_task {
+            return Err(format!("`task` selects a task adapter of the base model; `{}` is an adapter already", self.served_name()));
+        }
+        match self.lora().and_then(|r| r.get(task)).filter(|_| tasks.iter().any(|t| t == task)) {
+            Some(adapter) => Ok(Engine { inner: Arc::clone(&self.inner), adapter: Some(adapter), by_task: true }),
+            None => Err(format!("Unsupported task '{task}'. Supported tasks are: {}.", tasks.join(", "))),
+        }
     }
 
     /// The model's input side ([`crate::input`]): tokenizer, chat template, images, limits.
@@ -318,6 +342,7 @@ impl Engine {
             reply,
             enqueued: std::time::Instant::now(),
             adapter: None,
+            classifier: None,
         });
     }
 
@@ -333,7 +358,7 @@ impl Engine {
     }
 
     /// How a request's prompts become inputs ([`InputOptions`]), from its validated
-    /// parameters: the longest input is `max_embed_len` for embeddings with chunked
+    /// parameters and the adapter's prompt: the longest input is `max_embed_len` for embeddings with chunked
     /// processing, else `max_model_len`.
     pub fn input_options(&self, params: &ResolvedParams) -> InputOptions {
         let spec = &self.inner.spec;
@@ -348,7 +373,8 @@ impl Engine {
                 side: params.truncation_side,
                 pair_limits: params.pair_limits,
             },
-            prompt: params.prompt.clone(),
+            // A built-in task adapter's instruction, unless the request named a prompt.
+            prompt: params.prompt.clone().or_else(|| self.adapter.as_ref().and_then(|a| a.prompt.clone())),
             pad_to_max_length: params.pad_to_max_length,
             max_len,
         }
@@ -381,6 +407,7 @@ impl Engine {
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let adapter = self.adapter.as_ref().map(|a| Arc::clone(&a.weights));
+        let classifier = self.adapter.as_ref().and_then(|a| a.classifier.clone());
         for input in inputs {
             let (reply, rx) = tokio::sync::oneshot::channel();
             let cost = self.inner.input.cost(&input);
@@ -394,6 +421,7 @@ impl Engine {
                     reply,
                     enqueued: std::time::Instant::now(),
                     adapter: adapter.clone(),
+                    classifier: classifier.clone(),
                 })
                 .map_err(|_| EngineError::Stopped)?;
             receivers.push(rx);

@@ -15,6 +15,7 @@ use crate::metrics;
 use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::ops::lora::LoraWeights;
 use crate::models::{Backbone, VisionTower};
+use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::heads::{Heads, PoolRequest};
 use crate::pooling::method::HiddenStates;
 use crate::pooling::PoolingOutput;
@@ -41,6 +42,8 @@ pub struct Job {
     pub enqueued: Instant,
     /// The LoRA adapter it runs with (`None`: the base model).
     pub adapter: Option<Arc<LoraWeights>>,
+    /// The adapter's own classifier head (`modules_to_save`); `None`: the model's.
+    pub classifier: Option<Arc<ClassifierHead>>,
 }
 
 /// A batch's jobs split in two, each with its index in the batch.
@@ -57,6 +60,7 @@ impl Job {
             late_chunk: params.late_chunk,
             ids: &self.tokens().ids,
             multi: params.multi,
+            classifier: self.classifier.as_deref(),
         }
     }
 
@@ -327,7 +331,7 @@ mod tests {
             hybrid: None,
         };
         let input = ModelInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
-        (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now(), adapter: None }, rx)
+        (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now(), adapter: None, classifier: None }, rx)
     }
 
     #[test]

@@ -13,13 +13,25 @@
 //! The math is PEFT's `Linear.forward`: `y += (x·Aᵀ)·Bᵀ · lora_alpha / r` (`/ √r` with
 //! `use_rslora`), `lora_alpha` per module from `alpha_pattern`. `fan_in_fan_out` changes how
 //! PEFT merges into a transposed base weight, not this product, so it is accepted as is.
+//!
+//! `modules_to_save` (PEFT's default for `SEQ_CLS` / `TOKEN_CLS` adapters: the classifier
+//! head, trained whole) are full weights saved beside the factors, `base_model.model.
+//! classifier.weight`: the adapter gets its own classifier head, built as the base's over the
+//! base weights with the saved ones in their place ([`ClassifierSource`]). Saved weights the
+//! head does not read (an embedding table, a layer norm of the backbone) are refused: the
+//! backbone is shared by every adapter of a batch.
 
-use crate::models::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct};
-use candle_core::{DType, Device, Tensor};
+use crate::models::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TaskAdapter};
+use crate::models::ModelError;
+use crate::pooling::classifier::ClassifierHead;
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// One `--lora-modules` entry: `NAME=PATH`, or vLLM's JSON form
 /// `{"name": …, "path": …, "base_model_name": …}` (the served model it adapts; the first
@@ -82,17 +94,122 @@ pub enum AdapterError {
     Invalid(String),
 }
 
-/// A loaded adapter: its name, where it came from, and its products on the backbone's sites.
-#[derive(Debug)]
+/// How a model's classifier head is built, over any weights: the loader's recipe for the
+/// base head, kept so that an adapter's `modules_to_save` build theirs the same way.
+pub struct ClassifierSource {
+    pub build: Box<dyn Fn(VarBuilder<'static>) -> Result<ClassifierHead, ModelError> + Send + Sync>,
+    /// The model's own weights.
+    pub base: VarBuilder<'static>,
+}
+
+impl std::fmt::Debug for ClassifierSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClassifierSource")
+    }
+}
+
+impl ClassifierSource {
+    /// The head over the model's own weights.
+    pub fn base_head(&self) -> Result<ClassifierHead, ModelError> {
+        (self.build)(self.base.clone())
+    }
+
+    /// The head over the base weights with `saved` (full names) in their place; an error
+    /// naming any saved weight the head does not read.
+    fn with_saved(&self, saved: HashMap<String, Tensor>) -> Result<ClassifierHead, String> {
+        let names: BTreeSet<String> = saved.keys().cloned().collect();
+        let overlay = Arc::new(SavedWeights { saved, base: self.base.clone(), read: Mutex::default() });
+        let vb = VarBuilder::from_backend(Box::new(SharedSaved(Arc::clone(&overlay))), self.base.dtype(), self.base.device().clone());
+        let head = (self.build)(vb).map_err(|e| format!("its modules_to_save do not fit this model's classifier head: {e}"))?;
+        let read = overlay.read.lock().unwrap_or_else(|e| e.into_inner());
+        let unread: Vec<&String> = names.difference(&read).collect();
+        if !unread.is_empty() {
+            return Err(format!(
+                "modules_to_save replaces {unread:?}, outside the classifier head: not supported (the backbone is shared by every adapter of a batch)"
+            ));
+        }
+        Ok(head)
+    }
+}
+
+/// The base weights with an adapter's saved modules in their place, noting which saved ones
+/// were read.
+struct SavedWeights {
+    saved: HashMap<String, Tensor>,
+    base: VarBuilder<'static>,
+    read: Mutex<BTreeSet<String>>,
+}
+
+impl SavedWeights {
+    fn saved(&self, name: &str, dtype: DType, device: &Device) -> Option<candle_core::Result<Tensor>> {
+        let tensor = self.saved.get(name)?;
+        self.read.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
+        Some(tensor.to_dtype(dtype).and_then(|t| t.to_device(device)))
+    }
+}
+
+/// [`SavedWeights`] as a VarBuilder backend, shared with the caller that checks what was read.
+struct SharedSaved(Arc<SavedWeights>);
+
+impl SimpleBackend for SharedSaved {
+    fn get(&self, shape: Shape, name: &str, hints: candle_nn::Init, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+        match self.0.saved(name, dtype, device) {
+            Some(tensor) => {
+                let tensor = tensor?;
+                if tensor.shape() != &shape {
+                    return Err(candle_core::Error::UnexpectedShape {
+                        msg: format!("shape mismatch for {name}"),
+                        expected: shape,
+                        got: tensor.shape().clone(),
+                    }
+                    .bt());
+                }
+                Ok(tensor)
+            }
+            None => self.0.base.get_with_hints_dtype(shape, name, hints, dtype),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+        match self.0.saved(name, dtype, device) {
+            Some(tensor) => tensor,
+            None => self.0.base.get_unchecked_dtype(name, dtype),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.saved.contains_key(name) || self.0.base.contains_tensor(name)
+    }
+}
+
+/// A loaded adapter: its name, where it came from, its products on the backbone's sites, and
+/// its own classifier head when it saves one.
 pub struct Adapter {
     pub name: String,
     /// The folder, as given (`/v1/models` reports it as `root`).
     pub path: String,
     pub weights: std::sync::Arc<LoraWeights>,
+    /// Its classifier head (`modules_to_save`); `None`: the base model's.
+    pub classifier: Option<Arc<ClassifierHead>>,
+    /// Text prepended to its inputs when a request names no prompt (a built-in task's
+    /// instruction: jina-embeddings-v3's `task_instructions`).
+    pub prompt: Option<Arc<str>>,
     /// Largest rank among its modules.
     pub rank: usize,
     /// Floats held for it.
     pub floats: usize,
+}
+
+impl std::fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapter")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("rank", &self.rank)
+            .field("floats", &self.floats)
+            .field("own_classifier", &self.classifier.is_some())
+            .finish()
+    }
 }
 
 /// `adapter_config.json`: the fields that change the math, and those that are refused.
@@ -179,15 +296,25 @@ impl AdapterConfig {
                 problems.push(format!("{what} is not supported."));
             }
         }
-        if let Some(modules) = self.modules_to_save.as_ref().filter(|m| !m.is_empty()) {
-            problems.push(format!("modules_to_save is not supported yet (the adapter replaces {modules:?}): only LoRA products on the base model's layers are applied."));
-        }
         match self.r {
             Some(0) => problems.push("LoRA rank `r` must be a positive integer, got 0.".into()),
             Some(r) if r > max_rank => problems.push(format!("LoRA rank {r} is greater than max_lora_rank {max_rank}.")),
             _ => {}
         }
         problems
+    }
+
+    /// Whether `key` (a weight's name) belongs to one of `modules_to_save`.
+    fn saves(&self, key: &str) -> bool {
+        let modules = self.modules_to_save.iter().flatten();
+        modules.into_iter().any(|module| {
+            key.strip_suffix(".weight").or_else(|| key.strip_suffix(".bias")).is_some_and(|owner| {
+                // `classifier` saves `classifier.weight` and `classifier.out_proj.weight`;
+                // `bert.pooler` is named from the model's root, `pooler` from anywhere.
+                let parts: Vec<&str> = owner.split('.').collect();
+                (1..=parts.len()).any(|end| (0..end).any(|start| parts[start..end].join(".") == *module))
+            })
+        })
     }
 
     /// `lora_alpha` of `module`: `alpha_pattern`'s entry whose key the module's name ends with
@@ -206,8 +333,15 @@ fn ends_at_dot(name: &str, tail: &str) -> bool {
     name == tail || (name.len() > tail.len() && name.ends_with(tail) && name.as_bytes()[name.len() - tail.len() - 1] == b'.')
 }
 
-/// Reads the adapter `name` at `path` onto `sites`.
-pub fn load_adapter(name: &str, path: &str, sites: &[LoraSite], max_rank: usize) -> Result<Adapter, AdapterError> {
+/// Reads the adapter `name` at `path` onto `sites`; its `modules_to_save` build their head
+/// from `classifier`.
+pub fn load_adapter(
+    name: &str,
+    path: &str,
+    sites: &[LoraSite],
+    classifier: Option<&ClassifierSource>,
+    max_rank: usize,
+) -> Result<Adapter, AdapterError> {
     let folder = Path::new(path);
     let config_file = folder.join("adapter_config.json");
     let weights_file = folder.join("adapter_model.safetensors");
@@ -233,15 +367,20 @@ pub fn load_adapter(name: &str, path: &str, sites: &[LoraSite], max_rank: usize)
 
     // Module → its A and B.
     let mut modules: BTreeMap<String, (Option<Tensor>, Option<Tensor>)> = BTreeMap::new();
+    let mut saved = HashMap::new();
     for (key, tensor) in tensors {
         let key = key.strip_prefix("base_model.model.").unwrap_or(&key);
         let (module, which) = match lora_factor(key) {
             Some(found) => found,
+            None if config.saves(key) => {
+                saved.insert(key.to_string(), tensor);
+                continue;
+            }
             None if key.contains("lora_embedding_") => return Err(invalid(format!("LoRA on embeddings (`{key}`) is not supported"))),
             None if key.contains("lora_magnitude_vector") => return Err(invalid("DoRA (use_dora) is not supported.".into())),
             None => {
                 return Err(invalid(format!(
-                    "`{key}` is neither a lora_A nor a lora_B weight; only LoRA products on the base model's layers are applied"
+                    "`{key}` is neither a lora_A nor a lora_B weight nor one of modules_to_save; only LoRA products on the base model's layers and saved classifier heads are applied"
                 )))
             }
         };
@@ -254,6 +393,17 @@ pub fn load_adapter(name: &str, path: &str, sites: &[LoraSite], max_rank: usize)
     if modules.is_empty() {
         return Err(invalid("adapter_model.safetensors holds no lora_A / lora_B weights".into()));
     }
+    let own_classifier = match (saved.is_empty(), classifier) {
+        (true, _) => None,
+        (false, Some(source)) => Some(Arc::new(source.with_saved(saved).map_err(invalid)?)),
+        (false, None) => {
+            let mut names: Vec<&String> = saved.keys().collect();
+            names.sort();
+            return Err(invalid(format!(
+                "modules_to_save replaces {names:?}, but this model serves no classifier head to replace: not supported"
+            )));
+        }
+    };
 
     let mut per_site: Vec<Vec<(usize, LoraFactors)>> = sites.iter().map(|_| Vec::new()).collect();
     let (mut rank_max, mut floats) = (0, 0);
@@ -300,6 +450,8 @@ pub fn load_adapter(name: &str, path: &str, sites: &[LoraSite], max_rank: usize)
         name: name.to_string(),
         path: path.to_string(),
         weights: std::sync::Arc::new(LoraWeights::new(products)),
+        classifier: own_classifier,
+        prompt: None,
         rank: rank_max,
         floats,
     })
@@ -352,6 +504,9 @@ fn find_site(sites: &[LoraSite], module: &str) -> Result<(usize, usize), String>
     }
 }
 
+/// The `path` of a built-in task adapter (`/v1/models` shows it as the card's `root`).
+pub const BUILT_IN: &str = "(built into the model)";
+
 /// vLLM's message for a name already loaded.
 fn already_loaded(name: &str) -> AdapterError {
     AdapterError::Invalid(format!(
@@ -359,18 +514,29 @@ fn already_loaded(name: &str) -> AdapterError {
     ))
 }
 
-/// The adapters a model serves: its sites, its limits, and the adapters loaded so far.
+/// The adapters a model serves: its sites, its classifier's recipe, its limits, and the
+/// adapters loaded so far.
 #[derive(Debug)]
 pub struct LoraRegistry {
     pub sites: Vec<LoraSite>,
+    classifier: Option<ClassifierSource>,
+    /// The built-in task adapters' names ([`Self::add_task`]), in the model's order.
+    tasks: Vec<String>,
     pub max_loras: usize,
     pub max_lora_rank: usize,
     adapters: std::sync::RwLock<HashMap<String, std::sync::Arc<Adapter>>>,
 }
 
 impl LoraRegistry {
-    pub fn new(sites: Vec<LoraSite>, options: &LoraOptions) -> Self {
-        LoraRegistry { sites, max_loras: options.max_loras, max_lora_rank: options.max_lora_rank, adapters: Default::default() }
+    pub fn new(sites: Vec<LoraSite>, classifier: Option<ClassifierSource>, options: &LoraOptions) -> Self {
+        LoraRegistry {
+            sites,
+            classifier,
+            tasks: Vec::new(),
+            max_loras: options.max_loras,
+            max_lora_rank: options.max_lora_rank,
+            adapters: Default::default(),
+        }
     }
 
     /// Reads and registers the adapter `name`; vLLM's message when the name is taken.
@@ -391,13 +557,41 @@ impl LoraRegistry {
     /// Reads the adapter, then registers it under the lock: of two loads of one new name at
     /// once, the second is refused rather than replacing the first.
     fn register(&self, name: &str, path: &str, replace: bool) -> Result<std::sync::Arc<Adapter>, AdapterError> {
-        let adapter = std::sync::Arc::new(load_adapter(name, path, &self.sites, self.max_lora_rank)?);
+        let adapter = std::sync::Arc::new(load_adapter(name, path, &self.sites, self.classifier.as_ref(), self.max_lora_rank)?);
         let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
         if !replace && adapters.contains_key(name) {
             return Err(already_loaded(name));
         }
         adapters.insert(name.to_string(), adapter.clone());
         Ok(adapter)
+    }
+
+    /// Registers one of the model's built-in task adapters (its rank is the checkpoint's, not
+    /// bound by `--max-lora-rank`); each may share a batch with every other.
+    pub fn add_task(&mut self, task: TaskAdapter) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+        let adapter = Arc::new(Adapter {
+            name: task.name,
+            path: BUILT_IN.to_string(),
+            weights: Arc::new(task.weights),
+            classifier: None,
+            prompt: task.prompt.map(Into::into),
+            rank: task.rank,
+            floats: task.floats,
+        });
+        let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
+        if adapters.contains_key(&adapter.name) {
+            return Err(already_loaded(&adapter.name));
+        }
+        adapters.insert(adapter.name.clone(), adapter.clone());
+        self.max_loras = self.max_loras.max(adapters.len());
+        drop(adapters);
+        self.tasks.push(adapter.name.clone());
+        Ok(adapter)
+    }
+
+    /// The built-in task adapters' names, in the model's order.
+    pub fn tasks(&self) -> Vec<String> {
+        self.tasks.clone()
     }
 
     /// Forgets the adapter `name`; whether it was there. Batches already holding it finish

@@ -206,25 +206,6 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         }
     }
 
-    let lora = match &options.lora {
-        Some(lora_options) => {
-            let sites = models::enable_lora(backbone.as_mut());
-            if sites.is_empty() {
-                return Err(LoadError::Unsupported(format!(
-                    "--enable-lora: LoRA adapters are not supported for {} yet",
-                    architecture.name()
-                )));
-            }
-            let registry = lora::LoraRegistry::new(sites, lora_options);
-            for module in &lora_options.modules {
-                let adapter = registry.load(&module.name, &module.path)?;
-                tracing::info!(model = %options.served_name, "LoRA adapter `{}` loaded from {} (rank {}, {} floats)", adapter.name, adapter.path, adapter.rank, adapter.floats);
-            }
-            Some(registry)
-        }
-        None => None,
-    };
-
     let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
     let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
         Some(tower) => Some(VisionInput { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
@@ -251,17 +232,36 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         M3Head { weights, unused, bos: id("cls_token").or_else(|| id("bos_token")), eos: id("eos_token") }
     });
     let calibration = (spec.pooler_defaults.logit_bias.map(|b| b as f32), spec.pooler_defaults.logit_sigma.map(|s| s as f32));
-    let classifier = if spec.m3 {
-        None
-    } else if spec.supports(Task::Classify) {
-        let from_tokens = classifier_token_ids(spec.classifier_from_token.as_deref(), &tokenizer)?;
-        let weights = architecture.classifier(&config, vb.clone(), spec.num_labels, from_tokens.as_deref())?;
-        Some(ClassifierHead::new(weights, spec.step.clone(), calibration, spec.classify_activation, spec.score_activation))
-    } else if spec.supports(Task::TokenClassify) {
-        let weights = architecture.token_classifier(&config, vb.clone(), spec.num_labels)?;
-        Some(ClassifierHead::new(weights, spec.step.clone(), calibration, spec.classify_activation, spec.score_activation))
-    } else {
-        None
+    let classifier_source = classifier_source(&spec, &config, architecture, &tokenizer, calibration, vb.clone())?;
+    let classifier = classifier_source.as_ref().map(lora::ClassifierSource::base_head).transpose()?;
+    // Built-in task adapters (jina-embeddings-v3) are served without --enable-lora.
+    let lora_options = match (&options.lora, architecture.has_task_adapters(&config)) {
+        (Some(lora_options), _) => Some(lora_options.clone()),
+        (None, true) => Some(lora::LoraOptions::default()),
+        (None, false) => None,
+    };
+    let lora = match &lora_options {
+        Some(lora_options) => {
+            let sites = models::enable_lora(backbone.as_mut());
+            if sites.is_empty() {
+                return Err(LoadError::Unsupported(format!(
+                    "--enable-lora: LoRA adapters are not supported for {} yet",
+                    architecture.name()
+                )));
+            }
+            let tasks = architecture.task_adapters(&config, vb.clone(), &sites)?;
+            let mut registry = lora::LoraRegistry::new(sites, classifier_source, lora_options);
+            for task in tasks {
+                let adapter = registry.add_task(task)?;
+                tracing::info!(model = %options.served_name, "task adapter `{}` (built in, rank {}, {} floats)", adapter.name, adapter.rank, adapter.floats);
+            }
+            for module in &lora_options.modules {
+                let adapter = registry.load(&module.name, &module.path)?;
+                tracing::info!(model = %options.served_name, "LoRA adapter `{}` loaded from {} (rank {}, {} floats)", adapter.name, adapter.path, adapter.rank, adapter.floats);
+            }
+            Some(registry)
+        }
+        None => None,
     };
     let sparse_head = if spec.supports(Task::EmbedSparse) && !spec.m3 {
         Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? })
@@ -279,6 +279,37 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
     let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
     Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template, lora })
+}
+
+/// How the model's classifier head is built (`classify` / `score`, or `token_classify`), over
+/// any weights: the folder's, or with a LoRA adapter's `modules_to_save` in place of some.
+/// `None` for models without one.
+fn classifier_source(
+    spec: &ModelSpec,
+    config: &serde_json::Value,
+    architecture: &'static dyn models::Architecture,
+    tokenizer: &TextTokenizer,
+    calibration: (Option<f32>, Option<f32>),
+    vb: VarBuilder<'static>,
+) -> Result<Option<lora::ClassifierSource>, LoadError> {
+    let sequence = spec.supports(Task::Classify);
+    if spec.m3 || !(sequence || spec.supports(Task::TokenClassify)) {
+        return Ok(None);
+    }
+    let from_tokens = match sequence {
+        true => classifier_token_ids(spec.classifier_from_token.as_deref(), tokenizer)?,
+        false => None,
+    };
+    let (config, num_labels, step) = (config.clone(), spec.num_labels, spec.step.clone());
+    let (classify_activation, score_activation) = (spec.classify_activation, spec.score_activation);
+    let build = move |vb: VarBuilder<'static>| -> Result<ClassifierHead, ModelError> {
+        let weights = match sequence {
+            true => architecture.classifier(&config, vb, num_labels, from_tokens.as_deref())?,
+            false => architecture.token_classifier(&config, vb, num_labels)?,
+        };
+        Ok(ClassifierHead::new(weights, step.clone(), calibration, classify_activation, score_activation))
+    };
+    Ok(Some(lora::ClassifierSource { build: Box::new(build), base: vb }))
 }
 
 /// The folder's `tokenizer.json`, or for a DeBERTa-v2/v3 folder published without one, the

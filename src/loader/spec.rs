@@ -388,7 +388,7 @@ pub fn apply_overrides(config: &mut Value, overrides: &serde_json::Map<String, V
 pub fn architecture_of(config: &Value) -> Result<(String, &'static dyn Architecture), LoadError> {
     let architecture = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or("").to_string();
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
-    let served = crate::models::detect(&architecture, model_type).ok_or_else(|| {
+    let served = crate::models::detect(config, &architecture, model_type).ok_or_else(|| {
         LoadError::Unsupported(format!(
             "architecture `{}` (model_type `{model_type}`); supported: {}",
             if architecture.is_empty() { "?" } else { &architecture },

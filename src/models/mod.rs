@@ -18,6 +18,7 @@ pub mod gemma;
 pub mod gte;
 pub mod heads;
 pub mod jina_bert;
+pub mod jina_v3;
 pub mod llama;
 pub mod modernbert;
 pub mod mpnet;
@@ -45,6 +46,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &gte::GTE,
     &nomic_bert::NOMIC_BERT,
     &jina_bert::JINA_BERT,
+    &jina_v3::JINA_V3,
     &qwen::QWEN2,
     &qwen::QWEN3,
     &llama::LLAMA,
@@ -56,13 +58,14 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &siglip::SIGLIP,
 ];
 
-/// The architecture serving a config.json's `architectures[0]` (by its stem), or else its
-/// `model_type`.
-pub fn detect(architecture: &str, model_type: &str) -> Option<&'static dyn Architecture> {
+/// The architecture serving a config.json: one that claims its fields, else the one of its
+/// `architectures[0]` (by its stem), else of its `model_type`.
+pub fn detect(config: &Value, architecture: &str, model_type: &str) -> Option<&'static dyn Architecture> {
     let stem = architecture.split("For").next().unwrap_or(architecture).trim_end_matches("Model");
     ARCHITECTURES
         .iter()
-        .find(|a| a.architecture_stems().contains(&stem))
+        .find(|a| a.claims(config))
+        .or_else(|| ARCHITECTURES.iter().find(|a| a.architecture_stems().contains(&stem)))
         .or_else(|| ARCHITECTURES.iter().find(|a| a.model_types().contains(&model_type)))
         .copied()
 }
@@ -226,6 +229,26 @@ pub trait Architecture: Sync {
     fn architecture_stems(&self) -> &'static [&'static str];
     /// The `model_type`s it serves when `architectures` is missing or unknown.
     fn model_types(&self) -> &'static [&'static str];
+    /// Whether the architecture recognises `config` by its fields, ahead of any name
+    /// (jina-embeddings-v3 calls itself `XLMRobertaModel`).
+    fn claims(&self, _config: &Value) -> bool {
+        false
+    }
+    /// The model's built-in adapters on the backbone's LoRA `sites` (jina-embeddings-v3's
+    /// tasks); none for most.
+    fn task_adapters(
+        &self,
+        _config: &Value,
+        _vb: VarBuilder,
+        _sites: &[ops::lora::LoraSite],
+    ) -> Result<Vec<ops::lora::TaskAdapter>, ModelError> {
+        Ok(Vec::new())
+    }
+    /// Whether the model comes with built-in adapters (they are then served without
+    /// `--enable-lora`).
+    fn has_task_adapters(&self, _config: &Value) -> bool {
+        false
+    }
     /// How embeddings pool by default (without `--pooler-config` or a sentence-transformers
     /// Pooling module): encoders read the first token; decoders (causal attention) and the text
     /// towers of CLIP and SigLIP the last; JinaBERT averages, as it is published.

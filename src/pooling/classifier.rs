@@ -81,6 +81,12 @@ pub struct ClassifierHead {
     pub score_activation: ClassifierActivation,
 }
 
+impl std::fmt::Debug for ClassifierHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassifierHead").field("num_labels", &self.num_labels()).field("step", &self.step.is_some()).finish()
+    }
+}
+
 impl ClassifierHead {
     /// The head over an architecture's classifier weights, with the activations the model spec
     /// decided (`score_activation` matters only to one-label cross-encoders).

@@ -29,6 +29,16 @@ pub struct PoolRequest<'a> {
     pub ids: &'a [u32],
     /// BGE-M3: several outputs of one pass (the task is then `embed`).
     pub multi: Option<MultiOutput>,
+    /// The classifier head of its LoRA adapter (`modules_to_save`), in place of the model's.
+    pub classifier: Option<&'a ClassifierHead>,
+}
+
+/// The rows one classifier head takes from a batch (the model's head, or an adapter's own):
+/// pooled sequences and token_classify's token states, each run as one product.
+struct ClassifierRows<'h> {
+    head: &'h ClassifierHead,
+    sequences: Vec<f32>,
+    tokens: Vec<f32>,
 }
 
 /// A model's heads, as the loader built them for the tasks its spec serves.
@@ -56,9 +66,11 @@ impl Heads {
         let hidden_size = states.hidden_size;
         // Pool every sequence into its head's rows, then run each head once over all its rows.
         let mut embedding_rows = Vec::new();
-        let mut classifier_rows = Vec::new();
-        // Token states of token_classify: some heads skip their pooler layer on them.
-        let mut token_classifier_rows = Vec::new();
+        // One entry per distinct head; token states of token_classify are kept apart (some
+        // heads skip their pooler layer on them).
+        let mut classifier_rows: Vec<ClassifierRows> = Vec::new();
+        // Each request's entry in `classifier_rows` (`None` for other tasks).
+        let mut head_of_request = Vec::with_capacity(requests.len());
         let mut sparse = Vec::new();
         // Outputs BGE-M3's heads finished in this first pass (a multi-output request's dense
         // part still goes through the embedding head below).
@@ -74,6 +86,7 @@ impl Heads {
                     }
                     m3_outputs.push(Some(output));
                     row_counts.push(usize::from(dense));
+                    head_of_request.push(None);
                     continue;
                 }
             }
@@ -88,32 +101,52 @@ impl Heads {
                     };
                     (&mut embedding_rows, rows)
                 }
-                Task::Classify | Task::Score => (&mut classifier_rows, self.classifier(task)?.pool(task, states, start, len)),
-                Task::TokenClassify => (&mut token_classifier_rows, self.classifier(task)?.pool(task, states, start, len)),
+                Task::Classify | Task::Score | Task::TokenClassify => {
+                    let head = self.classifier_for(request)?;
+                    let group = match classifier_rows.iter().position(|g| std::ptr::eq(g.head, head)) {
+                        Some(group) => group,
+                        None => {
+                            classifier_rows.push(ClassifierRows { head, sequences: Vec::new(), tokens: Vec::new() });
+                            classifier_rows.len() - 1
+                        }
+                    };
+                    let pooled = head.pool(task, states, start, len);
+                    row_counts.push(pooled.len() / hidden_size);
+                    head_of_request.push(Some(group));
+                    let rows = &mut classifier_rows[group];
+                    match task {
+                        Task::TokenClassify => rows.tokens.extend(pooled),
+                        _ => rows.sequences.extend(pooled),
+                    }
+                    continue;
+                }
                 Task::EmbedSparse => {
                     let head = self.sparse.as_ref().ok_or("SPLADE needs a masked-LM head, which this model lacks")?;
                     let rows = All.pool(states, start, len);
                     sparse.push(head.weights(&rows, hidden_size).map_err(|e| describe(&e))?);
                     row_counts.push(0);
+                    head_of_request.push(None);
                     continue;
                 }
             };
+            head_of_request.push(None);
             row_counts.push(pooled.len() / hidden_size);
             rows.extend(pooled);
         }
         let (embeddings, width) = self.embedding.project(embedding_rows, hidden_size).map_err(|e| describe(&e))?;
-        let (logits, token_logits) = match &self.classifier {
-            Some(head) => (
-                head.logits(classifier_rows, hidden_size, false).map_err(|e| describe(&e))?,
-                head.logits(token_classifier_rows, hidden_size, true).map_err(|e| describe(&e))?,
-            ),
-            None => (Vec::new(), Vec::new()),
-        };
+        // Per head: (sequence logits, token logits), and how far each has been handed out.
+        let mut logits = Vec::with_capacity(classifier_rows.len());
+        for rows in &mut classifier_rows {
+            let sequences = rows.head.logits(std::mem::take(&mut rows.sequences), hidden_size, false);
+            let tokens = rows.head.logits(std::mem::take(&mut rows.tokens), hidden_size, true);
+            logits.push((sequences.map_err(|e| describe(&e))?, tokens.map_err(|e| describe(&e))?));
+        }
+        let mut logit_offsets = vec![(0, 0); logits.len()];
 
         let mut outputs = Vec::with_capacity(requests.len());
-        let (mut embedding_offset, mut logit_offset, mut token_logit_offset) = (0, 0, 0);
+        let mut embedding_offset = 0;
         let mut sparse = sparse.into_iter();
-        for ((request, count), ready) in requests.iter().zip(row_counts).zip(m3_outputs) {
+        for (((request, count), ready), group) in requests.iter().zip(row_counts).zip(m3_outputs).zip(head_of_request) {
             if let Some(ready) = ready {
                 outputs.push(match ready {
                     PoolingOutput::Multi(mut multi) => {
@@ -130,11 +163,13 @@ impl Heads {
             }
             outputs.push(match request.task {
                 Task::Classify | Task::Score | Task::TokenClassify => {
-                    let head = self.classifier(request.task)?;
+                    let group = group.ok_or("a classifier task without its head")?;
+                    let head = classifier_rows[group].head;
                     let labels = head.num_labels();
+                    let (sequences, tokens) = &logits[group];
                     let (source, offset) = match request.task {
-                        Task::TokenClassify => (&token_logits, &mut token_logit_offset),
-                        _ => (&logits, &mut logit_offset),
+                        Task::TokenClassify => (tokens, &mut logit_offsets[group].1),
+                        _ => (sequences, &mut logit_offsets[group].0),
                     };
                     let block = &source[*offset * labels..(*offset + count) * labels];
                     *offset += count;
@@ -209,7 +244,12 @@ impl Heads {
         self.pooling.ok_or_else(|| "this model has no sentence-level pooling".to_string())
     }
 
-    fn classifier(&self, task: Task) -> Result<&ClassifierHead, String> {
-        self.classifier.as_ref().ok_or_else(|| format!("task {task} needs a classifier head, which this model lacks"))
+    /// The head a classifier task runs: its adapter's own, else the model's.
+    fn classifier_for<'h>(&'h self, request: &PoolRequest<'h>) -> Result<&'h ClassifierHead, String> {
+        let task = request.task;
+        request
+            .classifier
+            .or(self.classifier.as_ref())
+            .ok_or_else(|| format!("task {task} needs a classifier head, which this model lacks"))
     }
 }

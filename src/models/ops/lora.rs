@@ -105,20 +105,80 @@ impl SiteProduct {
     }
 }
 
-/// An adapter's products on every site of one backbone (`None` where it trained nothing).
+/// LoRA on an embedding table (jina-embeddings-v3 adapts its word and token-type tables):
+/// row `i` gains `s·A[i]·B`, with `A` `[rows, rank]` and `B` `[rank, width]` as the published
+/// code stores them. Applied by the architecture to each looked-up row, never merged (a merged
+/// table per adapter would be a copy of the vocabulary's embeddings).
+#[derive(Debug)]
+pub struct TableLora {
+    /// The table's name in the checkpoint (`roberta.embeddings.word_embeddings`).
+    pub table: String,
+    a: Vec<f32>,
+    /// `s·B`.
+    b: Vec<f32>,
+    rank: usize,
+    width: usize,
+}
+
+impl TableLora {
+    pub fn new(table: String, a: Vec<f32>, b: Vec<f32>, rank: usize, scale: f32) -> Result<Self> {
+        if rank == 0 || !a.len().is_multiple_of(rank) || !b.len().is_multiple_of(rank) {
+            bail!("LoRA on `{table}`: factors of {} and {} values do not have rank {rank}", a.len(), b.len());
+        }
+        let width = b.len() / rank;
+        Ok(Self { table, a, b: b.into_iter().map(|v| v * scale).collect(), rank, width })
+    }
+
+    /// Adds row `row`'s delta to `out` (`width` values); rows past the table add nothing
+    /// (the embedding lookup refuses them first).
+    pub fn add_row(&self, row: usize, out: &mut [f32]) {
+        let Some(a) = self.a.get(row * self.rank..(row + 1) * self.rank) else { return };
+        for (k, &weight) in a.iter().enumerate() {
+            let b = &self.b[k * self.width..(k + 1) * self.width];
+            out.iter_mut().zip(b).for_each(|(o, v)| *o += weight * v);
+        }
+    }
+}
+
+/// An adapter's products on every site of one backbone (`None` where it trained nothing), and
+/// its embedding-table deltas.
 #[derive(Debug)]
 pub struct LoraWeights {
     sites: Vec<Option<SiteProduct>>,
+    tables: Vec<TableLora>,
 }
 
 impl LoraWeights {
     pub fn new(sites: Vec<Option<SiteProduct>>) -> Self {
-        Self { sites }
+        Self { sites, tables: Vec::new() }
+    }
+
+    /// The same adapter with deltas on embedding tables.
+    pub fn with_tables(mut self, tables: Vec<TableLora>) -> Self {
+        self.tables = tables;
+        self
+    }
+
+    /// Its delta on the table `name`, if it trained one.
+    pub fn table(&self, name: &str) -> Option<&TableLora> {
+        self.tables.iter().find(|t| t.table == name)
     }
 
     fn site(&self, site: usize) -> Option<&SiteProduct> {
         self.sites.get(site).and_then(Option::as_ref)
     }
+}
+
+/// One of a model's built-in adapters (jina-embeddings-v3's tasks): its name, the prompt its
+/// publisher prepends for it, and its weights.
+#[derive(Debug)]
+pub struct TaskAdapter {
+    pub name: String,
+    pub prompt: Option<String>,
+    pub weights: LoraWeights,
+    pub rank: usize,
+    /// Floats held for it.
+    pub floats: usize,
 }
 
 /// Consecutive token rows `start..end` of a pass that run one adapter.

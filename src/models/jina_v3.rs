@@ -1,0 +1,391 @@
+//! jina-embeddings-v3 (`XLMRobertaModel` with `position_embedding_type: "rotary"` and
+//! `lora_adaptations`), as jinaai's published `xlm-roberta-flash-implementation` runs it
+//! (`modeling_lora.py`, `modeling_xlm_roberta.py`, `block.py`, `mha.py`, `mlp.py`,
+//! `embedding.py`): an XLM-RoBERTa encoder without a position table, with rotary positions
+//! (GPT-NeoX half rotation over the whole head, `rotary_emb_base`, positions from 0), a fused
+//! `Wqkv`, post-LayerNorm blocks `norm1(x + attn(x))`, `norm2(h + fc2(gelu(fc1(h))))`, and
+//! embeddings `emb_ln(word + token_type)`.
+//!
+//! Every linear layer and both embedding tables carry one LoRA per task, stacked in the
+//! checkpoint (torch parametrizations): `<layer>.parametrizations.weight.original` is the base
+//! weight, `<layer>.parametrizations.weight.0.lora_A` `[tasks, r, in]` and `lora_B`
+//! `[tasks, out, r]` (tables: `[tasks, rows, r]` and `[tasks, r, width]`), scaled by
+//! `lora_alpha / lora_rank`; task `t` is `lora_adaptations[t]`. They become the model's
+//! built-in adapters ([`task_adapters`]), one per task, so that one batch mixes tasks as it
+//! mixes any LoRA adapters; without a task the base weights run, as the published `encode`
+//! does when no `task` is given.
+
+use super::batch::Batch;
+use super::bert::layer_norm;
+use super::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TableLora, TaskAdapter};
+use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
+use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use candle_core::{DType, Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+pub struct JinaV3;
+pub static JINA_V3: JinaV3 = JinaV3;
+
+/// The fields of the published `XLMRobertaFlashConfig`, with its defaults.
+#[derive(Debug, Clone, Deserialize)]
+struct JinaV3Config {
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f64,
+    #[serde(default = "one")]
+    type_vocab_size: usize,
+    #[serde(default = "default_positions")]
+    max_position_embeddings: usize,
+    #[serde(default = "default_base")]
+    rotary_emb_base: f64,
+    #[serde(default)]
+    rotary_emb_interleaved: bool,
+    #[serde(default)]
+    rotary_emb_dim: Option<f64>,
+    #[serde(default)]
+    lora_adaptations: Vec<String>,
+    #[serde(default)]
+    task_instructions: BTreeMap<String, String>,
+    #[serde(default = "default_rank")]
+    lora_rank: usize,
+    #[serde(default = "default_alpha")]
+    lora_alpha: f64,
+}
+
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn one() -> usize {
+    1
+}
+fn default_positions() -> usize {
+    8194
+}
+fn default_base() -> f64 {
+    10_000.0
+}
+fn default_rank() -> usize {
+    4
+}
+fn default_alpha() -> f64 {
+    1.0
+}
+
+impl JinaV3Config {
+    fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// `gelu` is erf's; the published code maps the tanh names to the approximation.
+    fn activation(&self) -> std::result::Result<Activation, ModelError> {
+        match self.hidden_act.as_str() {
+            "gelu" => Ok(Activation::Gelu),
+            "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
+            other => Err(ModelError::Config(format!("jina-embeddings-v3 with hidden_act `{other}` is not supported"))),
+        }
+    }
+
+    fn refuse_unsupported(&self) -> std::result::Result<(), ModelError> {
+        if self.rotary_emb_interleaved {
+            return Err(ModelError::Config("jina-embeddings-v3 with rotary_emb_interleaved: true is not supported".into()));
+        }
+        if self.rotary_emb_dim.is_some_and(|d| d as usize != self.head_dim()) {
+            return Err(ModelError::Config("jina-embeddings-v3 with a partial rotary_emb_dim is not supported".into()));
+        }
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) || !self.head_dim().is_multiple_of(2) {
+            return Err(ModelError::Config("hidden_size does not split into even-sized heads".into()));
+        }
+        if self.lora_rank == 0 {
+            return Err(ModelError::Config("lora_rank must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `config` is jina-embeddings-v3's: an XLM-RoBERTa config with rotary positions
+/// and task adapters (its `architectures` says `XLMRobertaModel`, its `model_type` is unset).
+fn is_jina_v3(config: &Value) -> bool {
+    config.get("position_embedding_type").and_then(Value::as_str) == Some("rotary")
+        && config.get("lora_adaptations").is_some_and(Value::is_array)
+}
+
+impl Architecture for JinaV3 {
+    fn name(&self) -> &'static str {
+        "jina-embeddings-v3"
+    }
+
+    /// Claimed by its config ([`Architecture::claims`]), never by name: the name is XLM-R's.
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn claims(&self, config: &Value) -> bool {
+        is_jina_v3(config)
+    }
+
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Mean
+    }
+
+    fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        Ok(Box::new(JinaV3Model::load(config, vb)?))
+    }
+
+    fn has_task_adapters(&self, _config: &Value) -> bool {
+        true
+    }
+
+    fn task_adapters(&self, config: &Value, vb: VarBuilder, sites: &[LoraSite]) -> std::result::Result<Vec<TaskAdapter>, ModelError> {
+        task_adapters(config, vb, sites)
+    }
+}
+
+/// Where a parametrized layer keeps its base weight: under `parametrizations.weight.original`
+/// in the published checkpoint, as `weight` in one saved without its adapters.
+fn base_weight(vb: &VarBuilder, shape: (usize, usize)) -> Result<Tensor> {
+    if vb.contains_tensor("parametrizations.weight.original") {
+        vb.get(shape, "parametrizations.weight.original")
+    } else {
+        vb.get(shape, "weight")
+    }
+}
+
+fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
+    Ok(Linear::new(base_weight(vb, (out, inp))?, Some(vb.get(out, "bias")?))?.named(&vb.prefix()))
+}
+
+struct Layer {
+    qkv: Linear,
+    out_proj: Linear,
+    norm1: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+    norm2: LayerNorm,
+}
+
+pub struct JinaV3Model {
+    word: Tensor,
+    /// The word table's name, as task adapters name their delta on it.
+    word_name: String,
+    token_type: Option<(Tensor, String)>,
+    emb_ln: LayerNorm,
+    layers: Vec<Layer>,
+    rotary: Rotary,
+    activation: Activation,
+    config: JinaV3Config,
+}
+
+impl JinaV3Model {
+    fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let config: JinaV3Config = parse_config(raw)?;
+        config.refuse_unsupported()?;
+        let activation = config.activation()?;
+        // The published checkpoint keeps the encoder under `roberta.` (XLMRobertaLoRA).
+        let vb = if vb.contains_tensor("roberta.emb_ln.weight") { vb.pp("roberta") } else { vb };
+        let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let lv = vb.pp(format!("encoder.layers.{i}"));
+            layers.push(Layer {
+                qkv: linear(&lv.pp("mixer.Wqkv"), 3 * h, h)?,
+                out_proj: linear(&lv.pp("mixer.out_proj"), h, h)?,
+                norm1: layer_norm(&lv.pp("norm1"), h, eps)?,
+                fc1: linear(&lv.pp("mlp.fc1"), inner, h)?,
+                fc2: linear(&lv.pp("mlp.fc2"), h, inner)?,
+                norm2: layer_norm(&lv.pp("norm2"), h, eps)?,
+            });
+        }
+        let emb = vb.pp("embeddings");
+        let word_vb = emb.pp("word_embeddings");
+        let token_type = match config.type_vocab_size {
+            0 => None,
+            types => {
+                let tv = emb.pp("token_type_embeddings");
+                Some((base_weight(&tv, (types, h))?, tv.prefix()))
+            }
+        };
+        Ok(Self {
+            word: base_weight(&word_vb, (config.vocab_size, h))?,
+            word_name: word_vb.prefix(),
+            token_type,
+            emb_ln: layer_norm(&vb.pp("emb_ln"), h, eps)?,
+            layers,
+            rotary: Rotary::new(config.head_dim(), config.rotary_emb_base),
+            activation,
+            config,
+        })
+    }
+
+    /// `word + token_type` of every token, each sequence's task deltas added to its rows.
+    fn embed(&self, batch: &Batch) -> Result<Tensor> {
+        let n = batch.num_tokens();
+        let device = self.word.device();
+        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
+        let mut embedded = self.word.index_select(&ids, 0)?;
+        if let Some((table, _)) = &self.token_type {
+            let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
+            embedded = (embedded + table.index_select(&types, 0)?)?;
+        }
+        if batch.adapters.iter().all(Option::is_none) {
+            return Ok(embedded);
+        }
+        let h = self.config.hidden_size;
+        let mut rows = embedded.to_dtype(DType::F32)?.to_device(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        for ((start, len), adapter) in batch.spans().zip(&batch.adapters) {
+            let Some(adapter) = adapter else { continue };
+            let word = adapter.table(&self.word_name);
+            let token_type = self.token_type.as_ref().and_then(|(_, name)| adapter.table(name));
+            for token in start..start + len {
+                let out = &mut rows[token * h..(token + 1) * h];
+                if let Some(delta) = word {
+                    delta.add_row(batch.input_ids[token] as usize, out);
+                }
+                if let Some(delta) = token_type {
+                    delta.add_row(batch.token_type_ids.get(token).copied().unwrap_or(0) as usize, out);
+                }
+            }
+        }
+        Tensor::from_vec(rows, (n, h), &candle_core::Device::Cpu)?.to_device(device)?.to_dtype(embedded.dtype())
+    }
+}
+
+impl Backbone for JinaV3Model {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        let mut hidden = self.emb_ln.forward(self.embed(batch)?)?;
+        let table = self.rotary.table(&batch.positions(0));
+        let heads = self.config.num_attention_heads;
+        let attention = Attention {
+            num_heads: heads,
+            num_kv_heads: heads,
+            head_dim: self.config.head_dim(),
+            cu_seqlens: &batch.cu_seqlens,
+            mask: AttentionMask::Bidirectional,
+            position_bias: None,
+            disentangled: None,
+            softcap: None,
+        };
+        for layer in &self.layers {
+            // The Wqkv bias is added before the rotation, as the published code does.
+            let qkv = table.apply(&layer.qkv.forward(&hidden)?, heads, heads, None)?;
+            hidden = layer.norm1.forward_add(&layer.out_proj, &attention.forward(&qkv, None)?, &hidden)?;
+            let inner = self.activation.forward(&layer.fc1.forward(&hidden)?)?;
+            hidden = layer.norm2.forward_add(&layer.fc2, &inner, &hidden)?;
+        }
+        Ok(hidden)
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// Rotary positions need no table: the length the checkpoint declares (8194).
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().flat_map(|l| [&mut l.out_proj, &mut l.fc1, &mut l.fc2]).collect()
+    }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
+    }
+}
+
+/// The checkpoint's stacked task LoRAs as one adapter per task, on the backbone's `sites`
+/// ([`super::enable_lora`]) and its embedding tables. A checkpoint saved without them (no
+/// `lora_A` beside a layer) has none.
+pub fn task_adapters(raw: &Value, vb: VarBuilder, sites: &[LoraSite]) -> std::result::Result<Vec<TaskAdapter>, ModelError> {
+    let config: JinaV3Config = parse_config(raw)?;
+    let rank = config.lora_rank;
+    let scale = (config.lora_alpha / rank as f64) as f32;
+    let tasks = config.lora_adaptations.len();
+    let factors = |module: &str| -> Result<Option<(Tensor, Tensor)>> {
+        let prefix = format!("{module}.parametrizations.weight.0");
+        let (a, b) = (format!("{prefix}.lora_A"), format!("{prefix}.lora_B"));
+        if !vb.contains_tensor(&a) {
+            return Ok(None);
+        }
+        let load = |name: &str| vb.get_unchecked_dtype(name, DType::F32).and_then(|t| t.to_device(&candle_core::Device::Cpu));
+        Ok(Some((load(&a)?, load(&b)?)))
+    };
+    let task_slice = |t: &Tensor, task: usize| -> Result<Vec<f32>> { t.get(task)?.flatten_all()?.to_vec1::<f32>() };
+
+    // Per site: its stacked factors (each site is one module here).
+    let mut stacked = Vec::with_capacity(sites.len());
+    for site in sites {
+        let [part] = site.parts.as_slice() else {
+            return Err(ModelError::Config(format!("a jina-embeddings-v3 layer with {} modules", site.parts.len())));
+        };
+        stacked.push(factors(&part.name)?);
+    }
+    // The tables are named as the backbone names them ([`JinaV3Model::load`]).
+    let root = if vb.contains_tensor("roberta.emb_ln.weight") { "roberta." } else { "" };
+    let mut tables = Vec::new();
+    for (table, present) in [("word_embeddings", true), ("token_type_embeddings", config.type_vocab_size > 0)] {
+        let name = format!("{root}embeddings.{table}");
+        if let Some(pair) = factors(&name)?.filter(|_| present) {
+            tables.push((name, pair));
+        }
+    }
+    if stacked.iter().all(Option::is_none) && tables.is_empty() {
+        return Ok(Vec::new());
+    }
+
+    let mut adapters = Vec::with_capacity(tasks);
+    for (task, name) in config.lora_adaptations.iter().enumerate() {
+        let mut floats = 0;
+        let mut products = Vec::with_capacity(sites.len());
+        for (site, pair) in sites.iter().zip(&stacked) {
+            let Some((a, b)) = pair else {
+                products.push(None);
+                continue;
+            };
+            if a.dims3()?.0 != tasks || b.dims3()?.0 != tasks || a.dims3()?.1 != rank {
+                return Err(ModelError::Config(format!(
+                    "`{}`: LoRA factors {:?} and {:?} for {tasks} tasks of rank {rank}",
+                    site.parts[0].name,
+                    a.shape(),
+                    b.shape()
+                )));
+            }
+            let (a, b) = (task_slice(a, task)?, task_slice(b, task)?);
+            floats += a.len() + b.len();
+            products.push(Some(SiteProduct::new(site, vec![(0, LoraFactors { a, b, rank, scale })])?));
+        }
+        let mut deltas = Vec::with_capacity(tables.len());
+        for (table, (a, b)) in &tables {
+            let (a, b) = (task_slice(a, task)?, task_slice(b, task)?);
+            floats += a.len() + b.len();
+            deltas.push(TableLora::new(table.clone(), a, b, rank, scale)?);
+        }
+        adapters.push(TaskAdapter {
+            name: name.clone(),
+            prompt: config.task_instructions.get(name).filter(|p| !p.is_empty()).cloned(),
+            weights: LoraWeights::new(products).with_tables(deltas),
+            rank,
+            floats,
+        });
+    }
+    Ok(adapters)
+}
