@@ -581,6 +581,16 @@ async fn jina_embeddings_v3_tasks_match_the_published_code() {
             assert_matches(&ours, &reference, 0.9999, &format!("task {task} as `task`"));
         }
     }
+    // Cohere's input_type picks the task (search_query → retrieval.query, clustering → separation).
+    for (input_type, task) in [("search_query", "retrieval.query"), ("search_document", "retrieval.passage"), ("clustering", "separation")]
+    {
+        let reply =
+            post(&router, "/v2/embed", json!({"model": "jina-v3", "texts": texts, "input_type": input_type, "embedding_types": ["float"]}))
+                .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let ours: Vec<Vec<f32>> = reply.body["embeddings"]["float"].as_array().expect("float").iter().map(common::floats).collect();
+        assert_matches(&ours, &rows(&tasks[task]), 0.9999, &format!("input_type {input_type}"));
+    }
     // The tasks really differ, so that a mix-up would show.
     let query = rows(&tasks["retrieval.query"]);
     let matching = rows(&tasks["text-matching"]);

@@ -9,6 +9,10 @@
 //!   work with any model; without `input_type` the model's default prompt applies, as on every
 //!   other route. Any other `input_type` must name one of the model's prompts (as vLLM reads
 //!   them), else 400 in vLLM's words (`Unsupported input_type 'x'. Supported values: …`).
+//! - A model with built-in task adapters (jina-embeddings-v3) runs the task `input_type`
+//!   names instead: search_query → `retrieval.query`, search_document → `retrieval.passage`,
+//!   classification → `classification`, clustering → `separation`, or a task by its own name;
+//!   the task's instruction is then the prompt, as with Jina's `task`.
 //! - `meta.billed_units`: `input_tokens` counts the text tokens run through the model
 //!   (prompts and special tokens included), `image_tokens` the sequence each image becomes in
 //!   the vision tower (0 for text requests), as vLLM bills them.
@@ -291,6 +295,17 @@ fn input_text(input: &Value) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
+/// The built-in task adapter an `input_type` selects among `tasks` (module docs).
+fn task_for<'t>(input_type: &str, tasks: &'t [String]) -> Option<&'t str> {
+    let wanted = match input_type {
+        "search_query" => "retrieval.query",
+        "search_document" => "retrieval.passage",
+        "clustering" => "separation",
+        other => other,
+    };
+    tasks.iter().map(String::as_str).find(|task| *task == wanted)
+}
+
 /// The prompt an `input_type` selects (module docs), or the default without one.
 fn prompt_for(input_type: Option<&str>, prompts: &Prompts) -> Result<Option<String>, ApiError> {
     let Some(name) = input_type else {
@@ -341,6 +356,12 @@ async fn embed(
         }
         super::serves(engine.spec(), Task::Embed, "Embeddings")
     })?;
+    let tasks = engine.lora().map(|registry| registry.tasks()).unwrap_or_default();
+    let task = request.input_type.as_deref().and_then(|input_type| task_for(input_type, &tasks));
+    let engine = match task {
+        Some(task) => engine.with_task(task).map_err(|message| ApiError::BadRequest { message, param: Some("input_type") })?,
+        None => engine,
+    };
     let engine = &engine;
     let spec = engine.spec();
     let (truncate_prompt_tokens, truncation_side) = request.truncation(spec.max_model_len)?;
@@ -352,7 +373,10 @@ async fn embed(
         }
         e
     })?;
-    params.prompt = prompt_for(request.input_type.as_deref(), &spec.prompts)?.map(Into::into);
+    params.prompt = match task {
+        Some(_) => None, // the task's own instruction
+        None => prompt_for(request.input_type.as_deref(), &spec.prompts)?.map(Into::into),
+    };
     // Before any image is fetched or decoded.
     let count = [
         request.texts.as_ref().map(Vec::len),
