@@ -2,7 +2,7 @@
 //! scoring and token tasks plug into the same engine).
 //!
 //! Layers, each importing only those below it (docs/ARCHITECTURE.md, enforced by
-//! tests/layers.rs): [`models`] (architectures, kernels, the flat batch) ← [`pooling`] (tasks,
+//! tests/suite/layers.rs): [`models`] (architectures, kernels, the flat batch) ← [`pooling`] (tasks,
 //! methods, head math) ← [`input`] (prompts → model inputs: tokenization, chat templates,
 //! images) ← [`loader`] (files → spec, tokenizer, backbone, heads) ← [`engine`]
 //! (validation, tokenization, batching, the model thread) ← [`api`] (HTTP), [`batch`]

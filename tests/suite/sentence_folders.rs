@@ -4,10 +4,10 @@
 //! `/v1/embed` with every embedding type. References: sentence-transformers
 //! (tests/fixtures/make_st_variants.py).
 
-mod common;
+use crate::common;
 
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use serde_json::{json, Value};
 
 fn texts(expected: &Value) -> Vec<String> {

@@ -1,10 +1,10 @@
 //! `/pooling` and `/embed_sparse` through the real router: task selection, response shapes per
 //! task, late interaction on /rerank, and the error cases.
 
-mod common;
+use crate::common;
 
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use poolserve::pooling::PoolingType;
 use serde_json::json;
 

@@ -2,9 +2,7 @@
 //! shared/fixtures): token ids, embeddings (normalized and not), per-token hidden states,
 //! Dense projection, Matryoshka slices; each input alone and in one mixed-length batch.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use poolserve::engine::Engine;
 use poolserve::input::Prompt;
@@ -238,7 +236,7 @@ async fn half_precision_stays_within_tolerance() {
 /// `--quantization int8` on every backbone family: the quantized layers are wired into each
 /// architecture (attention output, plain and gated feed-forward layers) and stay close to the
 /// float32 reference. The tiny random fixtures are no accuracy benchmark (the real-model bar,
-/// cosine ≥ 0.999, is in tests/minilm.rs); this catches a wrong layer or layout.
+/// cosine ≥ 0.999, is in tests/suite/minilm.rs); this catches a wrong layer or layout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn int8_quantization_runs_every_backbone_close_to_reference() {
     use poolserve::loader::options::Quantization;

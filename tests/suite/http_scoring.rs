@@ -1,10 +1,10 @@
 //! `/classify`, `/score` and `/rerank` through the real router: response shapes, the values of
 //! the reference, and every error case of these endpoints.
 
-mod common;
+use crate::common;
 
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use serde_json::{json, Value};
 
 fn router_for(name: &str) -> axum::Router {

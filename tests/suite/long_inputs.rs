@@ -2,10 +2,8 @@
 //! against a reference computed chunk by chunk with transformers
 //! (tests/fixtures/make_chunked_reference.py): a 3,220-token text on a 128-token model.
 
-mod common;
-
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

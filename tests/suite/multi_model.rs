@@ -2,10 +2,8 @@
 //! token classifier (NER) and a SPLADE model are served together; each must answer exactly as
 //! its reference, alone and under concurrent mixed traffic, and requests are routed by `model`.
 
-mod common;
-
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use poolserve::api::{self, ApiOptions, AppState};
 use poolserve::pooling::PoolingType;
 use serde_json::{json, Value};

@@ -4,10 +4,8 @@
 //! `continue_final_message`, with `chat_template_kwargs`, with tool calls, and through a
 //! `--chat-template` given on the command line.
 
-mod common;
-
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use serde_json::{json, Value};
 
 async fn tokens(router: &axum::Router, messages: &Value, options: &Value) -> Vec<u64> {

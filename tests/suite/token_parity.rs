@@ -3,9 +3,7 @@
 //! SPLADE (bert-splade with `--pooler-config`, bert-splade-st from its sentence-transformers
 //! files), each input alone and in one batch.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use poolserve::config::ServerConfig;
 use poolserve::engine::params::PoolingParams;
 use poolserve::engine::Engine;

@@ -6,11 +6,9 @@
 //! scores within 1e-4, every input alone and all in one batch, pairs with token types; a broken
 //! folder of each family is a one-line startup error.
 
-mod common;
-
+use crate::common::families::*;
+use crate::common::*;
 use axum::http::StatusCode;
-use common::families::*;
-use common::*;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,10 +3,8 @@
 //! and 10,000 random or malformed bodies on every POST route (never a 500, always the error
 //! shape).
 
-mod common;
-
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use poolserve::api::{self, ApiOptions, AppState};
 use serde_json::{json, Value};
 

@@ -6,11 +6,9 @@
 //! dimensions), and bge-reranker-v2-gemma's reading of a Gemma causal LM. Embeddings by cosine
 //! ≥ 0.9999, probabilities and scores within 1e-4, every input alone and all in one batch.
 
-mod common;
-
+use crate::common::families::*;
+use crate::common::*;
 use axum::http::StatusCode;
-use common::families::*;
-use common::*;
 use serde_json::{json, Value};
 
 /// Embeddings with each of the folder's prompts, by `prompt_name` on the OpenAI route and by

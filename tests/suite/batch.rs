@@ -1,9 +1,7 @@
 //! The batch commands through the real binary: order and ids, the bad-line report, skipping,
 //! shards covering every line once, resuming, plain-text input, classify and score.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;

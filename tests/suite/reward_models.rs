@@ -3,9 +3,9 @@
 //! probabilities, single and batched, through the engine, the router and the library; the
 //! conversion table and the STEP parameters' errors.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use poolserve::config::ServerConfig;
 use poolserve::engine::Engine;
 use poolserve::pooling::config::PoolerConfig;

@@ -2,10 +2,8 @@
 //! text embeddings from our towers (alone, batched, and through the engine), and every
 //! request form and refusal through the real router.
 
-mod common;
-
+use crate::common::*;
 use base64::Engine as _;
-use common::*;
 use poolserve::api::{self, ApiOptions, AppState};
 use poolserve::engine::params::PoolingParams;
 use poolserve::engine::Engine;

@@ -2,9 +2,7 @@
 //! tests/fixtures: logits and probabilities within 1e-4, pair token ids and token_type_ids
 //! identical, each input alone and in one mixed batch.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use poolserve::engine::params::{PoolingParams, ResolvedParams};
 use poolserve::engine::Engine;
 use poolserve::input::Prompt;

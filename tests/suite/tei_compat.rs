@@ -4,10 +4,8 @@
 //! `/tokenize`, `/vertex`, `/info`, `POST /`), its response shapes, validation messages and
 //! error shape, checked against the transformers references of the fixtures.
 
-mod common;
-
-use common::server::{post, request, serve, Answer, Server};
-use common::{cosine, expected, fixture_model, floats};
+use crate::common::server::{post, request, serve, Answer, Server};
+use crate::common::{cosine, expected, fixture_model, floats};
 use serde_json::{json, Value};
 
 fn serve_fixture(name: &str, flags: &[&str]) -> Server {

@@ -1,11 +1,9 @@
 //! The HTTP contract through the real router (no sockets): response shapes, every error case
 //! of docs/http-api.md that applies to embeddings, and the auxiliary endpoints.
 
-mod common;
-
+use crate::common::*;
 use axum::http::StatusCode;
 use base64::Engine as _;
-use common::*;
 use poolserve::api::{self, AppState};
 use serde_json::{json, Value};
 

@@ -3,10 +3,10 @@
 //! sharing batches, int8 and bf16 bases, /v1/models, the load/unload routes and their gate,
 //! refusals, the library and the batch command.
 
-mod common;
+use crate::common;
 
+use crate::common::{cosine, fixture_model, post, send};
 use axum::http::StatusCode;
-use common::{cosine, fixture_model, post, send};
 use poolserve::api::{self, ApiOptions, AppState};
 use poolserve::config::ServerConfig;
 use poolserve::engine::Engine;

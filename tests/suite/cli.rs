@@ -2,15 +2,15 @@
 //! real HTTP, environment-variable flags, a model from the hub cache in offline mode, and a
 //! clean exit on SIGTERM.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::server::{run_to_exit, start, wait_ready, Server, BIN};
+use crate::common::server::{run_to_exit, start, wait_ready, Server, BIN};
 
 fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
     common::server::request(port, method, path, body, &[]).map(|a| (a.status, a.text()))

@@ -3,10 +3,10 @@
 //! models are our fixtures, so checks of the original checkpoints' token ids become checks
 //! against transformers' outputs for the fixtures (tests/fixtures/make_vllm_compat.py).
 
-mod common;
+use crate::common;
 
-use common::server::{post, request, run_to_exit, serve, Server};
-use common::{cosine, expected, fixture_model, floats};
+use crate::common::server::{post, request, run_to_exit, serve, Server};
+use crate::common::{cosine, expected, fixture_model, floats};
 use serde_json::{json, Value};
 
 /// vLLM's test template (`DUMMY_CHAT_TEMPLATE` of its embed and reward tests).

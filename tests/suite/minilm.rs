@@ -3,10 +3,10 @@
 //! real router: parity, truncation at max_seq_length, the too-long error, and semantics; and a
 //! MiniLM-sized cross-encoder built from it against sentence-transformers' CrossEncoder.
 
-mod common;
+use crate::common;
 
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

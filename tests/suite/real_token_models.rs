@@ -2,10 +2,8 @@
 //! the transformers references in tests/fixtures/expected (copied from shared/models/expected):
 //! SPLADE-tiny over /embed_sparse and /pooling, the Rampart PII NER model over /pooling.
 
-mod common;
-
+use crate::common::*;
 use axum::http::StatusCode;
-use common::*;
 use poolserve::pooling::PoolingType;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -1,0 +1,32 @@
+//! The integration tests as one binary: each file here was a test target of its own, and each
+//! linked the whole crate (issue 34: where the test command's build time went). Tests that
+//! touch process-wide state stay binaries of their own: `tests/logs.rs` (installs the global
+//! log subscriber), `tests/hardening.rs` (measures the process's RSS) and `tests/library.rs`
+//! (sets environment variables). Run one file's tests with `cargo test --test suite lora::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod batch;
+mod chat_templates;
+mod classify_parity;
+mod cli;
+mod decoder_families;
+mod encoder_families;
+mod http;
+mod http_ops;
+mod http_pooling;
+mod http_scoring;
+mod image_models;
+mod layers;
+mod long_inputs;
+mod lora;
+mod minilm;
+mod multi_model;
+mod parity;
+mod real_token_models;
+mod reward_models;
+mod sentence_folders;
+mod tei_compat;
+mod token_parity;
+mod vllm_compat;
