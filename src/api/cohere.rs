@@ -229,24 +229,24 @@ impl CohereEmbedRequest {
                 if urls.is_empty() {
                     return Err(empty("images"));
                 }
-                let mut prompts = Vec::with_capacity(urls.len());
-                for url in urls {
-                    prompts.push(Prompt::Image(media::image_bytes(url.as_str().ok_or_else(shape)?, media).await?));
-                }
+                let urls = urls.iter().map(|url| url.as_str().map(String::from).ok_or_else(shape)).collect::<Result<Vec<_>, _>>()?;
+                let prompts = media::images_bytes(urls, media).await?.into_iter().map(Prompt::Image).collect();
                 Ok((prompts, Vec::new()))
             }
             (None, None, Some(inputs)) => {
                 if inputs.is_empty() {
                     return Err(empty("inputs"));
                 }
-                let mut prompts = Vec::with_capacity(inputs.len());
-                for input in inputs {
-                    let content = input.get("content").ok_or_else(|| ApiError::BadRequest {
-                        message: "each input must be {\"content\": [content parts]}".into(),
-                        param: Some("inputs"),
-                    })?;
-                    prompts.push(media::content_prompt(content, media).await?);
-                }
+                let contents = inputs
+                    .iter()
+                    .map(|input| {
+                        input.get("content").cloned().ok_or_else(|| ApiError::BadRequest {
+                            message: "each input must be {\"content\": [content parts]}".into(),
+                            param: Some("inputs"),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let prompts = media::content_prompts(&contents, media).await?;
                 let texts = prompts.iter().filter_map(|p| if let Prompt::Text(t) = p { Some(t.clone()) } else { None }).collect();
                 Ok((prompts, texts))
             }

@@ -146,11 +146,8 @@ async fn side_prompts(side: &Value, media: &MediaOptions) -> Result<Vec<Prompt>,
     match side.get("content").and_then(Value::as_array) {
         Some(parts) if parts.is_empty() => Err(ApiError::bad_request("`content` must not be empty")),
         Some(parts) => {
-            let mut prompts = Vec::with_capacity(parts.len());
-            for part in parts {
-                prompts.push(media::content_prompt(&Value::Array(vec![part.clone()]), media).await?);
-            }
-            Ok(prompts)
+            let contents: Vec<Value> = parts.iter().map(|part| Value::Array(vec![part.clone()])).collect();
+            Ok(media::content_prompts(&contents, media).await?)
         }
         None => Ok(texts_of(side, "content")?.into_iter().map(Prompt::Text).collect()),
     }

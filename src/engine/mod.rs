@@ -183,6 +183,7 @@ impl Engine {
         } = model;
         let images = vision.as_ref().map(|v| ImageSide {
             processor: Arc::new(v.processor.clone()),
+            tables: Arc::new(crate::input::image::ChannelTables::new(&v.processor)),
             limits: crate::input::image::ImageLimits { max_pixels: options.max_image_pixels },
             tokens_per_image: v.tower.tokens_per_image(),
         });

@@ -276,8 +276,8 @@ impl Runner {
         let tower = self.vision.as_ref().ok_or("this model takes no images")?;
         let mut pixels = Vec::new();
         for job in jobs {
-            if let ModelInput::Image(p) = &job.input {
-                pixels.extend_from_slice(p);
+            if let ModelInput::Image(crop) = &job.input {
+                crop.normalized_into(&mut pixels);
             }
         }
         let embeddings = crate::models::forward_images_chunked(tower.as_ref(), &pixels, jobs.len(), self.chunk_tokens)

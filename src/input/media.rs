@@ -6,6 +6,10 @@
 //! names, on the scheme's default port unless an entry is `host:port`), with no redirects (a redirect could leave the allowed hosts), a time limit
 //! (`--media-fetch-timeout`) and a size limit (`--payload-limit`, the bound a data URL has).
 //! Decoding happens in [`super::image`] on the input workers, which refuses what is not a PNG, JPEG or WebP image.
+//!
+//! A request's images are fetched together ([`content_prompts`], [`images_bytes`]): up to
+//! [`FETCHES_AT_ONCE`] at a time, all of them under one deadline of `--media-fetch-timeout` per
+//! round of that many (a request of 40 URLs waits at most 3 timeouts, not 40 one after another).
 
 use super::image::decode_data_url;
 use super::{InputError, Prompt};
@@ -31,6 +35,42 @@ impl Default for MediaOptions {
 
 fn bad(message: impl Into<String>) -> InputError {
     InputError::Media { message: message.into(), param: None }
+}
+
+/// How many of one request's image URLs are fetched at once.
+pub const FETCHES_AT_ONCE: usize = 16;
+
+/// The bytes of every image at `urls`, in order, fetched together (module docs); the first
+/// failure is the answer.
+pub async fn images_bytes(urls: Vec<String>, options: &MediaOptions) -> Result<Vec<Vec<u8>>, InputError> {
+    let rounds = urls.iter().filter(|u| !u.starts_with("data:")).count().div_ceil(FETCHES_AT_ONCE).max(1);
+    let deadline = options.fetch_timeout.saturating_mul(rounds as u32);
+    let count = urls.len();
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(FETCHES_AT_ONCE));
+    let mut fetches = tokio::task::JoinSet::new();
+    for (index, url) in urls.into_iter().enumerate() {
+        let (options, permits) = (options.clone(), std::sync::Arc::clone(&permits));
+        fetches.spawn(async move {
+            let _permit = permits.acquire_owned().await.map_err(|_| InputError::Stopped)?;
+            image_bytes(&url, &options).await.map(|bytes| (index, bytes))
+        });
+    }
+    let collect = async {
+        let mut images: Vec<Option<Vec<u8>>> = vec![None; count];
+        while let Some(done) = fetches.join_next().await {
+            let (index, bytes) = done.map_err(|_| InputError::Panicked("an image fetch panicked"))??;
+            images[index] = Some(bytes);
+        }
+        images.into_iter().map(|image| image.ok_or(InputError::Stopped)).collect::<Result<Vec<_>, _>>()
+    };
+    // Dropping the set on the deadline aborts the fetches still waiting for a permit; those
+    // already on a blocking thread end at their own timeout.
+    tokio::time::timeout(deadline, collect).await.map_err(|_| {
+        bad(format!(
+            "Fetching the request's {count} images took longer than {:?} ({:?} per {FETCHES_AT_ONCE} images, --media-fetch-timeout)",
+            deadline, options.fetch_timeout
+        ))
+    })?
 }
 
 /// The bytes of the image at `url`.
@@ -101,8 +141,33 @@ fn shorten(url: &str) -> String {
 /// text or an image, not both together, so an input holding both, or several images, is a
 /// 400 asking to send them as separate inputs.
 pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<Prompt, InputError> {
+    content_prompts(std::slice::from_ref(content), options).await?.pop().ok_or(InputError::Stopped)
+}
+
+/// [`content_prompt`] for every input of a request, their images fetched together.
+pub async fn content_prompts(contents: &[Value], options: &MediaOptions) -> Result<Vec<Prompt>, InputError> {
+    let parsed = contents.iter().map(parse_content).collect::<Result<Vec<_>, _>>()?;
+    let urls: Vec<String> = parsed.iter().filter_map(|c| if let Content::Image(url) = c { Some(url.clone()) } else { None }).collect();
+    let mut images = images_bytes(urls, options).await?.into_iter();
+    parsed
+        .into_iter()
+        .map(|content| match content {
+            Content::Text(text) => Ok(Prompt::Text(text)),
+            Content::Image(_) => images.next().map(Prompt::Image).ok_or(InputError::Stopped),
+        })
+        .collect()
+}
+
+/// An input's content before its image is fetched.
+enum Content {
+    Text(String),
+    Image(String),
+}
+
+/// What one input's content holds (module docs of [`content_prompt`]).
+fn parse_content(content: &Value) -> Result<Content, InputError> {
     let parts = match content {
-        Value::String(text) => return Ok(Prompt::Text(text.clone())),
+        Value::String(text) => return Ok(Content::Text(text.clone())),
         Value::Array(parts) => parts,
         _ => return Err(bad("`content` must be a string or a list of content parts")),
     };
@@ -119,8 +184,8 @@ pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<P
         }
     }
     match (texts.is_empty(), images.as_slice()) {
-        (false, []) => Ok(Prompt::Text(texts.join("\n"))),
-        (true, [url]) => Ok(Prompt::Image(image_bytes(url, options).await?)),
+        (false, []) => Ok(Content::Text(texts.join("\n"))),
+        (true, [url]) => Ok(Content::Image(url.to_string())),
         (true, []) => Err(bad("an input's content holds no text and no image")),
         _ => Err(bad("one input holds several parts (text and an image, or several images): image-text models embed one text or one image per input; send them as separate inputs")),
     }
@@ -143,14 +208,16 @@ pub async fn message_prompts(messages: &Value, options: &MediaOptions) -> Result
     if messages.is_empty() {
         return Err(InputError::Media { message: "`messages` must not be empty".into(), param: Some("messages") });
     }
-    let mut prompts = Vec::with_capacity(messages.len());
-    for message in messages {
-        let content = message
-            .get("content")
-            .ok_or_else(|| InputError::Media { message: "every message needs a `content`".into(), param: Some("messages") })?;
-        prompts.push(content_prompt(content, options).await?);
-    }
-    Ok(prompts)
+    let contents = messages
+        .iter()
+        .map(|message| {
+            message
+                .get("content")
+                .cloned()
+                .ok_or_else(|| InputError::Media { message: "every message needs a `content`".into(), param: Some("messages") })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    content_prompts(&contents, options).await
 }
 
 #[cfg(test)]

@@ -41,11 +41,12 @@ pub enum Prompt {
     Image(Vec<u8>),
 }
 
-/// One input ready for the model: token ids, or an image's pixel values (`[3, h, w]`).
+/// One input ready for the model: token ids, or an image's crop (`[3, h, w]`, u8 until its
+/// batch normalizes it).
 #[derive(Debug, Clone)]
 pub enum ModelInput {
     Text(TokenizedInput),
-    Image(Vec<f32>),
+    Image(image::PixelValues),
 }
 
 /// Bytes per token above which a text cannot fit the model ([`Preprocessor::max_text_bytes`]):

@@ -23,6 +23,8 @@ use std::sync::Arc;
 /// An image-text model's image preprocessing.
 pub struct ImageSide {
     pub processor: Arc<ImageProcessorConfig>,
+    /// The processor's normalization, made once ([`super::image::ChannelTables`]).
+    pub tables: Arc<super::image::ChannelTables>,
     pub limits: ImageLimits,
     /// What one image costs in a batch ([`crate::models::VisionTower::tokens_per_image`]).
     pub tokens_per_image: usize,
@@ -353,11 +355,11 @@ impl Preprocessor {
     }
 
     /// Decodes and preprocesses images on the worker pool (as texts are tokenized there), into
-    /// the pixel values the vision tower takes.
-    async fn prepare_images(&self, images: Vec<Vec<u8>>) -> Result<Vec<Vec<f32>>, InputError> {
+    /// u8 crops (normalized when their batch runs).
+    async fn prepare_images(&self, images: Vec<Vec<u8>>) -> Result<Vec<super::image::PixelValues>, InputError> {
         let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
         let started = std::time::Instant::now();
-        let (processor, limits) = (Arc::clone(&side.processor), side.limits);
+        let (processor, limits, tables) = (Arc::clone(&side.processor), side.limits, Arc::clone(&side.tables));
         let pixels = self
             .workers
             .execute(move || {
@@ -365,8 +367,7 @@ impl Preprocessor {
                     .iter()
                     .enumerate()
                     .map(|(i, bytes)| {
-                        super::image::preprocess(bytes, &processor, &limits)
-                            .map(|p| p.data)
+                        super::image::preprocess_with(bytes, &processor, &limits, &tables)
                             .map_err(|e| InputError::Image(if images.len() > 1 { format!("image {i}: {e}") } else { e.to_string() }))
                     })
                     .collect::<Result<Vec<_>, _>>()

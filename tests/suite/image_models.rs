@@ -69,7 +69,7 @@ fn processor_matches_transformers_pixel_values() {
             let file = image["file"].as_str().unwrap();
             let ours = preprocess(&image_bytes(file), &vision.processor, &ImageLimits { max_pixels: 1 << 30 }).expect("preprocesses");
             let reference = floats(&image["pixel_values"]);
-            let diff = max_abs_diff(&ours.data, &reference);
+            let diff = max_abs_diff(&ours.normalized(), &reference);
             eprintln!("{model} {file}: pixel values max abs diff {diff}");
             // PNG: Pillow-exact. WebP: Pillow 13 runs some shrink-both-sides resizes vertical
             // pass first (a rule we could not recover; ±1–2 levels on some pixels). JPEG: that,
@@ -339,6 +339,53 @@ async fn urls_of_allowed_hosts_are_fetched_within_limits() {
         let reply = post(&router, "/v1/embeddings", json!({"messages": [image_message(&url)]})).await;
         assert_eq!(reply.status, 400, "{what}: {}", reply.body);
     }
+}
+
+/// An HTTP server on 127.0.0.1 that answers every connection with `body` after `delay`, each
+/// connection on its own task (so concurrent fetches overlap).
+async fn serve_slowly(delay: std::time::Duration, body: Vec<u8>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                tokio::time::sleep(delay).await;
+                let head =
+                    format!("HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = socket.write_all(head.as_bytes()).await;
+                let _ = socket.write_all(&body).await;
+            });
+        }
+    });
+    port
+}
+
+/// A request's image URLs are fetched together under one deadline: 16 images that each take
+/// 0.6 s arrive within a 2 s `--media-fetch-timeout` (one after another they would take 9.6 s
+/// and miss it); a host that answers later than the deadline fails the request with a 400
+/// naming the deadline, in about that time rather than once per image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_image_urls_are_fetched_together_under_one_deadline() {
+    let image = image_bytes("gray_19x25.png");
+    let slow = serve_slowly(std::time::Duration::from_millis(600), image.clone()).await;
+    let stuck = serve_slowly(std::time::Duration::from_secs(30), image).await;
+    let allowed = vec![format!("127.0.0.1:{slow}"), format!("127.0.0.1:{stuck}")];
+    let media = MediaOptions { allowed_domains: allowed, fetch_timeout: std::time::Duration::from_secs(2), max_bytes: 100_000 };
+    let router = router_with("clip-tiny", media, |_| {});
+    let urls: Vec<String> = (0..16).map(|i| format!("http://127.0.0.1:{slow}/{i}.png")).collect();
+    let reply = post(&router, "/v2/embed", json!({"images": urls, "input_type": "image", "embedding_types": ["float"]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.body["embeddings"]["float"].as_array().unwrap().len(), 16);
+
+    let messages: Vec<Value> = (0..3).map(|i| image_message(&format!("http://127.0.0.1:{stuck}/{i}.png"))).collect();
+    let reply = post(&router, "/v1/embeddings", json!({"messages": messages})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("took longer than") || message.contains("timed out") || message.contains("timeout"), "{message}");
 }
 
 #[test]
