@@ -356,9 +356,10 @@ async fn embed(
         }
         super::serves(engine.spec(), Task::Embed, "Embeddings")
     })?;
-    let tasks = engine.lora().map(|registry| registry.tasks()).unwrap_or_default();
-    let task = request.input_type.as_deref().and_then(|input_type| task_for(input_type, &tasks));
-    let engine = match task {
+    let tasks = engine.lora().map_or(&[][..], |registry| registry.tasks());
+    // Owned: `engine` is replaced below by its task's.
+    let task = request.input_type.as_deref().and_then(|input_type| task_for(input_type, tasks)).map(str::to_string);
+    let engine = match task.as_deref() {
         Some(task) => engine.with_task(task).map_err(|message| ApiError::BadRequest { message, param: Some("input_type") })?,
         None => engine,
     };

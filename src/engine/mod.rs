@@ -282,7 +282,7 @@ impl Engine {
     /// `retrieval.query`, …), as a request's `task` field asks; the published code's message
     /// when it has no such task.
     pub fn with_task(&self, task: &str) -> Result<Engine, String> {
-        let tasks: Vec<String> = self.lora().map(|r| r.tasks()).unwrap_or_default();
+        let tasks = self.lora().map_or(&[][..], |r| r.tasks());
         if tasks.is_empty() {
             return Err(format!("`task` selects a task adapter; the model `{}` has none", self.inner.spec.served_name));
         }

@@ -154,18 +154,7 @@ struct SharedSaved(Arc<SavedWeights>);
 impl SimpleBackend for SharedSaved {
     fn get(&self, shape: Shape, name: &str, hints: candle_nn::Init, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
         match self.0.saved(name, dtype, device) {
-            Some(tensor) => {
-                let tensor = tensor?;
-                if tensor.shape() != &shape {
-                    return Err(candle_core::Error::UnexpectedShape {
-                        msg: format!("shape mismatch for {name}"),
-                        expected: shape,
-                        got: tensor.shape().clone(),
-                    }
-                    .bt());
-                }
-                Ok(tensor)
-            }
+            Some(tensor) => super::mapped::with_shape(tensor?, shape, name),
             None => self.0.base.get_with_hints_dtype(shape, name, hints, dtype),
         }
     }
@@ -590,8 +579,8 @@ impl LoraRegistry {
     }
 
     /// The built-in task adapters' names, in the model's order.
-    pub fn tasks(&self) -> Vec<String> {
-        self.tasks.clone()
+    pub fn tasks(&self) -> &[String] {
+        &self.tasks
     }
 
     /// Forgets the adapter `name`; whether it was there. Batches already holding it finish

@@ -88,18 +88,22 @@ fn release(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// `tensor` if it has `shape`, else candle's shape-mismatch error naming the weight.
+pub(super) fn with_shape(tensor: Tensor, shape: Shape, name: &str) -> Result<Tensor> {
+    if tensor.shape() != &shape {
+        return Err(candle_core::Error::UnexpectedShape {
+            msg: format!("shape mismatch for {name}"),
+            expected: shape,
+            got: tensor.shape().clone(),
+        }
+        .bt());
+    }
+    Ok(tensor)
+}
+
 impl SimpleBackend for MappedWeights {
     fn get(&self, shape: Shape, name: &str, _: candle_nn::Init, dtype: DType, device: &Device) -> Result<Tensor> {
-        let tensor = self.load(name, dtype, device)?;
-        if tensor.shape() != &shape {
-            return Err(candle_core::Error::UnexpectedShape {
-                msg: format!("shape mismatch for {name}"),
-                expected: shape,
-                got: tensor.shape().clone(),
-            }
-            .bt());
-        }
-        Ok(tensor)
+        with_shape(self.load(name, dtype, device)?, shape, name)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor> {

@@ -293,19 +293,29 @@ async fn bad_images_and_urls_are_refused_with_400() {
 /// A one-shot HTTP server on 127.0.0.1 answering every request with `status` and `body`
 /// (and a Location header for redirects).
 async fn serve_once(status: u16, body: Vec<u8>) -> u16 {
+    serve_slowly(status, std::time::Duration::ZERO, body).await
+}
+
+/// [`serve_once`] answering `delay` after each request, each connection on its own task (so
+/// concurrent fetches overlap).
+async fn serve_slowly(status: u16, delay: std::time::Duration, body: Vec<u8>) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
-            let mut buffer = [0u8; 4096];
-            let _ = socket.read(&mut buffer).await;
-            let head = format!(
-                "HTTP/1.1 {status} X\r\ncontent-type: image/png\r\ncontent-length: {}\r\nlocation: http://127.0.0.2/elsewhere.png\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = socket.write_all(head.as_bytes()).await;
-            let _ = socket.write_all(&body).await;
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                tokio::time::sleep(delay).await;
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: image/png\r\ncontent-length: {}\r\nlocation: http://127.0.0.2/elsewhere.png\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = socket.write_all(head.as_bytes()).await;
+                let _ = socket.write_all(&body).await;
+            });
         }
     });
     port
@@ -341,29 +351,6 @@ async fn urls_of_allowed_hosts_are_fetched_within_limits() {
     }
 }
 
-/// An HTTP server on 127.0.0.1 that answers every connection with `body` after `delay`, each
-/// connection on its own task (so concurrent fetches overlap).
-async fn serve_slowly(delay: std::time::Duration, body: Vec<u8>) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let body = body.clone();
-            tokio::spawn(async move {
-                let mut buffer = [0u8; 4096];
-                let _ = socket.read(&mut buffer).await;
-                tokio::time::sleep(delay).await;
-                let head =
-                    format!("HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
-                let _ = socket.write_all(head.as_bytes()).await;
-                let _ = socket.write_all(&body).await;
-            });
-        }
-    });
-    port
-}
-
 /// A request's image URLs are fetched together under one deadline: 16 images that each take
 /// 0.6 s arrive within a 2 s `--media-fetch-timeout` (one after another they would take 9.6 s
 /// and miss it); a host that answers later than the deadline fails the request with a 400
@@ -371,8 +358,8 @@ async fn serve_slowly(delay: std::time::Duration, body: Vec<u8>) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requests_image_urls_are_fetched_together_under_one_deadline() {
     let image = image_bytes("gray_19x25.png");
-    let slow = serve_slowly(std::time::Duration::from_millis(600), image.clone()).await;
-    let stuck = serve_slowly(std::time::Duration::from_secs(30), image).await;
+    let slow = serve_slowly(200, std::time::Duration::from_millis(600), image.clone()).await;
+    let stuck = serve_slowly(200, std::time::Duration::from_secs(30), image).await;
     let allowed = vec![format!("127.0.0.1:{slow}"), format!("127.0.0.1:{stuck}")];
     let media = MediaOptions { allowed_domains: allowed, fetch_timeout: std::time::Duration::from_secs(2), max_bytes: 100_000 };
     let router = router_with("clip-tiny", media, |_| {});
