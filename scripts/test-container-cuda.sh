@@ -9,13 +9,19 @@
 # 3. cuBLAS/cuBLASLt/cuRAND in the image are the CUDA 13.0 line scripts/build-cuda.sh builds for;
 # 4. the final stage has no compiler and runs as uid 10001.
 #
-# The build inside the container runs scripts/build-cuda.sh; target/container-cuda keeps its
-# output between runs (first run about 10 minutes on 2 cores). Needs root.
+# The binary is not compiled a second time: scripts/build-cuda.sh builds it on this machine (a
+# no-op when the test command already has), and the image's builder stage copies that binary
+# (Dockerfile.cuda's POOLSERVE_PREBUILT) instead of running the same script again inside. Both
+# are Debian bookworm with this machine's Rust toolchain (the stand-in rust:1-bookworm is made
+# from it), so the binary is the one the builder stage would make; check 2 below would catch a
+# library it cannot find. A user's `docker build -f Dockerfile.cuda .` still builds from source.
+# Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 IMAGE=localhost/poolserve:cuda-test
 mkdir -p target/container-cuda
+binary=$(scripts/build-cuda.sh | tail -1)
 for base in docker.io/library/debian:bookworm-slim docker.io/library/rust:1-bookworm; do
   buildah images --quiet "$base" >/dev/null 2>&1 || { echo "container-cuda: $base missing (run scripts/test-container.sh first)" >&2; exit 1; }
 done
@@ -29,10 +35,9 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   printf '[global]\ncert = /etc/pip-host-ca.crt\n' > target/container-cuda/pip.conf
   trust=(-v /etc/ssl/certs/ca-certificates.crt:/etc/pip-host-ca.crt:ro -v "$PWD/target/container-cuda/pip.conf:/etc/pip.conf:ro")
 fi
-echo "container-cuda: building $IMAGE from Dockerfile.cuda"
+echo "container-cuda: building $IMAGE from Dockerfile.cuda with $binary"
 buildah bud --isolation chroot --pull=never --layers=false -q "${trust[@]}" \
-  -v "${CARGO_HOME:-$HOME/.cargo}/registry:/usr/local/cargo/registry" \
-  -v "$PWD/target/container-cuda:/src/target" \
+  -v "$(dirname "$binary"):/prebuilt:ro" --build-arg POOLSERVE_PREBUILT=/prebuilt/poolserve \
   -t "$IMAGE" -f Dockerfile.cuda . >/dev/null
 built=$(date +%s)
 echo "container-cuda: image $IMAGE is $(buildah images --format '{{.Size}}' "$IMAGE" | head -1)"
@@ -43,6 +48,8 @@ in_image() { buildah run --isolation chroot "$ctr" -- "$@"; }
 
 in_image sh -c 'grep -c attention_f16 /usr/local/bin/poolserve' >/dev/null \
   || { echo "container-cuda: the binary has no poolserve CUDA kernels" >&2; exit 1; }
+[ "$(in_image sha256sum /usr/local/bin/poolserve | cut -d' ' -f1)" = "$(sha256sum "$binary" | cut -d' ' -f1)" ] \
+  || { echo "container-cuda: the image's binary is not $binary" >&2; exit 1; }
 missing=$(in_image sh -c 'ldd /usr/local/bin/poolserve | grep "not found" | awk "{print \$1}"' | sort | tr '\n' ' ')
 [ "$missing" = "libcuda.so.1 " ] || { echo "container-cuda: unresolved libraries: '$missing' (expected the driver's libcuda.so.1 only)" >&2; exit 1; }
 in_image sh -c 'ls /opt/cuda/lib/libcublas.so.13 /opt/cuda/lib/libcublasLt.so.13 /opt/cuda/lib/libcurand.so.10' >/dev/null

@@ -20,7 +20,8 @@
 #    (benches/soak.sh: five models under a mixed load; fails on RSS growth or a 5xx);
 # 5. builds the container image from the unchanged Dockerfile and runs it
 #    (scripts/test-container.sh: buildah, no Docker engine needed; root only), then builds the
-#    CUDA image from Dockerfile.cuda and checks its contents (scripts/test-container-cuda.sh).
+#    CUDA image from Dockerfile.cuda around the CUDA binary of step 2 (not compiled again) and
+#    checks its contents (scripts/test-container-cuda.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
