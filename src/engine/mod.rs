@@ -181,12 +181,6 @@ impl Engine {
             chat_template,
             lora,
         } = model;
-        let images = vision.as_ref().map(|v| ImageSide {
-            processor: Arc::new(v.processor.clone()),
-            tables: Arc::new(crate::input::image::ChannelTables::new(&v.processor)),
-            limits: crate::input::image::ImageLimits { max_pixels: options.max_image_pixels },
-            tokens_per_image: v.tower.tokens_per_image(),
-        });
         let max_batch_tokens = options.max_batch_tokens.unwrap_or_else(|| default_batch_tokens(&device));
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
@@ -197,6 +191,17 @@ impl Engine {
         if limits.max_tokens > max_batch_tokens {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
         }
+        let images = vision.as_ref().map(|v| {
+            let tokens_per_image = v.tower.tokens_per_image();
+            let images_per_batch = (limits.max_tokens / tokens_per_image.max(1)).min(limits.max_seqs);
+            ImageSide {
+                processor: Arc::new(v.processor.clone()),
+                tables: Arc::new(crate::input::image::ChannelTables::new(&v.processor)),
+                limits: crate::input::image::ImageLimits { max_pixels: options.max_image_pixels },
+                tokens_per_image,
+                wave: (images_per_batch / 2).max(1),
+            }
+        });
         let pooling = match spec.supports(Task::Embed) {
             true => Some(spec.pooling.method().ok_or_else(|| {
                 std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
@@ -493,11 +498,11 @@ impl Engine {
                 }));
             }
         }
+        if has_images {
+            return self.encode_in_waves(prompts, params).await;
+        }
         let inputs = self.inner.input.prepare(prompts, &self.input_options(params)).await?;
         let tokens = inputs.iter().map(|input| self.inner.input.cost(input)).sum();
-        if has_images {
-            return Ok((self.run_inputs(inputs, params).await?, tokens));
-        }
         self.check_output_budget(tokens, params)?;
         let texts: Vec<TokenizedInput> = inputs
             .into_iter()
@@ -511,6 +516,37 @@ impl Engine {
             return Ok((self.run_chunked(texts, params).await?, tokens));
         }
         Ok((self.run(texts, params).await?, tokens))
+    }
+
+    /// An image request, a [`Preprocessor::waves`] wave at a time: each wave runs while the
+    /// next is decoded, so the request holds at most two waves' crops (one batch's) at once
+    /// however many images it has, and decoding overlaps the model's work. Each wave queues
+    /// behind the requests already waiting, as a new request would.
+    async fn encode_in_waves(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
+        let input = &self.inner.input;
+        let options = self.input_options(params);
+        let mut waves = input.waves(prompts).await?.into_iter();
+        let (mut outputs, mut tokens) = (Vec::new(), 0);
+        let mut ready = match waves.next() {
+            Some(wave) => input.prepare_wave(wave, &options).await?,
+            None => return Ok((outputs, tokens)),
+        };
+        loop {
+            tokens += ready.iter().map(|i| input.cost(i)).sum::<usize>();
+            let next = waves.next();
+            let decode_next = async {
+                match next {
+                    Some(wave) => Ok(Some(input.prepare_wave(wave, &options).await?)),
+                    None => Ok::<_, EngineError>(None),
+                }
+            };
+            let (done, next) = tokio::try_join!(self.run_inputs(ready, params), decode_next)?;
+            outputs.extend(done);
+            match next {
+                Some(inputs) => ready = inputs,
+                None => return Ok((outputs, tokens)),
+            }
+        }
     }
 
     /// Chunked processing (docs/http-api.md, "Long inputs"): every input is cut into consecutive chunks

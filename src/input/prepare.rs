@@ -28,6 +28,30 @@ pub struct ImageSide {
     pub limits: ImageLimits,
     /// What one image costs in a batch ([`crate::models::VisionTower::tokens_per_image`]).
     pub tokens_per_image: usize,
+    /// The per-request pixel budget, as the most images one request has decoded at once
+    /// ([`Preprocessor::waves`]): the engine sets it to half of what one batch holds
+    /// (`--max-batch-tokens` over [`Self::tokens_per_image`], at most `--max-num-seqs`), so the
+    /// wave being decoded and the wave running hold one batch of crops between them, whatever
+    /// the request's image count.
+    pub wave: usize,
+}
+
+/// Part of one request's prompts for [`Preprocessor::prepare_wave`]: at most
+/// [`ImageSide::wave`] images, with the texts between them, in order.
+#[derive(Debug)]
+pub struct Wave {
+    prompts: Vec<Prompt>,
+    /// Where the wave's first image is among the request's, and how many the request has (for
+    /// error messages that name the request's image).
+    first_image: usize,
+    images_in_request: usize,
+}
+
+impl Wave {
+    /// The wave's prompts, in the request's order.
+    pub fn prompts(&self) -> &[Prompt] {
+        &self.prompts
+    }
 }
 
 /// How one request's prompts become inputs, decided by the engine from the request's
@@ -116,8 +140,60 @@ impl Preprocessor {
     }
 
     /// The front door: every prompt (texts, token ids, pairs, images) made ready for the
-    /// model, in order, each checked against the model's limits.
+    /// model, in order, each checked against the model's limits. Requests with more images
+    /// than [`ImageSide::wave`] go through [`Self::waves`] instead, so as not to hold them all.
     pub async fn prepare(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
+        let images = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
+        self.prepare_wave(Wave { prompts, first_image: 0, images_in_request: images }, options).await
+    }
+
+    /// Cuts a request into [`Wave`]s of at most [`ImageSide::wave`] images, so that it is
+    /// decoded a wave at a time (the caller runs each wave while the next is decoded). When
+    /// there is more than one, every image's header is checked first ([`check_header`]), so an
+    /// image that is refused fails the request before any wave runs, as it would in one wave.
+    ///
+    /// [`check_header`]: super::image::check_header
+    pub async fn waves(&self, prompts: Vec<Prompt>) -> Result<Vec<Wave>, InputError> {
+        let images_in_request = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
+        let per_wave = self.images.as_ref().map_or(usize::MAX, |side| side.wave.max(1));
+        if images_in_request <= per_wave {
+            return Ok(vec![Wave { prompts, first_image: 0, images_in_request }]);
+        }
+        let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
+        let limits = side.limits;
+        let prompts = self
+            .workers
+            .execute(move || {
+                let mut index = 0;
+                for prompt in &prompts {
+                    if let Prompt::Image(bytes) = prompt {
+                        super::image::check_header(bytes, &limits).map_err(|e| InputError::Image(format!("image {index}: {e}")))?;
+                        index += 1;
+                    }
+                }
+                Ok::<_, InputError>(prompts)
+            })
+            .await??;
+        let mut waves = Vec::with_capacity(images_in_request.div_ceil(per_wave));
+        let mut wave = Wave { prompts: Vec::new(), first_image: 0, images_in_request };
+        let mut images_seen = 0;
+        for prompt in prompts {
+            if matches!(prompt, Prompt::Image(_)) {
+                if images_seen - wave.first_image == per_wave {
+                    let next = Wave { prompts: Vec::new(), first_image: images_seen, images_in_request };
+                    waves.push(std::mem::replace(&mut wave, next));
+                }
+                images_seen += 1;
+            }
+            wave.prompts.push(prompt);
+        }
+        waves.push(wave);
+        Ok(waves)
+    }
+
+    /// [`Self::prepare`] for one of [`Self::waves`].
+    pub async fn prepare_wave(&self, wave: Wave, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
+        let Wave { prompts, first_image, images_in_request } = wave;
         if !prompts.iter().any(|p| matches!(p, Prompt::Image(_))) {
             return Ok(self.prepare_texts(prompts, options).await?.into_iter().map(ModelInput::Text).collect());
         }
@@ -131,7 +207,7 @@ impl Preprocessor {
                 other => texts.push(other),
             }
         }
-        let pixels = self.prepare_images(images).await?;
+        let pixels = self.prepare_images(images, first_image, images_in_request).await?;
         let texts = if texts.is_empty() { Vec::new() } else { self.prepare_texts(texts, options).await? };
         let (mut texts, mut pixels) = (texts.into_iter(), pixels.into_iter());
         is_image
@@ -356,7 +432,14 @@ impl Preprocessor {
 
     /// Decodes and preprocesses images on the worker pool (as texts are tokenized there), into
     /// u8 crops (normalized when their batch runs).
-    async fn prepare_images(&self, images: Vec<Vec<u8>>) -> Result<Vec<super::image::PixelValues>, InputError> {
+    /// Decodes `images`, the request's from `first` on (of `in_request`), one after another on
+    /// one worker: the other workers stay free for other requests.
+    async fn prepare_images(
+        &self,
+        images: Vec<Vec<u8>>,
+        first: usize,
+        in_request: usize,
+    ) -> Result<Vec<super::image::PixelValues>, InputError> {
         let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
         let started = std::time::Instant::now();
         let (processor, limits, tables) = (Arc::clone(&side.processor), side.limits, Arc::clone(&side.tables));
@@ -367,8 +450,9 @@ impl Preprocessor {
                     .iter()
                     .enumerate()
                     .map(|(i, bytes)| {
-                        super::image::preprocess_with(bytes, &processor, &limits, &tables)
-                            .map_err(|e| InputError::Image(if images.len() > 1 { format!("image {i}: {e}") } else { e.to_string() }))
+                        super::image::preprocess_with(bytes, &processor, &limits, &tables).map_err(|e| {
+                            InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
+                        })
                     })
                     .collect::<Result<Vec<_>, _>>()
             })

@@ -375,6 +375,70 @@ async fn a_requests_image_urls_are_fetched_together_under_one_deadline() {
     assert!(message.contains("took longer than") || message.contains("timed out") || message.contains("timeout"), "{message}");
 }
 
+/// The per-request pixel budget: with `--max-batch-tokens 150` a batch holds five clip-tiny
+/// images (26 tokens each), so a request decodes them two at a time (half a batch). A request
+/// of eleven images with texts between them is cut into six waves in order, and answers as
+/// transformers does, in order, with the same usage as in one wave; an image that is refused
+/// late in the request is found from the headers before any wave runs, and named by its place
+/// in the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_decodes_its_images_a_wave_at_a_time() {
+    let expected = expected("clip-tiny");
+    let files = image_files(&expected);
+    let references = expected["images"].as_array().unwrap();
+    let text = &expected["texts"][0];
+    let small = engine(&fixture_model("clip-tiny"), |c| c.engine.max_batch_tokens = Some(150));
+    let mut prompts = Vec::new();
+    let mut order = Vec::new();
+    for i in 0..11 {
+        prompts.push(Prompt::Image(image_bytes(&files[i % files.len()])));
+        order.push(Some(i % files.len()));
+        if i % 4 == 0 {
+            prompts.push(Prompt::Text(text["text"].as_str().unwrap().into()));
+            order.push(None);
+        }
+    }
+    let waves = small.input().waves(prompts.clone()).await.expect("cuts into waves");
+    let images_per_wave: Vec<usize> = waves.iter().map(|w| w.prompts().iter().filter(|p| matches!(p, Prompt::Image(_))).count()).collect();
+    assert_eq!(images_per_wave, vec![2, 2, 2, 2, 2, 1]);
+    assert_eq!(waves.iter().flat_map(|w| w.prompts().iter().cloned()).collect::<Vec<_>>(), prompts, "the request's order");
+
+    let params = PoolingParams::default().verify(Task::Embed, small.spec()).unwrap();
+    let (outputs, tokens) = small.encode(prompts.clone(), &params).await.expect("embeds");
+    assert_eq!(outputs.len(), order.len());
+    for (i, (output, source)) in outputs.iter().zip(&order).enumerate() {
+        let PoolingOutput::Vector(ours) = output else { panic!("not a vector: {output:?}") };
+        match source {
+            Some(image) => assert_image_close(ours, &floats(&references[*image]["image_embeds_normalized"]), &format!("input {i}")),
+            None => assert_close(ours, &floats(&text["text_embeds_normalized"]), &format!("input {i}")),
+        }
+    }
+    let whole = engine(&fixture_model("clip-tiny"), |_| {});
+    assert_eq!(whole.input().waves(prompts.clone()).await.unwrap().len(), 1, "the default budget takes eleven images at once");
+    let (_, whole_tokens) = whole.encode(prompts.clone(), &params).await.expect("embeds");
+    assert_eq!(tokens, whole_tokens, "usage");
+
+    // Image 9 (of 11) is not an image: refused from the headers, by its place in the request.
+    let mut bad = prompts.clone();
+    let ninth = bad.iter().enumerate().filter(|(_, p)| matches!(p, Prompt::Image(_))).nth(9).unwrap().0;
+    bad[ninth] = Prompt::Image(b"not an image at all".to_vec());
+    let error = small.input().waves(bad.clone()).await.expect_err("refused before decoding").to_string();
+    assert!(error.starts_with("image 9: "), "{error}");
+    let router = api::router(AppState::ready(small), 2_000_000);
+    let images: Vec<Value> = bad
+        .iter()
+        .filter_map(|p| match p {
+            Prompt::Image(bytes) => {
+                Some(json!(format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))))
+            }
+            _ => None,
+        })
+        .collect();
+    let reply = post(&router, "/v2/embed", json!({"images": images, "input_type": "image", "embedding_types": ["float"]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.to_string().contains("image 9: "), "{}", reply.body);
+}
+
 #[test]
 fn chunked_processing_is_refused_for_image_text_models() {
     let config = config_for(&fixture_model("clip-tiny"), |c| {

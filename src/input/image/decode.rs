@@ -2,11 +2,36 @@
 //! from the header before any pixel is, converted to 8-bit RGB as Pillow converts; and the
 //! `data:` URLs that carry images inline.
 
-use super::{ImageError, ImageInfo, ImageLimits};
+use super::{ImageError, ImageInfo, ImageLimits, MAX_ASPECT};
 use ::image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 use std::io::Cursor;
 
+/// What the header says, checked: the format, a JPEG's end marker, the pixel limit and the
+/// aspect ratio ([`super::check_header`]); nothing is decoded. A request's images all pass this
+/// before the first of them runs, so a bad one late in a long request fails it at once.
+pub(super) fn header(bytes: &[u8], limits: &ImageLimits) -> Result<ImageInfo, ImageError> {
+    let (reader, name) = open(bytes, limits)?;
+    guarded(move || {
+        let decoder = reader.into_decoder().map_err(undecodable)?;
+        checked_info(&decoder, name, limits)
+    })
+}
+
 pub(super) fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<(DynamicImage, ImageInfo), ImageError> {
+    let (reader, name) = open(bytes, limits)?;
+    guarded(move || {
+        let decoder = reader.into_decoder().map_err(undecodable)?;
+        let info = checked_info(&decoder, name, limits)?;
+        Ok((DynamicImage::from_decoder(decoder).map_err(undecodable)?, info))
+    })
+}
+
+/// A reader over an image's bytes.
+type Reader<'a> = ImageReader<Cursor<&'a [u8]>>;
+
+/// A reader for an accepted format (and the format's name), with the decoder's allocation
+/// limit set.
+fn open<'a>(bytes: &'a [u8], limits: &ImageLimits) -> Result<(Reader<'a>, &'static str), ImageError> {
     let format = ::image::guess_format(bytes).map_err(|_| ImageError::UnsupportedFormat)?;
     let name = match format {
         ImageFormat::Png => "png",
@@ -20,28 +45,39 @@ pub(super) fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<(DynamicImage
     if format == ImageFormat::Jpeg && last([0xFF, 0xD9]) < last([0xFF, 0xDA]).or(Some(0)) {
         return Err(ImageError::Undecodable("truncated JPEG (no end-of-image marker after the scan)".into()));
     }
-    let undecodable = |e: ::image::ImageError| ImageError::Undecodable(e.to_string());
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     // Worst case is 16-bit RGBA (8 bytes a pixel) plus decoder working memory.
     let mut decoder_limits = Limits::default();
     decoder_limits.max_alloc = Some(limits.max_pixels.saturating_mul(8).saturating_add(64 << 20));
     reader.limits(decoder_limits);
-    // Decoders parse hostile bytes; a bug there must become an error, not a dead worker.
-    let decoded = std::panic::catch_unwind(move || {
-        let decoder = reader.into_decoder().map_err(undecodable)?;
-        let (width, height) = decoder.dimensions();
-        if width as u64 * height as u64 > limits.max_pixels {
-            return Err(ImageError::TooLarge { width, height, max_pixels: limits.max_pixels });
-        }
-        if width == 0 || height == 0 {
-            return Err(ImageError::Undecodable("the image has no pixels".into()));
-        }
-        let ct = decoder.original_color_type();
-        let bit_depth = (ct.bits_per_pixel() / u16::from(ct.channel_count().max(1))) as u8;
-        let img = DynamicImage::from_decoder(decoder).map_err(undecodable)?;
-        Ok((img, ImageInfo { width, height, format: name, bit_depth }))
-    });
-    decoded.unwrap_or_else(|_| Err(ImageError::Undecodable("the decoder failed".into())))
+    Ok((reader, name))
+}
+
+/// The header's size against the limits, before any pixel is decoded.
+fn checked_info(decoder: &impl ImageDecoder, format: &'static str, limits: &ImageLimits) -> Result<ImageInfo, ImageError> {
+    let (width, height) = decoder.dimensions();
+    if width as u64 * height as u64 > limits.max_pixels {
+        return Err(ImageError::TooLarge { width, height, max_pixels: limits.max_pixels });
+    }
+    if width == 0 || height == 0 {
+        return Err(ImageError::Undecodable("the image has no pixels".into()));
+    }
+    let (long, short) = (width.max(height) as usize, width.min(height) as usize);
+    if long > short.saturating_mul(MAX_ASPECT) {
+        return Err(ImageError::AspectRatio { width, height });
+    }
+    let ct = decoder.original_color_type();
+    let bit_depth = (ct.bits_per_pixel() / u16::from(ct.channel_count().max(1))) as u8;
+    Ok(ImageInfo { width, height, format, bit_depth })
+}
+
+fn undecodable(e: ::image::ImageError) -> ImageError {
+    ImageError::Undecodable(e.to_string())
+}
+
+/// Decoders parse hostile bytes; a bug there must become an error, not a dead worker.
+fn guarded<T>(work: impl FnOnce() -> Result<T, ImageError> + std::panic::UnwindSafe) -> Result<T, ImageError> {
+    std::panic::catch_unwind(work).unwrap_or_else(|_| Err(ImageError::Undecodable("the decoder failed".into())))
 }
 
 /// transformers' `convert_to_rgb` under Pillow: alpha composited over opaque white with `AlphaComposite.c`'s

@@ -121,6 +121,13 @@ impl PixelValues {
     }
 }
 
+/// The checks [`preprocess_with`] makes before decoding (format, truncated JPEG, the pixel
+/// limit, the aspect ratio), from the header alone: cheap enough to run over every image of a
+/// request before the first is decoded.
+pub fn check_header(bytes: &[u8], limits: &ImageLimits) -> Result<ImageInfo, ImageError> {
+    decode::header(bytes, limits)
+}
+
 /// [`preprocess_with`] and tables made for this one image.
 pub fn preprocess(bytes: &[u8], config: &ImageProcessorConfig, limits: &ImageLimits) -> Result<PixelValues, ImageError> {
     config.check()?;
@@ -135,11 +142,9 @@ pub fn preprocess_with(
     tables: &Arc<ChannelTables>,
 ) -> Result<PixelValues, ImageError> {
     config.check()?;
+    // `decode` has checked the size and the aspect ratio from the header.
     let (img, source) = decode(bytes, limits)?;
     let (w, h) = (img.width() as usize, img.height() as usize);
-    if w.max(h) > w.min(h).saturating_mul(MAX_ASPECT) {
-        return Err(ImageError::AspectRatio { width: w as u32, height: h as u32 });
-    }
     let rgb = to_rgb(img);
     // transformers' get_resize_output_image_size: int(s * long / short) truncates.
     let (rh, rw) = match (config.do_resize, config.size) {
