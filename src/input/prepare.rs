@@ -143,8 +143,8 @@ impl Preprocessor {
     /// model, in order, each checked against the model's limits. Requests with more images
     /// than [`ImageSide::wave`] go through [`Self::waves`] instead, so as not to hold them all.
     pub async fn prepare(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
-        let images = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
-        self.prepare_wave(Wave { prompts, first_image: 0, images_in_request: images }, options).await
+        let images_in_request = image_count(&prompts);
+        self.prepare_wave(Wave { prompts, first_image: 0, images_in_request }, options).await
     }
 
     /// Cuts a request into [`Wave`]s of at most [`ImageSide::wave`] images, so that it is
@@ -154,13 +154,11 @@ impl Preprocessor {
     ///
     /// [`check_header`]: super::image::check_header
     pub async fn waves(&self, prompts: Vec<Prompt>) -> Result<Vec<Wave>, InputError> {
-        let images_in_request = prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count();
-        let per_wave = self.images.as_ref().map_or(usize::MAX, |side| side.wave.max(1));
-        if images_in_request <= per_wave {
+        let images_in_request = image_count(&prompts);
+        let Some(side) = self.images.as_ref().filter(|side| images_in_request > side.wave.max(1)) else {
             return Ok(vec![Wave { prompts, first_image: 0, images_in_request }]);
-        }
-        let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
-        let limits = side.limits;
+        };
+        let (per_wave, limits) = (side.wave.max(1), side.limits);
         let prompts = self
             .workers
             .execute(move || {
@@ -430,10 +428,9 @@ impl Preprocessor {
         Ok(input)
     }
 
-    /// Decodes and preprocesses images on the worker pool (as texts are tokenized there), into
-    /// u8 crops (normalized when their batch runs).
-    /// Decodes `images`, the request's from `first` on (of `in_request`), one after another on
-    /// one worker: the other workers stay free for other requests.
+    /// Decodes and preprocesses `images`, the request's from `first` on (of `in_request`), into
+    /// u8 crops (normalized when their batch runs), one after another on one worker of the pool
+    /// (as texts are tokenized there): the other workers stay free for other requests.
     async fn prepare_images(
         &self,
         images: Vec<Vec<u8>>,
@@ -472,6 +469,10 @@ impl Preprocessor {
     pub async fn panic_in_a_worker(&self) -> Result<(), InputError> {
         self.workers.panic_in_a_worker().await?.into_iter().next().ok_or(InputError::Stopped)?.map(|_| ())
     }
+}
+
+fn image_count(prompts: &[Prompt]) -> usize {
+    prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count()
 }
 
 /// The input's length against the longest accepted. `from_text`: the input was tokenized from
