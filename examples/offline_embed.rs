@@ -3,15 +3,15 @@
 //!
 //!     cargo run --release --example offline_embed [-- MODEL_DIR]    # default models/all-MiniLM-L6-v2
 
-use poolserve::pooler::PoolingParams;
-use poolserve::pooler::{Pooler, PoolerOptions};
+use poolserve::library::PoolingParams;
+use poolserve::library::{LocalModel, LocalModelOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = std::env::args().nth(1).unwrap_or_else(|| "models/all-MiniLM-L6-v2".into());
-    let pooler = Pooler::load(PoolerOptions::for_model(model))?;
+    let model = LocalModel::load(LocalModelOptions::for_model(model))?;
     let sentences = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby."];
     // Embeddings come back L2-normalized, so a dot product is the cosine.
-    let vectors = pooler.embed(&sentences, &PoolingParams::default())?;
+    let vectors = model.embed(&sentences, &PoolingParams::default())?;
     for (i, sentence) in sentences.iter().enumerate().skip(1) {
         let cosine: f32 = vectors[0].iter().zip(&vectors[i]).map(|(a, b)| a * b).sum();
         println!("{cosine:+.3}  {:?} ~ {sentence:?}", sentences[0]);

@@ -9,13 +9,13 @@
 //! (commands), [`pooler`] (the in-process library API), [`server`] and [`config`] (the CLI).
 
 pub mod api;
-pub mod batch;
+pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod input;
+pub mod library;
 pub mod loader;
 pub mod metrics;
 pub mod models;
-pub mod pooler;
 pub mod pooling;
 pub mod server;

@@ -1,7 +1,7 @@
 //! The `poolserve` command: parses the command line into a `ServerConfig` and runs the server.
 
 use clap::{Parser, Subcommand};
-use poolserve::batch::{self, BatchArgs};
+use poolserve::commands::{self, CommandArgs};
 use poolserve::config::{LogFormat, ServeArgs, ServerConfig};
 use std::process::ExitCode;
 
@@ -17,13 +17,13 @@ enum Command {
     /// Serve a model (vLLM-style flags).
     Serve(ServeArgs),
     /// Embed every input of a file (JSON Lines or text) into a JSON Lines file.
-    Embed(BatchArgs),
+    Embed(CommandArgs),
     /// Classify every input of a file.
-    Classify(BatchArgs),
+    Classify(CommandArgs),
     /// Score every `text_1`/`text_2` pair of a JSON Lines file.
-    Score(BatchArgs),
+    Score(CommandArgs),
     /// Any pooling task (`--task`) over every input of a file.
-    Encode(BatchArgs),
+    Encode(CommandArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,12 +36,12 @@ fn main() -> ExitCode {
         }
     };
     let cli = Cli::parse_from(args);
-    let (batch, args) = match cli.command {
+    let (file_command, args) = match cli.command {
         Command::Serve(args) => (None, args),
-        Command::Embed(b) => (Some((batch::Command::Embed, b.clone())), b.model),
-        Command::Classify(b) => (Some((batch::Command::Classify, b.clone())), b.model),
-        Command::Score(b) => (Some((batch::Command::Score, b.clone())), b.model),
-        Command::Encode(b) => (Some((batch::Command::Encode, b.clone())), b.model),
+        Command::Embed(c) => (Some((commands::Command::Embed, c.clone())), c.model),
+        Command::Classify(c) => (Some((commands::Command::Classify, c.clone())), c.model),
+        Command::Score(c) => (Some((commands::Command::Score, c.clone())), c.model),
+        Command::Encode(c) => (Some((commands::Command::Encode, c.clone())), c.model),
     };
     let config = match ServerConfig::try_from(args) {
         Ok(config) => config,
@@ -57,8 +57,8 @@ fn main() -> ExitCode {
         // One JSON object per event, with the request span (method, path, request id).
         LogFormat::Json => logs.json().with_current_span(true).init(),
     }
-    if let Some((command, args)) = batch {
-        return match batch::run(command, args) {
+    if let Some((command, args)) = file_command {
+        return match commands::run(command, args) {
             Ok(summary) => {
                 eprintln!(
                     "done: {} written, {} bad lines skipped, {} already in the output; {}",

@@ -1,14 +1,14 @@
-//! The library API (`poolserve::pooler::Pooler`) against the same references as the HTTP path.
+//! The library API (`poolserve::library::LocalModel`) against the same references as the HTTP path.
 
 mod common;
 
 use common::*;
-use poolserve::pooler::PoolingParams;
-use poolserve::pooler::{Pooler, PoolerError, PoolerOptions};
+use poolserve::library::PoolingParams;
+use poolserve::library::{LibraryError, LocalModel, LocalModelOptions};
 use poolserve::pooling::Task;
 
-fn load(name: &str) -> Pooler {
-    Pooler::load(PoolerOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")
+fn load(name: &str) -> LocalModel {
+    LocalModel::load(LocalModelOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")
 }
 
 #[test]
@@ -45,12 +45,12 @@ fn embed_classify_and_score_match_the_references() {
 #[test]
 fn errors_are_typed() {
     let embedder = load("bert-embed-mean");
-    assert!(matches!(embedder.classify(&["a"], &PoolingParams::default()), Err(PoolerError::Unsupported(Task::Classify))));
+    assert!(matches!(embedder.classify(&["a"], &PoolingParams::default()), Err(LibraryError::Unsupported(Task::Classify))));
     let bad = PoolingParams { dimensions: Some(7), ..Default::default() };
-    assert!(matches!(embedder.embed(&["a"], &bad), Err(PoolerError::Params(_))));
+    assert!(matches!(embedder.embed(&["a"], &bad), Err(LibraryError::Params(_))));
     let long = "word ".repeat(300);
-    assert!(matches!(embedder.embed(&[long.as_str()], &PoolingParams::default()), Err(PoolerError::Engine(_))));
-    assert!(matches!(Pooler::load(PoolerOptions::for_model("./no/such/model")), Err(PoolerError::Load(_))));
+    assert!(matches!(embedder.embed(&[long.as_str()], &PoolingParams::default()), Err(LibraryError::Engine(_))));
+    assert!(matches!(LocalModel::load(LocalModelOptions::for_model("./no/such/model")), Err(LibraryError::Load(_))));
 }
 
 /// The library neither reads the process's POOLSERVE_* variables nor exits or panics its host:
@@ -61,15 +61,15 @@ fn options_come_from_code_only_and_bad_ones_are_errors() {
     // binary reads them once the library ignores them.
     std::env::set_var("POOLSERVE_MAX_NUM_SEQS", "0");
     std::env::set_var("POOLSERVE_PORT", "not a port");
-    let pooler =
-        Pooler::load(PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap())).expect("loads despite the variables");
-    assert_eq!(pooler.embed(&["a"], &PoolingParams::default()).unwrap().len(), 1);
-    let mut zero = PoolerOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap());
+    let model = LocalModel::load(LocalModelOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap()))
+        .expect("loads despite the variables");
+    assert_eq!(model.embed(&["a"], &PoolingParams::default()).unwrap().len(), 1);
+    let mut zero = LocalModelOptions::for_model(fixture_model("bert-embed-mean").to_str().unwrap());
     zero.engine.max_num_seqs = 0;
-    assert!(matches!(Pooler::load(zero), Err(PoolerError::Load(message)) if message.contains("max_num_seqs")));
+    assert!(matches!(LocalModel::load(zero), Err(LibraryError::Load(message)) if message.contains("max_num_seqs")));
 }
 
-/// Several models in one host program: one `Pooler` each, used from several threads at once,
+/// Several models in one host program: one `LocalModel` each, used from several threads at once,
 /// sharing the process's compute pool; each keeps its reference answers.
 #[test]
 fn several_poolers_share_the_process() {
@@ -96,19 +96,19 @@ fn several_poolers_share_the_process() {
 #[test]
 fn image_text_models_embed_images() {
     let reference = expected("clip-tiny");
-    let pooler = load("clip-tiny");
+    let model = load("clip-tiny");
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images");
     let files: Vec<&str> = reference["images"].as_array().unwrap().iter().map(|i| i["file"].as_str().unwrap()).collect();
     let bytes: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(dir.join(f)).unwrap()).collect();
     let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-    let vectors = pooler.embed_images(&slices, &PoolingParams::default()).unwrap();
+    let vectors = model.embed_images(&slices, &PoolingParams::default()).unwrap();
     for (i, v) in vectors.iter().enumerate() {
         let cos = cosine(v, &floats(&reference["images"][i]["image_embeds_normalized"]));
         assert!(cos >= 0.999, "library image {}: cosine {cos}", files[i]);
     }
     let text = reference["texts"][1]["text"].as_str().unwrap();
     assert_close(
-        &pooler.embed(&[text], &PoolingParams::default()).unwrap()[0],
+        &model.embed(&[text], &PoolingParams::default()).unwrap()[0],
         &floats(&reference["texts"][1]["text_embeds_normalized"]),
         "library text",
     );

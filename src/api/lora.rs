@@ -12,7 +12,7 @@ use super::error::ApiError;
 use super::json::ApiJson;
 use super::AppState;
 use crate::engine::Engine;
-use crate::loader::lora::AdapterError;
+use crate::loader::LoadError;
 use axum::extract::State;
 use serde::Deserialize;
 
@@ -54,10 +54,11 @@ fn base_model(state: &AppState, base_model_name: Option<&str>) -> Result<Engine,
     Ok(engine)
 }
 
-fn adapter_error(e: AdapterError) -> ApiError {
+fn adapter_error(e: LoadError) -> ApiError {
     match e {
-        AdapterError::NotFound { .. } => ApiError::NotFound(e.to_string()),
-        AdapterError::Invalid(message) => ApiError::BadRequest { message, param: None },
+        LoadError::AdapterNotFound { .. } => ApiError::NotFound(e.to_string()),
+        LoadError::Adapter(message) => ApiError::BadRequest { message, param: None },
+        other => ApiError::BadRequest { message: other.to_string(), param: None },
     }
 }
 
@@ -78,7 +79,7 @@ pub async fn load(State(state): State<AppState>, ApiJson(request): ApiJson<LoadL
     }
     // Reading and packing the adapter is file and CPU work: off the async runtime.
     let loaded = tokio::task::spawn_blocking(move || {
-        let registry = engine.lora().ok_or(AdapterError::Invalid("LoRA is not enabled".into()))?;
+        let registry = engine.lora().ok_or(LoadError::Adapter("LoRA is not enabled".into()))?;
         match request.load_inplace {
             true => registry.replace(&request.lora_name, &request.lora_path),
             false => registry.load(&request.lora_name, &request.lora_path),

@@ -85,8 +85,8 @@ pub async fn create(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     // TEI's body (`texts`, no `documents`): TEI's rerank, answered in TEI's shape.
-    if super::tei::is_tei_rerank(&body) {
-        return Ok(super::tei::rerank(&state, body).await);
+    if super::tei::scores::is_tei_rerank(&body) {
+        return Ok(super::tei::scores::rerank(&state, body).await);
     }
     let request: RerankRequest = super::json::from_value(body)?;
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;

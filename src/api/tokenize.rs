@@ -67,8 +67,8 @@ pub async fn tokenize(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     // TEI's body (`inputs`): TEI's tokens with their offsets.
-    if super::tei::is_tei_tokenize(&body) {
-        return Ok(super::tei::tokenize(&state, body).await);
+    if super::tei::tokens::is_tei_tokenize(&body) {
+        return Ok(super::tei::tokens::tokenize(&state, body).await);
     }
     let request: TokenizeRequest = super::json::from_value(body)?;
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::any_model)?;

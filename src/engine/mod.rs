@@ -19,9 +19,9 @@ use crate::loader::options::ModelOptions;
 use crate::loader::spec::ModelSpec;
 use crate::loader::LoadedModel;
 use crate::models::batch::TokenizedInput;
-use crate::pooling::heads::Heads;
+use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
-use scheduler::{BatchLimits, Job, Runner};
+use scheduler::{BatchLimits, Job, ModelThread};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
@@ -42,15 +42,35 @@ pub enum EngineError {
     Dead(&'static str),
     #[error("This request's output would be {floats} floats ({tokens} tokens × {width}), over the server's limit of {max} (--max-output-floats). Please send fewer or shorter inputs.")]
     OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
+    /// At start: the model could not be loaded.
+    #[error(transparent)]
+    Load(Arc<crate::loader::LoadError>),
+    /// At start: the engine's threads could not be started.
+    #[error("cannot start the engine's threads: {0}")]
+    Threads(Arc<std::io::Error>),
 }
 
-/// Why an engine could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineStartError {
-    #[error(transparent)]
-    Load(#[from] crate::loader::LoadError),
-    #[error("cannot start the engine's threads: {0}")]
-    Threads(#[from] std::io::Error),
+impl From<crate::loader::LoadError> for EngineError {
+    fn from(e: crate::loader::LoadError) -> Self {
+        EngineError::Load(Arc::new(e))
+    }
+}
+
+impl From<std::io::Error> for EngineError {
+    fn from(e: std::io::Error) -> Self {
+        EngineError::Threads(Arc::new(e))
+    }
+}
+
+/// The limits an engine serves under (its [`EngineOptions`] after the model's own bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServingLimits {
+    /// Requests in flight at once; more get 429.
+    pub max_concurrent_requests: usize,
+    /// Tokens in one batch.
+    pub max_batch_tokens: usize,
+    /// Threads tokenizing (and decoding images) for this model.
+    pub tokenizer_workers: usize,
 }
 
 struct Inner {
@@ -147,7 +167,7 @@ pub struct Engine {
 
 impl Engine {
     /// Loads the model and starts its engine (blocking: run it off the async runtime).
-    pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineStartError> {
+    pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineError> {
         let started = std::time::Instant::now();
         tracing::info!(model = %model.served_name, "loading {}", model.source);
         let loaded = crate::loader::load(model)?;
@@ -212,9 +232,9 @@ impl Engine {
         let chunk_tokens = crate::models::forward_chunk_tokens(&device);
         let solo =
             rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
-        let runner = Runner {
+        let model_thread = ModelThread {
             backbone,
-            heads: Heads { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head },
+            heads: HeadRunner { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head },
             limits,
             chunk_tokens,
             model: spec.served_name.clone(),
@@ -225,7 +245,7 @@ impl Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
         let thread_name: String = format!("model-{}", spec.served_name.rsplit('/').next().unwrap_or_default()).chars().take(15).collect();
-        std::thread::Builder::new().name(thread_name).spawn(move || runner.run(rx))?;
+        std::thread::Builder::new().name(thread_name).spawn(move || model_thread.run(rx))?;
         let input = Preprocessor::start(PreprocessorParts {
             tokenizer,
             workers: options.tokenizer_workers,
@@ -305,10 +325,13 @@ impl Engine {
         &self.inner.input
     }
 
-    /// `(max_concurrent_requests, max_batch_tokens, tokenizer_workers)`, as TEI's `/info`
-    /// reports them.
-    pub fn limits(&self) -> (usize, usize, usize) {
-        (self.inner.max_concurrent_requests, self.inner.max_batch_tokens, self.inner.tokenizer_workers)
+    /// The limits this engine serves under, as TEI's `/info` reports them.
+    pub fn limits(&self) -> ServingLimits {
+        ServingLimits {
+            max_concurrent_requests: self.inner.max_concurrent_requests,
+            max_batch_tokens: self.inner.max_batch_tokens,
+            tokenizer_workers: self.inner.tokenizer_workers,
+        }
     }
 
     /// Whether the engine can serve: its model thread is running (input jobs catch their own
@@ -577,7 +600,7 @@ impl Engine {
             .map(|(input, sum)| {
                 let mut mean = sum.ok_or(EngineError::Stopped)?;
                 mean.iter_mut().for_each(|x| *x /= input.len() as f32);
-                Ok(PoolingOutput::Vector(crate::pooling::head::finish_embedding(mean, params.dimensions, params.activation)))
+                Ok(PoolingOutput::Vector(crate::pooling::embedding_head::finish_embedding(mean, params.dimensions, params.activation)))
             })
             .collect()
     }

@@ -1,12 +1,14 @@
 //! The model thread: forms batches from queued inputs and runs the backbone (or the vision
-//! tower) over them; the heads ([`crate::pooling::heads`]) turn its hidden states into answers.
+//! tower) over them; the head runner ([`crate::pooling::head_runner`]) turns its hidden states
+//! into answers.
 //!
 //! Every input is one [`Job`] with its own reply channel. The thread drains whatever has
-//! arrived, takes the oldest job plus any others that fit the token budget and sequence cap,
-//! runs them as one flat batch, and answers each job. Jobs whose client has gone (reply
-//! receiver dropped) are skipped before they reach the model. Because the batch is padding-free,
-//! mixing lengths costs nothing, so batches are formed oldest-first: an input waits at most
-//! for the batch in flight plus one more.
+//! arrived and forms a batch in which the waiting requests take turns ([`take_batch`]): each
+//! adds its oldest input that fits the token budget and sequence cap, round after round, so a
+//! one-text request behind a 2,048-input one runs in the next batch rather than after it. It
+//! runs the batch as one flat, padding-free batch (mixing lengths costs nothing, so nothing is
+//! sorted by length) and answers each job. Jobs whose client has gone (reply receiver dropped)
+//! are skipped before they reach the model.
 
 use super::EngineError;
 use crate::engine::params::ResolvedParams;
@@ -16,7 +18,7 @@ use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::ops::lora::LoraWeights;
 use crate::models::{Backbone, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
-use crate::pooling::heads::{Heads, PoolRequest};
+use crate::pooling::head_runner::{HeadRunner, SequenceRequest};
 use crate::pooling::method::HiddenStates;
 use crate::pooling::PoolingOutput;
 use candle_core::Device;
@@ -51,9 +53,9 @@ type IndexedJobs<'a> = (Vec<(usize, &'a Job)>, Vec<(usize, &'a Job)>);
 
 impl Job {
     /// What this job asks of the heads.
-    fn pool_request(&self) -> PoolRequest<'_> {
+    fn sequence_request(&self) -> SequenceRequest<'_> {
         let params = &self.params;
-        PoolRequest {
+        SequenceRequest {
             task: params.task,
             dimensions: params.dimensions,
             activation: params.activation,
@@ -90,10 +92,10 @@ pub struct BatchLimits {
     pub max_loras: usize,
 }
 
-pub struct Runner {
+pub struct ModelThread {
     pub backbone: Box<dyn Backbone>,
     /// Pooling and the task heads, run on the backbone's output.
-    pub heads: Heads,
+    pub heads: HeadRunner,
     pub limits: BatchLimits,
     /// Tokens per forward pass ([`crate::models::forward_chunk_tokens`]).
     pub chunk_tokens: usize,
@@ -193,7 +195,7 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
 #[cfg(any(test, feature = "test-hooks"))]
 pub(crate) const STOP_REQUEST: u64 = u64::MAX;
 
-impl Runner {
+impl ModelThread {
     /// Runs until every sender of `jobs` is gone (or a [`STOP_REQUEST`] job arrives).
     pub fn run(self, mut jobs: mpsc::UnboundedReceiver<Job>) {
         let mut pending: VecDeque<Job> = VecDeque::new();
@@ -233,7 +235,7 @@ impl Runner {
             // A bug in model code must fail this batch, not kill the thread and hang everyone.
             let outcome =
                 catch_unwind(AssertUnwindSafe(|| if solo { self.solo.install(|| self.execute(&batch)) } else { self.execute(&batch) }))
-                    .unwrap_or_else(|_| Err("the model thread panicked while running a batch".to_string()));
+                    .unwrap_or_else(|_| Err(EngineError::Model("the model thread panicked while running a batch".into())));
             match outcome {
                 Ok(outputs) => {
                     let inference = started.elapsed();
@@ -244,10 +246,10 @@ impl Runner {
                         let _ = job.reply.send(Ok((out, timing)));
                     }
                 }
-                Err(message) => {
-                    tracing::error!(model = %self.model, "batch of {} inputs failed: {message}", batch.len());
+                Err(error) => {
+                    tracing::error!(model = %self.model, "batch of {} inputs failed: {error}", batch.len());
                     for job in batch {
-                        let _ = job.reply.send(Err(EngineError::Model(message.clone())));
+                        let _ = job.reply.send(Err(error.clone()));
                     }
                 }
             }
@@ -256,7 +258,7 @@ impl Runner {
 
     /// Forward passes, pooling and heads for one batch; outputs in job order. Texts and
     /// images run through their own towers.
-    pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, String> {
+    pub fn execute(&self, jobs: &[Job]) -> Result<Vec<PoolingOutput>, EngineError> {
         let (images, texts): IndexedJobs = jobs.iter().enumerate().partition(|(_, j)| matches!(j.input, ModelInput::Image(_)));
         if images.is_empty() {
             return self.execute_texts(&jobs.iter().collect::<Vec<_>>());
@@ -268,12 +270,12 @@ impl Runner {
         }
         let done = self.execute_images(&images.iter().map(|(_, j)| *j).collect::<Vec<_>>())?;
         images.iter().zip(done).for_each(|((i, _), out)| outputs[*i] = Some(out));
-        outputs.into_iter().map(|o| o.ok_or_else(|| "an input got no output".to_string())).collect()
+        outputs.into_iter().map(|o| o.ok_or_else(|| EngineError::Model("an input got no output".into()))).collect()
     }
 
     /// Image embeddings: one dense pass of the vision tower over every image of the batch.
-    fn execute_images(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, String> {
-        let tower = self.vision.as_ref().ok_or("this model takes no images")?;
+    fn execute_images(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, EngineError> {
+        let tower = self.vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
         let mut pixels = Vec::new();
         for job in jobs {
             if let ModelInput::Image(crop) = &job.input {
@@ -283,13 +285,13 @@ impl Runner {
         let embeddings = crate::models::forward_images_chunked(tower.as_ref(), &pixels, jobs.len(), self.chunk_tokens)
             .and_then(|e| e.to_device(&Device::Cpu))
             .and_then(|e| e.to_vec2::<f32>())
-            .map_err(|e| crate::models::describe(&e))?;
-        let requests: Vec<PoolRequest> = jobs.iter().map(|job| job.pool_request()).collect();
+            .map_err(model_failure)?;
+        let requests: Vec<SequenceRequest> = jobs.iter().map(|job| job.sequence_request()).collect();
         Ok(self.heads.images(embeddings, &requests))
     }
 
     /// Text forward pass, then the heads; outputs in job order.
-    fn execute_texts(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, String> {
+    fn execute_texts(&self, jobs: &[&Job]) -> Result<Vec<PoolingOutput>, EngineError> {
         let mut batch = Batch::from_inputs(jobs.iter().map(|j| j.tokens()));
         if jobs.iter().any(|j| j.adapter.is_some()) {
             batch.adapters = jobs.iter().map(|j| j.adapter.clone()).collect();
@@ -299,11 +301,16 @@ impl Runner {
             .and_then(|h| h.to_dtype(candle_core::DType::F32))
             .and_then(|h| h.flatten_all())
             .and_then(|h| h.to_vec1::<f32>())
-            .map_err(|e| crate::models::describe(&e))?;
+            .map_err(model_failure)?;
         let states = HiddenStates { data: &hidden, hidden_size: self.backbone.hidden_size(), input_ids: &batch.input_ids };
-        let requests: Vec<PoolRequest> = jobs.iter().map(|job| job.pool_request()).collect();
-        self.heads.texts(&states, batch.spans(), &requests)
+        let requests: Vec<SequenceRequest> = jobs.iter().map(|job| job.sequence_request()).collect();
+        self.heads.texts(&states, batch.spans(), &requests).map_err(|e| EngineError::Model(e.to_string()))
     }
+}
+
+/// A forward pass's candle error as the batch's failure (its first line: no backtrace).
+fn model_failure(e: candle_core::Error) -> EngineError {
+    EngineError::Model(crate::models::describe(&e))
 }
 
 #[cfg(test)]

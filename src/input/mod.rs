@@ -21,10 +21,10 @@
 pub mod chat_template;
 pub mod image;
 pub mod media;
-pub mod pool;
 pub mod prepare;
 pub mod sentencepiece;
 pub mod tokenizer;
+pub mod workers;
 
 pub use prepare::{ImageSide, InputOptions, Preprocessor};
 

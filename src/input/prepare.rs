@@ -13,8 +13,8 @@
 
 use super::chat_template::{ChatOptions, ChatTemplate};
 use super::image::{ImageLimits, ImageProcessorConfig};
-use super::pool::TokenizerPool;
 use super::tokenizer::{self, EncodeOptions, TextInput, TextTokenizer, TokenInfo, TruncationSide};
+use super::workers::InputWorkers;
 use super::{InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
 use crate::models::batch::TokenizedInput;
 use std::borrow::Cow;
@@ -72,7 +72,7 @@ pub struct InputOptions {
 /// The model's side of the input work: its tokenizer on the worker pool, its chat template,
 /// its image processing and the limits its inputs obey.
 pub struct Preprocessor {
-    workers: TokenizerPool,
+    workers: InputWorkers,
     chat_template: Arc<ChatTemplate>,
     images: Option<ImageSide>,
     /// The backbone's vocabulary (token ids at or past it cannot be embedded).
@@ -101,7 +101,7 @@ impl Preprocessor {
     pub fn start(parts: PreprocessorParts) -> std::io::Result<Self> {
         let PreprocessorParts { tokenizer, workers, chat_template, images, vocab_size, max_model_len, pad_text_to, served_name } = parts;
         Ok(Self {
-            workers: TokenizerPool::new(Arc::new(tokenizer), workers)?,
+            workers: InputWorkers::new(Arc::new(tokenizer), workers)?,
             chat_template: Arc::new(chat_template),
             images,
             vocab_size,
@@ -464,7 +464,7 @@ impl Preprocessor {
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
     }
 
-    /// Test hook for [`TokenizerPool::panic_in_a_worker`].
+    /// Test hook for [`InputWorkers::panic_in_a_worker`].
     #[cfg(any(test, feature = "test-hooks"))]
     pub async fn panic_in_a_worker(&self) -> Result<(), InputError> {
         self.workers.panic_in_a_worker().await?.into_iter().next().ok_or(InputError::Stopped)?.map(|_| ())

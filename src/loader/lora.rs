@@ -21,6 +21,7 @@
 //! head does not read (an embedding table, a layer norm of the backbone) are refused: the
 //! backbone is shared by every adapter of a batch.
 
+use super::LoadError;
 use crate::models::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TaskAdapter};
 use crate::models::ModelError;
 use crate::pooling::classifier::ClassifierHead;
@@ -81,17 +82,6 @@ impl Default for LoraOptions {
     fn default() -> Self {
         LoraOptions { modules: Vec::new(), max_loras: 1, max_lora_rank: 16 }
     }
-}
-
-/// Why an adapter cannot be served; each message names what was refused.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum AdapterError {
-    /// No adapter at the path (vLLM answers 404).
-    #[error("Loading lora {name} failed: No adapter found for {path}")]
-    NotFound { name: String, path: String },
-    /// An adapter this server cannot apply, or a broken file.
-    #[error("{0}")]
-    Invalid(String),
 }
 
 /// How a model's classifier head is built, over any weights: the loader's recipe for the
@@ -330,14 +320,14 @@ pub fn load_adapter(
     sites: &[LoraSite],
     classifier: Option<&ClassifierSource>,
     max_rank: usize,
-) -> Result<Adapter, AdapterError> {
+) -> Result<Adapter, LoadError> {
     let folder = Path::new(path);
     let config_file = folder.join("adapter_config.json");
     let weights_file = folder.join("adapter_model.safetensors");
     if !config_file.is_file() {
-        return Err(AdapterError::NotFound { name: name.to_string(), path: path.to_string() });
+        return Err(LoadError::AdapterNotFound { name: name.to_string(), path: path.to_string() });
     }
-    let invalid = |m: String| AdapterError::Invalid(format!("LoRA adapter `{name}`: {m}"));
+    let invalid = |m: String| LoadError::Adapter(format!("LoRA adapter `{name}`: {m}"));
     let text = std::fs::read_to_string(&config_file).map_err(|e| invalid(format!("cannot read adapter_config.json: {e}")))?;
     let config: AdapterConfig = serde_json::from_str(&text).map_err(|e| invalid(format!("invalid adapter_config.json: {e}")))?;
     let problems = config.refusals(max_rank);
@@ -401,7 +391,7 @@ pub fn load_adapter(
             return Err(invalid(format!("`{module}` has lora_A without lora_B or the other way round")));
         };
         let (site, part) = find_site(sites, &module).map_err(invalid)?;
-        let as_f32 = |t: Tensor| -> Result<(Vec<f32>, usize, usize), AdapterError> {
+        let as_f32 = |t: Tensor| -> Result<(Vec<f32>, usize, usize), LoadError> {
             let (rows, cols) = t.dims2().map_err(|_| invalid(format!("`{module}`: a LoRA factor of shape {:?}", t.shape())))?;
             let values = t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>());
             Ok((values.map_err(|e| invalid(crate::models::describe(&e)))?, rows, cols))
@@ -497,8 +487,8 @@ fn find_site(sites: &[LoraSite], module: &str) -> Result<(usize, usize), String>
 pub const BUILT_IN: &str = "(built into the model)";
 
 /// vLLM's message for a name already loaded.
-fn already_loaded(name: &str) -> AdapterError {
-    AdapterError::Invalid(format!(
+fn already_loaded(name: &str) -> LoadError {
+    LoadError::Adapter(format!(
         "The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True."
     ))
 }
@@ -529,7 +519,7 @@ impl LoraRegistry {
     }
 
     /// Reads and registers the adapter `name`; vLLM's message when the name is taken.
-    pub fn load(&self, name: &str, path: &str) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+    pub fn load(&self, name: &str, path: &str) -> Result<std::sync::Arc<Adapter>, LoadError> {
         // Refused before reading the files when the name is already taken.
         if self.get(name).is_some() {
             return Err(already_loaded(name));
@@ -539,13 +529,13 @@ impl LoraRegistry {
 
     /// Reads the adapter `name` and registers it, replacing one of that name (vLLM's
     /// `load_inplace`).
-    pub fn replace(&self, name: &str, path: &str) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+    pub fn replace(&self, name: &str, path: &str) -> Result<std::sync::Arc<Adapter>, LoadError> {
         self.register(name, path, true)
     }
 
     /// Reads the adapter, then registers it under the lock: of two loads of one new name at
     /// once, the second is refused rather than replacing the first.
-    fn register(&self, name: &str, path: &str, replace: bool) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+    fn register(&self, name: &str, path: &str, replace: bool) -> Result<std::sync::Arc<Adapter>, LoadError> {
         let adapter = std::sync::Arc::new(load_adapter(name, path, &self.sites, self.classifier.as_ref(), self.max_lora_rank)?);
         let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
         if !replace && adapters.contains_key(name) {
@@ -557,7 +547,7 @@ impl LoraRegistry {
 
     /// Registers one of the model's built-in task adapters (its rank is the checkpoint's, not
     /// bound by `--max-lora-rank`); each may share a batch with every other.
-    pub fn add_task(&mut self, task: TaskAdapter) -> Result<std::sync::Arc<Adapter>, AdapterError> {
+    pub fn add_task(&mut self, task: TaskAdapter) -> Result<std::sync::Arc<Adapter>, LoadError> {
         let adapter = Arc::new(Adapter {
             name: task.name,
             path: BUILT_IN.to_string(),

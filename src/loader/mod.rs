@@ -19,7 +19,7 @@ use crate::models::bge_m3::{self, M3Weights};
 use crate::models::ops::{with_cpu_weight_format, WeightFormat};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
-use crate::pooling::head::EmbeddingHead;
+use crate::pooling::embedding_head::EmbeddingHead;
 use crate::pooling::m3::M3Head;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
@@ -49,8 +49,12 @@ pub enum LoadError {
     Tokenizer(String),
     #[error("device: {0}")]
     Device(String),
-    #[error(transparent)]
-    Adapter(#[from] lora::AdapterError),
+    /// No PEFT adapter at the path (vLLM answers 404).
+    #[error("Loading lora {name} failed: No adapter found for {path}")]
+    AdapterNotFound { name: String, path: String },
+    /// A LoRA adapter this server cannot apply, or a broken adapter file; the message names it.
+    #[error("{0}")]
+    Adapter(String),
 }
 
 impl From<TokenizeError> for LoadError {

@@ -1,5 +1,5 @@
 //! What decides how one model is loaded: [`ModelOptions`], built once by whoever hosts the model
-//! (the `serve` flags, the library's `PoolerOptions`, the batch commands) and read by the loader.
+//! (the `serve` flags, the library's `LocalModelOptions`, the batch commands) and read by the loader.
 //! Its enums are the values of the matching `serve` flags; they parse from the command line
 //! (clap's `ValueEnum`) and from JSON (serde), so the CLI needs no mirror types.
 

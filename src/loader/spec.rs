@@ -7,7 +7,7 @@ use super::options::{Convert, ModelOptions};
 use super::sentence::SentenceTransformer;
 use super::tokenizer::TruncationSide;
 use super::LoadError;
-use crate::models::heads::RerankTemplate;
+use crate::models::head_weights::RerankTemplate;
 use crate::models::{Architecture, SequencePooling};
 use crate::pooling::classifier::{ClassifierActivation, StepFilter};
 use crate::pooling::config::PoolerConfig;

@@ -9,7 +9,7 @@
 //! asking for it (`--hf-overrides '{"architectures": ["BgeM3EmbeddingModel"]}'`) is accepted too
 //! and then requires them.
 
-use super::heads::on_host;
+use super::head_weights::on_host;
 use super::ops::Linear;
 use super::ModelError;
 use candle_core::Tensor;

@@ -16,8 +16,8 @@
 //! length.
 
 use super::batch::Batch;
-use super::bert::{fused_qkv, layer_norm, linear};
 use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
+use super::weights::{fused_qkv, layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling, VisionTower};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;

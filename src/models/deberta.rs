@@ -13,9 +13,11 @@
 //! kernel's own `1/√head_dim` scaling gives content × content's.
 
 use super::batch::Batch;
-use super::bert::{layer_norm, linear, Layer, LayerSizes};
-use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
+use super::bert::{bert_layer, LayerSizes};
+use super::encoder::EncoderLayer;
+use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, Attention, AttentionMask, DisentangledBias, LayerNorm, Linear};
+use super::weights::{layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -198,7 +200,7 @@ pub struct DebertaModel {
     token_type: Option<Tensor>,
     embed_proj: Option<Linear>,
     norm: LayerNorm,
-    layers: Vec<Layer>,
+    layers: Vec<EncoderLayer>,
     relative: Option<Relative>,
     num_heads: usize,
     hidden_size: usize,
@@ -240,7 +242,7 @@ impl DebertaModel {
             let weight = Tensor::cat(&[(q.get((h, h), "weight")? * fold)?, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
             let bias = Tensor::cat(&[(q.get(h, "bias")? * fold)?, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
             let sizes = LayerSizes { hidden: h, intermediate: config.intermediate_size, eps };
-            layers.push(Layer::load(&lv, Linear::new(weight, Some(bias))?, sizes, activation)?);
+            layers.push(bert_layer(&lv, Linear::new(weight, Some(bias))?, sizes, activation)?);
             if config.relative_attention {
                 let (key, query) = if config.share_att_key { (k, q) } else { (sa.pp("pos_key_proj"), sa.pp("pos_query_proj")) };
                 projections.push(PositionProjections { key: linear(&key, h, h)?, query: linear(&query, h, h)? });
@@ -383,11 +385,11 @@ impl Backbone for DebertaModel {
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        Layer::int8_linears(&mut self.layers)
+        EncoderLayer::int8_linears(&mut self.layers)
     }
 
     fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        Layer::qkv_linears(&mut self.layers)
+        EncoderLayer::qkv_linears(&mut self.layers)
     }
 }
 

@@ -1,9 +1,10 @@
 //! DistilBERT: BERT's post-LayerNorm encoder under other weight and config names, without
-//! segment embeddings. Served by the shared [`Bert`] forward pass.
+//! segment embeddings, on the shared encoder ([`super::encoder`]).
 
-use super::bert::{fused_qkv, layer_norm, linear, Bert, Embeddings, Layer};
-use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms};
+use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
 use super::ops::{Activation, LayerNorm, Linear};
+use super::weights::{fused_qkv, layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -90,7 +91,7 @@ fn default_act() -> String {
 /// transformers' DistilBERT LayerNorm epsilon (not in config.json).
 const EPS: f64 = 1e-12;
 
-fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
+fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     let config: DistilBertConfig = parse_config(raw)?;
     if !config.dim.is_multiple_of(config.n_heads) {
         return Err(ModelError::Config("dim is not a multiple of n_heads".into()));
@@ -102,7 +103,8 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     let emb = vb.pp("embeddings");
     let embeddings = Embeddings {
         word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?,
+        position: Some(emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?),
+        position_offset: 0,
         token_type: None,
         norm: layer_norm(&emb.pp("LayerNorm"), h, EPS)?,
         projection: None,
@@ -111,24 +113,25 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     for i in 0..config.n_layers {
         let lv = vb.pp(format!("transformer.layer.{i}"));
         let at = lv.pp("attention");
-        layers.push(Layer {
+        layers.push(EncoderLayer {
             qkv: fused_qkv(at.pp("q_lin"), at.pp("k_lin"), at.pp("v_lin"), h)?,
             attention_out: linear(&at.pp("out_lin"), h, h)?,
-            attention_norm: layer_norm(&lv.pp("sa_layer_norm"), h, EPS)?,
-            intermediate: linear(&lv.pp("ffn.lin1"), config.hidden_dim, h)?,
-            activation,
-            output: linear(&lv.pp("ffn.lin2"), h, config.hidden_dim)?,
-            output_norm: layer_norm(&lv.pp("output_layer_norm"), h, EPS)?,
+            up: linear(&lv.pp("ffn.lin1"), config.hidden_dim, h)?,
+            feed_forward: FeedForward::Plain(activation),
+            down: linear(&lv.pp("ffn.lin2"), h, config.hidden_dim)?,
+            norms: Norms::Post {
+                attention: layer_norm(&lv.pp("sa_layer_norm"), h, EPS)?,
+                feed_forward: layer_norm(&lv.pp("output_layer_norm"), h, EPS)?,
+            },
+            local: false,
         });
     }
-    Ok(Bert {
+    Ok(EncoderModel {
         embeddings,
-        layers,
-        num_heads: config.n_heads,
+        encoder: Encoder { layers, num_heads: config.n_heads, head_dim: h / config.n_heads, rotary: None, relative: None },
+        final_norm: None,
         hidden_size: h,
         vocab_size: config.vocab_size,
         max_positions: config.max_position_embeddings,
-        position_offset: 0,
-        relative: None,
     })
 }

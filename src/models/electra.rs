@@ -1,14 +1,16 @@
 //! ELECTRA (`ElectraModel`, `ElectraForSequenceClassification`, `ElectraForTokenClassification`,
 //! the discriminator `ElectraForPreTraining` as an embedder): BERT's encoder under BERT's
 //! weight names, with embeddings of their own width (`embedding_size`) projected to the hidden
-//! size by `embeddings_project` when the two differ. Served by the shared [`Bert`] forward pass.
+//! size by `embeddings_project` when the two differ, on the shared encoder ([`super::encoder`]).
 //!
 //! Its sequence classifier is RoBERTa-shaped but with GELU instead of tanh:
 //! `out_proj(gelu(dense(h[CLS])))` (transformers' `ElectraClassificationHead`).
 
-use super::bert::{encoder_layers, layer_norm, linear, Bert, BertConfig, Embeddings};
-use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
+use super::bert::{encoder_layers, BertConfig};
+use super::encoder::{Embeddings, Encoder, EncoderModel};
+use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::Activation;
+use super::weights::{layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -74,7 +76,7 @@ impl Architecture for Electra {
     }
 }
 
-fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
+fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     let config: BertConfig = parse_config(raw)?;
     let ElectraExtra { embedding_size } = parse_config(raw)?;
     if let Some(kind) = config.position_embedding_type.as_deref() {
@@ -92,20 +94,21 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     let emb = vb.pp("embeddings");
     let embeddings = Embeddings {
         word: emb.get((config.vocab_size, e), "word_embeddings.weight")?,
-        position: emb.get((config.max_position_embeddings, e), "position_embeddings.weight")?,
+        position: Some(emb.get((config.max_position_embeddings, e), "position_embeddings.weight")?),
+        position_offset: 0,
         token_type: Some(emb.get((config.type_vocab_size, e), "token_type_embeddings.weight")?),
         norm: layer_norm(&emb.pp("LayerNorm"), e, config.layer_norm_eps)?,
         // transformers creates the projection only when the widths differ.
         projection: if e != h { Some(linear(&vb.pp("embeddings_project"), h, e)?) } else { None },
     };
-    Ok(Bert {
+    let layers = encoder_layers(&vb.pp("encoder"), &config, activation)?;
+    let heads = config.num_attention_heads;
+    Ok(EncoderModel {
         embeddings,
-        layers: encoder_layers(&vb.pp("encoder"), &config, activation)?,
-        num_heads: config.num_attention_heads,
+        encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: None, relative: None },
+        final_norm: None,
         hidden_size: h,
         vocab_size: config.vocab_size,
         max_positions: config.max_position_embeddings,
-        position_offset: 0,
-        relative: None,
     })
 }

@@ -18,7 +18,7 @@
 //! padded and unpadded batches, so there is no reference to match.
 
 use super::batch::Batch;
-use super::heads::{ClassifierWeights, RerankTemplate};
+use super::head_weights::{ClassifierWeights, RerankTemplate};
 use super::llama::{decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};

@@ -11,12 +11,13 @@
 //! The later `jina-bert-v2-qk-post-norm` variant (jina-embeddings-v2-base-code: LayerNorm on Q
 //! and K, `up_gated_layer`) is refused at load with its name.
 
-use super::batch::Batch;
-use super::bert::{bert_classifier, encoder_root, fused_qkv, layer_norm, linear};
-use super::heads::ClassifierWeights;
-use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias};
+use super::bert::{bert_classifier, encoder_root};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
+use super::head_weights::ClassifierWeights;
+use super::ops::{Activation, GatedActivation, PositionBias};
+use super::weights::{fused_qkv, layer_norm, linear, linear_with_bias};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
-use candle_core::{Result, Tensor};
+use candle_core::Result;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -87,7 +88,7 @@ impl Architecture for JinaBert {
     }
 
     fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
-        Ok(Box::new(JinaBertModel::load(config, vb)?))
+        Ok(Box::new(load(config, vb)?))
     }
 
     /// BERT's pooler (dense, tanh on the first token) and classifier.
@@ -106,25 +107,17 @@ impl Architecture for JinaBert {
     }
 }
 
-struct Layer {
-    qkv: Linear,
-    attention_out: Linear,
-    attention_norm: LayerNorm,
-    /// `[2·I, h]`, no bias: the activated half first.
-    gated_layers: Linear,
-    wo: Linear,
-    layernorm: LayerNorm,
+/// ALiBi: `-slope_h · |i − j|` on every attention score, one slope per head.
+struct Alibi {
+    slopes: Vec<f32>,
 }
 
-pub struct JinaBertModel {
-    word: Tensor,
-    token_type: Tensor,
-    norm: LayerNorm,
-    layers: Vec<Layer>,
-    gate: GatedActivation,
-    /// One ALiBi slope per head.
-    slopes: Vec<f32>,
-    config: JinaBertConfig,
+impl RelativeBias for Alibi {
+    fn bias(&self, max_len: usize) -> PositionBias {
+        let reach = max_len.max(1) as i64 - 1;
+        let values = self.slopes.iter().flat_map(|&slope| (-reach..=reach).map(move |d| -slope * d.unsigned_abs() as f32)).collect();
+        PositionBias { values, max_len: max_len.max(1) }
+    }
 }
 
 /// ALiBi's head slopes: `2^(−8(h+1)/n)` for `n` heads a power of two; otherwise those of the
@@ -148,122 +141,75 @@ fn alibi_slopes(heads: usize) -> Vec<f32> {
     slopes(heads).into_iter().map(|s| s as f32).collect()
 }
 
-impl JinaBertModel {
-    fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config: JinaBertConfig = parse_config(raw)?;
-        if raw.get("_name_or_path").and_then(Value::as_str) == Some("jinaai/jina-bert-v2-qk-post-norm") {
-            return Err(ModelError::Config(
-                "JinaBERT's qk-post-norm variant (jinaai/jina-bert-v2-qk-post-norm, jina-embeddings-v2-base-code) is not supported".into(),
-            ));
+/// JinaBERT's backbone: BERT's embeddings without a position table, then the shared
+/// post-norm encoder with ALiBi on the scores and the gated feed-forward.
+fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
+    let config: JinaBertConfig = parse_config(raw)?;
+    if raw.get("_name_or_path").and_then(Value::as_str) == Some("jinaai/jina-bert-v2-qk-post-norm") {
+        return Err(ModelError::Config(
+            "JinaBERT's qk-post-norm variant (jinaai/jina-bert-v2-qk-post-norm, jina-embeddings-v2-base-code) is not supported".into(),
+        ));
+    }
+    match config.position_embedding_type.as_deref() {
+        Some("alibi") => {}
+        other => {
+            return Err(ModelError::Config(format!(
+                "JinaBERT with position_embedding_type `{}` is not supported (alibi is)",
+                other.unwrap_or("absolute")
+            )))
         }
-        match config.position_embedding_type.as_deref() {
-            Some("alibi") => {}
-            other => {
-                return Err(ModelError::Config(format!(
-                    "JinaBERT with position_embedding_type `{}` is not supported (alibi is)",
-                    other.unwrap_or("absolute")
-                )))
-            }
-        }
-        let activation = config.gate_activation()?;
-        if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
-            return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
-        }
-        let vb = encoder_root(vb);
-        if vb.contains_tensor("encoder.layer.0.attention.self.layer_norm_q.weight") {
-            return Err(ModelError::Config(
-                "JinaBERT's qk-post-norm variant (LayerNorm on Q and K, jina-embeddings-v2-base-code) is not supported".into(),
-            ));
-        }
-        let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
-        let layers = (0..config.num_hidden_layers)
-            .map(|i| {
-                let lv = vb.pp(format!("encoder.layer.{i}"));
-                let sa = lv.pp("attention.self");
-                Ok(Layer {
-                    qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
-                    attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-                    attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
-                    gated_layers: Linear::new(lv.pp("mlp.gated_layers").get((2 * inner, h), "weight")?, None)?
-                        .named(&lv.pp("mlp.gated_layers").prefix()),
-                    wo: linear(&lv.pp("mlp.wo"), h, inner)?,
-                    layernorm: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,
-                })
+    }
+    let activation = config.gate_activation()?;
+    if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
+        return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
+    }
+    let vb = encoder_root(vb);
+    if vb.contains_tensor("encoder.layer.0.attention.self.layer_norm_q.weight") {
+        return Err(ModelError::Config(
+            "JinaBERT's qk-post-norm variant (LayerNorm on Q and K, jina-embeddings-v2-base-code) is not supported".into(),
+        ));
+    }
+    let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
+    // `gated_layers` is `[2·I, h]` without a bias, the activated half first.
+    let gate = GatedActivation { activation, act_on_first: true };
+    let layers = (0..config.num_hidden_layers)
+        .map(|i| {
+            let lv = vb.pp(format!("encoder.layer.{i}"));
+            let sa = lv.pp("attention.self");
+            Ok(EncoderLayer {
+                qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
+                attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
+                up: linear_with_bias(&lv.pp("mlp.gated_layers"), 2 * inner, h, false)?,
+                feed_forward: FeedForward::Gated(gate),
+                down: linear(&lv.pp("mlp.wo"), h, inner)?,
+                norms: Norms::Post {
+                    attention: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+                    feed_forward: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,
+                },
+                local: false,
             })
-            .collect::<Result<Vec<_>>>()?;
-        let emb = vb.pp("embeddings");
-        Ok(Self {
-            word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-            token_type: emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?,
-            norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
-            layers,
-            gate: GatedActivation { activation, act_on_first: true },
-            slopes: alibi_slopes(config.num_attention_heads),
-            config,
         })
-    }
-
-    /// `-slope_h · |d|` for every distance a batch of sequences up to `max_len` tokens has.
-    fn alibi(&self, max_len: usize) -> PositionBias {
-        let reach = max_len.max(1) as i64 - 1;
-        let values = self.slopes.iter().flat_map(|&slope| (-reach..=reach).map(move |d| -slope * d.unsigned_abs() as f32)).collect();
-        PositionBias { values, max_len: max_len.max(1) }
-    }
-}
-
-impl Backbone for JinaBertModel {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        let n = batch.num_tokens();
-        let device = self.word.device();
-        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
-        let word = self.word.index_select(&ids, 0)?;
-        let embedded = if self.token_type.dim(0)? > 1 && batch.token_type_ids.iter().any(|&t| t != 0) {
-            (word + self.token_type.index_select(&Tensor::from_slice(&batch.token_type_ids, n, device)?, 0)?)?
-        } else {
-            word.broadcast_add(&self.token_type.get(0)?)?
-        };
-        let mut hidden = self.norm.forward(embedded)?;
-        let alibi = self.alibi(batch.max_len);
-        let heads = self.config.num_attention_heads;
-        let attention = Attention {
-            num_heads: heads,
-            num_kv_heads: heads,
-            head_dim: self.config.hidden_size / heads,
-            cu_seqlens: &batch.cu_seqlens,
-            mask: AttentionMask::Bidirectional,
-            position_bias: Some(&alibi),
-            disentangled: None,
-            softcap: None,
-        };
-        for layer in &self.layers {
-            let context = attention.forward(&layer.qkv.forward_unbiased(&hidden)?, layer.qkv.bias())?;
-            let attended = layer.attention_norm.forward_add(&layer.attention_out, &context, &hidden)?;
-            let inner = self.gate.forward(&layer.gated_layers.forward(&attended)?)?;
-            hidden = layer.layernorm.forward_add(&layer.wo, &inner, &attended)?;
-        }
-        Ok(hidden)
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    /// ALiBi needs no position table: the length the checkpoint declares.
-    fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.gated_layers, &mut l.wo]).collect()
-    }
-
-    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
-    }
+        .collect::<Result<Vec<_>>>()?;
+    let emb = vb.pp("embeddings");
+    let embeddings = Embeddings {
+        word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
+        position: None,
+        position_offset: 0,
+        token_type: Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?),
+        norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
+        projection: None,
+    };
+    let heads = config.num_attention_heads;
+    let alibi: Box<dyn RelativeBias> = Box::new(Alibi { slopes: alibi_slopes(heads) });
+    Ok(EncoderModel {
+        embeddings,
+        encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: None, relative: Some(alibi) },
+        final_norm: None,
+        hidden_size: h,
+        vocab_size: config.vocab_size,
+        // ALiBi needs no position table: the length the checkpoint declares.
+        max_positions: config.max_position_embeddings,
+    })
 }
 
 #[cfg(test)]

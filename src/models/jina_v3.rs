@@ -16,11 +16,12 @@
 //! does when no `task` is given.
 
 use super::batch::Batch;
-use super::bert::layer_norm;
+use super::encoder::{Embed, Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
 use super::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TableLora, TaskAdapter};
-use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
+use super::ops::{Activation, Linear, Rotary};
+use super::weights::layer_norm;
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -144,7 +145,7 @@ impl Architecture for JinaV3 {
     }
 
     fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
-        Ok(Box::new(JinaV3Model::load(config, vb)?))
+        Ok(Box::new(load(config, vb)?))
     }
 
     fn has_task_adapters(&self, _config: &Value) -> bool {
@@ -170,87 +171,28 @@ fn linear(vb: &VarBuilder, out: usize, inp: usize) -> Result<Linear> {
     Ok(Linear::new(base_weight(vb, (out, inp))?, Some(vb.get(out, "bias")?))?.named(&vb.prefix()))
 }
 
-struct Layer {
-    qkv: Linear,
-    out_proj: Linear,
-    norm1: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
-    norm2: LayerNorm,
-}
-
-pub struct JinaV3Model {
-    word: Tensor,
-    /// The word table's name, as task adapters name their delta on it.
+/// jina-embeddings-v3's embeddings: the shared sum, then each sequence's task deltas on its
+/// rows of the word and token-type tables, then `emb_ln`.
+struct TaskEmbeddings {
+    tables: Embeddings,
+    /// The tables' names, as task adapters name their deltas on them.
     word_name: String,
-    token_type: Option<(Tensor, String)>,
-    emb_ln: LayerNorm,
-    layers: Vec<Layer>,
-    rotary: Rotary,
-    activation: Activation,
-    config: JinaV3Config,
+    token_type_name: Option<String>,
+    hidden_size: usize,
 }
 
-impl JinaV3Model {
-    fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config: JinaV3Config = parse_config(raw)?;
-        config.refuse_unsupported()?;
-        let activation = config.activation()?;
-        // The published checkpoint keeps the encoder under `roberta.` (XLMRobertaLoRA).
-        let vb = if vb.contains_tensor("roberta.emb_ln.weight") { vb.pp("roberta") } else { vb };
-        let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let lv = vb.pp(format!("encoder.layers.{i}"));
-            layers.push(Layer {
-                qkv: linear(&lv.pp("mixer.Wqkv"), 3 * h, h)?,
-                out_proj: linear(&lv.pp("mixer.out_proj"), h, h)?,
-                norm1: layer_norm(&lv.pp("norm1"), h, eps)?,
-                fc1: linear(&lv.pp("mlp.fc1"), inner, h)?,
-                fc2: linear(&lv.pp("mlp.fc2"), h, inner)?,
-                norm2: layer_norm(&lv.pp("norm2"), h, eps)?,
-            });
-        }
-        let emb = vb.pp("embeddings");
-        let word_vb = emb.pp("word_embeddings");
-        let token_type = match config.type_vocab_size {
-            0 => None,
-            types => {
-                let tv = emb.pp("token_type_embeddings");
-                Some((base_weight(&tv, (types, h))?, tv.prefix()))
-            }
-        };
-        Ok(Self {
-            word: base_weight(&word_vb, (config.vocab_size, h))?,
-            word_name: word_vb.prefix(),
-            token_type,
-            emb_ln: layer_norm(&vb.pp("emb_ln"), h, eps)?,
-            layers,
-            rotary: Rotary::new(config.head_dim(), config.rotary_emb_base),
-            activation,
-            config,
-        })
-    }
-
-    /// `word + token_type` of every token, each sequence's task deltas added to its rows.
+impl Embed for TaskEmbeddings {
     fn embed(&self, batch: &Batch) -> Result<Tensor> {
-        let n = batch.num_tokens();
-        let device = self.word.device();
-        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
-        let mut embedded = self.word.index_select(&ids, 0)?;
-        if let Some((table, _)) = &self.token_type {
-            let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
-            embedded = (embedded + table.index_select(&types, 0)?)?;
-        }
+        let summed = self.tables.sum(batch)?;
         if batch.adapters.iter().all(Option::is_none) {
-            return Ok(embedded);
+            return self.tables.finish(summed);
         }
-        let h = self.config.hidden_size;
-        let mut rows = embedded.to_dtype(DType::F32)?.to_device(&candle_core::Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        let (n, h) = (batch.num_tokens(), self.hidden_size);
+        let mut rows = summed.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
         for ((start, len), adapter) in batch.spans().zip(&batch.adapters) {
             let Some(adapter) = adapter else { continue };
             let word = adapter.table(&self.word_name);
-            let token_type = self.token_type.as_ref().and_then(|(_, name)| adapter.table(name));
+            let token_type = self.token_type_name.as_ref().and_then(|name| adapter.table(name));
             for token in start..start + len {
                 let out = &mut rows[token * h..(token + 1) * h];
                 if let Some(delta) = word {
@@ -261,55 +203,62 @@ impl JinaV3Model {
                 }
             }
         }
-        Tensor::from_vec(rows, (n, h), &candle_core::Device::Cpu)?.to_device(device)?.to_dtype(embedded.dtype())
+        let with_deltas = Tensor::from_vec(rows, (n, h), &Device::Cpu)?.to_device(summed.device())?.to_dtype(summed.dtype())?;
+        self.tables.finish(with_deltas)
     }
 }
 
-impl Backbone for JinaV3Model {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        let mut hidden = self.emb_ln.forward(self.embed(batch)?)?;
-        let table = self.rotary.table(&batch.positions(0));
-        let heads = self.config.num_attention_heads;
-        let attention = Attention {
-            num_heads: heads,
-            num_kv_heads: heads,
-            head_dim: self.config.head_dim(),
-            cu_seqlens: &batch.cu_seqlens,
-            mask: AttentionMask::Bidirectional,
-            position_bias: None,
-            disentangled: None,
-            softcap: None,
-        };
-        for layer in &self.layers {
-            // The Wqkv bias is added before the rotation, as the published code does.
-            let qkv = table.apply(&layer.qkv.forward(&hidden)?, heads, heads, None)?;
-            hidden = layer.norm1.forward_add(&layer.out_proj, &attention.forward(&qkv, None)?, &hidden)?;
-            let inner = self.activation.forward(&layer.fc1.forward(&hidden)?)?;
-            hidden = layer.norm2.forward_add(&layer.fc2, &inner, &hidden)?;
+/// jina-embeddings-v3's backbone: [`TaskEmbeddings`], then the shared post-norm encoder with
+/// rotary positions and a plain GELU feed-forward.
+fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel<TaskEmbeddings>, ModelError> {
+    let config: JinaV3Config = parse_config(raw)?;
+    config.refuse_unsupported()?;
+    let activation = config.activation()?;
+    // The published checkpoint keeps the encoder under `roberta.` (XLMRobertaLoRA).
+    let vb = if vb.contains_tensor("roberta.emb_ln.weight") { vb.pp("roberta") } else { vb };
+    let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let lv = vb.pp(format!("encoder.layers.{i}"));
+        layers.push(EncoderLayer {
+            qkv: linear(&lv.pp("mixer.Wqkv"), 3 * h, h)?,
+            attention_out: linear(&lv.pp("mixer.out_proj"), h, h)?,
+            up: linear(&lv.pp("mlp.fc1"), inner, h)?,
+            feed_forward: FeedForward::Plain(activation),
+            down: linear(&lv.pp("mlp.fc2"), h, inner)?,
+            norms: Norms::Post { attention: layer_norm(&lv.pp("norm1"), h, eps)?, feed_forward: layer_norm(&lv.pp("norm2"), h, eps)? },
+            local: false,
+        });
+    }
+    let emb = vb.pp("embeddings");
+    let word_vb = emb.pp("word_embeddings");
+    let (token_type, token_type_name) = match config.type_vocab_size {
+        0 => (None, None),
+        types => {
+            let tv = emb.pp("token_type_embeddings");
+            (Some(base_weight(&tv, (types, h))?), Some(tv.prefix()))
         }
-        Ok(hidden)
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    /// Rotary positions need no table: the length the checkpoint declares (8194).
-    fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().flat_map(|l| [&mut l.out_proj, &mut l.fc1, &mut l.fc2]).collect()
-    }
-
-    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
-    }
+    };
+    let tables = Embeddings {
+        word: base_weight(&word_vb, (config.vocab_size, h))?,
+        position: None,
+        position_offset: 0,
+        token_type,
+        norm: layer_norm(&vb.pp("emb_ln"), h, eps)?,
+        projection: None,
+    };
+    let embeddings = TaskEmbeddings { tables, word_name: word_vb.prefix(), token_type_name, hidden_size: h };
+    let heads = config.num_attention_heads;
+    let rotary = RotaryPositions { global: Rotary::new(config.head_dim(), config.rotary_emb_base), local: None };
+    Ok(EncoderModel {
+        embeddings,
+        encoder: Encoder { layers, num_heads: heads, head_dim: config.head_dim(), rotary: Some(rotary), relative: None },
+        final_norm: None,
+        hidden_size: h,
+        vocab_size: config.vocab_size,
+        // Rotary positions need no table: the length the checkpoint declares (8194).
+        max_positions: config.max_position_embeddings,
+    })
 }
 
 /// The checkpoint's stacked task LoRAs as one adapter per task, on the backbone's `sites`
@@ -326,7 +275,7 @@ pub fn task_adapters(raw: &Value, vb: VarBuilder, sites: &[LoraSite]) -> std::re
         if !vb.contains_tensor(&a) {
             return Ok(None);
         }
-        let load = |name: &str| vb.get_unchecked_dtype(name, DType::F32).and_then(|t| t.to_device(&candle_core::Device::Cpu));
+        let load = |name: &str| vb.get_unchecked_dtype(name, DType::F32).and_then(|t| t.to_device(&Device::Cpu));
         Ok(Some((load(&a)?, load(&b)?)))
     };
     let task_slice = |t: &Tensor, task: usize| -> Result<Vec<f32>> { t.get(task)?.flatten_all()?.to_vec1::<f32>() };
@@ -339,7 +288,7 @@ pub fn task_adapters(raw: &Value, vb: VarBuilder, sites: &[LoraSite]) -> std::re
         };
         stacked.push(factors(&part.name)?);
     }
-    // The tables are named as the backbone names them ([`JinaV3Model::load`]).
+    // The tables are named as the backbone names them ([`load`]).
     let root = if vb.contains_tensor("roberta.emb_ln.weight") { "roberta." } else { "" };
     let mut tables = Vec::new();
     for (table, present) in [("word_embeddings", true), ("token_type_embeddings", config.type_vocab_size > 0)] {

@@ -11,7 +11,7 @@
 //! non-padding token, and, converted with `classifier_from_token`, read rows of the LM head.
 
 use super::batch::Batch;
-use super::heads::{on_host, ClassifierWeights, HeadInput};
+use super::head_weights::{on_host, ClassifierWeights, HeadInput};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
 use candle_core::{Result, Tensor};
@@ -255,10 +255,7 @@ pub fn fused_qkv(at: &VarBuilder, h: usize, q_out: usize, kv_out: usize, bias: b
 
 /// `[gate; up]` of one MLP fused into one `[2·inter, hidden]` projection.
 pub fn fused_gate_up(mlp: &VarBuilder, h: usize, inter: usize, bias: bool) -> Result<Linear> {
-    let gate_up = Tensor::cat(&[mlp.pp("gate_proj").get((inter, h), "weight")?, mlp.pp("up_proj").get((inter, h), "weight")?], 0)?;
-    let bias =
-        if bias { Some(Tensor::cat(&[mlp.pp("gate_proj").get(inter, "bias")?, mlp.pp("up_proj").get(inter, "bias")?], 0)?) } else { None };
-    Ok(Linear::new(gate_up, bias)?.named_parts(&[(mlp.pp("gate_proj").prefix(), inter), (mlp.pp("up_proj").prefix(), inter)]))
+    super::weights::stacked_linear(&[(mlp.pp("gate_proj"), inter), (mlp.pp("up_proj"), inter)], h, bias)
 }
 
 /// The module names of a fused `[q; k; v]` layer, for LoRA.

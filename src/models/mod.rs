@@ -1,6 +1,6 @@
 //! The model layer: transformer architectures on the flat padding-free [`Batch`], their
-//! kernels (`ops/`), and the weights of their task heads (`heads`). Depends on nothing else of
-//! ours.
+//! kernels (`ops/`), the encoder most encoder families share (`encoder`), and the weights of
+//! their task heads (`head_weights`). Depends on nothing else of ours.
 //!
 //! An architecture is one file (its config, detection, backbone and heads) implementing
 //! [`Architecture`], registered by one line of [`ARCHITECTURES`]. A backbone turns a batch into
@@ -14,9 +14,10 @@ pub mod clip;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
+pub mod encoder;
 pub mod gemma;
 pub mod gte;
-pub mod heads;
+pub mod head_weights;
 pub mod jina_bert;
 pub mod jina_v3;
 pub mod llama;
@@ -26,11 +27,12 @@ pub mod nomic_bert;
 pub mod ops;
 pub mod qwen;
 pub mod siglip;
+pub mod weights;
 
 use batch::Batch;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
-use heads::{ClassifierWeights, MaskedLmHead, RerankTemplate};
+use head_weights::{ClassifierWeights, MaskedLmHead, RerankTemplate};
 use ops::Linear;
 use serde_json::Value;
 

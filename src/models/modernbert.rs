@@ -2,9 +2,10 @@
 //! (sliding-window) attention layers with their own RoPE theta, a GeGLU MLP, and no biases by
 //! default. Local layers see `|i − j| ≤ local_attention / 2`.
 
-use super::batch::Batch;
-use super::heads::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier};
-use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
+use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier};
+use super::ops::{Activation, GatedActivation, LayerNorm, Linear, Rotary};
+use super::weights::linear_with_bias;
 use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
@@ -84,7 +85,7 @@ impl Architecture for ModernBertArchitecture {
     }
 
     fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
-        Ok(Box::new(ModernBert::load(config, vb)?))
+        Ok(Box::new(load(config, vb)?))
     }
 
     /// `ModernBertForSequenceClassification`'s head: `head.dense` → activation → `head.norm`,
@@ -139,34 +140,6 @@ fn norm(vb: &VarBuilder, h: usize, config: &ModernBertConfig) -> Result<LayerNor
     LayerNorm::new(vb.get(h, "weight")?, bias, config.norm_eps)
 }
 
-fn linear(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-    Ok(Linear::new(vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None })?.named(&vb.prefix()))
-}
-
-struct Layer {
-    /// `None` for the first layer, whose input is the already normalized embedding.
-    attn_norm: Option<LayerNorm>,
-    wqkv: Linear,
-    wo: Linear,
-    mlp_norm: LayerNorm,
-    wi: Linear,
-    mlp_wo: Linear,
-    global: bool,
-}
-
-pub struct ModernBert {
-    tok_embeddings: Tensor,
-    embedding_norm: LayerNorm,
-    layers: Vec<Layer>,
-    final_norm: LayerNorm,
-    global_rotary: Rotary,
-    local_rotary: Rotary,
-    gated: GatedActivation,
-    num_heads: usize,
-    window: usize,
-    config: ModernBertConfig,
-}
-
 fn root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
     if vb.contains_tensor("model.embeddings.tok_embeddings.weight") {
         vb.pp("model")
@@ -175,100 +148,59 @@ fn root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
     }
 }
 
-impl ModernBert {
-    pub fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let config = parse(raw)?;
-        let (h, heads) = (config.hidden_size, config.num_attention_heads);
-        if h % heads != 0 || (h / heads) % 2 != 0 {
-            return Err(ModelError::Config("hidden_size does not split into even-sized heads".into()));
-        }
-        let activation = Activation::from_config(&config.hidden_activation)
-            .ok_or_else(|| ModelError::Config(format!("hidden_activation `{}` is not supported", config.hidden_activation)))?;
-        let vb = root(vb);
-        let inter = config.intermediate_size;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let lv = vb.pp(format!("layers.{i}"));
-            let global = match &config.layer_types {
-                Some(types) => types.get(i).map(|t| t == "full_attention").unwrap_or(true),
-                None => i % config.global_attn_every_n_layers.max(1) == 0,
-            };
-            let attn_norm = if lv.contains_tensor("attn_norm.weight") { Some(norm(&lv.pp("attn_norm"), h, &config)?) } else { None };
-            layers.push(Layer {
-                attn_norm,
-                wqkv: linear(&lv.pp("attn.Wqkv"), 3 * h, h, config.attention_bias)?,
-                wo: linear(&lv.pp("attn.Wo"), h, h, config.attention_bias)?,
-                mlp_norm: norm(&lv.pp("mlp_norm"), h, &config)?,
-                wi: linear(&lv.pp("mlp.Wi"), 2 * inter, h, config.mlp_bias)?,
-                mlp_wo: linear(&lv.pp("mlp.Wo"), h, inter, config.mlp_bias)?,
-                global,
-            });
-        }
-        let (global_theta, local_theta) = thetas(raw);
-        Ok(Self {
-            tok_embeddings: vb.get((config.vocab_size, h), "embeddings.tok_embeddings.weight")?,
-            embedding_norm: norm(&vb.pp("embeddings.norm"), h, &config)?,
-            final_norm: norm(&vb.pp("final_norm"), h, &config)?,
-            global_rotary: Rotary::new(h / heads, global_theta),
-            local_rotary: Rotary::new(h / heads, local_theta),
-            gated: GatedActivation { activation, act_on_first: true },
-            layers,
-            num_heads: heads,
-            window: config.local_attention / 2,
-            config,
-        })
+/// ModernBERT's backbone: normalized token embeddings, then the shared encoder with its norms
+/// before each sub-layer, rotary positions with a base per layer type, sliding-window local
+/// layers and a GeGLU feed-forward, then the final norm.
+fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
+    let config = parse(raw)?;
+    let (h, heads) = (config.hidden_size, config.num_attention_heads);
+    if h % heads != 0 || (h / heads) % 2 != 0 {
+        return Err(ModelError::Config("hidden_size does not split into even-sized heads".into()));
     }
-}
-
-impl Backbone for ModernBert {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), self.tok_embeddings.device())?;
-        let mut hidden = self.embedding_norm.forward(self.tok_embeddings.index_select(&ids, 0)?)?;
-        let positions = batch.positions(0);
-        let (global_table, local_table) = (self.global_rotary.table(&positions), self.local_rotary.table(&positions));
-        let heads = self.num_heads;
-        let attention = |mask| Attention {
-            num_heads: heads,
-            num_kv_heads: heads,
-            head_dim: self.config.hidden_size / heads,
-            cu_seqlens: &batch.cu_seqlens,
-            mask,
-            position_bias: None,
-            disentangled: None,
-            softcap: None,
+    let activation = Activation::from_config(&config.hidden_activation)
+        .ok_or_else(|| ModelError::Config(format!("hidden_activation `{}` is not supported", config.hidden_activation)))?;
+    let vb = root(vb);
+    let inter = config.intermediate_size;
+    // `Wi` holds the activated half first.
+    let gate = GatedActivation { activation, act_on_first: true };
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let lv = vb.pp(format!("layers.{i}"));
+        let global = match &config.layer_types {
+            Some(types) => types.get(i).map(|t| t == "full_attention").unwrap_or(true),
+            None => i % config.global_attn_every_n_layers.max(1) == 0,
         };
-        let (global, local) = (attention(AttentionMask::Bidirectional), attention(AttentionMask::Window(self.window)));
-        for layer in &self.layers {
-            let normed = match &layer.attn_norm {
-                Some(n) => n.forward(hidden.copy()?)?,
-                None => hidden.clone(),
-            };
-            let (table, attention) = if layer.global { (&global_table, &global) } else { (&local_table, &local) };
-            let qkv = table.apply(&layer.wqkv.forward(&normed)?, heads, heads, None)?;
-            hidden = layer.wo.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
-            let inner = self.gated.forward(&layer.wi.forward(&layer.mlp_norm.forward(hidden.copy()?)?)?)?;
-            hidden = layer.mlp_wo.forward_add(&inner, &hidden)?;
-        }
-        self.final_norm.forward(hidden)
+        // The first layer has none: its input is the normalized embedding already.
+        let attn_norm = if lv.contains_tensor("attn_norm.weight") { Some(norm(&lv.pp("attn_norm"), h, &config)?) } else { None };
+        layers.push(EncoderLayer {
+            qkv: linear_with_bias(&lv.pp("attn.Wqkv"), 3 * h, h, config.attention_bias)?,
+            attention_out: linear_with_bias(&lv.pp("attn.Wo"), h, h, config.attention_bias)?,
+            up: linear_with_bias(&lv.pp("mlp.Wi"), 2 * inter, h, config.mlp_bias)?,
+            feed_forward: FeedForward::Gated(gate),
+            down: linear_with_bias(&lv.pp("mlp.Wo"), h, inter, config.mlp_bias)?,
+            norms: Norms::Pre { attention: attn_norm, feed_forward: norm(&lv.pp("mlp_norm"), h, &config)? },
+            local: !global,
+        });
     }
-
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
-    }
-
-    fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().flat_map(|l| [&mut l.wo, &mut l.wi, &mut l.mlp_wo]).collect()
-    }
-
-    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().map(|l| &mut l.wqkv).collect()
-    }
+    let (global_theta, local_theta) = thetas(raw);
+    let embeddings = Embeddings {
+        word: vb.get((config.vocab_size, h), "embeddings.tok_embeddings.weight")?,
+        position: None,
+        position_offset: 0,
+        token_type: None,
+        norm: norm(&vb.pp("embeddings.norm"), h, &config)?,
+        projection: None,
+    };
+    let rotary = RotaryPositions {
+        global: Rotary::new(h / heads, global_theta),
+        local: Some((Rotary::new(h / heads, local_theta), config.local_attention / 2)),
+    };
+    Ok(EncoderModel {
+        embeddings,
+        encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },
+        final_norm: Some(norm(&vb.pp("final_norm"), h, &config)?),
+        hidden_size: h,
+        vocab_size: config.vocab_size,
+        max_positions: config.max_position_embeddings,
+    })
 }

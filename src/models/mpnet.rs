@@ -2,9 +2,11 @@
 //! positions and a learned relative position bias, bucketed by distance and shared by all
 //! layers, added to every attention score.
 
-use super::bert::{fused_qkv, layer_norm, linear, roberta_classifier, Bert, Embeddings, Layer, RelativeBias};
-use super::heads::ClassifierWeights;
+use super::bert::roberta_classifier;
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
+use super::head_weights::ClassifierWeights;
 use super::ops::{Activation, PositionBias};
+use super::weights::{fused_qkv, layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -119,7 +121,7 @@ impl RelativeBias for RelativePositions {
     }
 }
 
-fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
+fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     let config: MpnetConfig = parse_config(raw)?;
     if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
         return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
@@ -129,9 +131,11 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     let vb = if vb.contains_tensor("mpnet.embeddings.word_embeddings.weight") { vb.pp("mpnet") } else { vb };
     let (h, eps) = (config.hidden_size, config.layer_norm_eps);
     let emb = vb.pp("embeddings");
+    let position_offset = config.pad_token_id.unwrap_or(1) + 1;
     let embeddings = Embeddings {
         word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?,
+        position: Some(emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?),
+        position_offset,
         token_type: None,
         norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
         projection: None,
@@ -140,29 +144,30 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<Bert, ModelError> {
     for i in 0..config.num_hidden_layers {
         let lv = vb.pp(format!("encoder.layer.{i}"));
         let at = lv.pp("attention.attn");
-        layers.push(Layer {
+        layers.push(EncoderLayer {
             qkv: fused_qkv(at.pp("q"), at.pp("k"), at.pp("v"), h)?,
             attention_out: linear(&at.pp("o"), h, h)?,
-            attention_norm: layer_norm(&lv.pp("attention.LayerNorm"), h, eps)?,
-            intermediate: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
-            activation,
-            output: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
-            output_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
+            up: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
+            feed_forward: FeedForward::Plain(activation),
+            down: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
+            norms: Norms::Post {
+                attention: layer_norm(&lv.pp("attention.LayerNorm"), h, eps)?,
+                feed_forward: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
+            },
+            local: false,
         });
     }
     let heads = config.num_attention_heads;
     let buckets = config.relative_attention_num_buckets;
     let table = super::ops::host_f32(&vb.get((buckets, heads), "encoder.relative_attention_bias.weight")?)?;
-    let position_offset = config.pad_token_id.unwrap_or(1) + 1;
-    Ok(Bert {
+    let relative: Box<dyn RelativeBias> = Box::new(RelativePositions { table, heads, num_buckets: buckets });
+    Ok(EncoderModel {
         embeddings,
-        layers,
-        num_heads: heads,
+        encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: None, relative: Some(relative) },
+        final_norm: None,
         hidden_size: h,
         vocab_size: config.vocab_size,
         max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
-        position_offset,
-        relative: Some(Box::new(RelativePositions { table, heads, num_buckets: buckets })),
     })
 }
 

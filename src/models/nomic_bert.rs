@@ -9,11 +9,10 @@
 //! published text checkpoint uses (pre-norm, partial or interleaved rotary, parallel blocks)
 //! are refused at load with the field named.
 
-use super::batch::Batch;
-use super::bert::layer_norm;
-use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, Rotary};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
+use super::ops::{Activation, GatedActivation, Rotary};
+use super::weights::{layer_norm, linear_with_bias, stacked_linear};
 use super::{parse_config, Architecture, Backbone, ModelError};
-use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -162,6 +161,17 @@ impl NomicBertConfig {
         }
     }
 
+    /// Rotary positions need no table: `n_positions`, the length the checkpoint declares. With
+    /// `rotary_scaling_factor` set, the published code switches to dynamic NTK scaling above
+    /// `max_trained_positions`; inputs stop there, where its plain rotary is exact (vLLM too
+    /// serves NomicBERT up to `max_trained_positions` by default).
+    fn max_positions(&self) -> usize {
+        match self.rotary_scaling_factor {
+            Some(_) => self.n_positions.min(self.max_trained_positions),
+            None => self.n_positions,
+        }
+    }
+
     /// What this file does not run, as a config error naming the field.
     fn refuse_unsupported(&self) -> std::result::Result<(), ModelError> {
         let refuse = |what: &str| Err(ModelError::Config(format!("NomicBERT with {what} is not supported")));
@@ -204,151 +214,59 @@ impl Architecture for NomicBert {
     }
 
     fn backbone(&self, config: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
-        Ok(Box::new(NomicBertModel::load(config, vb)?))
+        Ok(Box::new(load(config, vb)?))
     }
 }
 
-struct Layer {
-    qkv: Linear,
-    out_proj: Linear,
-    norm1: LayerNorm,
-    /// `fc11` (up) and `fc12` (gate) stacked, so one product makes both halves.
-    up_gate: Linear,
-    fc2: Linear,
-    norm2: LayerNorm,
-}
-
-pub struct NomicBertModel {
-    word: Tensor,
-    token_type: Option<Tensor>,
-    emb_ln: LayerNorm,
-    layers: Vec<Layer>,
-    rotary: Rotary,
-    gated: GatedActivation,
-    config: NomicBertConfig,
-}
-
-/// A layer's `[out, in]` weight, and its bias where the config says it has one.
-fn weight_and_bias(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<(Tensor, Option<Tensor>)> {
-    Ok((vb.get((out, inp), "weight")?, if bias { Some(vb.get(out, "bias")?) } else { None }))
-}
-
-fn maybe_biased(vb: &VarBuilder, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-    let (weight, bias) = weight_and_bias(vb, out, inp, bias)?;
-    Ok(Linear::new(weight, bias)?.named(&vb.prefix()))
-}
-
-impl NomicBertModel {
-    fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
-        let mut config: NomicBertConfig = parse_config(raw)?;
-        config.refuse_unsupported()?;
-        if config.is_transformers_layout() {
-            // transformers 5's NomicBertModel has no biases and no flags for them.
-            (config.qkv_proj_bias, config.mlp_fc1_bias, config.mlp_fc2_bias) = (false, false, false);
-        }
-        // `NomicBertForPreTraining` checkpoints keep the encoder under `bert.`.
-        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
-        let (h, inner, eps) = (config.n_embd, config.inner(), config.layer_norm_epsilon);
-        let mut layers = Vec::with_capacity(config.n_layer);
-        for i in 0..config.n_layer {
-            let lv = vb.pp(format!("encoder.layers.{i}"));
-            let mlp = lv.pp("mlp");
-            let (up, up_bias) = weight_and_bias(&mlp.pp("fc11"), inner, h, config.mlp_fc1_bias)?;
-            let (gate, gate_bias) = weight_and_bias(&mlp.pp("fc12"), inner, h, config.mlp_fc1_bias)?;
-            let up_gate_bias = match (up_bias, gate_bias) {
-                (Some(up), Some(gate)) => Some(Tensor::cat(&[up, gate], 0)?),
-                _ => None,
-            };
-            layers.push(Layer {
-                qkv: maybe_biased(&lv.pp("attn.Wqkv"), 3 * h, h, config.qkv_proj_bias)?,
-                out_proj: maybe_biased(&lv.pp("attn.out_proj"), h, h, config.qkv_proj_bias)?,
-                norm1: layer_norm(&lv.pp("norm1"), h, eps)?,
-                up_gate: Linear::new(Tensor::cat(&[up, gate], 0)?, up_gate_bias)?
-                    .named_parts(&[(mlp.pp("fc11").prefix(), inner), (mlp.pp("fc12").prefix(), inner)]),
-                fc2: maybe_biased(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
-                norm2: layer_norm(&lv.pp("norm2"), h, eps)?,
-            });
-        }
-        let emb = vb.pp("embeddings");
-        let activation = if config.gate() == "geglu" { Activation::Gelu } else { Activation::Silu };
-        Ok(Self {
-            word: emb.get((config.padded_vocab(), h), "word_embeddings.weight")?,
-            token_type: if config.type_vocab_size > 0 {
-                Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?)
-            } else {
-                None
-            },
-            emb_ln: layer_norm(&vb.pp("emb_ln"), h, eps)?,
-            layers,
-            rotary: Rotary::new(h / config.n_head, config.rotary_base()),
-            // fc12, the second half, is the gated one.
-            gated: GatedActivation { activation, act_on_first: false },
-            config,
-        })
+/// NomicBERT's backbone: `emb_ln(word + token_type)`, then the shared post-norm encoder with
+/// rotary positions and the SwiGLU (or GeGLU) MLP, `fc11` and `fc12` stacked into one product.
+fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
+    let mut config: NomicBertConfig = parse_config(raw)?;
+    config.refuse_unsupported()?;
+    if config.is_transformers_layout() {
+        // transformers 5's NomicBertModel has no biases and no flags for them.
+        (config.qkv_proj_bias, config.mlp_fc1_bias, config.mlp_fc2_bias) = (false, false, false);
     }
-}
-
-impl Backbone for NomicBertModel {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        let n = batch.num_tokens();
-        let device = self.word.device();
-        let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
-        let word = self.word.index_select(&ids, 0)?;
-        let embedded = match &self.token_type {
-            Some(table) if table.dim(0)? > 1 && batch.token_type_ids.iter().any(|&t| t != 0) => {
-                let types = Tensor::from_slice(&batch.token_type_ids, n, device)?;
-                (word + table.index_select(&types, 0)?)?
-            }
-            Some(table) => word.broadcast_add(&table.get(0)?)?,
-            None => word,
-        };
-        let mut hidden = self.emb_ln.forward(embedded)?;
-        let table = self.rotary.table(&batch.positions(0));
-        let heads = self.config.n_head;
-        let attention = Attention {
-            num_heads: heads,
-            num_kv_heads: heads,
-            head_dim: self.config.n_embd / heads,
-            cu_seqlens: &batch.cu_seqlens,
-            mask: AttentionMask::Bidirectional,
-            position_bias: None,
-            disentangled: None,
-            softcap: None,
-        };
-        for layer in &self.layers {
-            // A Wqkv bias (none in the published checkpoints) is added before the rotation.
-            let qkv = table.apply(&layer.qkv.forward(&hidden)?, heads, heads, None)?;
-            hidden = layer.norm1.forward_add(&layer.out_proj, &attention.forward(&qkv, None)?, &hidden)?;
-            let inner = self.gated.forward(&layer.up_gate.forward(&hidden)?)?;
-            hidden = layer.norm2.forward_add(&layer.fc2, &inner, &hidden)?;
-        }
-        Ok(hidden)
+    // `NomicBertForPreTraining` checkpoints keep the encoder under `bert.`.
+    let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
+    let (h, inner, eps) = (config.n_embd, config.inner(), config.layer_norm_epsilon);
+    let activation = if config.gate() == "geglu" { Activation::Gelu } else { Activation::Silu };
+    // fc12, the second half, is the gated one.
+    let gate = GatedActivation { activation, act_on_first: false };
+    let mut layers = Vec::with_capacity(config.n_layer);
+    for i in 0..config.n_layer {
+        let lv = vb.pp(format!("encoder.layers.{i}"));
+        let mlp = lv.pp("mlp");
+        layers.push(EncoderLayer {
+            qkv: linear_with_bias(&lv.pp("attn.Wqkv"), 3 * h, h, config.qkv_proj_bias)?,
+            attention_out: linear_with_bias(&lv.pp("attn.out_proj"), h, h, config.qkv_proj_bias)?,
+            up: stacked_linear(&[(mlp.pp("fc11"), inner), (mlp.pp("fc12"), inner)], h, config.mlp_fc1_bias)?,
+            feed_forward: FeedForward::Gated(gate),
+            down: linear_with_bias(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
+            norms: Norms::Post { attention: layer_norm(&lv.pp("norm1"), h, eps)?, feed_forward: layer_norm(&lv.pp("norm2"), h, eps)? },
+            local: false,
+        });
     }
-
-    fn hidden_size(&self) -> usize {
-        self.config.n_embd
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.padded_vocab()
-    }
-
-    /// Rotary positions need no table: `n_positions`, the length the checkpoint declares. With
-    /// `rotary_scaling_factor` set, the published code switches to dynamic NTK scaling above
-    /// `max_trained_positions`; inputs stop there, where its plain rotary is exact (vLLM too
-    /// serves NomicBERT up to `max_trained_positions` by default).
-    fn max_positions(&self) -> usize {
-        match self.config.rotary_scaling_factor {
-            Some(_) => self.config.n_positions.min(self.config.max_trained_positions),
-            None => self.config.n_positions,
-        }
-    }
-
-    fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().flat_map(|l| [&mut l.out_proj, &mut l.up_gate, &mut l.fc2]).collect()
-    }
-
-    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.layers.iter_mut().map(|l| &mut l.qkv).collect()
-    }
+    let emb = vb.pp("embeddings");
+    let embeddings = Embeddings {
+        word: emb.get((config.padded_vocab(), h), "word_embeddings.weight")?,
+        position: None,
+        position_offset: 0,
+        token_type: match config.type_vocab_size {
+            0 => None,
+            types => Some(emb.get((types, h), "token_type_embeddings.weight")?),
+        },
+        norm: layer_norm(&vb.pp("emb_ln"), h, eps)?,
+        projection: None,
+    };
+    let heads = config.n_head;
+    let rotary = RotaryPositions { global: Rotary::new(h / heads, config.rotary_base()), local: None };
+    Ok(EncoderModel {
+        embeddings,
+        encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },
+        final_norm: None,
+        hidden_size: h,
+        vocab_size: config.padded_vocab(),
+        max_positions: config.max_positions(),
+    })
 }

@@ -1,7 +1,7 @@
 //! Qwen2 and Qwen3: Llama's decoder ([`super::llama::Decoder`]) with q/k/v biases (Qwen2) or
 //! per-head q/k RMSNorm (Qwen3); Qwen2.5-Math's reward heads; Qwen3-Reranker's prompt.
 
-use super::heads::{host_linear, ClassifierWeights, HeadInput, PreClassifier, RerankTemplate};
+use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier, RerankTemplate};
 use super::llama::{last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
 use super::ops::Activation;
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};

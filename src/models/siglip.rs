@@ -11,9 +11,9 @@
 //! `post_layernorm` runs on every patch, then the attention-pooling head: one learned probe
 //! query attends over the patches (a packed `nn.MultiheadAttention`), then `x + mlp(ln(x))`.
 
-use super::bert::{layer_norm, linear};
 use super::clip::{dense_seqlens, patch_rows, PatchGeometry, PreLnEncoder, TextTower, TowerConfig, TowerDefaults};
 use super::ops::{Activation, AttentionMask, LayerNorm, Linear};
+use super::weights::{layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling, VisionTower};
 use candle_core::{DType, Result, Tensor, D};
 use candle_nn::VarBuilder;

@@ -7,7 +7,7 @@
 
 use super::method::{HiddenStates, PoolingMethod};
 use super::task::Task;
-use crate::models::heads::{ClassifierWeights, PreClassifier};
+use crate::models::head_weights::{ClassifierWeights, PreClassifier};
 use crate::models::ops::Linear;
 use candle_core::{Device, Result, Tensor};
 

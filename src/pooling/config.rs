@@ -7,7 +7,7 @@
 //! `enable_flash_late_interaction`), plus two that older vLLM releases had and we keep for
 //! their users: `normalize` (embeddings) and `logit_bias` (= `logit_mean`).
 
-use super::PoolingType;
+use super::{PoolingError, PoolingType};
 use serde::Deserialize;
 
 /// Pooling defaults of a served model; every field optional (unset: the model's own choice).
@@ -60,18 +60,18 @@ struct RawPoolerConfig {
 }
 
 impl TryFrom<RawPoolerConfig> for PoolerConfig {
-    type Error = String;
+    type Error = PoolingError;
 
-    fn try_from(raw: RawPoolerConfig) -> Result<Self, String> {
+    fn try_from(raw: RawPoolerConfig) -> Result<Self, PoolingError> {
         if let Some(task) = &raw.task {
             check_task(task)?;
         }
         let pooling_type = match (raw.pooling_type, raw.seq_pooling_type, raw.tok_pooling_type) {
-            (Some(_), Some(_), _) => return Err("Cannot set both `pooling_type` and `seq_pooling_type`".into()),
-            (Some(_), _, Some(_)) => return Err("Cannot set both `pooling_type` and `tok_pooling_type`".into()),
+            (Some(_), Some(_), _) => return Err(invalid("Cannot set both `pooling_type` and `seq_pooling_type`")),
+            (Some(_), _, Some(_)) => return Err(invalid("Cannot set both `pooling_type` and `tok_pooling_type`")),
             // A model here pools one way: a sequence and a token pooling together would need two.
             (None, Some(_), Some(_)) => {
-                return Err("set one of `seq_pooling_type` and `tok_pooling_type` (poolserve pools a model one way)".into())
+                return Err(invalid("set one of `seq_pooling_type` and `tok_pooling_type` (poolserve pools a model one way)"))
             }
             (Some(p), None, None) => Some(p),
             (None, Some(p), None) | (None, None, Some(p)) => Some(p),
@@ -79,17 +79,19 @@ impl TryFrom<RawPoolerConfig> for PoolerConfig {
         };
         let seq_only = |p: PoolingType| matches!(p, PoolingType::Cls | PoolingType::Last | PoolingType::Mean);
         match (raw.seq_pooling_type, raw.tok_pooling_type) {
-            (Some(p), _) if !seq_only(p) => return Err(format!("seq_pooling_type: {p:?} is not a sequence pooling (CLS, LAST, MEAN)")),
+            (Some(p), _) if !seq_only(p) => {
+                return Err(invalid(format!("seq_pooling_type: {p:?} is not a sequence pooling (CLS, LAST, MEAN)")))
+            }
             (_, Some(p)) if !matches!(p, PoolingType::All | PoolingType::Step) => {
-                return Err(format!("tok_pooling_type: {p:?} is not a token pooling (ALL, STEP)"))
+                return Err(invalid(format!("tok_pooling_type: {p:?} is not a token pooling (ALL, STEP)")))
             }
             _ => {}
         }
         if raw.logit_bias.is_some() && raw.logit_mean.is_some() {
-            return Err("Cannot set both `logit_bias` and `logit_mean` (the same setting)".into());
+            return Err(invalid("Cannot set both `logit_bias` and `logit_mean` (the same setting)"));
         }
         if raw.logit_sigma == Some(0.0) {
-            return Err("logit_sigma cannot be 0 (division by zero)".into());
+            return Err(invalid("logit_sigma cannot be 0 (division by zero)"));
         }
         Ok(PoolerConfig {
             task: raw.task,
@@ -109,30 +111,34 @@ impl TryFrom<RawPoolerConfig> for PoolerConfig {
 
 /// vLLM's checks of a `task` value: the tasks it removed say what replaced them; anything
 /// else it does not know is pydantic's literal error.
-fn check_task(task: &str) -> Result<(), String> {
+fn check_task(task: &str) -> Result<(), PoolingError> {
     match task {
-        "score" => Err("`score` task was removed; use `classify` instead.".into()),
-        "encode" => Err("`encode` task was removed; use `token_embed` or `token_classify` instead.".into()),
+        "score" => Err(invalid("`score` task was removed; use `classify` instead.")),
+        "encode" => Err(invalid("`encode` task was removed; use `token_embed` or `token_classify` instead.")),
         _ if POOLER_TASKS.contains(&task) => Ok(()),
         _ => {
             let quoted: Vec<String> = POOLER_TASKS.iter().map(|t| format!("'{t}'")).collect();
             let (last, rest) = quoted.split_last().expect("tasks are listed");
-            Err(format!("task: Input should be {} or {last}, not '{task}'", rest.join(", ")))
+            Err(invalid(format!("task: Input should be {} or {last}, not '{task}'", rest.join(", "))))
         }
     }
 }
 
 impl PoolerConfig {
     /// Fields that only make sense with another one set.
-    pub fn check(&self) -> Result<(), &'static str> {
+    pub fn check(&self) -> Result<(), PoolingError> {
         if self.max_embed_len.is_some() && self.enable_chunked_processing != Some(true) {
-            return Err("max_embed_len needs enable_chunked_processing: true");
+            return Err(invalid("max_embed_len needs enable_chunked_processing: true"));
         }
         if self.pooling_type != Some(PoolingType::Step) && (self.step_tag_id.is_some() || self.returned_token_ids.is_some()) {
-            return Err("step_tag_id and returned_token_ids need pooling_type STEP");
+            return Err(invalid("step_tag_id and returned_token_ids need pooling_type STEP"));
         }
         Ok(())
     }
+}
+
+fn invalid(message: impl Into<String>) -> PoolingError {
+    PoolingError::Config(message.into())
 }
 
 #[cfg(test)]

@@ -100,7 +100,7 @@ impl M3Head {
             .map(|row| {
                 let mut row = row.to_vec();
                 if normalize {
-                    super::head::l2_normalize(&mut row);
+                    super::embedding_head::l2_normalize(&mut row);
                 }
                 row
             })

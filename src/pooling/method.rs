@@ -115,8 +115,8 @@ pub enum PoolingType {
 }
 
 /// The method that feeds a classifier the token(s) its architecture reads.
-pub fn for_head(input: crate::models::heads::HeadInput) -> Box<dyn PoolingMethod> {
-    use crate::models::heads::HeadInput;
+pub fn for_head(input: crate::models::head_weights::HeadInput) -> Box<dyn PoolingMethod> {
+    use crate::models::head_weights::HeadInput;
     match input {
         HeadInput::First => Box::new(Cls),
         HeadInput::Mean => Box::new(Mean),

@@ -4,7 +4,7 @@
 //!
 //! The head's weights are architecture knowledge (`models/`); the computation is shared here.
 
-use crate::models::heads::MaskedLmHead;
+use crate::models::head_weights::MaskedLmHead;
 use candle_core::{Device, Result, Tensor};
 
 /// SPLADE over a model's masked-LM head.

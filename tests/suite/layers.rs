@@ -15,10 +15,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("loader", &["models", "pooling", "input"]),
     ("engine", &["models", "pooling", "input", "loader", "metrics"]),
     ("api", &["models", "pooling", "input", "loader", "engine", "metrics"]),
-    ("pooler", &["models", "pooling", "input", "loader", "engine"]),
+    ("library", &["models", "pooling", "input", "loader", "engine"]),
     ("config", &["pooling", "input", "loader", "engine"]),
     ("server", &["pooling", "input", "loader", "engine", "metrics", "api", "config"]),
-    ("batch", &["pooling", "input", "loader", "engine", "config", "pooler"]),
+    ("commands", &["pooling", "input", "loader", "engine", "config", "library"]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {

@@ -419,21 +419,21 @@ async fn a_start_with_a_broken_adapter_fails_with_its_reason() {
 /// The library: `with_adapter`, and an adapter loaded from code.
 #[test]
 fn the_library_runs_adapters() {
-    use poolserve::pooler::{Pooler, PoolerOptions};
+    use poolserve::library::{LocalModel, LocalModelOptions};
     let base = "bert-embed-cls";
-    let mut options = PoolerOptions::for_model(fixture_model(base).to_str().expect("utf-8"));
+    let mut options = LocalModelOptions::for_model(fixture_model(base).to_str().expect("utf-8"));
     options.model.lora = Some(LoraOptions { max_loras: 2, ..LoraOptions::default() });
-    let pooler = Pooler::load(options).expect("loads");
-    pooler.load_adapter("ffn", adapter_dir(base, "ffn").to_str().expect("utf-8")).expect("adapter loads");
+    let model = LocalModel::load(options).expect("loads");
+    model.load_adapter("ffn", adapter_dir(base, "ffn").to_str().expect("utf-8")).expect("adapter loads");
     let reference = references(base).into_iter().find(|r| r["adapter"] == "ffn").expect("reference");
     let texts = texts();
     let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let tuned = pooler.with_adapter("ffn").expect("adapter");
+    let tuned = model.with_adapter("ffn").expect("adapter");
     let params = poolserve::engine::params::PoolingParams::default();
     assert_matches(&tuned.embed(&texts, &params).expect("embeds"), &rows(&reference["embeddings"]), 0.9999, "library");
     let base_ref = rows(&common::expected("lora")["base_embeddings"][base]);
-    assert_matches(&pooler.embed(&texts, &params).expect("embeds"), &base_ref, 0.9999, "library base");
-    assert!(pooler.with_adapter("nope").is_err());
+    assert_matches(&model.embed(&texts, &params).expect("embeds"), &base_ref, 0.9999, "library base");
+    assert!(model.with_adapter("nope").is_err());
 }
 
 /// Every family that takes adapters names its dense layers after the checkpoint's modules: each

@@ -152,11 +152,11 @@ async fn reward_layouts_convert_to_embedders() {
 
 #[test]
 fn library_reward_matches_the_reference() {
-    use poolserve::pooler::{Pooler, PoolerOptions, PoolingParams};
+    use poolserve::library::{LocalModel, LocalModelOptions, PoolingParams};
     let expected = expected("qwen2-reward");
-    let pooler = Pooler::load(PoolerOptions::for_model(fixture_model("qwen2-reward").to_str().unwrap())).expect("loads");
+    let model = LocalModel::load(LocalModelOptions::for_model(fixture_model("qwen2-reward").to_str().unwrap())).expect("loads");
     let texts: Vec<&str> = expected["texts"].as_array().unwrap().iter().map(|t| t["text"].as_str().unwrap()).collect();
-    let rewards = pooler.reward(&texts, &PoolingParams::default()).unwrap();
+    let rewards = model.reward(&texts, &PoolingParams::default()).unwrap();
     for (i, (ours, case)) in rewards.iter().zip(expected["texts"].as_array().unwrap()).enumerate() {
         assert_rows_close(ours, &rows(&case["token_rewards"]), &format!("library text {i}"));
     }

@@ -3,13 +3,13 @@
 //! parameter validation, with typed results.
 //!
 //! ```no_run
-//! use poolserve::pooler::{Pooler, PoolerOptions};
-//! use poolserve::pooler::PoolingParams;
+//! use poolserve::library::{LocalModel, LocalModelOptions};
+//! use poolserve::library::PoolingParams;
 //!
-//! let pooler = Pooler::load(PoolerOptions::for_model("models/all-MiniLM-L6-v2"))?;
-//! let vectors = pooler.embed(&["A man is eating food.", "A man is riding a horse."], &PoolingParams::default())?;
+//! let model = LocalModel::load(LocalModelOptions::for_model("models/all-MiniLM-L6-v2"))?;
+//! let vectors = model.embed(&["A man is eating food.", "A man is riding a horse."], &PoolingParams::default())?;
 //! assert_eq!(vectors[0].len(), 384);
-//! # Ok::<(), poolserve::pooler::PoolerError>(())
+//! # Ok::<(), poolserve::library::LibraryError>(())
 //! ```
 //!
 //! Every method blocks the calling thread; `*_async` variants return futures for callers that
@@ -26,24 +26,24 @@ use crate::pooling::{PoolingOutput, TaskOutput};
 
 /// How to load a model in a host program: the model's options and the engine's, as `serve`
 /// has them (no host, port, API key or log format). Built from code only, never from the
-/// process's `POOLSERVE_*` variables or arguments: [`PoolerOptions::for_model`] gives `serve`'s
-/// defaults; adjust fields, and [`Pooler::load`] checks them (an unusable value is an error,
+/// process's `POOLSERVE_*` variables or arguments: [`LocalModelOptions::for_model`] gives `serve`'s
+/// defaults; adjust fields, and [`LocalModel::load`] checks them (an unusable value is an error,
 /// never an exit or a panic of the host).
 #[derive(Debug, Clone)]
-pub struct PoolerOptions {
+pub struct LocalModelOptions {
     pub model: ModelOptions,
     pub engine: EngineOptions,
 }
 
-impl PoolerOptions {
+impl LocalModelOptions {
     /// `poolserve serve`'s defaults for `model` (a folder or hub id).
     pub fn for_model(model: impl Into<String>) -> Self {
-        PoolerOptions { model: ModelOptions::for_model(model), engine: EngineOptions::default() }
+        LocalModelOptions { model: ModelOptions::for_model(model), engine: EngineOptions::default() }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PoolerError {
+pub enum LibraryError {
     #[error("{0}")]
     Load(String),
     #[error(transparent)]
@@ -55,7 +55,7 @@ pub enum PoolerError {
     #[error("cannot start the runtime: {0}")]
     Runtime(#[from] std::io::Error),
     #[error(transparent)]
-    Adapter(#[from] crate::loader::lora::AdapterError),
+    Adapter(#[from] crate::loader::LoadError),
 }
 
 /// One input's classification: the winning label and every class's probability (or logit).
@@ -65,35 +65,35 @@ pub struct Classification {
     pub probs: Vec<f32>,
 }
 
-/// A loaded model, or one of its LoRA adapters ([`Pooler::with_adapter`]). Cheap to share
-/// across threads (`&Pooler` is `Sync`).
-pub struct Pooler {
+/// A loaded model, or one of its LoRA adapters ([`LocalModel::with_adapter`]). Cheap to share
+/// across threads (`&LocalModel` is `Sync`).
+pub struct LocalModel {
     engine: Engine,
     runtime: std::sync::Arc<tokio::runtime::Runtime>,
 }
 
-impl Pooler {
+impl LocalModel {
     /// Loads the model and starts its engine (no warm-up request is run).
-    pub fn load(options: PoolerOptions) -> Result<Self, PoolerError> {
-        options.model.check().map_err(PoolerError::Load)?;
-        options.engine.check().map_err(PoolerError::Load)?;
-        let engine = Engine::load(&options.model, &options.engine).map_err(|e| PoolerError::Load(e.to_string()))?;
+    pub fn load(options: LocalModelOptions) -> Result<Self, LibraryError> {
+        options.model.check().map_err(LibraryError::Load)?;
+        options.engine.check().map_err(LibraryError::Load)?;
+        let engine = Engine::load(&options.model, &options.engine).map_err(|e| LibraryError::Load(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        Ok(Pooler { engine, runtime: std::sync::Arc::new(runtime) })
+        Ok(LocalModel { engine, runtime: std::sync::Arc::new(runtime) })
     }
 
     /// The same model running the LoRA adapter `name` (loaded with the model, from
-    /// `options.model.lora`, or by [`Pooler::load_adapter`]): every method then answers with
+    /// `options.model.lora`, or by [`LocalModel::load_adapter`]): every method then answers with
     /// it. Sharing the base's engine, adapters and the base batch together.
-    pub fn with_adapter(&self, name: &str) -> Result<Pooler, PoolerError> {
-        let engine = self.engine.with_adapter(name).ok_or_else(|| PoolerError::Load(format!("no LoRA adapter `{name}` is loaded")))?;
-        Ok(Pooler { engine, runtime: std::sync::Arc::clone(&self.runtime) })
+    pub fn with_adapter(&self, name: &str) -> Result<LocalModel, LibraryError> {
+        let engine = self.engine.with_adapter(name).ok_or_else(|| LibraryError::Load(format!("no LoRA adapter `{name}` is loaded")))?;
+        Ok(LocalModel { engine, runtime: std::sync::Arc::clone(&self.runtime) })
     }
 
     /// Reads the PEFT adapter at `path` as `name` (the model must have been loaded with
     /// `options.model.lora` set, as `--enable-lora`).
-    pub fn load_adapter(&self, name: &str, path: &str) -> Result<(), PoolerError> {
-        let registry = self.engine.lora().ok_or_else(|| PoolerError::Load("LoRA is not enabled: set options.model.lora".into()))?;
+    pub fn load_adapter(&self, name: &str, path: &str) -> Result<(), LibraryError> {
+        let registry = self.engine.lora().ok_or_else(|| LibraryError::Load("LoRA is not enabled: set options.model.lora".into()))?;
         registry.load(name, path)?;
         Ok(())
     }
@@ -110,36 +110,36 @@ impl Pooler {
 
     /// Any task over text, token-id or (for image-text models, `embed`) image inputs; one
     /// output per input, in order.
-    pub async fn encode_async(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
+    pub async fn encode_async(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, LibraryError> {
         self.encode_as(task, inputs, params).await
     }
 
-    pub fn encode(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, PoolerError> {
+    pub fn encode(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, LibraryError> {
         self.runtime.block_on(self.encode_async(task, inputs, params))
     }
 
     /// One task's outputs in the shape it has ([`TaskOutput`]).
-    async fn encode_as<T: TaskOutput>(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<T>, PoolerError> {
+    async fn encode_as<T: TaskOutput>(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<T>, LibraryError> {
         if !self.engine.spec().supports(task) {
-            return Err(PoolerError::Unsupported(task));
+            return Err(LibraryError::Unsupported(task));
         }
         let params = params.verify(task, self.engine.spec())?;
         Ok(self.engine.encode_as(inputs, &params).await?.0)
     }
 
-    fn encode_blocking<T: TaskOutput>(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<T>, PoolerError> {
+    fn encode_blocking<T: TaskOutput>(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<T>, LibraryError> {
         self.runtime.block_on(self.encode_as(task, inputs, params))
     }
 
     /// One embedding per text (normalized unless `params.normalize` is false).
-    pub fn embed(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
+    pub fn embed(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<f32>>, LibraryError> {
         self.encode_blocking(Task::Embed, texts_to_prompts(texts), params)
     }
 
     /// One embedding per encoded image (PNG, JPEG or WebP bytes), in the space of the texts'
     /// embeddings: image-text models (CLIP, SigLIP) only. Mixed texts and images go through
     /// [`Self::encode`] with [`Prompt::Image`].
-    pub fn embed_images(&self, images: &[&[u8]], params: &PoolingParams) -> Result<Vec<Vec<f32>>, PoolerError> {
+    pub fn embed_images(&self, images: &[&[u8]], params: &PoolingParams) -> Result<Vec<Vec<f32>>, LibraryError> {
         self.encode_blocking(Task::Embed, images.iter().map(|bytes| Prompt::Image(bytes.to_vec())).collect(), params)
     }
 
@@ -147,12 +147,12 @@ impl Pooler {
     /// rewards for `Qwen2ForRewardModel`), or one row per step for a process reward model
     /// (STEP pooling: softmax over the kept columns at each step tag). Any token classifier
     /// answers the same way (its per-token probabilities).
-    pub fn reward(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<Vec<f32>>>, PoolerError> {
+    pub fn reward(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Vec<Vec<f32>>>, LibraryError> {
         self.encode_blocking(Task::TokenClassify, texts_to_prompts(texts), params)
     }
 
     /// Label and probabilities per text.
-    pub fn classify(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Classification>, PoolerError> {
+    pub fn classify(&self, texts: &[&str], params: &PoolingParams) -> Result<Vec<Classification>, LibraryError> {
         let outputs: Vec<Vec<f32>> = self.encode_blocking(Task::Classify, texts_to_prompts(texts), params)?;
         let labels = &self.engine.spec().labels;
         Ok(outputs
@@ -166,15 +166,15 @@ impl Pooler {
 
     /// Relevance of each (query, document) pair, paired 1:1, 1:N or N:N as `/score` does, by
     /// whatever the model scores with (cross-encoder, bi-encoder cosine, MaxSim).
-    pub async fn score_async(&self, queries: &[String], documents: &[String], params: &PoolingParams) -> Result<Vec<f32>, PoolerError> {
+    pub async fn score_async(&self, queries: &[String], documents: &[String], params: &PoolingParams) -> Result<Vec<f32>, LibraryError> {
         if self.engine.score_mode().is_none() {
-            return Err(PoolerError::Unsupported(Task::Score));
+            return Err(LibraryError::Unsupported(Task::Score));
         }
         let params = params.verify(Task::Score, self.engine.spec())?;
         Ok(self.engine.score(queries, documents, &params, None).await?.0)
     }
 
-    pub fn score(&self, queries: &[&str], documents: &[&str], params: &PoolingParams) -> Result<Vec<f32>, PoolerError> {
+    pub fn score(&self, queries: &[&str], documents: &[&str], params: &PoolingParams) -> Result<Vec<f32>, LibraryError> {
         let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         self.runtime.block_on(self.score_async(&owned(queries), &owned(documents), params))
     }

@@ -15,7 +15,7 @@ use crate::config::{ServeArgs, ServerConfig};
 use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::engine::Engine;
 use crate::input::Prompt;
-use crate::pooler::Pooler;
+use crate::library::LocalModel;
 use crate::pooling::PoolingOutput;
 use crate::pooling::Task;
 use input::{InputFormat, Payload, Record};
@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 /// Flags of the batch commands (plus every `serve` flag that shapes the model).
 #[derive(Debug, Clone, clap::Args)]
-pub struct BatchArgs {
+pub struct CommandArgs {
     #[command(flatten)]
     pub model: ServeArgs,
     /// Input file: JSON Lines (`{"id", "text"}`, or `{"id", "text_1", "text_2"}` for score) or
@@ -138,8 +138,8 @@ type ChunkResult = (Vec<(usize, Result<String, String>)>, usize);
 
 impl Job {
     /// The command's task on one loaded model, with the request parameters it runs under.
-    fn for_model(pooler: &Pooler, command: Command, args: &BatchArgs) -> Result<Job, String> {
-        let spec = pooler.spec();
+    fn for_model(model: &LocalModel, command: Command, args: &CommandArgs) -> Result<Job, String> {
+        let spec = model.spec();
         let task = match command {
             Command::Embed => Task::Embed,
             Command::Classify => Task::Classify,
@@ -149,7 +149,7 @@ impl Job {
                 None => *spec.tasks.first().ok_or("the model serves no task")?,
             },
         };
-        let supported = if task == Task::Score { pooler.engine().score_mode().is_some() } else { spec.supports(task) };
+        let supported = if task == Task::Score { model.engine().score_mode().is_some() } else { spec.supports(task) };
         if !supported {
             return Err(format!("the model does not support the {task} task"));
         }
@@ -157,7 +157,7 @@ impl Job {
             .verify(task, spec)
             .and_then(|p| p.with_prompt_name(args.prompt_name.as_deref(), spec))
             .map_err(|e| e.to_string())?;
-        Ok(Job { engine: pooler.engine().clone(), params, task, labels: spec.labels.clone() })
+        Ok(Job { engine: model.engine().clone(), params, task, labels: spec.labels.clone() })
     }
 
     fn line_of(&self, record: &Record, output: PoolingOutput) -> String {
@@ -275,7 +275,7 @@ fn ids_in(path: &PathBuf) -> Result<HashSet<String>, String> {
 }
 
 /// Runs one batch command to the end. Errors are one line each, for the command's exit.
-pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
+pub fn run(command: Command, args: CommandArgs) -> Result<Summary, String> {
     let shard = args.shard.as_deref().map(input::parse_shard).transpose()?;
     if args.chunk == 0 {
         return Err("--chunk must be greater than 0".into());
@@ -284,28 +284,28 @@ pub fn run(command: Command, args: BatchArgs) -> Result<Summary, String> {
     let several = config.models.len() > 1;
     let mut jobs = std::collections::HashMap::new();
     // Every model loads into one process; their engines share the compute pool.
-    let mut poolers = Vec::new();
-    for model in config.models {
-        let name = model.served_name.clone();
-        let pooler = Pooler::load(crate::pooler::PoolerOptions { model, engine: config.engine.clone() }).map_err(|e| {
+    let mut models = Vec::new();
+    for options in config.models {
+        let name = options.served_name.clone();
+        let model = LocalModel::load(crate::library::LocalModelOptions { model: options, engine: config.engine.clone() }).map_err(|e| {
             if several {
                 format!("model `{name}`: {e}")
             } else {
                 e.to_string()
             }
         })?;
-        let job = Job::for_model(&pooler, command, &args).map_err(|e| if several { format!("model `{name}`: {e}") } else { e })?;
+        let job = Job::for_model(&model, command, &args).map_err(|e| if several { format!("model `{name}`: {e}") } else { e })?;
         // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
-        for adapter in pooler.engine().lora().map(|l| l.list()).unwrap_or_default() {
-            if let Some(engine) = pooler.engine().with_adapter(&adapter.name) {
+        for adapter in model.engine().lora().map(|l| l.list()).unwrap_or_default() {
+            if let Some(engine) = model.engine().with_adapter(&adapter.name) {
                 let adapted = Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone() };
                 jobs.insert(adapter.name.clone(), std::sync::Arc::new(adapted));
             }
         }
         jobs.insert(name, std::sync::Arc::new(job));
-        poolers.push(pooler);
+        models.push(model);
     }
-    let names: Vec<String> = poolers.iter().map(|p| p.spec().served_name.clone()).collect();
+    let names: Vec<String> = models.iter().map(|m| m.spec().served_name.clone()).collect();
     let router = std::sync::Arc::new(Router { jobs, only: (!several).then(|| names[0].clone()), names });
 
     let done = if args.resume && args.output.exists() { ids_in(&args.output)? } else { HashSet::new() };

@@ -21,7 +21,7 @@ enum Work {
         documents: Vec<String>,
         pairs: Vec<(usize, usize)>,
     },
-    /// Test hook ([`TokenizerPool::panic_in_a_worker`]): the job panics.
+    /// Test hook ([`InputWorkers::panic_in_a_worker`]): the job panics.
     #[cfg(any(test, feature = "test-hooks"))]
     Panic,
 }
@@ -50,12 +50,12 @@ impl Work {
 
 /// Threads that own the tokenizing. One request's texts go to one worker, in order.
 #[derive(Clone)]
-pub struct TokenizerPool {
+pub struct InputWorkers {
     tokenizer: Arc<TextTokenizer>,
     pool: Arc<rayon::ThreadPool>,
 }
 
-impl TokenizerPool {
+impl InputWorkers {
     pub fn new(tokenizer: Arc<TextTokenizer>, workers: usize) -> std::io::Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(workers.max(1))
