@@ -75,8 +75,8 @@ pub struct LocalModel {
 impl LocalModel {
     /// Loads the model and starts its engine (no warm-up request is run).
     pub fn load(options: LocalModelOptions) -> Result<Self, LibraryError> {
-        options.model.check().map_err(LibraryError::Load)?;
-        options.engine.check().map_err(LibraryError::Load)?;
+        options.model.check().map_err(|e| LibraryError::Load(e.to_string()))?;
+        options.engine.check().map_err(|e| LibraryError::Load(e.to_string()))?;
         let engine = Engine::load(&options.model, &options.engine).map_err(|e| LibraryError::Load(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         Ok(LocalModel { engine, runtime: std::sync::Arc::new(runtime) })

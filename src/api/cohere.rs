@@ -360,7 +360,7 @@ async fn embed(
     // Owned: `engine` is replaced below by its task's.
     let task = request.input_type.as_deref().and_then(|input_type| task_for(input_type, tasks)).map(str::to_string);
     let engine = match task.as_deref() {
-        Some(task) => engine.with_task(task).map_err(|message| ApiError::BadRequest { message, param: Some("input_type") })?,
+        Some(task) => engine.with_task(task).map_err(|e| ApiError::BadRequest { message: e.message, param: Some("input_type") })?,
         None => engine,
     };
     let engine = &engine;

@@ -125,7 +125,7 @@ pub async fn create(
         Ok(None)
     })?;
     let engine = match request.task.as_deref() {
-        Some(task) => engine.with_task(task).map_err(|message| ApiError::BadRequest { message, param: Some("task") })?,
+        Some(task) => engine.with_task(task)?,
         None => engine,
     };
     let engine = &engine;

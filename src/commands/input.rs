@@ -2,6 +2,7 @@
 //! image-text models, or `{"id", "text_1", "text_2"}`, with `model` naming the model when
 //! several are loaded) or plain text (one input per line, the line number as its id).
 
+use super::CommandError;
 use serde_json::Value;
 
 /// What one line asks for.
@@ -35,25 +36,24 @@ pub enum InputFormat {
 }
 
 /// Parses one non-blank line; the error says what is wrong (the caller adds the line number).
-pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, String> {
+pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, CommandError> {
     if !jsonl {
         return Ok(Record { line, id: Value::from(line), payload: Payload::Text(text.to_string()), model: None });
     }
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
-    let object = value.as_object().ok_or("not a JSON object")?;
+    let bad = |message: String| CommandError::Input(message);
+    let value: Value = serde_json::from_str(text).map_err(|e| bad(format!("not a JSON object: {e}")))?;
+    let object = value.as_object().ok_or_else(|| bad("not a JSON object".into()))?;
     let id = object.get("id").cloned().unwrap_or_else(|| Value::from(line));
-    let field = |name: &str| -> Result<Option<String>, String> {
-        match object.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("`{name}` must be a string")),
-        }
+    let field = |name: &str| match object.get(name) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad(format!("`{name}` must be a string"))),
     };
     let payload = match (field("text")?, field("text_1")?, field("text_2")?, field("image")?) {
         (Some(text), None, None, None) => Payload::Text(text),
         (None, Some(a), Some(b), None) => Payload::Pair(a, b),
         (None, None, None, Some(image)) => Payload::Image(image),
-        _ => return Err("expected `text`, `image`, or `text_1` and `text_2`".into()),
+        _ => return Err(bad("expected `text`, `image`, or `text_1` and `text_2`".into())),
     };
     // Only a string names a model; anything else is left for the one-model case to ignore.
     let model = object.get("model").and_then(Value::as_str).map(String::from);
@@ -67,12 +67,13 @@ pub fn shard_of(line: usize, n: usize) -> usize {
 }
 
 /// `I/N` of `--shard` (0-based index).
-pub fn parse_shard(text: &str) -> Result<(usize, usize), String> {
-    let (i, n) = text.split_once('/').ok_or("--shard takes I/N, e.g. 0/4")?;
-    let (i, n): (usize, usize) =
-        (i.trim().parse().map_err(|_| "--shard: I is not a number")?, n.trim().parse().map_err(|_| "--shard: N is not a number")?);
+pub fn parse_shard(text: &str) -> Result<(usize, usize), CommandError> {
+    let setup = |message: &str| CommandError::Setup(message.into());
+    let (i, n) = text.split_once('/').ok_or_else(|| setup("--shard takes I/N, e.g. 0/4"))?;
+    let i: usize = i.trim().parse().map_err(|_| setup("--shard: I is not a number"))?;
+    let n: usize = n.trim().parse().map_err(|_| setup("--shard: N is not a number"))?;
     if n == 0 || i >= n {
-        return Err(format!("--shard {i}/{n}: need 0 <= I < N"));
+        return Err(CommandError::Setup(format!("--shard {i}/{n}: need 0 <= I < N")));
     }
     Ok((i, n))
 }

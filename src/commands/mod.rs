@@ -24,7 +24,7 @@ use serde_json::Value;
 use std::collections::{HashSet, VecDeque};
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Flags of the batch commands (plus every `serve` flag that shapes the model).
 #[derive(Debug, Clone, clap::Args)]
@@ -59,6 +59,35 @@ pub struct CommandArgs {
     /// the model's default prompt, if any).
     #[arg(long)]
     pub prompt_name: Option<String>,
+}
+
+/// Why a batch command cannot run, stops, or skips an input; each is one line of text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// The command cannot start: a flag, or a model that cannot load or run its task.
+    #[error("{0}")]
+    Setup(String),
+    /// A file that cannot be read or written (the message names it).
+    #[error("{0}")]
+    File(String),
+    /// One input that cannot run: a line that does not parse, an input the model refuses.
+    #[error("{0}")]
+    Input(String),
+    /// The input that ends the run (without `--skip-errors`), with its line number.
+    #[error("line {line}: {error}")]
+    Line { line: usize, error: Box<CommandError> },
+}
+
+impl CommandError {
+    /// A file's error, naming the file.
+    fn file(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        CommandError::File(format!("{}: {e}", path.display()))
+    }
+
+    /// A model's error, naming the model when several are loaded.
+    fn of_model(several: bool, name: &str, e: impl std::fmt::Display) -> Self {
+        CommandError::Setup(if several { format!("model `{name}`: {e}") } else { e.to_string() })
+    }
 }
 
 /// Which batch command runs.
@@ -103,11 +132,13 @@ impl Router {
             let job = match name.as_deref().map(|n| self.jobs.get(n).ok_or(n)) {
                 Some(Ok(job)) => job,
                 Some(Err(unknown)) => {
-                    results.push((record.line, Err(format!("model `{unknown}` is not loaded (loaded: {})", self.names.join(", ")))));
+                    let message = format!("model `{unknown}` is not loaded (loaded: {})", self.names.join(", "));
+                    results.push((record.line, Err(CommandError::Input(message))));
                     continue;
                 }
                 None => {
-                    results.push((record.line, Err(format!("several models are loaded; name one in `model` ({})", self.names.join(", ")))));
+                    let message = format!("several models are loaded; name one in `model` ({})", self.names.join(", "));
+                    results.push((record.line, Err(CommandError::Input(message))));
                     continue;
                 }
             };
@@ -134,29 +165,30 @@ struct Job {
 }
 
 /// One chunk's outcome per line (its output line, or why it failed) and the tokens it ran.
-type ChunkResult = (Vec<(usize, Result<String, String>)>, usize);
+type ChunkResult = (Vec<(usize, Result<String, CommandError>)>, usize);
 
 impl Job {
     /// The command's task on one loaded model, with the request parameters it runs under.
-    fn for_model(model: &LocalModel, command: Command, args: &CommandArgs) -> Result<Job, String> {
+    fn for_model(model: &LocalModel, command: Command, args: &CommandArgs) -> Result<Job, CommandError> {
         let spec = model.spec();
+        let setup = |message: String| CommandError::Setup(message);
         let task = match command {
             Command::Embed => Task::Embed,
             Command::Classify => Task::Classify,
             Command::Score => Task::Score,
             Command::Encode => match &args.task {
-                Some(name) => name.parse().map_err(|_| format!("unknown task `{name}`"))?,
-                None => *spec.tasks.first().ok_or("the model serves no task")?,
+                Some(name) => name.parse().map_err(|_| setup(format!("unknown task `{name}`")))?,
+                None => *spec.tasks.first().ok_or_else(|| setup("the model serves no task".into()))?,
             },
         };
         let supported = if task == Task::Score { model.engine().score_mode().is_some() } else { spec.supports(task) };
         if !supported {
-            return Err(format!("the model does not support the {task} task"));
+            return Err(setup(format!("the model does not support the {task} task")));
         }
         let params = PoolingParams::default()
             .verify(task, spec)
             .and_then(|p| p.with_prompt_name(args.prompt_name.as_deref(), spec))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| setup(e.to_string()))?;
         Ok(Job { engine: model.engine().clone(), params, task, labels: spec.labels.clone() })
     }
 
@@ -180,15 +212,16 @@ impl Job {
     }
 
     /// Runs records that all have the payload the task needs.
-    async fn run(&self, records: &[Record]) -> Result<(Vec<String>, usize), String> {
+    async fn run(&self, records: &[Record]) -> Result<(Vec<String>, usize), CommandError> {
+        let refused = |e: crate::engine::EngineError| CommandError::Input(e.to_string());
         if self.task == Task::Score {
             let (mut queries, mut documents) = (Vec::new(), Vec::new());
             for r in records {
-                let Payload::Pair(q, d) = &r.payload else { return Err("score needs `text_1` and `text_2`".into()) };
+                let Payload::Pair(q, d) = &r.payload else { return Err(CommandError::Input("score needs `text_1` and `text_2`".into())) };
                 queries.push(q.clone());
                 documents.push(d.clone());
             }
-            let (scores, tokens) = self.engine.score(&queries, &documents, &self.params, None).await.map_err(|e| e.to_string())?;
+            let (scores, tokens) = self.engine.score(&queries, &documents, &self.params, None).await.map_err(refused)?;
             return Ok((records.iter().zip(scores).map(|(r, s)| line(&r.id, Output::Score { score: s })).collect(), tokens));
         }
         let prompts = records
@@ -196,10 +229,10 @@ impl Job {
             .map(|r| match &r.payload {
                 Payload::Text(t) => Ok(Prompt::Text(t.clone())),
                 Payload::Image(source) => image_bytes(source).map(Prompt::Image),
-                Payload::Pair(..) => Err(format!("{} takes `text`, not a pair", self.task)),
+                Payload::Pair(..) => Err(CommandError::Input(format!("{} takes `text`, not a pair", self.task))),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let (outputs, tokens) = self.engine.encode(prompts, &self.params).await.map_err(|e| e.to_string())?;
+        let (outputs, tokens) = self.engine.encode(prompts, &self.params).await.map_err(refused)?;
         Ok((records.iter().zip(outputs).map(|(r, o)| self.line_of(r, o)).collect(), tokens))
     }
 
@@ -221,11 +254,11 @@ impl Job {
 }
 
 /// The bytes of a line's `image`: a data URL, or a file path.
-fn image_bytes(source: &str) -> Result<Vec<u8>, String> {
+fn image_bytes(source: &str) -> Result<Vec<u8>, CommandError> {
     if source.starts_with("data:") {
-        return crate::input::image::decode_data_url(source);
+        return crate::input::image::decode_data_url(source).map_err(|e| CommandError::Input(e.to_string()));
     }
-    std::fs::read(source).map_err(|e| format!("image `{source}`: {e}"))
+    std::fs::read(source).map_err(|e| CommandError::Input(format!("image `{source}`: {e}")))
 }
 
 /// One output line: `id` first, then the task's fields, in declaration order.
@@ -260,11 +293,11 @@ fn line(id: &Value, output: Output) -> String {
     serde_json::to_string(&Line { id, output }).unwrap_or_else(|e| format!("{{\"id\":{id},\"error\":\"{e}\"}}"))
 }
 
-fn ids_in(path: &PathBuf) -> Result<HashSet<String>, String> {
-    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn ids_in(path: &Path) -> Result<HashSet<String>, CommandError> {
+    let file = File::open(path).map_err(|e| CommandError::file(path, e))?;
     let mut ids = HashSet::new();
     for line in BufReader::new(file).lines() {
-        let line = line.map_err(|e| e.to_string())?;
+        let line = line.map_err(|e| CommandError::File(e.to_string()))?;
         if let Ok(value) = serde_json::from_str::<Value>(&line) {
             if let Some(id) = value.get("id") {
                 ids.insert(id.to_string());
@@ -275,113 +308,34 @@ fn ids_in(path: &PathBuf) -> Result<HashSet<String>, String> {
 }
 
 /// Runs one batch command to the end. Errors are one line each, for the command's exit.
-pub fn run(command: Command, args: CommandArgs) -> Result<Summary, String> {
+pub fn run(command: Command, args: CommandArgs) -> Result<Summary, CommandError> {
     let shard = args.shard.as_deref().map(input::parse_shard).transpose()?;
     if args.chunk == 0 {
-        return Err("--chunk must be greater than 0".into());
+        return Err(CommandError::Setup("--chunk must be greater than 0".into()));
     }
-    let config = ServerConfig::try_from(args.model.clone()).map_err(|e| e.to_string())?;
-    let several = config.models.len() > 1;
-    let mut jobs = std::collections::HashMap::new();
-    // Every model loads into one process; their engines share the compute pool.
-    let mut models = Vec::new();
-    for options in config.models {
-        let name = options.served_name.clone();
-        let model = LocalModel::load(crate::library::LocalModelOptions { model: options, engine: config.engine.clone() }).map_err(|e| {
-            if several {
-                format!("model `{name}`: {e}")
-            } else {
-                e.to_string()
-            }
-        })?;
-        let job = Job::for_model(&model, command, &args).map_err(|e| if several { format!("model `{name}`: {e}") } else { e })?;
-        // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
-        for adapter in model.engine().lora().map(|l| l.list()).unwrap_or_default() {
-            if let Some(engine) = model.engine().with_adapter(&adapter.name) {
-                let adapted = Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone() };
-                jobs.insert(adapter.name.clone(), std::sync::Arc::new(adapted));
-            }
-        }
-        jobs.insert(name, std::sync::Arc::new(job));
-        models.push(model);
-    }
-    let names: Vec<String> = models.iter().map(|m| m.spec().served_name.clone()).collect();
-    let router = std::sync::Arc::new(Router { jobs, only: (!several).then(|| names[0].clone()), names });
-
+    let router = std::sync::Arc::new(Router::load(command, &args)?);
     let done = if args.resume && args.output.exists() { ids_in(&args.output)? } else { HashSet::new() };
-    let output = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .append(args.resume)
-        .truncate(!args.resume)
-        .open(&args.output)
-        .map_err(|e| format!("{}: {e}", args.output.display()))?;
-    let mut output = BufWriter::new(output);
-    let input = File::open(&args.input).map_err(|e| format!("{}: {e}", args.input.display()))?;
-    let total_bytes = input.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut lines = BufReader::new(input).lines();
-    let mut progress = progress::Progress::new(total_bytes);
-    let mut summary = Summary { written: 0, skipped_errors: 0, skipped_done: 0, message: String::new() };
-
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
-    let mut jsonl = match args.format {
+    let mut output = OutputFile::open(&args.output, args.resume, args.skip_errors)?;
+    let input = File::open(&args.input).map_err(|e| CommandError::file(&args.input, e))?;
+    let mut progress = progress::Progress::new(input.metadata().map(|m| m.len()).unwrap_or(0));
+    let jsonl = match args.format {
         InputFormat::Jsonl => Some(true),
         InputFormat::Text => Some(false),
         InputFormat::Auto => None,
     };
+    let mut reader =
+        LineReader { lines: BufReader::new(input).lines(), path: &args.input, number: 0, jsonl, shard, done, exhausted: false };
+    let mut summary = Summary { written: 0, skipped_errors: 0, skipped_done: 0, message: String::new() };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| CommandError::Setup(e.to_string()))?;
     let mut in_flight: VecDeque<tokio::task::JoinHandle<ChunkResult>> = VecDeque::new();
-    let mut line_number = 0;
-    let mut failure: Option<String> = None;
-    let mut exhausted = false;
-    // Write one finished chunk; returns the first error when not skipping errors.
-    let mut write = |(results, tokens): ChunkResult, summary: &mut Summary, progress: &mut progress::Progress| -> Result<(), String> {
-        progress.tokens += tokens;
-        for (line, result) in results {
-            match result {
-                Ok(text) => {
-                    writeln!(output, "{text}").map_err(|e| e.to_string())?;
-                    summary.written += 1;
-                }
-                Err(message) if args.skip_errors => {
-                    eprintln!("line {line}: {message} (skipped)");
-                    summary.skipped_errors += 1;
-                }
-                Err(message) => return Err(format!("line {line}: {message}")),
-            }
-        }
-        output.flush().map_err(|e| e.to_string())?;
-        progress.inputs = summary.written;
-        progress.tick();
-        Ok(())
-    };
-    while !exhausted || !in_flight.is_empty() {
-        // Keep two chunks in flight while there is input.
-        while !exhausted && in_flight.len() < 2 && failure.is_none() {
-            let mut records = Vec::with_capacity(args.chunk);
-            let mut early_errors = Vec::new();
-            while records.len() < args.chunk {
-                let Some(line) = lines.next() else {
-                    exhausted = true;
-                    break;
-                };
-                let line = line.map_err(|e| format!("{}: {e}", args.input.display()))?;
-                line_number += 1;
-                progress.bytes += line.len() as u64 + 1;
-                if line.trim().is_empty() {
-                    continue;
-                }
-                if let Some((i, n)) = shard {
-                    if input::shard_of(line_number, n) != i {
-                        continue;
-                    }
-                }
-                let is_jsonl = *jsonl.get_or_insert_with(|| line.trim_start().starts_with('{'));
-                match input::parse_line(line_number, &line, is_jsonl) {
-                    Ok(record) if done.contains(&record.id.to_string()) => summary.skipped_done += 1,
-                    Ok(record) => records.push(record),
-                    Err(message) => early_errors.push((line_number, Err(message))),
-                }
-            }
+    loop {
+        // Two chunks in flight while there is input, so tokenization and the model overlap.
+        while in_flight.len() < 2 {
+            let Some((records, early_errors)) = reader.next_chunk(args.chunk, &mut summary, &mut progress)? else { break };
             let router = router.clone();
             in_flight.push_back(runtime.spawn(async move {
                 let (mut results, tokens) = router.run_chunk(records).await;
@@ -391,16 +345,136 @@ pub fn run(command: Command, args: CommandArgs) -> Result<Summary, String> {
             }));
         }
         let Some(next) = in_flight.pop_front() else { break };
-        let results = runtime.block_on(next).map_err(|e| e.to_string())?;
-        if let Err(message) = write(results, &mut summary, &mut progress) {
-            failure = Some(message);
-            // Finish nothing more: chunks in flight are dropped with the runtime.
-            break;
-        }
-    }
-    if let Some(message) = failure {
-        return Err(message);
+        let results = runtime.block_on(next).map_err(|e| CommandError::Setup(e.to_string()))?;
+        // A failure ends the run here: the chunks in flight are dropped with the runtime.
+        output.write(results, &mut summary, &mut progress)?;
     }
     summary.message = progress.finish();
     Ok(summary)
+}
+
+impl Router {
+    /// Loads every model of the command line into this process (their engines share the
+    /// compute pool), each with the command's job, and its LoRA adapters as jobs of their own.
+    fn load(command: Command, args: &CommandArgs) -> Result<Router, CommandError> {
+        let config = ServerConfig::try_from(args.model.clone()).map_err(|e| CommandError::Setup(e.to_string()))?;
+        let several = config.models.len() > 1;
+        let mut jobs = std::collections::HashMap::new();
+        let mut names = Vec::with_capacity(config.models.len());
+        for options in config.models {
+            let name = options.served_name.clone();
+            let model = LocalModel::load(crate::library::LocalModelOptions { model: options, engine: config.engine.clone() })
+                .map_err(|e| CommandError::of_model(several, &name, e))?;
+            let job = Job::for_model(&model, command, args).map_err(|e| CommandError::of_model(several, &name, e))?;
+            // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
+            for adapter in model.engine().lora().map(|l| l.list()).unwrap_or_default() {
+                if let Some(engine) = model.engine().with_adapter(&adapter.name) {
+                    let adapted = Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone() };
+                    jobs.insert(adapter.name.clone(), std::sync::Arc::new(adapted));
+                }
+            }
+            names.push(model.spec().served_name.clone());
+            jobs.insert(name, std::sync::Arc::new(job));
+        }
+        Ok(Router { jobs, only: (!several).then(|| names[0].clone()), names })
+    }
+}
+
+/// The input file, read a chunk of records at a time.
+struct LineReader<'a> {
+    lines: std::io::Lines<BufReader<File>>,
+    path: &'a Path,
+    /// The last line read (1-based numbers).
+    number: usize,
+    /// Whether lines are JSON Lines; `None` until the first non-blank line says.
+    jsonl: Option<bool>,
+    /// `--shard I/N`: only this shard's lines.
+    shard: Option<(usize, usize)>,
+    /// `--resume`: ids already in the output.
+    done: HashSet<String>,
+    exhausted: bool,
+}
+
+impl LineReader<'_> {
+    /// The next `size` records (fewer at the end of the file) and the lines that did not parse;
+    /// `None` once the file is read.
+    #[allow(clippy::type_complexity)]
+    fn next_chunk(
+        &mut self,
+        size: usize,
+        summary: &mut Summary,
+        progress: &mut progress::Progress,
+    ) -> Result<Option<(Vec<Record>, Vec<(usize, Result<String, CommandError>)>)>, CommandError> {
+        if self.exhausted {
+            return Ok(None);
+        }
+        let (mut records, mut early_errors) = (Vec::with_capacity(size), Vec::new());
+        while records.len() < size {
+            let Some(line) = self.lines.next() else {
+                self.exhausted = true;
+                break;
+            };
+            let line = line.map_err(|e| CommandError::file(self.path, e))?;
+            self.number += 1;
+            progress.bytes += line.len() as u64 + 1;
+            if line.trim().is_empty() || self.shard.is_some_and(|(i, n)| input::shard_of(self.number, n) != i) {
+                continue;
+            }
+            let is_jsonl = *self.jsonl.get_or_insert_with(|| line.trim_start().starts_with('{'));
+            match input::parse_line(self.number, &line, is_jsonl) {
+                Ok(record) if self.done.contains(&record.id.to_string()) => summary.skipped_done += 1,
+                Ok(record) => records.push(record),
+                Err(error) => early_errors.push((self.number, Err(error))),
+            }
+        }
+        Ok(Some((records, early_errors)))
+    }
+}
+
+/// The output file: finished chunks written in input order.
+struct OutputFile {
+    writer: BufWriter<File>,
+    skip_errors: bool,
+}
+
+impl OutputFile {
+    /// Appends to it with `--resume`, else starts it afresh.
+    fn open(path: &Path, resume: bool, skip_errors: bool) -> Result<Self, CommandError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(resume)
+            .truncate(!resume)
+            .open(path)
+            .map_err(|e| CommandError::file(path, e))?;
+        Ok(OutputFile { writer: BufWriter::new(file), skip_errors })
+    }
+
+    /// Writes one finished chunk; a failed input is skipped with `--skip-errors`, else it is
+    /// the run's error.
+    fn write(
+        &mut self,
+        (results, tokens): ChunkResult,
+        summary: &mut Summary,
+        progress: &mut progress::Progress,
+    ) -> Result<(), CommandError> {
+        progress.tokens += tokens;
+        for (line, result) in results {
+            match result {
+                Ok(text) => {
+                    writeln!(self.writer, "{text}").map_err(|e| CommandError::File(e.to_string()))?;
+                    summary.written += 1;
+                }
+                Err(error) if self.skip_errors => {
+                    eprintln!("line {line}: {error} (skipped)");
+                    summary.skipped_errors += 1;
+                }
+                Err(error) => return Err(CommandError::Line { line, error: Box::new(error) }),
+            }
+        }
+        self.writer.flush().map_err(|e| CommandError::File(e.to_string()))?;
+        progress.inputs = summary.written;
+        progress.tick();
+        Ok(())
+    }
 }

@@ -5,6 +5,7 @@
 //! prompts into model inputs first. It never shows tensors to its callers.
 
 pub mod literal;
+pub mod options;
 pub mod params;
 pub mod scheduler;
 pub mod score;
@@ -21,6 +22,7 @@ use crate::loader::LoadedModel;
 use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
+pub use options::{default_batch_tokens, EngineOptions, ServingLimits, DEFAULT_MAX_IMAGE_PIXELS};
 use scheduler::{BatchLimits, Job, ModelThread};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -42,6 +44,9 @@ pub enum EngineError {
     Dead(&'static str),
     #[error("This request's output would be {floats} floats ({tokens} tokens × {width}), over the server's limit of {max} (--max-output-floats). Please send fewer or shorter inputs.")]
     OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
+    /// At start: engine options that cannot work (a zero where a count must be positive).
+    #[error("{0}")]
+    Options(String),
     /// At start: the model could not be loaded.
     #[error(transparent)]
     Load(Arc<crate::loader::LoadError>),
@@ -62,17 +67,6 @@ impl From<std::io::Error> for EngineError {
     }
 }
 
-/// The limits an engine serves under (its [`EngineOptions`] after the model's own bounds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServingLimits {
-    /// Requests in flight at once; more get 429.
-    pub max_concurrent_requests: usize,
-    /// Tokens in one batch.
-    pub max_batch_tokens: usize,
-    /// Threads tokenizing (and decoding images) for this model.
-    pub tokenizer_workers: usize,
-}
-
 struct Inner {
     spec: ModelSpec,
     /// The input side: tokenizer workers, chat template, images, input limits.
@@ -89,69 +83,6 @@ struct Inner {
     tokenizer_workers: usize,
     /// The LoRA adapters it serves (`--enable-lora`).
     lora: Option<Arc<LoraRegistry>>,
-}
-
-/// How the engine batches and admits work, whatever the model.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineOptions {
-    /// Token budget of one forward pass; `None`: [`default_batch_tokens`] for the device.
-    pub max_batch_tokens: Option<usize>,
-    /// Most sequences in one forward pass.
-    pub max_num_seqs: usize,
-    /// Requests in flight beyond this are refused at once (429).
-    pub max_concurrent_requests: usize,
-    /// Threads that tokenize.
-    pub tokenizer_workers: usize,
-    /// Most floats one request may produce in token-level outputs.
-    pub max_output_floats: usize,
-    /// Largest image (width × height) decoded; larger ones are refused before decoding.
-    pub max_image_pixels: u64,
-}
-
-impl Default for EngineOptions {
-    /// `serve`'s defaults.
-    fn default() -> Self {
-        EngineOptions {
-            max_batch_tokens: None,
-            max_num_seqs: 256,
-            max_concurrent_requests: 512,
-            tokenizer_workers: 1,
-            max_output_floats: 1 << 24,
-            max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
-        }
-    }
-}
-
-impl EngineOptions {
-    /// The fields that must be positive, by their snake_case names, as a host reports them.
-    pub fn check(&self) -> Result<(), String> {
-        let fields = [
-            ("max_batch_tokens", self.max_batch_tokens.unwrap_or(1)),
-            ("max_num_seqs", self.max_num_seqs),
-            ("max_concurrent_requests", self.max_concurrent_requests),
-            ("tokenizer_workers", self.tokenizer_workers),
-            ("max_output_floats", self.max_output_floats),
-            ("max_image_pixels", self.max_image_pixels.min(1) as usize),
-        ];
-        match fields.iter().find(|(_, value)| *value == 0) {
-            Some((name, _)) => Err(format!("{name} must be greater than 0")),
-            None => Ok(()),
-        }
-    }
-}
-
-/// `--max-image-pixels` by default: a 40-megapixel photo decodes (160 MB as RGBA); a
-/// decompression bomb that claims more is refused from its header.
-pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 40_000_000;
-
-/// `--max-batch-tokens` when unset: cache-sized on the CPU (and Metal), TEI's default on CUDA
-/// (larger products fill a GPU).
-pub fn default_batch_tokens(device: &candle_core::Device) -> usize {
-    if device.is_cuda() {
-        16_384
-    } else {
-        4_096
-    }
 }
 
 /// A model's engine, as a request reaches it: the base model, or one of its LoRA adapters
@@ -306,17 +237,21 @@ impl Engine {
     /// This model with its built-in task adapter `task` (jina-embeddings-v3's
     /// `retrieval.query`, …), as a request's `task` field asks; the published code's message
     /// when it has no such task.
-    pub fn with_task(&self, task: &str) -> Result<Engine, String> {
+    pub fn with_task(&self, task: &str) -> Result<Engine, ParamsError> {
+        let refused = |message: String| ParamsError::new(message, "task");
         let tasks = self.lora().map_or(&[][..], |r| r.tasks());
         if tasks.is_empty() {
-            return Err(format!("`task` selects a task adapter; the model `{}` has none", self.inner.spec.served_name));
+            return Err(refused(format!("`task` selects a task adapter; the model `{}` has none", self.inner.spec.served_name)));
         }
         if self.adapter.is_some() && !self.by_task {
-            return Err(format!("`task` selects a task adapter of the base model; `{}` is an adapter already", self.served_name()));
+            return Err(refused(format!(
+                "`task` selects a task adapter of the base model; `{}` is an adapter already",
+                self.served_name()
+            )));
         }
         match self.lora().and_then(|r| r.get(task)).filter(|_| tasks.iter().any(|t| t == task)) {
             Some(adapter) => Ok(Engine { inner: Arc::clone(&self.inner), adapter: Some(adapter), by_task: true }),
-            None => Err(format!("Unsupported task '{task}'. Supported tasks are: {}.", tasks.join(", "))),
+            None => Err(refused(format!("Unsupported task '{task}'. Supported tasks are: {}.", tasks.join(", ")))),
         }
     }
 

@@ -37,12 +37,12 @@ pub enum ContentFormat {
 }
 
 impl std::str::FromStr for ContentFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ChatError;
+    fn from_str(s: &str) -> Result<Self, ChatError> {
         match s {
             "string" => Ok(ContentFormat::String),
             "openai" => Ok(ContentFormat::OpenAi),
-            other => Err(format!("unknown chat template content format `{other}` (auto, string, openai)")),
+            other => Err(ChatError(format!("unknown chat template content format `{other}` (auto, string, openai)"))),
         }
     }
 }

@@ -76,7 +76,7 @@ pub async fn images_bytes(urls: Vec<String>, options: &MediaOptions) -> Result<V
 /// The bytes of the image at `url`.
 pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
     if url.starts_with("data:") {
-        return decode_data_url(url).map_err(bad);
+        return decode_data_url(url).map_err(|e| bad(e.to_string()));
     }
     let parsed = url::Url::parse(url).map_err(|_| {
         bad(format!("Invalid image URL `{}`: expected a data URL (data:image/png;base64,…) or an http(s) URL", shorten(url)))

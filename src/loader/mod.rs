@@ -55,6 +55,9 @@ pub enum LoadError {
     /// A LoRA adapter this server cannot apply, or a broken adapter file; the message names it.
     #[error("{0}")]
     Adapter(String),
+    /// Options that cannot work together, in the words of the flag that set them.
+    #[error("{0}")]
+    Options(String),
 }
 
 impl From<TokenizeError> for LoadError {
@@ -158,6 +161,8 @@ fn weight_files(source: &ModelSource) -> Result<WeightFiles, LoadError> {
     Err(LoadError::NotFound("the model has no model.safetensors or pytorch_model.bin".into()))
 }
 
+/// Loads the model `options` names: its files, its backbone and image tower, the decisions of
+/// its spec, its tokenizer and chat template, and the heads and adapters its tasks need.
 pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let source = ModelSource::resolve(&options.source, options.revision.as_deref())?;
     let mut config: serde_json::Value = read_json(&source.required("config.json")?)?;
@@ -170,38 +175,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
 
     let device = device(options.device)?;
-    let mut dtype = options.dtype.dtype_on(options.device);
-    let weights = match weight_files(&source)? {
-        WeightFiles::Safetensors(files) => {
-            // SAFETY: the weight files are memory-mapped read-only and must not change while
-            // we run, the same contract as every safetensors loader.
-            let weights = unsafe { mapped::MappedWeights::open(&files)? };
-            if options.dtype == options::DTypeArg::Auto && device.is_cpu() {
-                dtype = mapped::auto_cpu_dtype(&weights, &files, mapped::available_memory());
-            }
-            Ok(weights)
-        }
-        WeightFiles::Pytorch(file) => Err(file),
-    };
-    // bfloat16 on the CPU: the transformer's dense layers packed in bf16 for the CPU kernels,
-    // everything else (activations, norms, attention, heads) in f32. See `ops::sgemm`.
-    let cpu_weight_format = if device.is_cpu() && dtype == DType::BF16 {
-        dtype = DType::F32;
-        WeightFormat::Bf16
-    } else {
-        WeightFormat::F32
-    };
-    let vb = match weights {
-        Ok(weights) => VarBuilder::from_backend(Box::new(weights), dtype, device.clone()),
-        Err(file) => VarBuilder::from_pth(&file, dtype, &device)?,
-    };
-    #[cfg(feature = "cuda")]
-    if device.is_cuda() {
-        match models::ops::cuda::self_check(&device, dtype) {
-            Ok(()) => tracing::info!("CUDA kernels checked against candle's ops in {dtype:?}"),
-            Err(problem) => tracing::error!("CUDA kernel self-check failed ({problem}): running on candle's composite ops instead, slower"),
-        }
-    }
+    let (vb, cpu_weight_format) = open_weights(&source, options, &device)?;
     let mut backbone = with_cpu_weight_format(cpu_weight_format, || architecture.backbone(&config, vb.clone()))?;
     if options.quantization.is_some() {
         models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
@@ -238,51 +212,99 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let calibration = (spec.pooler_defaults.logit_bias.map(|b| b as f32), spec.pooler_defaults.logit_sigma.map(|s| s as f32));
     let classifier_source = classifier_source(&spec, &config, architecture, &tokenizer, calibration, vb.clone())?;
     let classifier = classifier_source.as_ref().map(lora::ClassifierSource::base_head).transpose()?;
-    // Built-in task adapters (jina-embeddings-v3) are served without --enable-lora.
-    let lora_options = match (&options.lora, architecture.has_task_adapters(&config)) {
-        (Some(lora_options), _) => Some(lora_options.clone()),
-        (None, true) => Some(lora::LoraOptions::default()),
-        (None, false) => None,
-    };
-    let lora = match &lora_options {
-        Some(lora_options) => {
-            let sites = models::enable_lora(backbone.as_mut());
-            if sites.is_empty() {
-                return Err(LoadError::Unsupported(format!(
-                    "--enable-lora: LoRA adapters are not supported for {} yet",
-                    architecture.name()
-                )));
-            }
-            let tasks = architecture.task_adapters(&config, vb.clone(), &sites)?;
-            let mut registry = lora::LoraRegistry::new(sites, classifier_source, lora_options);
-            for task in tasks {
-                let adapter = registry.add_task(task)?;
-                tracing::info!(model = %options.served_name, "task adapter `{}` (built in, rank {}, {} floats)", adapter.name, adapter.rank, adapter.floats);
-            }
-            for module in &lora_options.modules {
-                let adapter = registry.load(&module.name, &module.path)?;
-                tracing::info!(model = %options.served_name, "LoRA adapter `{}` loaded from {} (rank {}, {} floats)", adapter.name, adapter.path, adapter.rank, adapter.floats);
-            }
-            Some(registry)
-        }
-        None => None,
-    };
+    let lora = lora_registry(options, architecture, &config, backbone.as_mut(), classifier_source, vb.clone())?;
     let sparse_head = if spec.supports(Task::EmbedSparse) && !spec.m3 {
         Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? })
     } else {
         None
     };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
+    let chat_template = chat_template_of(options, &source, &tokenizer_config)?;
+    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template, lora })
+}
+
+/// The weights, as the architectures read them, and the format the CPU kernels pack dense
+/// layers in: safetensors memory-mapped (`--dtype auto` on the CPU keeping half precision when
+/// an f32 copy would not fit), else a `pytorch_model.bin`. With bfloat16 on the CPU, the
+/// transformer's dense layers are packed in bf16 for the CPU kernels and everything else
+/// (activations, norms, attention, heads) runs in f32 (see `ops::sgemm`).
+fn open_weights(source: &ModelSource, options: &ModelOptions, device: &Device) -> Result<(VarBuilder<'static>, WeightFormat), LoadError> {
+    let mut dtype = options.dtype.dtype_on(options.device);
+    let weights = match weight_files(source)? {
+        WeightFiles::Safetensors(files) => {
+            // SAFETY: the weight files are memory-mapped read-only and must not change while
+            // we run, the same contract as every safetensors loader.
+            let weights = unsafe { mapped::MappedWeights::open(&files)? };
+            if options.dtype == options::DTypeArg::Auto && device.is_cpu() {
+                dtype = mapped::auto_cpu_dtype(&weights, &files, mapped::available_memory());
+            }
+            Ok(weights)
+        }
+        WeightFiles::Pytorch(file) => Err(file),
+    };
+    let cpu_weight_format = if device.is_cpu() && dtype == DType::BF16 {
+        dtype = DType::F32;
+        WeightFormat::Bf16
+    } else {
+        WeightFormat::F32
+    };
+    let vb = match weights {
+        Ok(weights) => VarBuilder::from_backend(Box::new(weights), dtype, device.clone()),
+        Err(file) => VarBuilder::from_pth(&file, dtype, device)?,
+    };
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        match models::ops::cuda::self_check(device, dtype) {
+            Ok(()) => tracing::info!("CUDA kernels checked against candle's ops in {dtype:?}"),
+            Err(problem) => tracing::error!("CUDA kernel self-check failed ({problem}): running on candle's composite ops instead, slower"),
+        }
+    }
+    Ok((vb, cpu_weight_format))
+}
+
+/// The adapters the model serves: with `--enable-lora`, or its built-in task adapters
+/// (jina-embeddings-v3's, served without the flag), then the `--lora-modules` read at start.
+fn lora_registry(
+    options: &ModelOptions,
+    architecture: &'static dyn models::Architecture,
+    config: &serde_json::Value,
+    backbone: &mut dyn Backbone,
+    classifier_source: Option<lora::ClassifierSource>,
+    vb: VarBuilder<'static>,
+) -> Result<Option<lora::LoraRegistry>, LoadError> {
+    let lora_options = match (&options.lora, architecture.has_task_adapters(config)) {
+        (Some(lora_options), _) => lora_options.clone(),
+        (None, true) => lora::LoraOptions::default(),
+        (None, false) => return Ok(None),
+    };
+    let sites = models::enable_lora(backbone);
+    if sites.is_empty() {
+        return Err(LoadError::Unsupported(format!("--enable-lora: LoRA adapters are not supported for {} yet", architecture.name())));
+    }
+    let tasks = architecture.task_adapters(config, vb, &sites)?;
+    let mut registry = lora::LoraRegistry::new(sites, classifier_source, &lora_options);
+    for task in tasks {
+        let adapter = registry.add_task(task)?;
+        tracing::info!(model = %options.served_name, "task adapter `{}` (built in, rank {}, {} floats)", adapter.name, adapter.rank, adapter.floats);
+    }
+    for module in &lora_options.modules {
+        let adapter = registry.load(&module.name, &module.path)?;
+        tracing::info!(model = %options.served_name, "LoRA adapter `{}` loaded from {} (rank {}, {} floats)", adapter.name, adapter.path, adapter.rank, adapter.floats);
+    }
+    Ok(Some(registry))
+}
+
+/// How `messages` become text: `--chat-template`, else the folder's template.
+fn chat_template_of(options: &ModelOptions, source: &ModelSource, tokenizer_config: &serde_json::Value) -> Result<ChatTemplate, LoadError> {
     let template = match &options.chat_template {
         Some(flag) => Some(chat_template::read_flag(flag)?),
         None => chat_template::from_folder(
-            &tokenizer_config,
+            tokenizer_config,
             source.file("chat_template.jinja")?.as_deref(),
             source.file("chat_template.json")?.as_deref(),
         )?,
     };
-    let chat_template = ChatTemplate::new(template, &tokenizer_config, options.chat_template_content_format)?;
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template, lora })
+    Ok(ChatTemplate::new(template, tokenizer_config, options.chat_template_content_format)?)
 }
 
 /// How the model's classifier head is built (`classify` / `score`, or `token_classify`), over

@@ -3,6 +3,7 @@
 //! Its enums are the values of the matching `serve` flags; they parse from the command line
 //! (clap's `ValueEnum`) and from JSON (serde), so the CLI needs no mirror types.
 
+use super::LoadError;
 use crate::pooling::config::PoolerConfig;
 use serde::Deserialize;
 
@@ -129,22 +130,23 @@ impl ModelOptions {
 
     /// The checks any host makes before loading: combinations that cannot work, in the words of
     /// the `serve` flag that set them.
-    pub fn check(&self) -> Result<(), String> {
-        self.pooler.check().map_err(|e| format!("--pooler-config: {e}"))?;
+    pub fn check(&self) -> Result<(), LoadError> {
+        let refused = |message: &str| Err(LoadError::Options(message.into()));
+        self.pooler.check().map_err(|e| LoadError::Options(format!("--pooler-config: {e}")))?;
         match self.device {
             DeviceArg::Cpu => {}
             DeviceArg::Cuda if cfg!(feature = "cuda") => {}
             DeviceArg::Metal if cfg!(feature = "metal") => {}
-            DeviceArg::Cuda => return Err("--device cuda: poolserve was built without the `cuda` feature".into()),
-            DeviceArg::Metal => return Err("--device metal: poolserve was built without the `metal` feature".into()),
+            DeviceArg::Cuda => return refused("--device cuda: poolserve was built without the `cuda` feature"),
+            DeviceArg::Metal => return refused("--device metal: poolserve was built without the `metal` feature"),
         }
         if self.max_model_len == Some(0) {
-            return Err("--max-model-len must be greater than 0".into());
+            return refused("--max-model-len must be greater than 0");
         }
         let cpu_dtype =
             self.device == DeviceArg::Cpu && matches!(self.dtype.dtype_on(self.device), candle_core::DType::F32 | candle_core::DType::BF16);
         if self.quantization.is_some() && !cpu_dtype {
-            return Err("--quantization int8 runs on --device cpu with --dtype float32 or bfloat16 only".into());
+            return refused("--quantization int8 runs on --device cpu with --dtype float32 or bfloat16 only");
         }
         Ok(())
     }

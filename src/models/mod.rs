@@ -213,6 +213,9 @@ pub enum ModelError {
     NoHead(String),
     #[error("weights: {0}")]
     Weights(#[from] candle_core::Error),
+    /// A fused CUDA kernel disagrees with candle's ops on this device (the load-time check).
+    #[error("{0}")]
+    Kernel(String),
 }
 
 /// A config.json parsed into an architecture's own config type.

@@ -76,8 +76,8 @@ const OPENAI_CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 const MAX_SIDE: usize = 16384;
 
 impl TryFrom<RawConfig> for ImageProcessorConfig {
-    type Error = String;
-    fn try_from(r: RawConfig) -> Result<Self, String> {
+    type Error = ImageError;
+    fn try_from(r: RawConfig) -> Result<Self, ImageError> {
         let siglip = r.image_processor_type.as_deref().is_some_and(|t| t.to_ascii_lowercase().starts_with("siglip"));
         // Both PIL classes use default_to_square = False, so a bare int `size` is a shortest edge;
         // `crop_size` is always square when given as an int.
@@ -89,7 +89,7 @@ impl TryFrom<RawConfig> for ImageProcessorConfig {
             Some(RawSize::Dict { shortest_edge: None, longest_edge: None, height: Some(height), width: Some(width) }) => {
                 Size::Exact(HeightWidth { height, width })
             }
-            Some(_) => return Err("size must be {\"shortest_edge\"} or {\"height\", \"width\"}".into()),
+            Some(_) => return Err(ImageError::ConfigField("size must be {\"shortest_edge\"} or {\"height\", \"width\"}".into())),
         };
         let crop_size = match r.crop_size {
             None if siglip => None,
@@ -98,7 +98,7 @@ impl TryFrom<RawConfig> for ImageProcessorConfig {
             Some(RawSize::Dict { height: Some(height), width: Some(width), shortest_edge: None, longest_edge: None }) => {
                 Some(HeightWidth { height, width })
             }
-            Some(_) => return Err("crop_size must be {\"height\", \"width\"}".into()),
+            Some(_) => return Err(ImageError::ConfigField("crop_size must be {\"height\", \"width\"}".into())),
         };
         let (mean, std) = if siglip { ([0.5; 3], [0.5; 3]) } else { (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD) };
         // transformers broadcasts a scalar mean/std to every channel.

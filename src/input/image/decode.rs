@@ -111,19 +111,20 @@ pub(super) fn to_rgb(img: DynamicImage) -> Vec<u8> {
 
 /// The bytes of a `data:[<image type>];base64,<data>` URL (the API's and the batch
 /// commands' inline images). Only base64 image data is taken.
-pub fn decode_data_url(url: &str) -> Result<Vec<u8>, String> {
+pub fn decode_data_url(url: &str) -> Result<Vec<u8>, ImageError> {
     use base64::Engine as _;
-    let rest = url.strip_prefix("data:").ok_or("Invalid data URL: it must start with `data:`")?;
-    let (meta, data) = rest.split_once(',').ok_or("Invalid data URL: no `,` before the data")?;
+    let invalid = |message: &str| ImageError::DataUrl(format!("Invalid data URL: {message}"));
+    let rest = url.strip_prefix("data:").ok_or_else(|| invalid("it must start with `data:`"))?;
+    let (meta, data) = rest.split_once(',').ok_or_else(|| invalid("no `,` before the data"))?;
     let Some(media_type) = meta.strip_suffix(";base64") else {
-        return Err("Invalid data URL: the image must be base64-encoded (data:image/png;base64,…)".into());
+        return Err(invalid("the image must be base64-encoded (data:image/png;base64,…)"));
     };
     if !(media_type.is_empty() || media_type.starts_with("image/")) {
-        return Err(format!("Invalid data URL: media type `{media_type}` is not an image"));
+        return Err(invalid(&format!("media type `{media_type}` is not an image")));
     }
     // Some clients wrap long base64 lines.
     let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
     base64::engine::general_purpose::STANDARD
         .decode(compact.as_bytes())
-        .map_err(|e| format!("Invalid data URL: the base64 data does not decode ({e})"))
+        .map_err(|e| invalid(&format!("the base64 data does not decode ({e})")))
 }

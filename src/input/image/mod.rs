@@ -45,6 +45,12 @@ pub enum ImageError {
     UnsupportedFormat,
     #[error("image processor config: {0}")]
     Config(String),
+    /// A field of the processor config that cannot be used (serde says where it stands).
+    #[error("{0}")]
+    ConfigField(String),
+    /// A `data:` URL that is not base64 image data.
+    #[error("{0}")]
+    DataUrl(String),
 }
 
 /// Longest side over shortest side accepted: a 40-megapixel 1-pixel-high strip would make

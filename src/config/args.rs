@@ -1,0 +1,162 @@
+//! The `serve` command line: every flag, its default and its environment variable.
+
+use crate::loader::options::{Convert, DTypeArg, DeviceArg, Quantization};
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Runner {
+    Pooling,
+}
+
+/// `poolserve serve` flags. Each one can also come from the environment variable named in
+/// its help (flags win over the environment).
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Local model folders or Hugging Face hub ids, each optionally `NAME=MODEL` (the name
+    /// clients send as `model`; default: MODEL itself). Several models share the machine.
+    #[arg(env = "POOLSERVE_MODEL", required_unless_present = "config", conflicts_with = "config", value_name = "MODEL")]
+    pub models: Vec<String>,
+    /// A models file (YAML or JSON): `{"models": [{"name", "model", <per-model options>}]}`,
+    /// each option under its flag's snake_case name; flags given here are every entry's defaults.
+    #[arg(long, env = "POOLSERVE_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+    /// Only `pooling` is served.
+    #[arg(long, value_enum, default_value = "pooling", env = "POOLSERVE_RUNNER")]
+    pub runner: Runner,
+    #[arg(long, value_enum, default_value = "auto", env = "POOLSERVE_CONVERT")]
+    pub convert: Convert,
+    /// JSON object: task, pooling_type, use_activation, dimensions, ... (vLLM's PoolerConfig;
+    /// also as `--pooler-config.KEY VALUE`).
+    #[arg(long, env = "POOLSERVE_POOLER_CONFIG")]
+    pub pooler_config: Option<String>,
+    /// JSON object merged into config.json before anything reads it (also as
+    /// `--hf-overrides.KEY VALUE`).
+    #[arg(long, env = "POOLSERVE_HF_OVERRIDES")]
+    pub hf_overrides: Option<String>,
+    /// The chat template that renders `messages`: a file, or the Jinja template itself
+    /// (default: the model folder's).
+    #[arg(long, env = "POOLSERVE_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// How the template reads a message's content: `string` (text parts joined), `openai`
+    /// (a list of parts) or `auto` (decided from the template).
+    #[arg(long, default_value = "auto", env = "POOLSERVE_CHAT_TEMPLATE_CONTENT_FORMAT")]
+    pub chat_template_content_format: String,
+    /// Let requests send their own `chat_template` (rendered under the same work limit).
+    #[arg(long, env = "POOLSERVE_TRUST_REQUEST_CHAT_TEMPLATE")]
+    pub trust_request_chat_template: bool,
+    /// vLLM flags that a command line written for vLLM may carry and that change nothing
+    /// here (no GPU memory pool, no CUDA graphs, no custom model code): accepted, ignored.
+    #[arg(long, hide = true)]
+    pub enforce_eager: bool,
+    #[arg(long, hide = true)]
+    pub trust_remote_code: bool,
+    #[arg(long, hide = true)]
+    pub gpu_memory_utilization: Option<f64>,
+    #[arg(long, hide = true)]
+    pub disable_log_requests: bool,
+    #[arg(long, hide = true)]
+    pub disable_log_stats: bool,
+    /// Hub revision (branch, tag or commit) for hub ids.
+    #[arg(long, env = "POOLSERVE_REVISION")]
+    pub revision: Option<String>,
+    /// Longest input in tokens; at most the model's own limit.
+    #[arg(long, env = "POOLSERVE_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+    /// Name clients send as `model` (default: the MODEL argument); one model only (use
+    /// `NAME=MODEL` for several, `name` in a models file).
+    #[arg(long, env = "POOLSERVE_SERVED_MODEL_NAME", conflicts_with = "config")]
+    pub served_model_name: Option<String>,
+    #[arg(long, default_value = "0.0.0.0", env = "POOLSERVE_HOST")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000, env = "POOLSERVE_PORT")]
+    pub port: u16,
+    #[arg(long, value_enum, default_value = "auto", env = "POOLSERVE_DTYPE")]
+    pub dtype: DTypeArg,
+    #[arg(long, value_enum, default_value = "cpu", env = "POOLSERVE_DEVICE")]
+    pub device: DeviceArg,
+    /// Quantize the transformer blocks (off by default; see README "Precision").
+    #[arg(long, short = 'q', value_enum, env = "POOLSERVE_QUANTIZATION")]
+    pub quantization: Option<Quantization>,
+    /// Name of the sentence-transformers prompt (config_sentence_transformers.json `prompts`)
+    /// applied when a request names none; overrides the folder's `default_prompt_name`.
+    #[arg(long, env = "POOLSERVE_DEFAULT_PROMPT_NAME", conflicts_with = "default_prompt")]
+    pub default_prompt_name: Option<String>,
+    /// Text prepended to every text input when a request names no prompt (instead of a named one).
+    #[arg(long, env = "POOLSERVE_DEFAULT_PROMPT")]
+    pub default_prompt: Option<String>,
+    /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
+    #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
+    pub reranker_instruction: Option<String>,
+    /// Token budget of one forward pass (sum of the batch's sequence lengths); default 4096 on
+    /// the CPU (cache-sized), 16384 on CUDA (TEI's default: larger products fill a GPU).
+    /// vLLM's `--max-num-batched-tokens` is the same setting.
+    #[arg(long, env = "POOLSERVE_MAX_BATCH_TOKENS", alias = "max-num-batched-tokens")]
+    pub max_batch_tokens: Option<usize>,
+    /// Most sequences in one forward pass.
+    #[arg(long, default_value_t = 256, env = "POOLSERVE_MAX_NUM_SEQS")]
+    pub max_num_seqs: usize,
+    /// Requests in flight beyond this get 429 at once.
+    #[arg(long, default_value_t = 512, env = "POOLSERVE_MAX_CONCURRENT_REQUESTS")]
+    pub max_concurrent_requests: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 2_000_000, env = "POOLSERVE_PAYLOAD_LIMIT")]
+    pub payload_limit: usize,
+    /// Threads that tokenize (default: 1, so the model keeps the other cores).
+    #[arg(long, default_value_t = 1, env = "POOLSERVE_TOKENIZER_WORKERS")]
+    pub tokenizer_workers: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health, /metrics and /version.
+    #[arg(long, env = "POOLSERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Most inputs (texts, token lists, pairs, documents) in one request; more get 400.
+    #[arg(long, default_value_t = 1024, env = "POOLSERVE_MAX_CLIENT_BATCH_SIZE")]
+    pub max_client_batch_size: usize,
+    /// Most floats one request may produce in token-level outputs (token_embed,
+    /// token_classify, late-interaction scoring: tokens × width); more get 400 before the
+    /// model runs. 2^24 = 64 MiB of f32, about 170 MB of JSON.
+    #[arg(long, default_value_t = 1 << 24, env = "POOLSERVE_MAX_OUTPUT_FLOATS")]
+    pub max_output_floats: usize,
+    /// Largest image decoded, in pixels (width × height); larger ones get 400 from their
+    /// header, before decoding (decompression bombs).
+    #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_IMAGE_PIXELS, env = "POOLSERVE_MAX_IMAGE_PIXELS")]
+    pub max_image_pixels: u64,
+    /// Hosts whose http(s) image URLs the server fetches (comma-separated, exact host names;
+    /// vLLM's flag). Without it only data URLs are accepted.
+    #[arg(long, value_delimiter = ',', env = "POOLSERVE_ALLOWED_MEDIA_DOMAINS")]
+    pub allowed_media_domains: Vec<String>,
+    /// Seconds an image fetch may take (vLLM's VLLM_IMAGE_FETCH_TIMEOUT default); the fetched
+    /// size is bounded by --payload-limit.
+    #[arg(long, default_value_t = 5, env = "POOLSERVE_MEDIA_FETCH_TIMEOUT")]
+    pub media_fetch_timeout: u64,
+    /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30, env = "POOLSERVE_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: u64,
+    #[arg(long, value_enum, default_value = "text", env = "POOLSERVE_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Serve PEFT LoRA adapters of the models (README "LoRA adapters"): a request's `model`
+    /// may name an adapter, and sequences of different adapters share a batch.
+    #[arg(long, env = "POOLSERVE_ENABLE_LORA")]
+    pub enable_lora: bool,
+    /// Adapters loaded at start: `NAME=PATH`, or vLLM's JSON
+    /// `{"name": …, "path": …, "base_model_name": …}` (the served model it adapts; default the
+    /// first). Several values, or the flag repeated.
+    #[arg(long, num_args = 1.., value_name = "NAME=PATH")]
+    pub lora_modules: Vec<String>,
+    /// Most distinct adapters in one forward pass; requests for more wait for the next batch.
+    #[arg(long, default_value_t = 1, env = "POOLSERVE_MAX_LORAS")]
+    pub max_loras: usize,
+    /// Largest adapter rank accepted.
+    #[arg(long, default_value_t = 16, env = "POOLSERVE_MAX_LORA_RANK")]
+    pub max_lora_rank: usize,
+    /// Register `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (behind
+    /// --api-key). vLLM's switch, the environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING,
+    /// is honoured too.
+    #[arg(long, env = "POOLSERVE_ALLOW_RUNTIME_LORA_UPDATING")]
+    pub allow_runtime_lora_updating: bool,
+}
+
+/// `--log-format`: human-readable lines, or one JSON object per event (log collectors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}

@@ -1,0 +1,370 @@
+//! The CLI layer's configuration: the `serve` command line (every flag also an environment
+//! variable), turned once into a [`ServerConfig`]: the model's [`ModelOptions`] (loader), the
+//! engine's [`EngineOptions`], and the HTTP server's own settings.
+//!
+//! A file a subject: `args` (the flags), `vllm_args` (vLLM's spellings of them), `models_file`
+//! (`--config FILE`); here, their values checked and turned into a [`ServerConfig`].
+
+mod args;
+mod models_file;
+mod vllm_args;
+
+pub use args::{LogFormat, Runner, ServeArgs};
+pub use vllm_args::vllm_style_args;
+
+use crate::engine::EngineOptions;
+use crate::loader::lora::{LoraModule, LoraOptions};
+use crate::loader::options::ModelOptions;
+use crate::pooling::config::PoolerConfig;
+
+/// Everything the server needs, validated.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The models served, in the order given; names are unique.
+    pub models: Vec<ModelOptions>,
+    pub engine: EngineOptions,
+    pub host: String,
+    pub port: u16,
+    pub payload_limit: usize,
+    pub api_key: Option<String>,
+    pub max_client_batch_size: usize,
+    /// `--trust-request-chat-template`: requests may bring their own chat template.
+    pub trust_request_chat_template: bool,
+    pub shutdown_timeout: std::time::Duration,
+    pub log_format: LogFormat,
+    /// Hosts whose image URLs are fetched, and the fetch's time limit.
+    pub allowed_media_domains: Vec<String>,
+    pub media_fetch_timeout: std::time::Duration,
+    /// `--allow-runtime-lora-updating`: the adapter load/unload routes exist.
+    pub allow_runtime_lora_updating: bool,
+}
+
+/// A flag value that cannot be used; printed as one line before exiting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub(crate) String);
+
+fn positive(name: &str, value: usize) -> Result<usize, ConfigError> {
+    if value == 0 {
+        return Err(ConfigError(format!("--{name} must be greater than 0")));
+    }
+    Ok(value)
+}
+
+/// The command line's models: `MODEL` or `NAME=MODEL` each, with the flags' options.
+fn named_models(models: &[String], served_model_name: Option<&str>, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
+    if models.len() > 1 && served_model_name.is_some() {
+        return Err(ConfigError("--served-model-name names one model; name several with NAME=MODEL".into()));
+    }
+    let mut out = Vec::with_capacity(models.len());
+    for entry in models {
+        // `NAME=MODEL`, unless the whole entry is an existing path or what precedes `=` holds a
+        // `/` (a folder such as `runs/lr=2e-5` or a hub id): such a MODEL stays whole.
+        let split = entry.split_once('=').filter(|(name, _)| !name.contains('/') && !std::path::Path::new(entry).exists());
+        let (name, source) = match split {
+            Some((name, source)) if !name.is_empty() && !source.is_empty() => {
+                if served_model_name.is_some() {
+                    return Err(ConfigError(format!("`{entry}` is named already; drop --served-model-name")));
+                }
+                (name.to_string(), source.to_string())
+            }
+            Some(_) => return Err(ConfigError(format!("`{entry}`: expected MODEL or NAME=MODEL"))),
+            None => (served_model_name.unwrap_or(entry).to_string(), entry.clone()),
+        };
+        out.push(ModelOptions { served_name: name, source, ..defaults.clone() });
+    }
+    unique_names(&out)?;
+    Ok(out)
+}
+
+/// Two models under one name could never both be reached.
+fn unique_names(models: &[ModelOptions]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    match models.iter().find(|m| !seen.insert(m.served_name.as_str())) {
+        Some(m) => Err(ConfigError(format!("two models are named `{}`; give each a NAME=MODEL of its own", m.served_name))),
+        None if models.is_empty() => Err(ConfigError("no model to serve".into())),
+        None => Ok(()),
+    }
+}
+
+/// `--lora-modules`: each adapter to the model its `base_model_name` names (the first model
+/// without one), which must serve adapters.
+fn assign_lora_modules(models: &mut [ModelOptions], items: &[String]) -> Result<(), ConfigError> {
+    for item in items.iter().filter(|i| !i.trim().is_empty()) {
+        let module: LoraModule = item.parse().map_err(|e: crate::loader::LoadError| ConfigError(e.to_string()))?;
+        let model = match &module.base_model_name {
+            Some(base) => models
+                .iter_mut()
+                .find(|m| &m.served_name == base)
+                .ok_or_else(|| ConfigError(format!("--lora-modules `{}`: base_model_name `{base}` is not a served model", module.name)))?,
+            None => models.first_mut().ok_or_else(|| ConfigError("no model to serve".into()))?,
+        };
+        let served_name = model.served_name.clone();
+        let lora = model.lora.as_mut().ok_or_else(|| {
+            ConfigError(format!("--lora-modules `{}`: model `{served_name}` does not serve adapters (--enable-lora)", module.name))
+        })?;
+        lora.modules.push(module);
+    }
+    // An adapter's name is a `model` of its own: unique among models and adapters.
+    let mut seen: std::collections::HashSet<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
+    for module in models.iter().filter_map(|m| m.lora.as_ref()).flat_map(|l| &l.modules) {
+        if !seen.insert(module.name.as_str()) {
+            return Err(ConfigError(format!("the LoRA adapter `{}` has the name of another model or adapter", module.name)));
+        }
+    }
+    Ok(())
+}
+
+/// `--chat-template-content-format`: `auto` (`None`) or a fixed format.
+fn content_format(value: &str) -> Result<Option<crate::input::chat_template::ContentFormat>, ConfigError> {
+    match value {
+        "auto" => Ok(None),
+        other => other.parse().map(Some).map_err(|e| ConfigError(format!("--chat-template-content-format: {e}"))),
+    }
+}
+
+impl TryFrom<ServeArgs> for ServerConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
+        let pooler: PoolerConfig = match &args.pooler_config {
+            Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
+            None => PoolerConfig::default(),
+        };
+        let hf_overrides = match &args.hf_overrides {
+            Some(json) => match serde_json::from_str(json) {
+                Ok(serde_json::Value::Object(map)) => map,
+                Ok(_) => return Err(ConfigError("--hf-overrides must be a JSON object".into())),
+                Err(e) => return Err(ConfigError(format!("--hf-overrides: {e}"))),
+            },
+            None => Default::default(),
+        };
+        let defaults = ModelOptions {
+            served_name: String::new(),
+            source: String::new(),
+            revision: args.revision,
+            convert: args.convert,
+            pooler,
+            hf_overrides,
+            max_model_len: args.max_model_len,
+            device: args.device,
+            dtype: args.dtype,
+            quantization: args.quantization,
+            reranker_instruction: args.reranker_instruction,
+            default_prompt_name: args.default_prompt_name,
+            default_prompt: args.default_prompt,
+            chat_template: args.chat_template,
+            chat_template_content_format: content_format(&args.chat_template_content_format)?,
+            lora: args.enable_lora.then(|| LoraOptions {
+                modules: Vec::new(),
+                max_loras: args.max_loras,
+                max_lora_rank: args.max_lora_rank,
+            }),
+        };
+        let mut models = match &args.config {
+            Some(path) => models_file::read(path, &defaults)?,
+            None => named_models(&args.models, args.served_model_name.as_deref(), &defaults)?,
+        };
+        assign_lora_modules(&mut models, &args.lora_modules)?;
+        for model in &models {
+            model
+                .check()
+                .map_err(|e| ConfigError(if models.len() > 1 { format!("model `{}`: {e}", model.served_name) } else { e.to_string() }))?;
+        }
+        if let Some(n) = args.max_batch_tokens {
+            positive("max-batch-tokens", n)?;
+        }
+        let engine = EngineOptions {
+            max_batch_tokens: args.max_batch_tokens,
+            max_num_seqs: positive("max-num-seqs", args.max_num_seqs)?,
+            max_concurrent_requests: positive("max-concurrent-requests", args.max_concurrent_requests)?,
+            tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
+            max_output_floats: positive("max-output-floats", args.max_output_floats)?,
+            max_image_pixels: positive("max-image-pixels", args.max_image_pixels as usize)? as u64,
+        };
+        if args.enable_lora {
+            positive("max-loras", args.max_loras)?;
+            positive("max-lora-rank", args.max_lora_rank)?;
+        }
+        Ok(ServerConfig {
+            models,
+            engine,
+            host: args.host,
+            port: args.port,
+            payload_limit: positive("payload-limit", args.payload_limit)?,
+            api_key: match args.api_key {
+                Some(key) if key.is_empty() => return Err(ConfigError("--api-key must not be empty".into())),
+                key => key,
+            },
+            max_client_batch_size: positive("max-client-batch-size", args.max_client_batch_size)?,
+            trust_request_chat_template: args.trust_request_chat_template,
+            shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
+            log_format: args.log_format,
+            allowed_media_domains: args
+                .allowed_media_domains
+                .iter()
+                .map(|d| d.trim().to_ascii_lowercase())
+                .filter(|d| !d.is_empty())
+                .collect(),
+            media_fetch_timeout: std::time::Duration::from_secs(positive("media-fetch-timeout", args.media_fetch_timeout as usize)? as u64),
+            allow_runtime_lora_updating: args.allow_runtime_lora_updating || vllm_runtime_lora_updating(),
+        })
+    }
+}
+
+impl ServerConfig {
+    /// `serve`'s defaults for a model folder (tests and the library API). Written out rather
+    /// than parsed by clap, which would read the process's `POOLSERVE_*` variables (and exit
+    /// the host process on a malformed one); a test keeps them equal to the flags' defaults.
+    pub fn for_model(model: impl Into<String>) -> Self {
+        ServerConfig {
+            models: vec![ModelOptions::for_model(model)],
+            engine: EngineOptions::default(),
+            host: "0.0.0.0".into(),
+            port: 8000,
+            payload_limit: 2_000_000,
+            api_key: None,
+            max_client_batch_size: 1024,
+            trust_request_chat_template: false,
+            shutdown_timeout: std::time::Duration::from_secs(30),
+            log_format: LogFormat::Text,
+            allowed_media_domains: Vec::new(),
+            media_fetch_timeout: std::time::Duration::from_secs(5),
+            allow_runtime_lora_updating: false,
+        }
+    }
+}
+
+/// vLLM's switch for the adapter routes: `VLLM_ALLOW_RUNTIME_LORA_UPDATING` set to `1` or
+/// `true` (any case), as vLLM's `envs` reads it.
+fn vllm_runtime_lora_updating() -> bool {
+    std::env::var("VLLM_ALLOW_RUNTIME_LORA_UPDATING").is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loader::options::DTypeArg;
+
+    /// `for_model` spells out the flags' defaults: they must stay equal to what clap gives
+    /// (compared field by field through Debug, with none of the flags' variables set).
+    #[test]
+    fn for_model_matches_the_flags_defaults() {
+        use clap::{CommandFactory, Parser};
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let flag_variables: Vec<String> =
+            Wrapper::command().get_arguments().filter_map(|a| a.get_env()).map(|v| v.to_string_lossy().into_owned()).collect();
+        assert!(flag_variables.len() > 20, "the flags' variables were not found: {flag_variables:?}");
+        let set: Vec<&String> = flag_variables.iter().filter(|v| std::env::var_os(v).is_some()).collect();
+        assert!(set.is_empty(), "unset {set:?} to run this test: it compares against clap's defaults");
+        let parsed = ServerConfig::try_from(Wrapper::parse_from(["poolserve", "m"]).args).unwrap();
+        assert_eq!(parsed.models.len(), 1);
+        assert_eq!(format!("{:?}", ServerConfig::for_model("m")), format!("{parsed:?}"));
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = ServerConfig::for_model("some/model");
+        assert_eq!(config.models[0].served_name, "some/model");
+        assert_eq!(config.port, 8000);
+    }
+
+    fn parse(args: &[&str]) -> Result<ServerConfig, ConfigError> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let mut all = vec!["poolserve"];
+        all.extend_from_slice(args);
+        ServerConfig::try_from(Wrapper::try_parse_from(all).map_err(|e| ConfigError(e.to_string()))?.args)
+    }
+
+    #[test]
+    fn several_models_on_the_command_line() {
+        let config = parse(&["minilm=/m/a", "/m/b", "--dtype", "float32"]).unwrap();
+        let names: Vec<_> = config.models.iter().map(|m| (m.served_name.as_str(), m.source.as_str())).collect();
+        assert_eq!(names, [("minilm", "/m/a"), ("/m/b", "/m/b")]);
+        assert!(config.models.iter().all(|m| m.dtype == DTypeArg::Float32));
+        assert!(parse(&["a=/m/a", "a=/m/b"]).unwrap_err().to_string().contains("two models are named `a`"));
+        assert!(parse(&["/m/a", "/m/b", "--served-model-name", "x"]).is_err());
+        assert!(parse(&["=/m/a"]).is_err());
+        assert_eq!(parse(&["/m/a", "--served-model-name", "x"]).unwrap().models[0].served_name, "x");
+        assert!(parse(&["a=/m/a", "--served-model-name", "x"]).is_err());
+        // A MODEL whose `=` follows a `/` stays whole (a run folder, a hub id).
+        let whole = parse(&["runs/lr=2e-5"]).unwrap();
+        assert_eq!((whole.models[0].served_name.as_str(), whole.models[0].source.as_str()), ("runs/lr=2e-5", "runs/lr=2e-5"));
+    }
+
+    #[test]
+    fn models_file_in_yaml_and_json() {
+        let defaults = ModelOptions { dtype: DTypeArg::Float32, ..ModelOptions::for_model("") };
+        let json = r#"{"models": [{"name": "minilm", "model": "/m/all-MiniLM-L6-v2"},
+            {"name": "splade", "model": "/m/splade-tiny", "pooler_config": {"pooling_type": "SPLADE"}, "max_model_len": 128}]}"#;
+        let yaml = "models:\n  - name: minilm\n    model: /m/all-MiniLM-L6-v2\n  - name: splade\n    model: /m/splade-tiny\n    pooler_config:\n      pooling_type: SPLADE\n    max_model_len: 128\n";
+        for text in [json, yaml] {
+            let models = models_file::parse(text, &defaults).unwrap();
+            assert_eq!(models.len(), 2);
+            assert_eq!((models[0].served_name.as_str(), models[0].dtype), ("minilm", DTypeArg::Float32));
+            assert_eq!(models[1].pooler.pooling_type, Some(crate::pooling::PoolingType::Splade));
+            assert_eq!(models[1].max_model_len, Some(128));
+        }
+        let unknown = models_file::parse(r#"{"models": [{"model": "/m/a", "pooler_confg": {}}]}"#, &defaults).unwrap_err();
+        assert!(unknown.to_string().contains("unknown field"), "{unknown}");
+        assert!(models_file::parse(r#"{"models": [{"model": "/m/a"}, {"model": "/m/a"}]}"#, &defaults).is_err());
+        assert!(models_file::parse(r#"{"models": []}"#, &defaults).is_err());
+        assert!(parse(&["--config", "x.yaml", "/m/a"]).is_err(), "a models file and MODEL arguments are exclusive");
+        assert!(parse(&["--config", "x.yaml", "--served-model-name", "n"]).is_err());
+        let both =
+            models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt": "q: ", "default_prompt_name": "query"}]}"#, &defaults);
+        assert!(both.unwrap_err().to_string().contains("exclude each other"));
+        let flagged = ModelOptions { default_prompt: Some("flag: ".into()), ..defaults.clone() };
+        let entry = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt_name": "query"}]}"#, &flagged).unwrap();
+        assert_eq!((entry[0].default_prompt_name.as_deref(), entry[0].default_prompt.as_deref()), (Some("query"), None));
+    }
+
+    #[test]
+    fn lora_flags_and_models_file_keys() {
+        let config = parse(&[
+            "a=/m/a",
+            "b=/m/b",
+            "--enable-lora",
+            "--max-loras",
+            "4",
+            "--lora-modules",
+            "legal=/ad/legal",
+            r#"{"name": "med", "path": "/ad/med", "base_model_name": "b"}"#,
+        ])
+        .unwrap();
+        let lora = |i: usize| config.models[i].lora.as_ref().unwrap();
+        assert_eq!(lora(0).modules.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["legal"]);
+        assert_eq!(lora(1).modules[0].path, "/ad/med");
+        assert_eq!((lora(0).max_loras, lora(0).max_lora_rank), (4, 16));
+        let err = parse(&["/m/a", "--lora-modules", "x=/ad/x"]).unwrap_err().to_string();
+        assert!(err.contains("does not serve adapters (--enable-lora)"), "{err}");
+        let err = parse(&["a=/m/a", "--enable-lora", "--lora-modules", "a=/ad/x"]).unwrap_err().to_string();
+        assert!(err.contains("has the name of another model or adapter"), "{err}");
+        let err =
+            parse(&["/m/a", "--enable-lora", "--lora-modules", r#"{"name": "x", "path": "/p", "base_model_name": "zz"}"#]).unwrap_err();
+        assert!(err.to_string().contains("base_model_name `zz` is not a served model"), "{err}");
+        assert!(parse(&["/m/a", "--enable-lora", "--max-loras", "0"]).is_err());
+
+        let defaults = ModelOptions::for_model("");
+        let models = models_file::parse(
+            r#"{"models": [{"name": "a", "model": "/m/a", "lora_modules": ["x=/ad/x", {"name": "y", "path": "/ad/y"}], "max_loras": 2},
+                {"name": "b", "model": "/m/b"}]}"#,
+            &defaults,
+        )
+        .unwrap();
+        let a = models[0].lora.as_ref().unwrap();
+        assert_eq!((a.modules.len(), a.max_loras, a.max_lora_rank), (2, 2, 16));
+        assert!(models[1].lora.is_none());
+        let err = models_file::parse(r#"{"models": [{"model": "/m/a", "enable_lora": false, "lora_modules": ["x=/p"]}]}"#, &defaults);
+        assert!(err.unwrap_err().to_string().contains("lora_modules needs enable_lora"));
+    }
+}

@@ -1,0 +1,375 @@
+//! The CPU attention kernel: one (sequence, head) at a time, Kᵀ packed once, queries a block
+//! at a time into register tiles (AVX-512 tiles of eight rows where the CPU has it), scores
+//! softmaxed in place and multiplied into V straight from the fused QKV rows.
+
+use super::{AttentionMask, DisentangledRows, HeadColumns};
+use crate::models::ops::dispatch::fma;
+use crate::models::ops::math::{exp, max_lanes, sum_lanes};
+
+/// What one head adds to its scaled scores besides Q·Kᵀ.
+#[derive(Clone, Copy)]
+pub(super) struct ScoreTerms<'a> {
+    /// A learned bias by distance (head's values, index of distance 0).
+    pub relative: Option<(&'a [f32], usize)>,
+    pub disentangled: Option<DisentangledRows<'a>>,
+    pub softcap: Option<f32>,
+}
+
+/// Query rows and key columns of one score tile; the tile's 4×16 accumulators (and the 4×16
+/// output tile of P·V) stay in eight AVX registers. With AVX-512 a tile has [`WIDE_TILE_Q`]
+/// rows, one zmm register each: four chains of multiply-adds could not hide their latency
+/// (attention was 37% of the FMA units' peak with four, measured on Zen 4).
+const TILE_Q: usize = 4;
+const WIDE_TILE_Q: usize = 8;
+pub(super) const TILE_K: usize = 16;
+
+/// `TQ` query rows × 16 keys of the scores: row `r`, keys `j0..j0+16` of `scores` (rows `lk`
+/// apart) get `Σ_d q[r·head_dim + d] · kt[d·lk + j0 + c]`.
+///
+/// # Safety
+/// `q` holds `TQ` rows of `head_dim`; `kt` holds `head_dim` rows of `lk` with `j0 + 16 <= lk`;
+/// `scores` holds `TQ` rows of `lk`.
+#[inline(always)]
+unsafe fn score_tile<const TQ: usize, const FMA: bool>(
+    q: *const f32,
+    head_dim: usize,
+    kt: *const f32,
+    lk: usize,
+    j0: usize,
+    scores: *mut f32,
+) {
+    let mut acc = [[0f32; TILE_K]; TQ];
+    for d in 0..head_dim {
+        // SAFETY: row d < head_dim of kt, keys j0..j0+16 inside its lk.
+        let kv = unsafe { &*(kt.add(d * lk + j0) as *const [f32; TILE_K]) };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            // SAFETY: row r < TQ of q, column d < head_dim.
+            let qv = unsafe { *q.add(r * head_dim + d) };
+            for c in 0..TILE_K {
+                acc_row[c] = fma::<FMA>(qv, kv[c], acc_row[c]);
+            }
+        }
+    }
+    for (r, acc_row) in acc.iter().enumerate() {
+        // SAFETY: row r < TQ of scores, keys j0..j0+16 inside its lk.
+        unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), scores.add(r * lk + j0), TILE_K) };
+    }
+}
+
+/// The AVX-512 tiles: [`WIDE_TILE_Q`] rows, one zmm accumulator each, written with intrinsics
+/// (from the plain loops LLVM vectorized across the rows, with gathers).
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::{TILE_K, WIDE_TILE_Q};
+    use std::arch::x86_64::*;
+
+    /// [`super::score_tile`] for [`WIDE_TILE_Q`] rows.
+    ///
+    /// # Safety
+    /// The CPU has avx512f; the rest of [`super::score_tile`]'s contract.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn score_tile(q: *const f32, head_dim: usize, kt: *const f32, lk: usize, j0: usize, scores: *mut f32) {
+        // SAFETY: the pointers cover the tile (this fn's contract); the feature is enabled.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); WIDE_TILE_Q];
+            for d in 0..head_dim {
+                let kv = _mm512_loadu_ps(kt.add(d * lk + j0));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * head_dim + d)), kv, *acc);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(scores.add(r * lk + j0), *acc);
+            }
+        }
+    }
+
+    /// [`super::value_tile`] for [`WIDE_TILE_Q`] rows.
+    ///
+    /// # Safety
+    /// The CPU has avx512f; the rest of [`super::value_tile`]'s contract.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn value_tile(
+        p: *const f32,
+        lk: usize,
+        len: usize,
+        v: *const f32,
+        width: usize,
+        bias: &[f32; TILE_K],
+    ) -> [[f32; TILE_K]; WIDE_TILE_Q] {
+        // SAFETY: the pointers cover the tile (this fn's contract); the feature is enabled.
+        unsafe {
+            let mut acc = [_mm512_loadu_ps(bias.as_ptr()); WIDE_TILE_Q];
+            for j in 0..len {
+                let vv = _mm512_loadu_ps(v.add(j * width));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(r * lk + j)), vv, *acc);
+                }
+            }
+            let mut out = [[0.0; TILE_K]; WIDE_TILE_Q];
+            for (row, acc) in out.iter_mut().zip(&acc) {
+                _mm512_storeu_ps(row.as_mut_ptr(), *acc);
+            }
+            out
+        }
+    }
+}
+
+/// `TQ` query rows × 16 dimensions of P·V + bias: `Σ_j p[r·lk + j] · v[j·width + c]`.
+///
+/// # Safety
+/// `p` holds `TQ` rows of `lk >= len` weights; `v` holds `len` rows `width` apart of at least 16.
+#[inline(always)]
+unsafe fn value_tile<const TQ: usize, const FMA: bool>(
+    p: *const f32,
+    lk: usize,
+    len: usize,
+    v: *const f32,
+    width: usize,
+    bias: &[f32; TILE_K],
+) -> [[f32; TILE_K]; TQ] {
+    let mut acc = [*bias; TQ];
+    for j in 0..len {
+        // SAFETY: row j < len of v, 16 values.
+        let vv = unsafe { &*(v.add(j * width) as *const [f32; TILE_K]) };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            // SAFETY: row r < TQ of p, key j < len <= lk.
+            let weight = unsafe { *p.add(r * lk + j) };
+            for c in 0..TILE_K {
+                acc_row[c] = fma::<FMA>(weight, vv[c], acc_row[c]);
+            }
+        }
+    }
+    acc
+}
+
+/// Queries whose scores exist at once (a multiple of [`TILE_Q`]): working memory per thread is
+/// `QUERY_BLOCK × len` scores plus the packed Kᵀ, linear in the sequence length (a 32k-token
+/// sequence needs 16 MiB of scores, not the 4 GiB a full `len × len` table would). The key
+/// dimension stays whole, so each row's softmax is exact in one pass and results are unchanged;
+/// 128 keeps every sequence of up to 128 tokens in one block, as before.
+pub(crate) const QUERY_BLOCK: usize = 128;
+
+/// The largest scratch any attention job has used (tests check it stays linear).
+#[cfg(test)]
+pub(super) static MAX_SCRATCH_FLOATS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+multiversion! {
+    /// One head of one sequence. `rows` are the sequence's fused QKV rows; `cols` says where
+    /// the head's columns are; the output rows start at `out`.
+    ///
+    /// Kᵀ (biased) is packed once; then, [`QUERY_BLOCK`] queries at a time, Q (biased,
+    /// pre-scaled) is packed into zero-padded tiles, scores are computed tile by tile,
+    /// softmaxed over the keys the mask allows (the others get weight 0), and multiplied into
+    /// V straight from the QKV rows.
+    #[allow(clippy::too_many_arguments)] // one head's geometry; a struct would be rebuilt per head in the hot loop
+    pub(super) fn attention_head(
+        rows: &[f32],
+        bias: &[f32],
+        out: *mut f32,
+        cols: HeadColumns,
+        mask: AttentionMask,
+        terms: ScoreTerms,
+        scale: f32,
+        scratch: &mut Vec<f32>,
+    ) {
+        let head = Head::new(rows, bias, cols);
+        let (len, lk, head_dim) = (head.len, head.lk, cols.head_dim);
+        let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
+        let block = QUERY_BLOCK.min(len.div_ceil(WIDE_TILE_Q) * WIDE_TILE_Q);
+        scratch.clear();
+        scratch.resize(block * head_dim + head_dim * lk + block * lk, 0.0);
+        #[cfg(test)]
+        MAX_SCRATCH_FLOATS.fetch_max(scratch.len(), std::sync::atomic::Ordering::Relaxed);
+        let (q, rest) = scratch.split_at_mut(block * head_dim);
+        let (kt, scores) = rest.split_at_mut(head_dim * lk);
+        head.pack_keys(kt);
+        for first in (0..len).step_by(block) {
+            let n = block.min(len - first);
+            let lq = n.div_ceil(tile_q) * tile_q;
+            head.pack_queries(first, n, scale, q);
+            head.scores::<FMA, WIDE>(&q[..lq * head_dim], kt, &mut scores[..lq * lk]);
+            for i in 0..n {
+                weigh_keys(&mut scores[i * lk..i * lk + len], first + i, mask, terms);
+            }
+            head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], first, n, out);
+        }
+    }
+}
+
+/// One head of one sequence, as [`attention_head`] walks it.
+struct Head<'a> {
+    rows: &'a [f32],
+    cols: HeadColumns,
+    q_bias: &'a [f32],
+    k_bias: &'a [f32],
+    v_bias: &'a [f32],
+    len: usize,
+    /// Keys rounded up to whole tiles: the row length of Kᵀ and of the scores.
+    lk: usize,
+}
+
+impl<'a> Head<'a> {
+    #[inline(always)]
+    fn new(rows: &'a [f32], bias: &'a [f32], cols: HeadColumns) -> Self {
+        let HeadColumns { width, q, k, v, head_dim, .. } = cols;
+        let len = rows.len() / width;
+        Head {
+            rows,
+            cols,
+            q_bias: &bias[q..q + head_dim],
+            k_bias: &bias[k..k + head_dim],
+            v_bias: &bias[v..v + head_dim],
+            len,
+            lk: len.div_ceil(TILE_K) * TILE_K,
+        }
+    }
+
+    /// Kᵀ (biased) into `kt`, `head_dim` rows of `lk`, prefetching the rows ahead.
+    #[inline(always)]
+    fn pack_keys(&self, kt: &mut [f32]) {
+        let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, .. } = self.cols;
+        let (rows, lk) = (self.rows, self.lk);
+        for i in 0..self.len {
+            if i + PREFETCH_ROWS < self.len {
+                let ahead = (i + PREFETCH_ROWS) * width;
+                for c in [qc, kc, vc] {
+                    prefetch(&rows[ahead + c..ahead + c + head_dim]);
+                }
+            }
+            let k = &rows[i * width + kc..i * width + kc + head_dim];
+            for (d, (&value, b)) in k.iter().zip(self.k_bias).enumerate() {
+                kt[d * lk + i] = value + b;
+            }
+        }
+    }
+
+    /// Q (biased, pre-scaled) of queries `first..first + n` into `q`; its padding rows zero.
+    #[inline(always)]
+    fn pack_queries(&self, first: usize, n: usize, scale: f32, q: &mut [f32]) {
+        let HeadColumns { width, q: qc, head_dim, .. } = self.cols;
+        q[n * head_dim..].fill(0.0);
+        for i in 0..n {
+            let src = &self.rows[(first + i) * width + qc..(first + i) * width + qc + head_dim];
+            let dst = &mut q[i * head_dim..(i + 1) * head_dim];
+            dst.iter_mut().zip(src).zip(self.q_bias).for_each(|((d, s), b)| *d = (s + b) * scale);
+        }
+    }
+
+    /// `scores = (scale·Q)·Kᵀ` for the packed queries, tile by tile.
+    #[inline(always)]
+    fn scores<const FMA: bool, const WIDE: bool>(&self, q: &[f32], kt: &[f32], scores: &mut [f32]) {
+        let (head_dim, lk) = (self.cols.head_dim, self.lk);
+        let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
+        let lq = q.len() / head_dim;
+        for i0 in (0..lq).step_by(tile_q) {
+            let (q, scores) = (q[i0 * head_dim..].as_ptr(), scores[i0 * lk..].as_mut_ptr());
+            for j0 in (0..lk).step_by(TILE_K) {
+                // SAFETY: rows i0..i0+tile_q ≤ lq of q and scores (lq is a multiple of
+                // tile_q), keys j0+16 ≤ lk of kt (head_dim × lk).
+                unsafe {
+                    #[cfg(target_arch = "x86_64")]
+                    if WIDE {
+                        wide::score_tile(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                        continue;
+                    }
+                    {
+                        score_tile::<TILE_Q, FMA>(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out = P·V + v_bias` for queries `first..first + n` (each row of P sums to 1, so V's bias
+    /// passes through unchanged), `tile_q` queries × 16 head dims at a time (head_dim is a
+    /// multiple of 16 for every model we serve; the remainder loop keeps other sizes correct).
+    #[inline(always)]
+    fn weighted_values<const FMA: bool, const WIDE: bool>(&self, scores: &[f32], first: usize, n: usize, out: *mut f32) {
+        let HeadColumns { width, q: qc, v: vc, head_dim, out_width, .. } = self.cols;
+        let (rows, len, lk) = (self.rows, self.len, self.lk);
+        let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
+        let lq = scores.len() / lk;
+        let dims_tiled = head_dim / TILE_K * TILE_K;
+        for i0 in (0..lq).step_by(tile_q) {
+            let p = scores[i0 * lk..].as_ptr();
+            for d0 in (0..dims_tiled).step_by(TILE_K) {
+                let vb: &[f32; TILE_K] = self.v_bias[d0..d0 + TILE_K].try_into().unwrap();
+                // V's columns d0..d0+16 of every row: the last row's end lies inside `rows`.
+                let v = rows[vc + d0..(len - 1) * width + vc + d0 + TILE_K].as_ptr();
+                let store = |r: usize, acc_row: &[f32; TILE_K]| {
+                    // SAFETY: row first+i0+r < len, columns qc+d0.. of this head, inside the output.
+                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((first + i0 + r) * out_width + qc + d0), TILE_K) };
+                };
+                // SAFETY: rows i0..i0+tile_q ≤ lq of the scores (lk ≥ len each), `len` rows of
+                // V from `v` (the slice above).
+                unsafe {
+                    #[cfg(target_arch = "x86_64")]
+                    if WIDE {
+                        let acc = wide::value_tile(p, lk, len, v, width, vb);
+                        acc.iter().enumerate().take(n.saturating_sub(i0)).for_each(|(r, a)| store(r, a));
+                        continue;
+                    }
+                    {
+                        let acc = value_tile::<TILE_Q, FMA>(p, lk, len, v, width, vb);
+                        acc.iter().enumerate().take(n.saturating_sub(i0)).for_each(|(r, a)| store(r, a));
+                    }
+                }
+            }
+            for i in i0..(i0 + tile_q).min(n) {
+                for d in dims_tiled..head_dim {
+                    let sum = self.v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
+                    // SAFETY: as above.
+                    unsafe { *out.add((first + i) * out_width + qc + d) = sum };
+                }
+            }
+        }
+    }
+}
+
+/// One query's scores into its weights over the keys: the score terms added, the soft cap,
+/// softmax over the keys the mask allows, 0 for the others.
+#[inline(always)]
+fn weigh_keys(row: &mut [f32], query: usize, mask: AttentionMask, terms: ScoreTerms) {
+    let len = row.len();
+    if let Some((bias, center)) = terms.relative {
+        // Distance j − query of key j is at center + j − query.
+        row.iter_mut().zip(&bias[center - query..center - query + len]).for_each(|(s, b)| *s += b);
+    }
+    if let Some(terms) = terms.disentangled {
+        row.iter_mut().enumerate().for_each(|(j, s)| *s += terms.get(query, j));
+    }
+    let (lo, hi) = mask.keys(query, len);
+    if let Some(cap) = terms.softcap {
+        row[lo..hi].iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+    }
+    softmax_in_place(&mut row[lo..hi]);
+    row[..lo].fill(0.0);
+    row[hi..].fill(0.0);
+}
+
+/// Rows ahead of the packing loop whose Q, K and V columns are prefetched. A row of fused QKV
+/// is several KiB, so consecutive rows sit on different pages, where the hardware prefetchers
+/// stop: without this, the first touch of each row's columns was 16% of the attention's time.
+const PREFETCH_ROWS: usize = 4;
+
+/// Asks for the cache lines of `values` ahead of their use.
+#[inline(always)]
+fn prefetch(values: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in values.chunks(16) {
+        // SAFETY: a prefetch is a hint that never faults; the address is inside `values`.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = values;
+}
+
+#[inline(always)]
+fn softmax_in_place(row: &mut [f32]) {
+    let max = max_lanes(row);
+    // Separate passes: a loop that both exponentiates and sums would not vectorize.
+    row.iter_mut().for_each(|v| *v = exp(*v - max));
+    let inv = 1.0 / sum_lanes(row);
+    row.iter_mut().for_each(|v| *v *= inv);
+}
