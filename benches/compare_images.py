@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 20's image benchmark: a ViT-B/32-sized CLIPModel with random weights (transformers'
+"""The image benchmark: a ViT-B/32-sized CLIPModel with random weights (transformers'
 default CLIPConfig: vision 768 wide, 12 layers, patch 32, 224x224; text 512 wide), our vision
 tower (`cargo bench --bench images`) against transformers' get_image_features on the same
 machine, batch 1 and 32, rounds interleaved; prints medians and ratios.

@@ -90,7 +90,7 @@ rows.append(("int8 forward 32x128 tokens/s (vs torch f32)", 4096 / int8["32x128"
 rows.append(("int8 forward 1x16 ms (lower is better)", int8["1x16"], torch["1x16"], ""))
 load, st = read("load.txt"), read("st.txt")
 seq = lambda text: float(re.search(r"throughput ([\d.]+) sequences/s", text).group(1))  # noqa: E731
-rows.append(("end to end, mixed corpus, sequences/s", seq(load), seq(st), ">= 1.5 (vs sentence-transformers), issue 15"))
+rows.append(("end to end, mixed corpus, sequences/s", seq(load), seq(st), ">= 1.5 (vs sentence-transformers)"))
 rows.append(("int8 end to end, mixed corpus, sequences/s", seq(read("load-int8.txt")), seq(st), ""))
 print(f"\n{'measure':<42} {'poolserve':>12} {'reference':>12} {'ratio':>7}  target")
 for name, a, b, target in rows:

@@ -1,4 +1,4 @@
-//! Image-embedding benchmark (issue 20): the vision tower alone on preprocessed pixels (in
+//! Image-embedding benchmark: the vision tower alone on preprocessed pixels (in
 //! the cache-sized groups the model thread runs), at
 //! batch 1 (latency) and batch 32 (throughput), and one image through the whole path
 //! (PNG decode, resize, crop, normalize, tower) via the engine.

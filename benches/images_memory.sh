@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peak memory of one request of N images (default 1,024), issue 34: the server's VmHWM after
+# Peak memory of one request of N images (default 1,024): the server's VmHWM after
 # the request against its RSS before it, on a CLIP with 224×224 crops
 # (benches/make_clip_224.py DIR, which also writes DIR/bench.jpg, a 640×480 JPEG).
 #

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Serves a large half-precision decoder folder and reports what it costs: load time (start to
 # /health 200), peak resident memory (the kernel's VmHWM of the server process, plus the RSS
-# sampled every half second), and one embedding request's time. Issue 31's bar: peak RSS ≤
-# 1.15 × the weight files + 1 GiB.
+# sampled every half second), and one embedding request's time. The bar: peak RSS ≤ 1.15 ×
+# the weight files + 1 GiB (a 7B model in bfloat16 must serve on a 24 GiB machine).
 #
 #   benches/large_model_memory.sh FOLDER [extra serve flags…]
 #   e.g. python3 benches/make_large_decoder.py /tmp/mistral-7b && benches/large_model_memory.sh /tmp/mistral-7b

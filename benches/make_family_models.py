@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes base-sized random-weight folders of the encoder families of issue 30, for the forward
+"""Writes base-sized random-weight folders of the newer encoder families, for the forward
 comparison against transformers (benches/compare.py and `cargo bench --bench forward` on the same
 folder, interleaved; see README, "Benchmarks"):
 
@@ -9,7 +9,7 @@ folder, interleaved; see README, "Benchmarks"):
   nomic-v1.5        transformers 5's own NomicBertModel in nomic-embed-text-v1.5's shape: hidden
                     768, 12 layers, 12 heads, SwiGLU 3072, vocab 30528, rotary base 1000 (137M)
 
-and of the decoder families of issue 31:
+and of the decoder families:
 
   qwen3-0.6b        Qwen3Model in Qwen3-Embedding-0.6B's shape: hidden 1024, 28 layers, 16 heads
                     over 8 key/value heads of 128, SwiGLU 3072, vocab 151669 (596M)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19's figures: three real models in one release server (all-MiniLM-L6-v2, rampart-ner,
+# Several models in one server, measured: three real models in one release server (all-MiniLM-L6-v2, rampart-ner,
 # splade-tiny); single 16-token embedding latency on MiniLM with the server idle and while
 # rampart-ner is flooded (32 concurrent /pooling requests of 8 texts); peak RSS against the sum
 # of the weight files. Needs models/ (scripts/fetch-minilm.sh, scripts/fetch-models.sh), the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak driver (issue 34): a mixed load against a running poolserve for a fixed time, the
+"""Soak driver: a mixed load against a running poolserve for a fixed time, the
 server's RSS sampled every 10 s, p50/p99 per route per minute, responses by status, and a PNG of
 RSS and p99 over time. Run by benches/soak.sh, which starts the server; stdlib only, the plot
 with matplotlib when it is installed (said loudly when it is not).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak run (issue 34): five models in one server (an embedder, a cross-encoder, a token
+# Soak run: five models in one server (an embedder, a cross-encoder, a token
 # classifier, a multi-vector model for token_embed, an image model) under benches/soak.py's mixed load for MINUTES (default 30),
 # loopback only; stops by itself. RSS every 10 s, p50/p99 per route per minute, statuses, and
 # target/soak/soak.png. Fails (exit 1) when RSS grows more than 10 % after the warm-up (5 min,

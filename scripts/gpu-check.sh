@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 16, run on the GPU machine from the repository root:
+# The GPU check, run on the GPU machine from the repository root:
 #
 #   scripts/gpu-bundle.sh                 # here (CPU machine): builds target/gpu-bundle/ (~40 MB)
 #   scripts/gpu-check.sh                  # there, with target/gpu-bundle carried

@@ -8,7 +8,7 @@ sentence-transformers for `st`).
 `parity` starts `BIN serve` once per folder of tests/fixtures/models with `--device DEVICE
 --dtype DTYPE`, sends the fixture's inputs over HTTP and compares the replies with the committed
 reference outputs in tests/fixtures/expected: embeddings by cosine, probabilities and scores by
-absolute difference. Limits (issue 16): float32 cosine >= 0.9999 and differences <= 1e-4; half
+absolute difference. Limits: float32 cosine >= 0.9999 and differences <= 1e-4; half
 precision cosine >= 0.999 and differences <= 1e-2. Every folder must have a check here: a new
 fixture without one fails the run instead of being skipped. Prints one line per check and
 exits 1 if any fails.
@@ -169,7 +169,7 @@ def check_multi_vector(server, expected):
 
 def check_image_text(server, expected):
     """CLIP / SigLIP: texts through `input`, images as data-URL messages (image embeddings get
-    the cosine floor of issue 20's contract for images, 0.999, via the text floor's check)."""
+    the image-embedding cosine floor, 0.999, via the text floor's check)."""
     import base64
     reply = server.post("/v1/embeddings", {"input": texts_of(expected["texts"])})
     results = [("cosine", cosine(d["embedding"], c["text_embeds_normalized"])) for d, c in zip(reply["data"], expected["texts"])]

@@ -2,11 +2,12 @@
 //! scoring and token tasks plug into the same engine).
 //!
 //! Layers, each importing only those below it (docs/ARCHITECTURE.md, enforced by
-//! tests/suite/layers.rs): [`models`] (architectures, kernels, the flat batch) ← [`pooling`] (tasks,
-//! methods, head math) ← [`input`] (prompts → model inputs: tokenization, chat templates,
-//! images) ← [`loader`] (files → spec, tokenizer, backbone, heads) ← [`engine`]
-//! (validation, tokenization, batching, the model thread) ← [`api`] (HTTP), [`batch`]
-//! (commands), [`pooler`] (the in-process library API), [`server`] and [`config`] (the CLI).
+//! tests/suite/layers.rs): [`models`] (architectures, the shared encoder, kernels, the flat
+//! batch) ← [`pooling`] (tasks, methods, head math) ← [`input`] (prompts → model inputs:
+//! tokenization, chat templates, images) ← [`loader`] (files → spec, tokenizer, backbone,
+//! heads) ← [`engine`] (validation, tokenization, batching, the model thread) ← [`api`] (HTTP),
+//! [`commands`] (the batch commands), [`library`] (the in-process library API), [`server`] and
+//! [`config`] (the CLI).
 
 pub mod api;
 pub mod commands;

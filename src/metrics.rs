@@ -5,7 +5,7 @@
 //! A mutex around plain numbers is enough: a few updates per request or batch, at most a few
 //! thousand a second, never on the per-token path.
 //!
-//! Written here rather than with the `prometheus-client` crate (weighed for issue 18): that
+//! Written here rather than with the `prometheus-client` crate (weighed and set aside): that
 //! crate writes only the OpenMetrics format (its content type, `# EOF`, `_total` naming and
 //! `# UNIT` rules), which would change `/metrics` for every scraper and dashboard that reads
 //! today's Prometheus text format 0.0.4; what it would replace is a histogram, two maps and the

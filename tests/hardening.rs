@@ -1,5 +1,5 @@
-//! Issue 17: what hostile requests, crashed workers and broken folders must not do to the
-//! server, through the real router.
+//! What hostile requests, crashed workers and broken folders must not do to the server
+//! (a panic, a hang, unbounded memory, a delay for others), through the real router.
 
 mod common;
 

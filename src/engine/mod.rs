@@ -270,7 +270,7 @@ impl Engine {
     }
 
     /// Whether the engine can serve: its model thread is running (input jobs catch their own
-    /// panics, so the worker pool cannot die). `/health` answers 503 otherwise, so that an
+    /// panics, so the input workers cannot die). `/health` answers 503 otherwise, so that an
     /// orchestrator restarts the process.
     pub fn check_alive(&self) -> Result<(), EngineError> {
         if self.inner.jobs.is_closed() {

@@ -5,7 +5,7 @@
 //!    does not, before it is copied or tokenized (a megabyte text is not tokenized only to be
 //!    refused afterwards);
 //! 2. **Prompt**: a sentence-transformers prompt is prepended to texts, as `encode` does;
-//! 3. **Tokenize** on the worker pool, with the request's truncation (token-id inputs are
+//! 3. **Tokenize** on the input workers, with the request's truncation (token-id inputs are
 //!    checked against the vocabulary and truncated the same way);
 //! 4. **Pad** to `max_model_len` for `padding: "max_length"`, or to the length a model was
 //!    trained at (SigLIP);
@@ -69,7 +69,7 @@ pub struct InputOptions {
     pub max_len: usize,
 }
 
-/// The model's side of the input work: its tokenizer on the worker pool, its chat template,
+/// The model's side of the input work: its tokenizer on the input workers, its chat template,
 /// its image processing and the limits its inputs obey.
 pub struct Preprocessor {
     workers: InputWorkers,
@@ -259,7 +259,7 @@ impl Preprocessor {
         self.workers.encode(vec![TextInput::Single(text)], options.encode).await?.pop().ok_or(InputError::Stopped)?
     }
 
-    /// Each conversation rendered by the chat template into one text, on the worker pool (a
+    /// Each conversation rendered by the chat template into one text, on the input workers (a
     /// long conversation through a large template is not the async runtime's work).
     /// `template`: a request's own template (the HTTP layer has checked that it may).
     pub async fn render_chat(
@@ -297,7 +297,7 @@ impl Preprocessor {
             .map_err(InputError::from)
     }
 
-    /// TEI's `/tokenize` tokens of each text ([`TextTokenizer::tokens`]), on the worker pool.
+    /// TEI's `/tokenize` tokens of each text ([`TextTokenizer::tokens`]), on the input workers.
     pub async fn tokens(&self, texts: Vec<String>, add_special_tokens: bool) -> Result<Vec<Vec<TokenInfo>>, InputError> {
         let tokenizer = self.workers.shared();
         self.workers

@@ -1,6 +1,6 @@
 //! The model's text tokenizer: its `tokenizer.json` with our own truncation rules (single
 //! texts, cross-encoder pairs with per-side caps, token-id inputs). The loader builds it; the
-//! input layer's worker pool ([`super::pool`]) runs it off the async runtime.
+//! input layer's workers ([`super::workers`]) run it off the async runtime.
 //!
 //! Whatever truncation or padding the file has baked in is cleared at load (all-MiniLM-L6-v2
 //! ships truncation at 128 and fixed padding to 128); each request's `truncate_prompt_tokens`

@@ -1,4 +1,4 @@
-//! The tokenizer worker pool: the model's [`TextTokenizer`] run on threads of its own (a rayon
+//! The input workers: the model's [`TextTokenizer`] run on threads of its own (a rayon
 //! pool apart from the model's) so the async runtime never blocks on it. Each job catches its
 //! own panic, so a tokenizer bug fails that request and nothing else.
 //!

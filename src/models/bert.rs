@@ -8,7 +8,7 @@ use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForwar
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
 use super::ops::{Activation, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear, norm_params};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_core::Result;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -131,6 +131,21 @@ fn default_eps() -> f64 {
 }
 
 impl BertConfig {
+    /// The feed-forward's activation, once the config is one this file runs (absolute
+    /// positions, heads that divide the width).
+    pub(super) fn checked_activation(&self) -> std::result::Result<Activation, ModelError> {
+        if let Some(kind) = self.position_embedding_type.as_deref() {
+            if kind != "absolute" {
+                return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
+            }
+        }
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+            return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
+        }
+        Activation::from_config(&self.hidden_act)
+            .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", self.hidden_act)))
+    }
+
     /// First position id: RoBERTa numbers positions after the padding index.
     pub fn position_offset(&self, kind: BertKind) -> u32 {
         match kind {
@@ -148,6 +163,31 @@ pub(super) fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
         }
     }
     vb
+}
+
+/// The sizes of embedding tables under BERT's names.
+pub(super) struct TableSizes {
+    pub width: usize,
+    pub vocab: usize,
+    /// The position table's rows and the first position id; `None`: no table (rotary, ALiBi).
+    pub positions: Option<(usize, u32)>,
+    /// The token-type table's rows; `None`: no table (DistilBERT, MPNet).
+    pub types: Option<usize>,
+    pub eps: f64,
+}
+
+/// Embedding tables under BERT's names below `emb` (`word_embeddings`, `position_embeddings`,
+/// `token_type_embeddings`, `LayerNorm`), as BERT and the families that kept its names store them.
+pub(super) fn bert_embeddings(emb: &VarBuilder, sizes: TableSizes) -> Result<Embeddings> {
+    let TableSizes { width, vocab, positions, types, eps } = sizes;
+    Ok(Embeddings {
+        word: emb.get((vocab, width), "word_embeddings.weight")?,
+        position: positions.map(|(rows, _)| emb.get((rows, width), "position_embeddings.weight")).transpose()?,
+        position_offset: positions.map_or(0, |(_, offset)| offset),
+        token_type: types.map(|rows| emb.get((rows, width), "token_type_embeddings.weight")).transpose()?,
+        norm: layer_norm(&emb.pp("LayerNorm"), width, eps)?,
+        projection: None,
+    })
 }
 
 /// The `encoder.layer.{i}` stack under BERT's weight names (BERT, RoBERTa, ELECTRA).
@@ -193,28 +233,19 @@ pub(super) fn bert_layer(lv: &VarBuilder, qkv: Linear, sizes: LayerSizes, activa
 /// segments in the embeddings, then the shared post-norm encoder.
 fn load(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
     let config: BertConfig = parse_config(raw)?;
-    if let Some(kind) = config.position_embedding_type.as_deref() {
-        if kind != "absolute" {
-            return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
-        }
-    }
-    if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
-        return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
-    }
-    let activation = Activation::from_config(&config.hidden_act)
-        .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
+    let activation = config.checked_activation()?;
     let vb = encoder_root(vb);
     let h = config.hidden_size;
     let emb = vb.pp("embeddings");
     let position_offset = config.position_offset(kind);
-    let embeddings = Embeddings {
-        word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: Some(emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?),
-        position_offset,
-        token_type: Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?),
-        norm: layer_norm(&emb.pp("LayerNorm"), h, config.layer_norm_eps)?,
-        projection: None,
+    let tables = TableSizes {
+        width: h,
+        vocab: config.vocab_size,
+        positions: Some((config.max_position_embeddings, position_offset)),
+        types: Some(config.type_vocab_size),
+        eps: config.layer_norm_eps,
     };
+    let embeddings = bert_embeddings(&emb, tables)?;
     let layers = encoder_layers(&vb.pp("encoder"), &config, activation)?;
     Ok(EncoderModel {
         embeddings,
@@ -226,9 +257,11 @@ fn load(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Result<Enco
             relative: None,
         },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
-        max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
+        sizes: BackboneSizes {
+            hidden: h,
+            vocab: config.vocab_size,
+            max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
+        },
     })
 }
 

@@ -18,7 +18,7 @@
 use super::batch::Batch;
 use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear};
-use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling, VisionTower};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling, VisionTower};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -313,16 +313,9 @@ impl Backbone for TextTower {
         self.projection.forward(&self.final_norm.forward(hidden)?)
     }
 
-    fn hidden_size(&self) -> usize {
-        self.projection.out_features()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_positions
+    /// Its rows are already projected into the shared space: the projection's width.
+    fn sizes(&self) -> BackboneSizes {
+        BackboneSizes { hidden: self.projection.out_features(), vocab: self.vocab_size, max_positions: self.max_positions }
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {

@@ -18,7 +18,7 @@ use super::encoder::EncoderLayer;
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, Attention, AttentionMask, DisentangledBias, LayerNorm, Linear};
 use super::weights::{layer_norm, linear};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -372,16 +372,8 @@ impl Backbone for DebertaModel {
         Ok(hidden)
     }
 
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_positions
+    fn sizes(&self) -> BackboneSizes {
+        BackboneSizes { hidden: self.hidden_size, vocab: self.vocab_size, max_positions: self.max_positions }
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {

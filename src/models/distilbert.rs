@@ -1,11 +1,12 @@
 //! DistilBERT: BERT's post-LayerNorm encoder under other weight and config names, without
 //! segment embeddings, on the shared encoder ([`super::encoder`]).
 
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms};
+use super::bert::{bert_embeddings, TableSizes};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
 use super::ops::{Activation, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -101,14 +102,9 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     let vb = if vb.contains_tensor("distilbert.embeddings.word_embeddings.weight") { vb.pp("distilbert") } else { vb };
     let h = config.dim;
     let emb = vb.pp("embeddings");
-    let embeddings = Embeddings {
-        word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: Some(emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?),
-        position_offset: 0,
-        token_type: None,
-        norm: layer_norm(&emb.pp("LayerNorm"), h, EPS)?,
-        projection: None,
-    };
+    let tables =
+        TableSizes { width: h, vocab: config.vocab_size, positions: Some((config.max_position_embeddings, 0)), types: None, eps: EPS };
+    let embeddings = bert_embeddings(&emb, tables)?;
     let mut layers = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {
         let lv = vb.pp(format!("transformer.layer.{i}"));
@@ -130,8 +126,6 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
         embeddings,
         encoder: Encoder { layers, num_heads: config.n_heads, head_dim: h / config.n_heads, rotary: None, relative: None },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
-        max_positions: config.max_position_embeddings,
+        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
     })
 }

@@ -6,12 +6,12 @@
 //! Its sequence classifier is RoBERTa-shaped but with GELU instead of tanh:
 //! `out_proj(gelu(dense(h[CLS])))` (transformers' `ElectraClassificationHead`).
 
-use super::bert::{encoder_layers, BertConfig};
+use super::bert::{bert_embeddings, encoder_layers, BertConfig, TableSizes};
 use super::encoder::{Embeddings, Encoder, EncoderModel};
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::Activation;
-use super::weights::{layer_norm, linear};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::weights::linear;
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -79,27 +79,21 @@ impl Architecture for Electra {
 fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     let config: BertConfig = parse_config(raw)?;
     let ElectraExtra { embedding_size } = parse_config(raw)?;
-    if let Some(kind) = config.position_embedding_type.as_deref() {
-        if kind != "absolute" {
-            return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported")));
-        }
-    }
-    if !config.hidden_size.is_multiple_of(config.num_attention_heads) {
-        return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
-    }
-    let activation = Activation::from_config(&config.hidden_act)
-        .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
+    let activation = config.checked_activation()?;
     let vb = if vb.contains_tensor("electra.embeddings.word_embeddings.weight") { vb.pp("electra") } else { vb };
     let (h, e) = (config.hidden_size, embedding_size);
     let emb = vb.pp("embeddings");
+    let tables = TableSizes {
+        width: e,
+        vocab: config.vocab_size,
+        positions: Some((config.max_position_embeddings, 0)),
+        types: Some(config.type_vocab_size),
+        eps: config.layer_norm_eps,
+    };
     let embeddings = Embeddings {
-        word: emb.get((config.vocab_size, e), "word_embeddings.weight")?,
-        position: Some(emb.get((config.max_position_embeddings, e), "position_embeddings.weight")?),
-        position_offset: 0,
-        token_type: Some(emb.get((config.type_vocab_size, e), "token_type_embeddings.weight")?),
-        norm: layer_norm(&emb.pp("LayerNorm"), e, config.layer_norm_eps)?,
         // transformers creates the projection only when the widths differ.
         projection: if e != h { Some(linear(&vb.pp("embeddings_project"), h, e)?) } else { None },
+        ..bert_embeddings(&emb, tables)?
     };
     let layers = encoder_layers(&vb.pp("encoder"), &config, activation)?;
     let heads = config.num_attention_heads;
@@ -107,8 +101,6 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: None, relative: None },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
-        max_positions: config.max_position_embeddings,
+        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
     })
 }

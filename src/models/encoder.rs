@@ -20,7 +20,7 @@
 
 use super::batch::Batch;
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias, Rotary, RotaryTable};
-use super::Backbone;
+use super::{Backbone, BackboneSizes};
 use candle_core::{Result, Tensor};
 
 /// Token embeddings: word, plus an absolute position (where the family has a table), plus a
@@ -229,11 +229,7 @@ pub(super) struct EncoderModel<E: Embed = Embeddings> {
     pub embeddings: E,
     pub encoder: Encoder,
     pub final_norm: Option<LayerNorm>,
-    pub hidden_size: usize,
-    pub vocab_size: usize,
-    /// The longest sequence: the position table's rows after the offset, or what a rotary or
-    /// ALiBi checkpoint declares.
-    pub max_positions: usize,
+    pub sizes: BackboneSizes,
 }
 
 impl<E: Embed> Backbone for EncoderModel<E> {
@@ -245,16 +241,8 @@ impl<E: Embed> Backbone for EncoderModel<E> {
         }
     }
 
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_positions
+    fn sizes(&self) -> BackboneSizes {
+        self.sizes
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {

@@ -21,7 +21,7 @@ use super::batch::Batch;
 use super::head_weights::{ClassifierWeights, RerankTemplate};
 use super::llama::{decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
-use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -359,16 +359,8 @@ impl Backbone for Gemma {
         self.norm.forward(&hidden)
     }
 
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_positions
+    fn sizes(&self) -> BackboneSizes {
+        BackboneSizes { hidden: self.hidden_size, vocab: self.vocab_size, max_positions: self.max_positions }
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {

@@ -2,11 +2,12 @@
 //! post-LayerNorm encoder with rotary positions instead of a position table, fused `qkv_proj`,
 //! and a gated MLP (`up_gate_proj`: rows up, then gate; `down(gelu(gate) · up)`).
 
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
+use super::bert::{bert_embeddings, TableSizes};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
 use super::ops::{Activation, GatedActivation, Rotary};
 use super::qwen::rope_theta;
 use super::weights::{layer_norm, linear, linear_with_bias};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
@@ -86,21 +87,13 @@ fn load(raw: &serde_json::Value, vb: VarBuilder) -> std::result::Result<EncoderM
         });
     }
     let emb = vb.pp("embeddings");
-    let embeddings = Embeddings {
-        word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: None,
-        position_offset: 0,
-        token_type: Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?),
-        norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
-        projection: None,
-    };
+    let tables = TableSizes { width: h, vocab: config.vocab_size, positions: None, types: Some(config.type_vocab_size), eps };
+    let embeddings = bert_embeddings(&emb, tables)?;
     let rotary = RotaryPositions { global: Rotary::new(h / heads, rope_theta(raw)?), local: None };
     Ok(EncoderModel {
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
-        max_positions: config.max_position_embeddings,
+        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
     })
 }

@@ -11,12 +11,12 @@
 //! The later `jina-bert-v2-qk-post-norm` variant (jina-embeddings-v2-base-code: LayerNorm on Q
 //! and K, `up_gated_layer`) is refused at load with its name.
 
-use super::bert::{bert_classifier, encoder_root};
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
+use super::bert::{bert_classifier, bert_embeddings, encoder_root, TableSizes};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
 use super::head_weights::ClassifierWeights;
 use super::ops::{Activation, GatedActivation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear, linear_with_bias};
-use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::Result;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -191,24 +191,16 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
         })
         .collect::<Result<Vec<_>>>()?;
     let emb = vb.pp("embeddings");
-    let embeddings = Embeddings {
-        word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: None,
-        position_offset: 0,
-        token_type: Some(emb.get((config.type_vocab_size, h), "token_type_embeddings.weight")?),
-        norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
-        projection: None,
-    };
+    let tables = TableSizes { width: h, vocab: config.vocab_size, positions: None, types: Some(config.type_vocab_size), eps };
+    let embeddings = bert_embeddings(&emb, tables)?;
     let heads = config.num_attention_heads;
     let alibi: Box<dyn RelativeBias> = Box::new(Alibi { slopes: alibi_slopes(heads) });
     Ok(EncoderModel {
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: None, relative: Some(alibi) },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
         // ALiBi needs no position table: the length the checkpoint declares.
-        max_positions: config.max_position_embeddings,
+        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
     })
 }
 

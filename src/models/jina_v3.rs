@@ -20,7 +20,7 @@ use super::encoder::{Embed, Embeddings, Encoder, EncoderLayer, EncoderModel, Fee
 use super::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TableLora, TaskAdapter};
 use super::ops::{Activation, Linear, Rotary};
 use super::weights::layer_norm;
-use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -254,10 +254,8 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel<TaskEmb
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: config.head_dim(), rotary: Some(rotary), relative: None },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
         // Rotary positions need no table: the length the checkpoint declares (8194).
-        max_positions: config.max_position_embeddings,
+        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
     })
 }
 

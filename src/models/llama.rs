@@ -13,7 +13,7 @@
 use super::batch::Batch;
 use super::head_weights::{on_host, ClassifierWeights, HeadInput};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary};
-use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -349,16 +349,8 @@ impl Backbone for Decoder {
         self.norm.forward(&hidden)
     }
 
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.config.vocab_size
-    }
-
-    fn max_positions(&self) -> usize {
-        self.max_positions
+    fn sizes(&self) -> BackboneSizes {
+        BackboneSizes { hidden: self.config.hidden_size, vocab: self.config.vocab_size, max_positions: self.max_positions }
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {

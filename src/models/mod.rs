@@ -81,15 +81,33 @@ pub fn supported_architectures() -> String {
     )
 }
 
+/// A backbone's sizes: what its final hidden states are wide, which token ids it takes, how long
+/// a sequence may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackboneSizes {
+    pub hidden: usize,
+    pub vocab: usize,
+    /// Longest sequence its positions allow (the position table's rows after any offset, or
+    /// what a rotary or ALiBi checkpoint declares).
+    pub max_positions: usize,
+}
+
 /// What the engine needs from a transformer body.
 pub trait Backbone: Send + Sync {
     /// Final hidden states of every token of the batch, `[batch.num_tokens(), hidden_size]`.
     fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor>;
-    fn hidden_size(&self) -> usize;
+    fn sizes(&self) -> BackboneSizes;
+    fn hidden_size(&self) -> usize {
+        self.sizes().hidden
+    }
     /// Vocabulary size: token-id inputs at or above it are rejected before they reach the model.
-    fn vocab_size(&self) -> usize;
+    fn vocab_size(&self) -> usize {
+        self.sizes().vocab
+    }
     /// Longest sequence the position table allows.
-    fn max_positions(&self) -> usize;
+    fn max_positions(&self) -> usize {
+        self.sizes().max_positions
+    }
     /// What `--quantization int8` always converts: the attention output projection and the
     /// feed-forward layers of every block. Embeddings, norms, attention itself and the heads
     /// stay float32.

@@ -6,7 +6,7 @@ use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForwar
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, GatedActivation, LayerNorm, Linear, Rotary};
 use super::weights::linear_with_bias;
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -199,8 +199,6 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },
         final_norm: Some(norm(&vb.pp("final_norm"), h, &config)?),
-        hidden_size: h,
-        vocab_size: config.vocab_size,
-        max_positions: config.max_position_embeddings,
+        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
     })
 }

@@ -2,12 +2,12 @@
 //! positions and a learned relative position bias, bucketed by distance and shared by all
 //! layers, added to every attention score.
 
-use super::bert::roberta_classifier;
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
+use super::bert::{bert_embeddings, roberta_classifier, TableSizes};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
 use super::head_weights::ClassifierWeights;
 use super::ops::{Activation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -132,14 +132,8 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     let (h, eps) = (config.hidden_size, config.layer_norm_eps);
     let emb = vb.pp("embeddings");
     let position_offset = config.pad_token_id.unwrap_or(1) + 1;
-    let embeddings = Embeddings {
-        word: emb.get((config.vocab_size, h), "word_embeddings.weight")?,
-        position: Some(emb.get((config.max_position_embeddings, h), "position_embeddings.weight")?),
-        position_offset,
-        token_type: None,
-        norm: layer_norm(&emb.pp("LayerNorm"), h, eps)?,
-        projection: None,
-    };
+    let positions = Some((config.max_position_embeddings, position_offset));
+    let embeddings = bert_embeddings(&emb, TableSizes { width: h, vocab: config.vocab_size, positions, types: None, eps })?;
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let lv = vb.pp(format!("encoder.layer.{i}"));
@@ -165,9 +159,11 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: None, relative: Some(relative) },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.vocab_size,
-        max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
+        sizes: BackboneSizes {
+            hidden: h,
+            vocab: config.vocab_size,
+            max_positions: config.max_position_embeddings.saturating_sub(position_offset as usize),
+        },
     })
 }
 

@@ -12,7 +12,7 @@
 use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
 use super::ops::{Activation, GatedActivation, Rotary};
 use super::weights::{layer_norm, linear_with_bias, stacked_linear};
-use super::{parse_config, Architecture, Backbone, ModelError};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -265,8 +265,6 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },
         final_norm: None,
-        hidden_size: h,
-        vocab_size: config.padded_vocab(),
-        max_positions: config.max_positions(),
+        sizes: BackboneSizes { hidden: h, vocab: config.padded_vocab(), max_positions: config.max_positions() },
     })
 }

@@ -193,7 +193,7 @@ fn loads_a_hub_id_from_the_offline_cache() {
     std::fs::remove_dir_all(&home).unwrap();
 }
 
-/// Broken model folders (issue 17): a one-line error at startup, never a panic.
+/// Broken model folders: a one-line error at startup, never a panic.
 #[test]
 fn broken_model_folders_fail_with_one_line() {
     let root = std::env::temp_dir().join(format!("poolserve-cli-broken-{}", std::process::id()));
@@ -234,7 +234,7 @@ fn broken_model_folders_fail_with_one_line() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-/// Issue 19: `serve NAME=MODEL NAME=MODEL` and `serve --config FILE` (YAML) run several models in
+/// `serve NAME=MODEL NAME=MODEL` and `serve --config FILE` (YAML) run several models in
 /// one process, routed by `model`; a bad models file is a one-line error naming the problem.
 #[test]
 fn serves_several_models_from_arguments_and_from_a_models_file() {

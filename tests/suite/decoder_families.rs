@@ -1,4 +1,4 @@
-//! The decoder families of issue 31 through the real router, against transformers and
+//! The decoder families (Llama, Mistral, Gemma 2 and 3, EmbeddingGemma) through the real router, against transformers and
 //! sentence-transformers (generator: tests/fixtures/make_decoder_families.py): Llama (llama3
 //! and dynamic rope scaling, biases, GQA), Mistral (sliding window, YaRN, e5-mistral's
 //! prompts), Gemma 2 (soft-capping, query_pre_attn_scalar, local layers), Gemma 3 (causal, and

@@ -1,4 +1,4 @@
-//! The encoder families of issue 30 through the real router, against their references in
+//! ELECTRA, DeBERTa-v2/v3, NomicBERT and JinaBERT through the real router, against their references in
 //! tests/fixtures/expected (generators: tests/fixtures/make_encoder_families.py for ELECTRA and
 //! DeBERTa-v2/v3, with transformers; tests/fixtures/make_nomic_bert.py for NomicBERT, with
 //! nomic-ai's published modeling code; tests/fixtures/make_jina_bert.py for JinaBERT, with its

@@ -1,4 +1,4 @@
-//! CLIP and SigLIP (issue 20) against transformers: pixel values from our processor, image and
+//! CLIP and SigLIP against transformers: pixel values from our processor, image and
 //! text embeddings from our towers (alone, batched, and through the engine), and every
 //! request form and refusal through the real router.
 
@@ -39,8 +39,8 @@ fn image_files(expected: &Value) -> Vec<String> {
     expected["images"].as_array().unwrap().iter().map(|i| i["file"].as_str().unwrap().to_string()).collect()
 }
 
-/// The image-embedding tolerance of issue 20 (cosine ≥ 0.999; images pass through a JPEG
-/// decoder and a resize that may differ by a step from Pillow's).
+/// The image-embedding tolerance, cosine ≥ 0.999: images pass through a JPEG decoder and a
+/// resize that may differ by a step from Pillow's, so the f32 text bar (0.9999) cannot hold.
 fn assert_image_close(ours: &[f32], reference: &[f32], what: &str) {
     let cos = cosine(ours, reference);
     eprintln!("{what}: cosine {cos:.7}");
@@ -74,7 +74,7 @@ fn processor_matches_transformers_pixel_values() {
             // PNG: Pillow-exact. WebP: Pillow 13 runs some shrink-both-sides resizes vertical
             // pass first (a rule we could not recover; ±1–2 levels on some pixels). JPEG: that,
             // plus zune-jpeg's chroma upsampling rounding, which differs from libjpeg-turbo's by
-            // up to 4 levels (the issue's 2e-2 is not reached there; see loader/image.rs).
+            // up to 4 levels (2e-2 is not reached there; see input/image/mod.rs).
             let tolerance = match file.rsplit('.').next() {
                 Some("png") => 1e-6,
                 Some("webp") => 2e-2,

@@ -1,5 +1,5 @@
 //! The integration tests as one binary: each file here was a test target of its own, and each
-//! linked the whole crate (issue 34: where the test command's build time went). Tests that
+//! linked the whole crate, which was where the test command's build time went. Tests that
 //! touch process-wide state stay binaries of their own: `tests/logs.rs` (installs the global
 //! log subscriber), `tests/hardening.rs` (measures the process's RSS) and `tests/library.rs`
 //! (sets environment variables). Run one file's tests with `cargo test --test suite lora::`.

@@ -90,7 +90,7 @@ async fn minilm_sized_cross_encoder_matches_sentence_transformers() {
 }
 
 /// `--quantization int8` on the real model: every embedding within cosine 0.999 of float32
-/// (issue 6's bar) and of sentence-transformers, on the reference texts and the 33 documents of
+/// (the int8 bar: what retrieval keeps) and of sentence-transformers, on the reference texts and the 33 documents of
 /// the cross-encoder fixture (8 to 512+ tokens), and the neighbours of text 0 keep their order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minilm_int8_stays_within_cosine_0_999_of_f32() {
@@ -98,7 +98,8 @@ async fn minilm_int8_stays_within_cosine_0_999_of_f32() {
 }
 
 /// `--dtype bfloat16` on the CPU (bf16 weights and products, f32 elsewhere): the same texts
-/// within cosine 0.9999 of float32 and of sentence-transformers (issue 32's bar).
+/// within cosine 0.9999 of float32 and of sentence-transformers (the f32 bar: bf16 must not
+/// lose what f32 keeps).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minilm_bfloat16_stays_within_cosine_0_9999_of_f32() {
     precision_stays_close("bfloat16", 0.9999, |c| c.models[0].dtype = poolserve::loader::options::DTypeArg::Bfloat16).await;

@@ -1,4 +1,4 @@
-//! Issue 19: several models in one server, through the real router. An embedding model, a
+//! Several models in one server, through the real router. An embedding model, a
 //! token classifier (NER) and a SPLADE model are served together; each must answer exactly as
 //! its reference, alone and under concurrent mixed traffic, and requests are routed by `model`.
 

@@ -1,4 +1,4 @@
-//! Reward models (issue 21) against the PyTorch reference of tests/fixtures/make_reward_models.py:
+//! Reward models (Qwen2.5-Math-RM and -PRM layouts) against the PyTorch reference of tests/fixtures/make_reward_models.py:
 //! Qwen2ForRewardModel's per-token and sequence rewards, Qwen2ForProcessRewardModel's STEP
 //! probabilities, single and batched, through the engine, the router and the library; the
 //! conversion table and the STEP parameters' errors.

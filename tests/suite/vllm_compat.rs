@@ -1,5 +1,5 @@
 //! vLLM 0.33's own pooling tests (`tests/entrypoints/pooling/` of its release), their requests
-//! and their checks, against the real binary over HTTP, one test per group of issue 28. The
+//! and their checks, against the real binary over HTTP, one test per group of vLLM's test files. The
 //! models are our fixtures, so checks of the original checkpoints' token ids become checks
 //! against transformers' outputs for the fixtures (tests/fixtures/make_vllm_compat.py).
 

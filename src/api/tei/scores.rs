@@ -6,8 +6,9 @@ use super::error::{handed_over, TeiError, TeiJson};
 use super::inputs::TruncationDirection;
 use super::{batch_size, begin, Kind};
 use crate::api::AppState;
-use crate::engine::params::PoolingParams;
+use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::input::Prompt;
+use crate::loader::spec::ModelSpec;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -75,6 +76,18 @@ fn predict_inputs(inputs: &Value) -> Result<(Vec<Prompt>, bool), TeiError> {
     }
 }
 
+/// The parameters of TEI's scoring routes: TEI's truncation, and the raw logits (TEI applies its
+/// own activation, [`tei_activation`]).
+fn raw_logits(task: Task, truncate: Option<bool>, direction: TruncationDirection, spec: &ModelSpec) -> Result<ResolvedParams, TeiError> {
+    let sent = PoolingParams {
+        truncate_prompt_tokens: truncate.unwrap_or(true).then_some(-1),
+        truncation_side: Some(direction.into()),
+        use_activation: Some(false),
+        ..Default::default()
+    };
+    sent.verify(task, spec).map_err(|e| TeiError::validation(e.message))
+}
+
 /// TEI's scores: softmax over the labels (sigmoid for one), unless raw.
 fn tei_activation(logits: &mut [f32], raw: bool) {
     use crate::pooling::classifier::ClassifierActivation;
@@ -107,13 +120,7 @@ pub(super) async fn predict_inner(state: &AppState, request: PredictRequest) -> 
     if !spec.supports(Task::Classify) {
         return Err(TeiError::backend("Model is not a classifier model"));
     }
-    let sent = PoolingParams {
-        truncate_prompt_tokens: request.truncate.unwrap_or(true).then_some(-1),
-        truncation_side: Some(request.truncation_direction.into()),
-        use_activation: Some(false),
-        ..Default::default()
-    };
-    let params = sent.verify(Task::Classify, spec).map_err(|e| TeiError::validation(e.message))?;
+    let params = raw_logits(Task::Classify, request.truncate, request.truncation_direction, spec)?;
     let (outputs, _): (Vec<Vec<f32>>, _) = engine.encode_as(prompts, &params).await?;
     let mut lists = Vec::with_capacity(outputs.len());
     for mut logits in outputs {
@@ -186,13 +193,7 @@ pub(super) async fn rerank_inner(state: &AppState, request: RerankRequest) -> Re
         },
     )?;
     let spec = engine.spec();
-    let sent = PoolingParams {
-        truncate_prompt_tokens: request.truncate.unwrap_or(true).then_some(-1),
-        truncation_side: Some(request.truncation_direction.into()),
-        use_activation: Some(false),
-        ..Default::default()
-    };
-    let params = sent.verify(Task::Score, spec).map_err(|e| TeiError::validation(e.message))?;
+    let params = raw_logits(Task::Score, request.truncate, request.truncation_direction, spec)?;
     let (logits, _) = engine.score(std::slice::from_ref(&request.query), &request.texts, &params, None).await?;
     let mut ranks = Vec::with_capacity(logits.len());
     for (index, logit) in logits.into_iter().enumerate() {
