@@ -19,8 +19,8 @@ use crate::engine::params::ParamsError;
 pub use crate::engine::params::PoolingParams;
 use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::input::Prompt;
+use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
-use crate::loader::spec::ModelSpec;
 use crate::pooling::Task;
 use crate::pooling::{PoolingOutput, TaskOutput};
 

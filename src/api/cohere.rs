@@ -37,7 +37,7 @@ use crate::engine::params::PoolingParams;
 use crate::input::media::{self, MediaOptions};
 use crate::input::tokenizer::TruncationSide;
 use crate::input::Prompt;
-use crate::loader::spec::Prompts;
+use crate::loader::model_spec::Prompts;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::http::HeaderMap;

@@ -56,7 +56,7 @@ impl Route {
 }
 
 /// The routes a model serves, in the order `/invocations` tries them.
-fn routes(spec: &crate::loader::spec::ModelSpec) -> Vec<Route> {
+fn routes(spec: &crate::loader::model_spec::ModelSpec) -> Vec<Route> {
     let mut routes = Vec::new();
     match spec.pooling_task {
         Task::Embed => routes.push(Route::Embeddings),
@@ -101,7 +101,7 @@ pub async fn invocations(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loader::spec::ModelSpec;
+    use crate::loader::model_spec::ModelSpec;
     use serde_json::json;
 
     #[test]

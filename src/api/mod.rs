@@ -266,7 +266,7 @@ impl AppState {
 /// task but another pooling task it answers 501 `The model does not support {api} API`
 /// (switch with `--pooler-config '{"task": …}'`); without the task the route is not there
 /// (404 `{"detail": "Not Found"}`).
-pub fn serves(spec: &crate::loader::spec::ModelSpec, task: Task, api: &str) -> Result<(), ApiError> {
+pub fn serves(spec: &crate::loader::model_spec::ModelSpec, task: Task, api: &str) -> Result<(), ApiError> {
     if spec.pooling_task == task {
         Ok(())
     } else if spec.supports(task) {
@@ -283,7 +283,7 @@ pub fn serving(task: Task, api: &'static str) -> impl FnOnce(&Engine) -> Result<
 }
 
 /// [`AppState::begin`]'s check for `/score` and `/rerank`: a model whose pooling task scores
-/// pairs ([`crate::loader::spec::ModelSpec::scores`]); vLLM registers no such route for others
+/// pairs ([`crate::loader::model_spec::ModelSpec::scores`]); vLLM registers no such route for others
 /// (404 `{"detail": "Not Found"}`).
 pub fn scores(engine: &Engine) -> Result<(), ApiError> {
     match engine.score_mode() {

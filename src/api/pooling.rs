@@ -14,7 +14,7 @@ use super::json::{ApiJson, OffRuntimeJson};
 use super::{AppState, ListResponse};
 use crate::engine::literal;
 use crate::engine::params::PoolingParams;
-use crate::loader::spec::ModelSpec;
+use crate::loader::model_spec::ModelSpec;
 use crate::pooling::config::POOLER_TASKS;
 use crate::pooling::m3::{MultiOutput, MultiVectors};
 use crate::pooling::PoolingOutput;

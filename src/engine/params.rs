@@ -6,7 +6,7 @@
 //! the Matryoshka rules of docs/http-api.md decide `dimensions`.
 
 use crate::input::tokenizer::{PairLimits, TruncationSide};
-use crate::loader::spec::ModelSpec;
+use crate::loader::model_spec::ModelSpec;
 use crate::pooling::m3::MultiOutput;
 use crate::pooling::Task;
 use serde::Deserialize;
@@ -111,8 +111,8 @@ pub struct ParamsError {
     pub param: Option<&'static str>,
 }
 
-impl From<crate::loader::spec::UnknownPrompt> for ParamsError {
-    fn from(e: crate::loader::spec::UnknownPrompt) -> Self {
+impl From<crate::loader::model_spec::UnknownPrompt> for ParamsError {
+    fn from(e: crate::loader::model_spec::UnknownPrompt) -> Self {
         ParamsError::new(e.0, "prompt_name")
     }
 }
@@ -246,7 +246,7 @@ fn check_dimensions(k: i64, spec: &ModelSpec) -> Result<Option<usize>, ParamsErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loader::spec::{Matryoshka, ModelSpec};
+    use crate::loader::model_spec::{Matryoshka, ModelSpec};
 
     fn spec(matryoshka: Matryoshka) -> ModelSpec {
         let mut spec = ModelSpec::for_tests(384, 256);

@@ -1,15 +1,15 @@
 //! Loading a model from its [`options`], at load time only: find its files ([`hub`]), read its
 //! sentence-transformers layout ([`sentence`]), build the backbone through its architecture
-//! (`models::ARCHITECTURES`), decide everything model-specific once ([`spec`]), then build the
+//! (`models::ARCHITECTURES`), decide everything model-specific once ([`model_spec`]), then build the
 //! input layer's pieces from the folder (tokenizer, chat template, image processor config; they
 //! live in [`crate::input`], which runs them per request) and the heads the spec's tasks need.
 
 pub mod hub;
 pub mod lora;
 mod mapped;
+pub mod model_spec;
 pub mod options;
 pub mod sentence;
-pub mod spec;
 
 use crate::input::chat_template::{self, ChatError, ChatTemplate};
 use crate::input::image;
@@ -26,9 +26,9 @@ use crate::pooling::Task;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use hub::ModelSource;
+use model_spec::{ModelSpec, SpecInputs};
 use options::{DeviceArg, ModelOptions};
 use sentence::SentenceTransformer;
-use spec::{ModelSpec, SpecInputs};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -166,8 +166,8 @@ fn weight_files(source: &ModelSource) -> Result<WeightFiles, LoadError> {
 pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let source = ModelSource::resolve(&options.source, options.revision.as_deref())?;
     let mut config: serde_json::Value = read_json(&source.required("config.json")?)?;
-    spec::apply_overrides(&mut config, &options.hf_overrides);
-    let (architecture_name, architecture) = spec::architecture_of(&config)?;
+    model_spec::apply_overrides(&mut config, &options.hf_overrides);
+    let (architecture_name, architecture) = model_spec::architecture_of(&config)?;
     let sentence = SentenceTransformer::read(&source)?;
     let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
         Some(p) => read_json(&p)?,

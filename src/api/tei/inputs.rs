@@ -5,7 +5,7 @@ use super::error::TeiError;
 use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::input::tokenizer::TruncationSide;
 use crate::input::Prompt;
-use crate::loader::spec::ModelSpec;
+use crate::loader::model_spec::ModelSpec;
 use crate::pooling::Task;
 use serde::Deserialize;
 

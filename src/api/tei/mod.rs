@@ -37,7 +37,7 @@ pub mod tokens;
 use crate::api::pooling::SparseValue;
 use crate::api::AppState;
 use crate::engine::Engine;
-use crate::loader::spec::ModelSpec;
+use crate::loader::model_spec::ModelSpec;
 use crate::pooling::Task;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};

@@ -8,7 +8,7 @@ use super::{batch_size, begin, Kind};
 use crate::api::AppState;
 use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::input::Prompt;
-use crate::loader::spec::ModelSpec;
+use crate::loader::model_spec::ModelSpec;
 use crate::pooling::Task;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
