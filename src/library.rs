@@ -55,7 +55,8 @@ pub enum LibraryError {
     #[error("cannot start the runtime: {0}")]
     Runtime(#[from] std::io::Error),
     #[error(transparent)]
-    Adapter(#[from] crate::loader::LoadError),
+    /// A LoRA adapter that could not be loaded (vLLM's messages).
+    Adapter(crate::loader::LoadError),
 }
 
 /// One input's classification: the winning label and every class's probability (or logit).
@@ -94,7 +95,7 @@ impl LocalModel {
     /// `options.model.lora` set, as `--enable-lora`).
     pub fn load_adapter(&self, name: &str, path: &str) -> Result<(), LibraryError> {
         let registry = self.engine.lora().ok_or_else(|| LibraryError::Load("LoRA is not enabled: set options.model.lora".into()))?;
-        registry.load(name, path)?;
+        registry.load(name, path).map_err(LibraryError::Adapter)?;
         Ok(())
     }
 

@@ -50,7 +50,7 @@ pub struct DetailBody {
     pub detail: String,
 }
 
-/// TEI's error body (its routes, see `tei.rs`): `{"error": message, "error_type": kind}`.
+/// TEI's error body (its routes: `api/tei/`): `{"error": message, "error_type": kind}`.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct TeiErrorBody {
     pub error: String,

@@ -58,6 +58,8 @@ fn adapter_error(e: LoadError) -> ApiError {
     match e {
         LoadError::AdapterNotFound { .. } => ApiError::NotFound(e.to_string()),
         LoadError::Adapter(message) => ApiError::BadRequest { message, param: None },
+        // The registry reports adapters as the two above; anything else of the loader's is still
+        // about the adapter the request named.
         other => ApiError::BadRequest { message: other.to_string(), param: None },
     }
 }

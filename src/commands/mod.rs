@@ -64,7 +64,8 @@ pub struct CommandArgs {
 /// Why a batch command cannot run, stops, or skips an input; each is one line of text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommandError {
-    /// The command cannot start: a flag, or a model that cannot load or run its task.
+    /// The command cannot run: a flag, a model that cannot load or run its task, or a chunk's
+    /// task that failed.
     #[error("{0}")]
     Setup(String),
     /// A file that cannot be read or written (the message names it).
@@ -297,7 +298,7 @@ fn ids_in(path: &Path) -> Result<HashSet<String>, CommandError> {
     let file = File::open(path).map_err(|e| CommandError::file(path, e))?;
     let mut ids = HashSet::new();
     for line in BufReader::new(file).lines() {
-        let line = line.map_err(|e| CommandError::File(e.to_string()))?;
+        let line = line.map_err(|e| CommandError::file(path, e))?;
         if let Ok(value) = serde_json::from_str::<Value>(&line) {
             if let Some(id) = value.get("id") {
                 ids.insert(id.to_string());
@@ -434,6 +435,7 @@ impl LineReader<'_> {
 /// The output file: finished chunks written in input order.
 struct OutputFile {
     writer: BufWriter<File>,
+    path: PathBuf,
     skip_errors: bool,
 }
 
@@ -447,7 +449,7 @@ impl OutputFile {
             .truncate(!resume)
             .open(path)
             .map_err(|e| CommandError::file(path, e))?;
-        Ok(OutputFile { writer: BufWriter::new(file), skip_errors })
+        Ok(OutputFile { writer: BufWriter::new(file), path: path.to_path_buf(), skip_errors })
     }
 
     /// Writes one finished chunk; a failed input is skipped with `--skip-errors`, else it is
@@ -462,7 +464,7 @@ impl OutputFile {
         for (line, result) in results {
             match result {
                 Ok(text) => {
-                    writeln!(self.writer, "{text}").map_err(|e| CommandError::File(e.to_string()))?;
+                    writeln!(self.writer, "{text}").map_err(|e| CommandError::file(&self.path, e))?;
                     summary.written += 1;
                 }
                 Err(error) if self.skip_errors => {
@@ -472,7 +474,7 @@ impl OutputFile {
                 Err(error) => return Err(CommandError::Line { line, error: Box::new(error) }),
             }
         }
-        self.writer.flush().map_err(|e| CommandError::File(e.to_string()))?;
+        self.writer.flush().map_err(|e| CommandError::file(&self.path, e))?;
         progress.inputs = summary.written;
         progress.tick();
         Ok(())

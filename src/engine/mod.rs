@@ -55,18 +55,6 @@ pub enum EngineError {
     Threads(Arc<std::io::Error>),
 }
 
-impl From<crate::loader::LoadError> for EngineError {
-    fn from(e: crate::loader::LoadError) -> Self {
-        EngineError::Load(Arc::new(e))
-    }
-}
-
-impl From<std::io::Error> for EngineError {
-    fn from(e: std::io::Error) -> Self {
-        EngineError::Threads(Arc::new(e))
-    }
-}
-
 struct Inner {
     spec: ModelSpec,
     /// The input side: tokenizer workers, chat template, images, input limits.
@@ -101,7 +89,8 @@ impl Engine {
     pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineError> {
         let started = std::time::Instant::now();
         tracing::info!(model = %model.served_name, "loading {}", model.source);
-        let loaded = crate::loader::load(model)?;
+        // Named, not `From`: these are start-time errors, and a request's `?` must never become one.
+        let loaded = crate::loader::load(model).map_err(|e| EngineError::Load(Arc::new(e)))?;
         crate::metrics::model_loaded(&model.served_name, started.elapsed());
         tracing::info!(
             model = %model.served_name,
@@ -114,10 +103,10 @@ impl Engine {
             "model loaded in {:.2?}",
             started.elapsed()
         );
-        Ok(Self::start(loaded, options)?)
+        Self::start(loaded, options).map_err(|e| EngineError::Threads(Arc::new(e)))
     }
 
-    /// Starts the tokenizer workers and the model thread.
+    /// Starts the input workers and the model thread.
     pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
         let LoadedModel {
             spec,

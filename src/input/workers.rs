@@ -1,6 +1,7 @@
-//! The input workers: the model's [`TextTokenizer`] run on threads of its own (a rayon
-//! pool apart from the model's) so the async runtime never blocks on it. Each job catches its
-//! own panic, so a tokenizer bug fails that request and nothing else.
+//! The input workers: threads of the model's own (a rayon pool apart from the model's) that run
+//! its [`TextTokenizer`], and the other input work a request brings (image decoding, chat
+//! rendering: [`InputWorkers::execute`]), so the async runtime never blocks on it. Each job
+//! catches its own panic, so a tokenizer or decoder bug fails that request and nothing else.
 //!
 //! Jobs wait in the pool's FIFO queue without a bound of their own: every job belongs to an
 //! admitted request (`--max-concurrent-requests`), which bounds the queue.
@@ -59,7 +60,7 @@ impl InputWorkers {
     pub fn new(tokenizer: Arc<TextTokenizer>, workers: usize) -> std::io::Result<Self> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(workers.max(1))
-            .thread_name(|i| format!("tokenizer-{i}"))
+            .thread_name(|i| format!("input-{i}"))
             // A panic outside a job's own catch (logging, replying) is logged, and the worker
             // goes on; without a handler rayon would abort the process.
             .panic_handler(|_| tracing::error!("a tokenizer worker panicked outside a job; it goes on"))

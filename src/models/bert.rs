@@ -1,5 +1,6 @@
-//! BERT and RoBERTa / XLM-RoBERTa on the shared encoder ([`super::encoder`]), under BERT's
-//! weight names, which ELECTRA and DeBERTa's blocks use too.
+//! BERT and RoBERTa / XLM-RoBERTa on the shared encoder ([`super::encoder`]), and BERT's weight
+//! names, which other families kept: its embedding tables ([`bert_embeddings`]: ELECTRA,
+//! DistilBERT, MPNet, GTE, JinaBERT) and its blocks ([`bert_layer`]: ELECTRA, DeBERTa).
 //!
 //! The two share every layer; RoBERTa differs only in where positions start
 //! (`pad_token_id + 1`) and in having a one-row token-type table.
@@ -222,8 +223,8 @@ pub(super) fn bert_layer(lv: &VarBuilder, qkv: Linear, sizes: LayerSizes, activa
         feed_forward: FeedForward::Plain(activation),
         down: linear(&lv.pp("output.dense"), h, intermediate)?,
         norms: Norms::Post {
-            attention: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
-            feed_forward: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
+            attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+            feed_forward_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
         },
         local: false,
     })

@@ -116,8 +116,8 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
             feed_forward: FeedForward::Plain(activation),
             down: linear(&lv.pp("ffn.lin2"), h, config.hidden_dim)?,
             norms: Norms::Post {
-                attention: layer_norm(&lv.pp("sa_layer_norm"), h, EPS)?,
-                feed_forward: layer_norm(&lv.pp("output_layer_norm"), h, EPS)?,
+                attention_norm: layer_norm(&lv.pp("sa_layer_norm"), h, EPS)?,
+                feed_forward_norm: layer_norm(&lv.pp("output_layer_norm"), h, EPS)?,
             },
             local: false,
         });

@@ -7,7 +7,7 @@
 //! `out_proj(gelu(dense(h[CLS])))` (transformers' `ElectraClassificationHead`).
 
 use super::bert::{bert_embeddings, encoder_layers, BertConfig, TableSizes};
-use super::encoder::{Embeddings, Encoder, EncoderModel};
+use super::encoder::{Encoder, EncoderModel};
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::Activation;
 use super::weights::linear;
@@ -90,11 +90,11 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
         types: Some(config.type_vocab_size),
         eps: config.layer_norm_eps,
     };
-    let embeddings = Embeddings {
-        // transformers creates the projection only when the widths differ.
-        projection: if e != h { Some(linear(&vb.pp("embeddings_project"), h, e)?) } else { None },
-        ..bert_embeddings(&emb, tables)?
-    };
+    let mut embeddings = bert_embeddings(&emb, tables)?;
+    // transformers creates the projection only when the widths differ.
+    if e != h {
+        embeddings.projection = Some(linear(&vb.pp("embeddings_project"), h, e)?);
+    }
     let layers = encoder_layers(&vb.pp("encoder"), &config, activation)?;
     let heads = config.num_attention_heads;
     Ok(EncoderModel {

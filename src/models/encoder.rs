@@ -8,7 +8,7 @@
 //! |---|---|---|---|
 //! | BERT, RoBERTa, DistilBERT, ELECTRA | after each sub-layer | a table in the embeddings | plain |
 //! | MPNet | after | a table, and relative buckets on the scores | plain |
-//! | JinaBERT | after | ALiBi on the scores | gated (GEGLU) |
+//! | JinaBERT | after | ALiBi on the scores | gated (GEGLU, or ReGLU) |
 //! | GTE, NomicBERT | after | rotary | gated |
 //! | jina-embeddings-v3 | after | rotary | plain |
 //! | ModernBERT | before each sub-layer, and a final norm | rotary, global and sliding-window layers with a base each | gated (GeGLU) |
@@ -112,16 +112,19 @@ impl FeedForward {
 /// Where a block's LayerNorms stand.
 pub(super) enum Norms {
     /// After each sub-layer's residual: `norm1(x + attn(x))`, then `norm2(h + ffn(h))`.
-    Post { attention: LayerNorm, feed_forward: LayerNorm },
+    Post { attention_norm: LayerNorm, feed_forward_norm: LayerNorm },
     /// Before each sub-layer: `x + attn(norm1(x))`, then `h + ffn(norm2(h))`. ModernBERT's first
     /// block has no `norm1`: its input is the normalized embedding already.
-    Pre { attention: Option<LayerNorm>, feed_forward: LayerNorm },
+    Pre { attention_norm: Option<LayerNorm>, feed_forward_norm: LayerNorm },
 }
 
 /// One encoder block.
 pub(super) struct EncoderLayer {
+    /// Q, K and V as one product (the query heads, then the key heads, then the value heads).
     pub qkv: Linear,
     pub attention_out: Linear,
+    /// The feed-forward's first product: its up projection, or for a gated one the fused
+    /// `[gate; up]` (or `[up; gate]`) pair [`FeedForward::Gated`] splits.
     pub up: Linear,
     pub feed_forward: FeedForward,
     pub down: Linear,
@@ -133,7 +136,7 @@ pub(super) struct EncoderLayer {
 impl EncoderLayer {
     fn forward(&self, hidden: Tensor, attention: &Attention, rotary: Option<&RotaryTable>) -> Result<Tensor> {
         let input = match &self.norms {
-            Norms::Pre { attention: Some(norm), .. } => norm.forward(hidden.copy()?)?,
+            Norms::Pre { attention_norm: Some(norm), .. } => norm.forward(hidden.copy()?)?,
             _ => hidden.clone(),
         };
         let heads = attention.num_heads;
@@ -150,14 +153,14 @@ impl EncoderLayer {
     /// feed-forward with its own, each normalized where [`Norms`] says.
     pub fn after_attention(&self, context: &Tensor, hidden: &Tensor) -> Result<Tensor> {
         match &self.norms {
-            Norms::Post { attention, feed_forward } => {
-                let attended = attention.forward_add(&self.attention_out, context, hidden)?;
+            Norms::Post { attention_norm, feed_forward_norm } => {
+                let attended = attention_norm.forward_add(&self.attention_out, context, hidden)?;
                 let inner = self.feed_forward.forward(&self.up, &attended)?;
-                feed_forward.forward_add(&self.down, &inner, &attended)
+                feed_forward_norm.forward_add(&self.down, &inner, &attended)
             }
-            Norms::Pre { feed_forward, .. } => {
+            Norms::Pre { feed_forward_norm, .. } => {
                 let attended = self.attention_out.forward_add(context, hidden)?;
-                let inner = self.feed_forward.forward(&self.up, &feed_forward.forward(attended.copy()?)?)?;
+                let inner = self.feed_forward.forward(&self.up, &feed_forward_norm.forward(attended.copy()?)?)?;
                 self.down.forward_add(&inner, &attended)
             }
         }

@@ -82,7 +82,10 @@ fn load(raw: &serde_json::Value, vb: VarBuilder) -> std::result::Result<EncoderM
             up: linear_with_bias(&lv.pp("mlp.up_gate_proj"), 2 * inter, h, false)?,
             feed_forward: FeedForward::Gated(gate),
             down: linear(&lv.pp("mlp.down_proj"), h, inter)?,
-            norms: Norms::Post { attention: layer_norm(&lv.pp("attn_ln"), h, eps)?, feed_forward: layer_norm(&lv.pp("mlp_ln"), h, eps)? },
+            norms: Norms::Post {
+                attention_norm: layer_norm(&lv.pp("attn_ln"), h, eps)?,
+                feed_forward_norm: layer_norm(&lv.pp("mlp_ln"), h, eps)?,
+            },
             local: false,
         });
     }

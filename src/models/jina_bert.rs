@@ -183,8 +183,8 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
                 feed_forward: FeedForward::Gated(gate),
                 down: linear(&lv.pp("mlp.wo"), h, inner)?,
                 norms: Norms::Post {
-                    attention: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
-                    feed_forward: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,
+                    attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+                    feed_forward_norm: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,
                 },
                 local: false,
             })

@@ -226,7 +226,10 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel<TaskEmb
             up: linear(&lv.pp("mlp.fc1"), inner, h)?,
             feed_forward: FeedForward::Plain(activation),
             down: linear(&lv.pp("mlp.fc2"), h, inner)?,
-            norms: Norms::Post { attention: layer_norm(&lv.pp("norm1"), h, eps)?, feed_forward: layer_norm(&lv.pp("norm2"), h, eps)? },
+            norms: Norms::Post {
+                attention_norm: layer_norm(&lv.pp("norm1"), h, eps)?,
+                feed_forward_norm: layer_norm(&lv.pp("norm2"), h, eps)?,
+            },
             local: false,
         });
     }

@@ -178,7 +178,7 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
             up: linear_with_bias(&lv.pp("mlp.Wi"), 2 * inter, h, config.mlp_bias)?,
             feed_forward: FeedForward::Gated(gate),
             down: linear_with_bias(&lv.pp("mlp.Wo"), h, inter, config.mlp_bias)?,
-            norms: Norms::Pre { attention: attn_norm, feed_forward: norm(&lv.pp("mlp_norm"), h, &config)? },
+            norms: Norms::Pre { attention_norm: attn_norm, feed_forward_norm: norm(&lv.pp("mlp_norm"), h, &config)? },
             local: !global,
         });
     }

@@ -145,8 +145,8 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
             feed_forward: FeedForward::Plain(activation),
             down: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
             norms: Norms::Post {
-                attention: layer_norm(&lv.pp("attention.LayerNorm"), h, eps)?,
-                feed_forward: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
+                attention_norm: layer_norm(&lv.pp("attention.LayerNorm"), h, eps)?,
+                feed_forward_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,
             },
             local: false,
         });

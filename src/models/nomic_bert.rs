@@ -243,7 +243,10 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
             up: stacked_linear(&[(mlp.pp("fc11"), inner), (mlp.pp("fc12"), inner)], h, config.mlp_fc1_bias)?,
             feed_forward: FeedForward::Gated(gate),
             down: linear_with_bias(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
-            norms: Norms::Post { attention: layer_norm(&lv.pp("norm1"), h, eps)?, feed_forward: layer_norm(&lv.pp("norm2"), h, eps)? },
+            norms: Norms::Post {
+                attention_norm: layer_norm(&lv.pp("norm1"), h, eps)?,
+                feed_forward_norm: layer_norm(&lv.pp("norm2"), h, eps)?,
+            },
             local: false,
         });
     }

@@ -1,6 +1,4 @@
-//! Task heads, built once at load time from the model's files.
-//!
-//! The embedding head follows sentence-transformers' module order: pooling → Dense layers →
+//! The embedding head, built once at load time from the model's files. It follows sentence-transformers' module order: pooling → Dense layers →
 //! Matryoshka slice → L2 normalization. The Dense layers run batched over all pooled rows of a
 //! batch; slicing and normalizing depend on each request's parameters and run per output.
 

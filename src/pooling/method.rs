@@ -144,7 +144,7 @@ impl PoolingType {
 }
 
 impl FromStr for PoolingType {
-    type Err = String;
+    type Err = super::PoolingError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_uppercase().as_str() {
             "CLS" => Ok(Self::Cls),
@@ -153,7 +153,7 @@ impl FromStr for PoolingType {
             "ALL" => Ok(Self::All),
             "STEP" => Ok(Self::Step),
             "SPLADE" => Ok(Self::Splade),
-            other => Err(format!("unknown pooling type `{other}` (expected CLS, LAST, MEAN, ALL or STEP)")),
+            other => Err(super::PoolingError::Config(format!("unknown pooling type `{other}` (expected CLS, LAST, MEAN, ALL or STEP)"))),
         }
     }
 }

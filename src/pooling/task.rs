@@ -50,12 +50,12 @@ impl Task {
 }
 
 impl std::str::FromStr for Task {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
+    type Err = super::PoolingError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         [Task::Embed, Task::Classify, Task::Score, Task::TokenEmbed, Task::TokenClassify, Task::EmbedSparse]
             .into_iter()
             .find(|t| t.as_str() == s)
-            .ok_or(())
+            .ok_or_else(|| super::PoolingError::Config(format!("unknown task `{s}`")))
     }
 }
 

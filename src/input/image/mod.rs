@@ -45,7 +45,8 @@ pub enum ImageError {
     UnsupportedFormat,
     #[error("image processor config: {0}")]
     Config(String),
-    /// A field of the processor config that cannot be used (serde says where it stands).
+    /// A field of `preprocessor_config.json` that cannot be used, raised while serde reads the
+    /// file (serde's message then says where; [`ImageError::Config`] wraps it with the path).
     #[error("{0}")]
     ConfigField(String),
     /// A `data:` URL that is not base64 image data.

@@ -192,7 +192,9 @@ multiversion! {
             for i in 0..n {
                 weigh_keys(&mut scores[i * lk..i * lk + len], first + i, mask, terms);
             }
-            head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], first, n, out);
+            // SAFETY: `out` is this head's output rows as the caller hands them over (row 0 of
+            // the sequence; this job alone writes this head's columns of them).
+            unsafe { head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], first, n, out) };
         }
     }
 }
@@ -256,17 +258,20 @@ impl<'a> Head<'a> {
         }
     }
 
-    /// `scores = (scale·Q)·Kᵀ` for the packed queries, tile by tile.
+    /// `scores = (scale·Q)·Kᵀ` for the packed queries (whole tiles of rows), tile by tile.
     #[inline(always)]
     fn scores<const FMA: bool, const WIDE: bool>(&self, q: &[f32], kt: &[f32], scores: &mut [f32]) {
         let (head_dim, lk) = (self.cols.head_dim, self.lk);
         let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
         let lq = q.len() / head_dim;
+        let kt = &kt[..head_dim * lk];
         for i0 in (0..lq).step_by(tile_q) {
-            let (q, scores) = (q[i0 * head_dim..].as_ptr(), scores[i0 * lk..].as_mut_ptr());
+            // One tile of rows each: a buffer shorter than whole tiles panics here.
+            let q = q[i0 * head_dim..(i0 + tile_q) * head_dim].as_ptr();
+            let scores = scores[i0 * lk..(i0 + tile_q) * lk].as_mut_ptr();
             for j0 in (0..lk).step_by(TILE_K) {
-                // SAFETY: rows i0..i0+tile_q ≤ lq of q and scores (lq is a multiple of
-                // tile_q), keys j0+16 ≤ lk of kt (head_dim × lk).
+                // SAFETY: tile_q rows of q and of scores (the slices above), keys j0+16 ≤ lk of
+                // kt (head_dim × lk, sliced above).
                 unsafe {
                     #[cfg(target_arch = "x86_64")]
                     if WIDE {
@@ -284,25 +289,31 @@ impl<'a> Head<'a> {
     /// `out = P·V + v_bias` for queries `first..first + n` (each row of P sums to 1, so V's bias
     /// passes through unchanged), `tile_q` queries × 16 head dims at a time (head_dim is a
     /// multiple of 16 for every model we serve; the remainder loop keeps other sizes correct).
+    ///
+    /// # Safety
+    /// `out` addresses the sequence's `len` output rows, `out_width` apart, and nothing else
+    /// writes this head's columns of them meanwhile.
     #[inline(always)]
-    fn weighted_values<const FMA: bool, const WIDE: bool>(&self, scores: &[f32], first: usize, n: usize, out: *mut f32) {
+    unsafe fn weighted_values<const FMA: bool, const WIDE: bool>(&self, scores: &[f32], first: usize, n: usize, out: *mut f32) {
         let HeadColumns { width, q: qc, v: vc, head_dim, out_width, .. } = self.cols;
         let (rows, len, lk) = (self.rows, self.len, self.lk);
         let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
         let lq = scores.len() / lk;
         let dims_tiled = head_dim / TILE_K * TILE_K;
         for i0 in (0..lq).step_by(tile_q) {
-            let p = scores[i0 * lk..].as_ptr();
+            // One tile of rows: a buffer shorter than whole tiles panics here.
+            let p = scores[i0 * lk..(i0 + tile_q) * lk].as_ptr();
             for d0 in (0..dims_tiled).step_by(TILE_K) {
                 let vb: &[f32; TILE_K] = self.v_bias[d0..d0 + TILE_K].try_into().unwrap();
                 // V's columns d0..d0+16 of every row: the last row's end lies inside `rows`.
                 let v = rows[vc + d0..(len - 1) * width + vc + d0 + TILE_K].as_ptr();
                 let store = |r: usize, acc_row: &[f32; TILE_K]| {
-                    // SAFETY: row first+i0+r < len, columns qc+d0.. of this head, inside the output.
+                    // SAFETY: row first+i0+r < len, columns qc+d0.. of this head, inside the
+                    // output (this fn's contract).
                     unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((first + i0 + r) * out_width + qc + d0), TILE_K) };
                 };
-                // SAFETY: rows i0..i0+tile_q ≤ lq of the scores (lk ≥ len each), `len` rows of
-                // V from `v` (the slice above).
+                // SAFETY: tile_q rows of the scores (the slice `p` above, lk ≥ len each), `len`
+                // rows of V from `v` (the slice above).
                 unsafe {
                     #[cfg(target_arch = "x86_64")]
                     if WIDE {
@@ -319,7 +330,7 @@ impl<'a> Head<'a> {
             for i in i0..(i0 + tile_q).min(n) {
                 for d in dims_tiled..head_dim {
                     let sum = self.v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
-                    // SAFETY: as above.
+                    // SAFETY: row first+i < len, column qc+d of this head (this fn's contract).
                     unsafe { *out.add((first + i) * out_width + qc + d) = sum };
                 }
             }
