@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh needs on the GPU machine (which has no Rust toolchain) into
-# target/gpu-bundle/, one carried path of about 40 MB:
+# target/gpu-bundle/, one carried path of about 40 MB (stripped):
 #   poolserve   the --features cuda release binary (scripts/build-cuda.sh)
 #   loadgen     our load generator (benches/loadgen.rs), built for the host
 #   tokenizer/  all-MiniLM-L6-v2's tokenizer files (the random-weight models' vocabulary)
@@ -16,4 +16,6 @@ cp "$loadgen" "$BUNDLE/loadgen"
 for f in tokenizer.json tokenizer_config.json special_tokens_map.json vocab.txt; do
   cp "models/all-MiniLM-L6-v2/$f" "$BUNDLE/tokenizer/"
 done
+# Symbols stay here: the working tree and its carried paths travel in 64 MiB at most.
+strip "$BUNDLE/poolserve" "$BUNDLE/loadgen"
 du -sh "$BUNDLE"

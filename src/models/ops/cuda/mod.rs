@@ -1,5 +1,5 @@
 //! The CUDA side of the fused ops (`--features cuda`): our own kernels over the flat,
-//! padding-free batch, in `kernels.cu`, compiled to PTX by `build.rs` and loaded once per
+//! padding-free batch, in `kernels.cu`, compiled by `build.rs` and loaded once per
 //! device. candle's composite ops would make several passes (and, for attention, a loop over
 //! the sequences from the host); these are one launch each:
 //!
@@ -10,6 +10,9 @@
 //! - [`layer_norm`] (with the product's bias and the residual folded in), [`rms_norm`],
 //!   [`Rotary`] (RoPE in place, optionally after Qwen3's per-head RMSNorm).
 //!
+//! The kernels are one fat binary (machine code for the build's GPU generation, PTX for later
+//! ones; see build.rs), loaded once per device by [`function`].
+//!
 //! Matrix products stay on candle's cuBLAS path (float32 accumulation in every dtype). Each
 //! kernel reads and writes the model's dtype (f32, f16, bf16) and computes in f32.
 //!
@@ -18,17 +21,49 @@
 //! an error in the log.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::DeviceId;
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, InplaceOp1, Layout, Result, Shape, Storage, Tensor};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 
 mod check;
 pub use check::self_check;
 
-const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/poolserve_kernels.ptx"));
-const MODULE: &str = "poolserve";
+const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/poolserve_kernels.fatbin"));
+
+/// The kernels' module per device, and the functions looked up in it. candle's own module cache
+/// takes PTX text only; a fat binary is bytes.
+type Functions = HashMap<(DeviceId, &'static str), CudaFunction>;
+static MODULES: Mutex<Vec<(DeviceId, Arc<CudaModule>)>> = Mutex::new(Vec::new());
+static FUNCTIONS: LazyLock<Mutex<Functions>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The kernel `name` on `dev`, its module loaded on first use.
+fn function(dev: &CudaDevice, name: &'static str) -> Result<CudaFunction> {
+    let key = (dev.id(), name);
+    let mut functions = FUNCTIONS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = functions.get(&key) {
+        return Ok(f.clone());
+    }
+    let module = {
+        let mut modules = MODULES.lock().unwrap_or_else(|e| e.into_inner());
+        match modules.iter().find(|(id, _)| *id == dev.id()) {
+            Some((_, m)) => m.clone(),
+            None => {
+                let m = dev.cuda_stream().context().load_module(Ptx::from_binary(FATBIN.to_vec())).w()?;
+                modules.push((dev.id(), m.clone()));
+                m
+            }
+        }
+    };
+    let f = module.load_function(name).w()?;
+    functions.insert(key, f.clone());
+    Ok(f)
+}
 
 /// Cleared by [`self_check`] when a kernel disagrees with the composite ops on this device.
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -54,13 +89,20 @@ fn elementwise(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
-fn suffix(dtype: DType) -> Result<&'static str> {
-    Ok(match dtype {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        other => bail!("CUDA kernels take f32, f16 or bf16, not {other:?}"),
-    })
+/// The kernel `base` instantiated for `dtype` (`name_f32`, `name_f16`, `name_bf16` in kernels.cu).
+fn kernel_name(base: &str, dtype: DType) -> Result<&'static str> {
+    macro_rules! names {
+        ($($base:literal),*) => {
+            match (base, dtype) {
+                $(($base, DType::F32) => concat!($base, "_f32"),
+                  ($base, DType::F16) => concat!($base, "_f16"),
+                  ($base, DType::BF16) => concat!($base, "_bf16"),)*
+                (_, DType::F32 | DType::F16 | DType::BF16) => bail!("no CUDA kernel named {base}"),
+                (_, other) => bail!("CUDA kernels take f32, f16 or bf16, not {other:?}"),
+            }
+        };
+    }
+    Ok(names!("bias_activation", "bias_residual", "gated", "layer_norm", "rms_norm", "rotary", "attention"))
 }
 
 fn device(t: &Tensor) -> Result<&CudaDevice> {
@@ -181,13 +223,14 @@ arg_from!(u64 => U64, i64 => I64, i32 => I32, f32 => F32);
 /// Launches `name` with the arguments in order.
 macro_rules! launch {
     ($dev:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {
-        launch_args(&$dev, &$name, $cfg, &[$(Arg::from($arg)),*])?
+        launch_args(&$dev, $name, $cfg, &[$(Arg::from($arg)),*])?
     };
 }
 
-fn launch_args(dev: &CudaDevice, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-    let func = dev.get_or_load_custom_func(name, MODULE, PTX)?;
-    let mut builder = func.builder();
+fn launch_args(dev: &CudaDevice, name: &'static str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+    let func = function(dev, name)?;
+    let stream = dev.cuda_stream();
+    let mut builder = stream.launch_builder(&func);
     for arg in args {
         match arg {
             Arg::U64(v) => builder.arg(v),
@@ -213,7 +256,7 @@ pub(crate) fn bias_activation(x: &Tensor, bias: Option<&Tensor>, act: KernelActi
     let dev = device(&x)?;
     let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
     let n = x.elem_count();
-    let name = format!("bias_activation_{}", suffix(x.dtype())?);
+    let name = kernel_name("bias_activation", x.dtype())?;
     launch!(dev, name, elementwise(n), address(&x)?, optional(bias)?, out_ptr, n as i64, cols as i32, act as i32);
     Ok(out)
 }
@@ -232,7 +275,7 @@ pub(crate) fn bias_residual(x: &Tensor, bias: Option<&Tensor>, residual: Option<
     let dev = device(&x)?;
     let (out, out_ptr) = empty(dev, x.dtype(), x.shape().clone())?;
     let n = x.elem_count();
-    let name = format!("bias_residual_{}", suffix(x.dtype())?);
+    let name = kernel_name("bias_residual", x.dtype())?;
     launch!(dev, name, elementwise(n), address(&x)?, optional(bias)?, optional(residual.as_ref())?, out_ptr, n as i64, cols as i32);
     Ok(out)
 }
@@ -248,7 +291,7 @@ pub(crate) fn gated(x: &Tensor, act: KernelActivation, act_on_first: bool) -> Re
     let dev = device(&x)?;
     let (out, out_ptr) = empty(dev, x.dtype(), Shape::from((rows, cols)))?;
     let n = rows * cols;
-    let name = format!("gated_{}", suffix(x.dtype())?);
+    let name = kernel_name("gated", x.dtype())?;
     launch!(dev, name, elementwise(n), address(&x)?, out_ptr, n as i64, cols as i32, act as i32, act_on_first as i32);
     Ok(out)
 }
@@ -286,7 +329,7 @@ pub(crate) fn layer_norm(
         return Ok(out);
     }
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: (cols * 4) as u32 };
-    let name = format!("layer_norm_{}", suffix(x.dtype())?);
+    let name = kernel_name("layer_norm", x.dtype())?;
     launch!(
         dev,
         name,
@@ -314,7 +357,7 @@ pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> 
         return Ok(out);
     }
     let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-    let name = format!("rms_norm_{}", suffix(x.dtype())?);
+    let name = kernel_name("rms_norm", x.dtype())?;
     launch!(dev, name, cfg, address(&x)?, address(weight)?, out_ptr, cols as i32, eps);
     Ok(out)
 }
@@ -374,7 +417,7 @@ impl InplaceOp1 for Rotary {
         let warps_per_block = THREADS as u64 / 32;
         let blocks = (tokens as u64 * heads as u64).div_ceil(warps_per_block).clamp(1, MAX_BLOCKS);
         let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        let name = format!("rotary_{}", suffix(dtype)?);
+        let name = kernel_name("rotary", dtype)?;
         launch!(
             dev,
             name,
@@ -455,7 +498,7 @@ pub(crate) fn attention(att: &KernelAttention, qkv: &Tensor, bias: Option<&Tenso
         KernelMask::CausalWindow(w) => (3, w.min(tokens + 1) as i32),
     };
     let cfg = LaunchConfig { grid_dim: (num_tiles as u32, heads as u32, 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
-    let name = format!("attention_{}", suffix(qkv.dtype())?);
+    let name = kernel_name("attention", qkv.dtype())?;
     let scale = 1.0 / (head_dim as f32).sqrt();
     launch!(
         dev,
