@@ -58,21 +58,24 @@ pub(crate) enum IsaLevel {
     /// AVX-512 F/BW/VL (and VNNI for int8), without BF16.
     Avx512,
     Avx512Bf16,
+    /// AMX tiles (bf16 products; Sapphire Rapids and later).
+    Amx,
 }
 
 /// The highest level the kernels may use: whatever the CPU has, unless `POOLSERVE_MAX_CPU_ISA`
-/// (`portable`, `avx2`, `avx512`, `avx512_bf16`) caps it, as oneDNN's `ONEDNN_MAX_CPU_ISA`
+/// (`portable`, `avx2`, `avx512`, `avx512_bf16`, `amx`) caps it, as oneDNN's `ONEDNN_MAX_CPU_ISA`
 /// does: it measures and tests the kernels of older CPUs on a newer one.
 pub(crate) fn max_isa() -> IsaLevel {
     static CAP: std::sync::OnceLock<IsaLevel> = std::sync::OnceLock::new();
     *CAP.get_or_init(|| match std::env::var("POOLSERVE_MAX_CPU_ISA").ok().as_deref() {
-        None | Some("avx512_bf16") => IsaLevel::Avx512Bf16,
+        None | Some("amx") => IsaLevel::Amx,
+        Some("avx512_bf16") => IsaLevel::Avx512Bf16,
         Some("avx512") => IsaLevel::Avx512,
         Some("avx2") => IsaLevel::Avx2,
         Some("portable") => IsaLevel::Portable,
         Some(other) => {
-            tracing::warn!("POOLSERVE_MAX_CPU_ISA={other:?} is not portable, avx2, avx512 or avx512_bf16: ignored");
-            IsaLevel::Avx512Bf16
+            tracing::warn!("POOLSERVE_MAX_CPU_ISA={other:?} is not portable, avx2, avx512, avx512_bf16 or amx: ignored");
+            IsaLevel::Amx
         }
     })
 }

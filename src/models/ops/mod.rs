@@ -11,7 +11,8 @@
 //! ops, so the same model code runs there.
 //!
 //! One subject a file: [`dispatch`] (run-time kernel choice, storage access), [`math`]
-//! (approximations, reductions), [`sgemm`] (products on weights packed in f32 or bf16), [`linear`] (dense
+//! (approximations, reductions), [`sgemm`] (products on weights packed in f32 or bf16, on AMX
+//! tiles where the CPU has them), [`amx`] (the tile instructions and their plain-Rust model), [`linear`] (dense
 //! layers with folded bias and residual), [`layer_norm`],
 //! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`] and [`int8`]; `cuda`
 //! holds the GPU kernels of all of them.
@@ -19,6 +20,7 @@
 #[macro_use]
 mod dispatch;
 mod activation;
+mod amx;
 mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -55,7 +55,7 @@ impl ByteRows {
     pub(super) fn quantize(kernel: Kernel, x: &[f32], m: usize, w: &Int8Weight) -> Self {
         let segments = w.segments;
         let stride = w.groups * 4;
-        let padded = m.next_multiple_of(kernel.scheme().tile_shape().0);
+        let padded = m.next_multiple_of(kernel.tile_shape().0);
         let mut data = BYTES.take();
         data.resize(padded * stride, 0);
         let mut params = vec![(0.0f32, 0i32); padded * segments];
@@ -94,7 +94,7 @@ impl WideRows {
     /// `x` (`m × k`) quantized for `w`.
     pub(super) fn quantize(kernel: Kernel, x: &[f32], m: usize, w: &Int8Weight) -> Self {
         let stride = w.groups * 2;
-        let padded = m.next_multiple_of(kernel.scheme().tile_shape().0);
+        let padded = m.next_multiple_of(kernel.tile_shape().0);
         let mut data = WIDE.take();
         data.resize(padded * stride, 0);
         let mut scale = vec![0.0f32; padded];

@@ -10,7 +10,8 @@
 //!
 //! Activations are quantized per token at run time in one of two [`Scheme`]s:
 //! - [`Scheme::Bytes`], for the VNNI instructions (`vpdpbusd`: 4 unsigned × signed byte
-//!   products per 32-bit lane, 64 multiply-adds per zmm instruction): unsigned bytes with a
+//!   products per 32-bit lane, 64 multiply-adds per zmm instruction) and AMX's `TDPBUSD` (the
+//!   same products on 16 × 64-byte tiles, [`amx`]): unsigned bytes with a
 //!   scale and zero point per segment, whose sums are dequantized per segment with the weights'
 //!   column sums taking the zero point back out.
 //! - [`Scheme::Wide`], for AVX2 (and the portable fallback): signed 16-bit activations with one
@@ -27,6 +28,8 @@
 //! so each weight panel is read from memory once per block (see [`Int8Weight::matmul`]).
 
 mod activations;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod portable;
 #[cfg(test)]
 mod portable_bytes;
@@ -75,14 +78,6 @@ impl Scheme {
             Scheme::Wide => 2,
         }
     }
-
-    /// A register tile: rows × panels of 16 columns.
-    fn tile_shape(self) -> (usize, usize) {
-        match self {
-            Scheme::Bytes => (BYTES_TILE_ROWS, BYTES_TILE_PANELS),
-            Scheme::Wide => (WIDE_TILE_ROWS, 1),
-        }
-    }
 }
 
 /// A weight matrix `Wᵀ` (`[in, out]`) quantized per segment and output column, packed for the
@@ -119,7 +114,7 @@ impl Int8Weight {
         let group = scheme.group();
         let groups = k.div_ceil(group);
         let segments = k.div_ceil(SEGMENT);
-        let tile_panels = kernel.scheme().tile_shape().1;
+        let tile_panels = kernel.tile_shape().1;
         let panels = n.div_ceil(PANEL).div_ceil(tile_panels) * tile_panels;
         let width = panels * PANEL;
         let mut scale = vec![0.0f32; segments * width];
@@ -202,7 +197,7 @@ impl Int8Weight {
     /// block's tiles and the block's activations (`bytes_per_input` each) in the L2 cache over
     /// the panels.
     fn run_tiles(&self, m: usize, bytes_per_input: usize, tile: impl Fn(usize, usize, std::ops::Range<usize>) + Sync) {
-        let (tile_rows, tile_panels) = self.kernel.scheme().tile_shape();
+        let (tile_rows, tile_panels) = self.kernel.tile_shape();
         let tiles = m.div_ceil(tile_rows);
         let steps = self.panels / tile_panels;
         let block = (ROW_BLOCK_BYTES / (bytes_per_input * SEGMENT * BLOCK_SEGMENTS * tile_rows)).max(1);
@@ -242,6 +237,39 @@ struct Out {
     cols: usize,
     read: bool,
 }
+impl Out {
+    /// Writes (at segment 0 unless the output is read) or adds one row's exact sums over
+    /// `segment` for the 16 columns of panel `p`, dequantized: `(sum − zero·column_sum) ·
+    /// row scale · weight scale`; only the valid columns.
+    ///
+    /// # Safety
+    /// `row` < `rows`; no other thread writes this row of the panel at the same time.
+    unsafe fn store_segment_row(
+        self,
+        a: &activations::ByteRows,
+        w: &Int8Weight,
+        row: usize,
+        p: usize,
+        segment: usize,
+        sums: &[i32; PANEL],
+    ) {
+        let (row_scale, zero) = a.params(row, segment);
+        for (lane, &v) in sums.iter().enumerate() {
+            let c = p * PANEL + lane;
+            if c >= self.cols {
+                break;
+            }
+            let i = segment * w.width() + c;
+            let y = (v - zero * w.column_sum[i]) as f32 * (row_scale * w.scale[i]);
+            // SAFETY: row < rows and c < cols.
+            unsafe {
+                let d = self.ptr.add(row * self.cols + c);
+                *d = if self.read || segment > 0 { *d + y } else { y };
+            }
+        }
+    }
+}
+
 // SAFETY: threads sharing an `Out` write disjoint tiles (see `Int8Weight::run_tiles`).
 unsafe impl Send for Out {}
 // SAFETY: as for `Send`: threads sharing an `Out` write disjoint tiles.
@@ -249,6 +277,10 @@ unsafe impl Sync for Out {}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kernel {
+    /// AMX-INT8: `TDPBUSD` on tiles, 32 rows × 32 columns a tile call ([`Scheme::Bytes`]),
+    /// where Linux grants AMX and the tiles passed their self-check ([`amx::ready`]).
+    #[cfg(target_arch = "x86_64")]
+    Amx,
     /// AVX-512 VNNI: `vpdpbusd` on zmm registers, 8 rows × 48 columns a tile ([`Scheme::Bytes`]).
     #[cfg(target_arch = "x86_64")]
     Vnni,
@@ -264,16 +296,21 @@ enum Kernel {
     Portable,
 }
 
+/// AVX-512 F, BW and VNNI: what the VNNI kernel and the activations' byte quantizer need.
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vnni")
+}
+
 impl Kernel {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             use super::dispatch::{max_isa, IsaLevel};
-            if max_isa() >= IsaLevel::Avx512
-                && std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw")
-                && std::is_x86_feature_detected!("avx512vnni")
-            {
+            if max_isa() >= IsaLevel::Avx512 && has_vnni() {
+                if max_isa() >= IsaLevel::Amx && amx::ready() {
+                    return Kernel::Amx;
+                }
                 return Kernel::Vnni;
             }
             if max_isa() >= IsaLevel::Avx2 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -298,17 +335,32 @@ impl Kernel {
                     all.push(Kernel::AvxVnni);
                 }
             }
-            if Self::detect() == Kernel::Vnni {
+            if has_vnni() {
                 all.push(Kernel::Vnni);
+                if amx::ready() {
+                    all.push(Kernel::Amx);
+                }
             }
         }
         all
     }
 
+    /// A register tile: rows × panels of 16 columns.
+    fn tile_shape(self) -> (usize, usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => amx::TILE_SHAPE,
+            _ => match self.scheme() {
+                Scheme::Bytes => (BYTES_TILE_ROWS, BYTES_TILE_PANELS),
+                Scheme::Wide => (WIDE_TILE_ROWS, 1),
+            },
+        }
+    }
+
     fn scheme(self) -> Scheme {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Vnni | Kernel::AvxVnni => Scheme::Bytes,
+            Kernel::Vnni | Kernel::AvxVnni | Kernel::Amx => Scheme::Bytes,
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => Scheme::Wide,
             Kernel::Portable => Scheme::Wide,
@@ -329,6 +381,12 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `AvxVnni` is detected only on CPUs with avx2, fma and avxvnni; bounds as above.
             Kernel::AvxVnni => unsafe { x86::tile_avxvnni(a, tile, w, p0, segments, out) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => match crate::models::ops::amx::NativeTiles::new() {
+                // SAFETY: `Amx` is detected only where AMX-INT8 is granted and self-checked; bounds as above.
+                Some(mut tiles) => unsafe { amx::tile(a, tile, w, p0, segments, out, &mut tiles) },
+                None => unreachable!("the AMX kernel is detected only where AMX is granted"),
+            },
             _ => unreachable!("{self:?} does not use Scheme::Bytes"),
         }
     }
@@ -384,7 +442,7 @@ mod tests {
     fn run(kernel: Kernel, w: &Int8Weight, x: &[f32], m: usize, prior: &[f32], reference: bool) -> Vec<f32> {
         let mut dst = prior.to_vec();
         let out = Out { ptr: dst.as_mut_ptr(), rows: m, cols: w.n, read: true };
-        let (tile_rows, tile_panels) = kernel.scheme().tile_shape();
+        let (tile_rows, tile_panels) = kernel.tile_shape();
         let tiles = m.div_ceil(tile_rows);
         match kernel.scheme() {
             Scheme::Bytes => {
@@ -393,7 +451,7 @@ mod tests {
                     for p0 in (0..w.panels).step_by(tile_panels) {
                         if reference {
                             // SAFETY: `tile` < tiles and the panels are in range of `rows`, `w` and `out` (m × n); one thread.
-                            unsafe { portable_bytes::tile(&rows, tile, w, p0, 0..w.segments, out) };
+                            unsafe { portable_bytes::tile(&rows, tile, w, p0, 0..w.segments, out, kernel.tile_shape()) };
                         } else {
                             // SAFETY: `tile` < tiles and the panels are in range of `rows`, `w` and `out` (m × n); one thread.
                             unsafe { kernel.tile_bytes(&rows, tile, w, p0, 0..w.segments, out) };
@@ -424,7 +482,9 @@ mod tests {
         let kernels = Kernel::available();
         eprintln!("int8 kernels on this CPU: {kernels:?}");
         #[cfg(target_arch = "x86_64")]
-        for (kernel, name) in [(Kernel::Vnni, "AVX-512 VNNI"), (Kernel::AvxVnni, "AVX-VNNI")] {
+        for (kernel, name) in
+            [(Kernel::Vnni, "AVX-512 VNNI"), (Kernel::AvxVnni, "AVX-VNNI"), (Kernel::Amx, "AMX-INT8 (granted, self-checked)")]
+        {
             if !kernels.contains(&kernel) {
                 eprintln!("NOTE: this CPU has no {name}; that int8 kernel is not exercised here");
             }

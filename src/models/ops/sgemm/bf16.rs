@@ -31,13 +31,13 @@ impl<'a> Activations<'a> {
     pub(super) fn prepare(kernel: Kernel, x: &'a [f32], m: usize, k: usize) -> Self {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Bf16Dot => {
+            Kernel::Bf16Dot | Kernel::Bf16Amx => {
                 let stride = k.div_ceil(2);
                 let mut pairs = PAIRS.take();
                 pairs.clear();
                 pairs.resize(m * stride, 0);
                 let row = |(x, out): (&[f32], &mut [u32])| {
-                    // SAFETY: `Bf16Dot` is detected only on CPUs with avx512f and avx512bf16;
+                    // SAFETY: `Bf16Dot` and `Bf16Amx` are detected only on CPUs with avx512f and avx512bf16;
                     // `out` holds ⌈len/2⌉ pairs for the row's `len` values.
                     unsafe { super::x86::round_row(x, out) }
                 };
@@ -90,6 +90,21 @@ impl<'a> Activations<'a> {
             Activations::Pairs(x, _) => PAIRS.set(x),
         }
     }
+}
+
+/// `x` (`m × k`) rounded to bf16 pairs, rows of ⌈k/2⌉ (the last one padded with 0): what
+/// [`Activations::prepare`] makes with `vcvtneps2bf16`, in plain Rust.
+pub(super) fn round_pairs(x: &[f32], m: usize, k: usize) -> Vec<u32> {
+    let stride = k.div_ceil(2);
+    let mut pairs = vec![0u32; m * stride];
+    for (row, out) in x.chunks(k).zip(pairs.chunks_mut(stride)) {
+        for (i, pair) in out.iter_mut().enumerate() {
+            let lo = super::round(row[2 * i]) as u32;
+            let hi = row.get(2 * i + 1).map_or(0, |&v| super::round(v) as u32);
+            *pair = hi << 16 | lo;
+        }
+    }
+    pairs
 }
 
 /// The portable kernel on bf16 panels: each weight widened to f32, f32 activations.

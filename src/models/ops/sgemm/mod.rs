@@ -27,6 +27,7 @@
 //! Threads split tall products by rows and short ones by panels (each thread then streams only
 //! its share of the weights, which dominate the traffic there).
 
+mod amx;
 mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -52,6 +53,12 @@ pub enum WeightFormat {
     F32,
     /// bfloat16, rounded to nearest even (as `torch.Tensor.to(torch.bfloat16)` rounds).
     Bf16,
+}
+
+/// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN), for the tile tests.
+#[cfg(test)]
+pub(crate) fn round_bf16(x: f32) -> u16 {
+    round(x)
 }
 
 /// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
@@ -227,6 +234,10 @@ enum Kernel {
     #[cfg(target_arch = "x86_64")]
     F32Avx2,
     F32Portable,
+    /// AMX tiles (`TDPBF16PS`) on bf16 activations, where Linux grants AMX and the tiles
+    /// passed their self-check ([`amx::ready`]).
+    #[cfg(target_arch = "x86_64")]
+    Bf16Amx,
     /// `vdpbf16ps` on bf16 activations (AVX-512 BF16).
     #[cfg(target_arch = "x86_64")]
     Bf16Dot,
@@ -258,6 +269,8 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Bf16Dot => IsaLevel::Avx512Bf16,
             #[cfg(target_arch = "x86_64")]
+            Kernel::Bf16Amx => IsaLevel::Amx,
+            #[cfg(target_arch = "x86_64")]
             Kernel::F32Avx2 | Kernel::Bf16Avx2 => IsaLevel::Avx2,
             Kernel::F32Portable | Kernel::Bf16Portable => IsaLevel::Portable,
         }
@@ -280,6 +293,9 @@ impl Kernel {
                 WeightFormat::Bf16 => [(avx2, Kernel::Bf16Avx2), (avx512, Kernel::Bf16Avx512), (dot, Kernel::Bf16Dot)],
             };
             all.extend(x86.into_iter().filter_map(|(has, kernel)| has.then_some(kernel)));
+            if format == WeightFormat::Bf16 && dot && amx::ready() {
+                all.push(Kernel::Bf16Amx);
+            }
         }
         all
     }
@@ -298,6 +314,11 @@ impl Kernel {
                 Kernel::F32Portable => job.block::<Portable, 6>(),
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Bf16Dot => x86::bf16_dot(job),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Bf16Amx => match super::amx::NativeTiles::new() {
+                    Some(mut tiles) => amx::bf16_block(job, &mut tiles),
+                    None => unreachable!("Bf16Amx is detected only where AMX is granted"),
+                },
                 #[cfg(target_arch = "x86_64")]
                 Kernel::Bf16Avx512 => x86::bf16_avx512(job),
                 #[cfg(target_arch = "x86_64")]
@@ -510,8 +531,13 @@ mod tests {
             let kernels = Kernel::available(format);
             println!("{format:?} kernels on this CPU: {kernels:?}");
             #[cfg(target_arch = "x86_64")]
-            for (feature, kernel) in [("avx512f", Kernel::F32Avx512), ("avx512bf16", Kernel::Bf16Dot)] {
-                let wanted = matches!((format, kernel), (WeightFormat::F32, Kernel::F32Avx512) | (WeightFormat::Bf16, Kernel::Bf16Dot));
+            for (feature, kernel) in
+                [("avx512f", Kernel::F32Avx512), ("avx512bf16", Kernel::Bf16Dot), ("amx-bf16 (granted, self-checked)", Kernel::Bf16Amx)]
+            {
+                let wanted = matches!(
+                    (format, kernel),
+                    (WeightFormat::F32, Kernel::F32Avx512) | (WeightFormat::Bf16, Kernel::Bf16Dot | Kernel::Bf16Amx)
+                );
                 if wanted && !kernels.contains(&kernel) {
                     eprintln!("NOTE: this CPU has no {feature}: the {kernel:?} kernel is NOT exercised here");
                 }
@@ -528,7 +554,7 @@ mod tests {
                     // What the kernel multiplies: the stored weights, and bf16 activations for
                     // the dot-product kernel.
                     #[cfg(target_arch = "x86_64")]
-                    let x_used = if kernel == Kernel::Bf16Dot { rounded(&x) } else { x.clone() };
+                    let x_used = if matches!(kernel, Kernel::Bf16Dot | Kernel::Bf16Amx) { rounded(&x) } else { x.clone() };
                     #[cfg(not(target_arch = "x86_64"))]
                     let x_used = x.clone();
                     for read_dst in [true, false] {
@@ -549,6 +575,18 @@ mod tests {
                         unsafe { kernel.run(&job) };
                         let worst = y.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
                         assert!(worst < 1e-4 * k as f32, "{kernel:?} {m}×{k}×{n} read_dst {read_dst}: {worst}");
+                    }
+                }
+                // The AMX kernel on the tile model, on every CPU: its packing, edge tiles and loop
+                // order (the native kernel runs above where the CPU has AMX).
+                if format == WeightFormat::Bf16 {
+                    for read_dst in [true, false] {
+                        let start = if read_dst { prior.clone() } else { vec![0.0; m * n] };
+                        let expected = reference(&rounded(&x), &stored, m, k, n, &start);
+                        let mut y = if read_dst { prior.clone() } else { vec![f32::NAN; m * n] };
+                        amx::product_on(&mut crate::models::ops::amx::TileModel::new(), &packed, &x, m, &mut y, read_dst);
+                        let worst = y.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+                        assert!(worst < 1e-4 * k as f32, "AMX on the tile model {m}×{k}×{n} read_dst {read_dst}: {worst}");
                     }
                 }
                 // The threaded driver (rows or panels split) with the CPU's best kernel, against
