@@ -4,6 +4,7 @@
 #
 #   scripts/gpu-ab.sh OLD_BIN NEW_BIN [ROUNDS]      # on the GPU machine, repository root
 #   DEVICE=cpu DTYPE=float32 SIZES=minilm ...       # dry run on a CPU machine
+#   SERVER_ARGS="--quantization int8" ...           # more flags for both servers
 #
 # For each model shape (SIZES, default "minilm base qwen3"), ROUNDS (default 2) rounds of
 # old-then-new servers, each under the same three loads as the GPU check: one 16-token request
@@ -33,7 +34,8 @@ trap '[ -n "$server" ] && kill $server 2>/dev/null || true' EXIT
 start() {  # start BIN MODEL LOG [env...]: a server on $port, ready
   local bin=$1 model=$2 log=$3
   shift 3
-  env "$@" "$bin" serve "$model" --host 127.0.0.1 --port "$port" --device "$DEVICE" --dtype "$DTYPE" > "$log" 2>&1 &
+  # shellcheck disable=SC2086 # SERVER_ARGS is a list of flags
+  env "$@" "$bin" serve "$model" --host 127.0.0.1 --port "$port" --device "$DEVICE" --dtype "$DTYPE" ${SERVER_ARGS:-} > "$log" 2>&1 &
   server=$!
   until curl -fs "http://127.0.0.1:$port/health" > /dev/null 2>&1; do
     kill -0 $server 2>/dev/null || { cat "$log" >&2; exit 1; }

@@ -13,10 +13,13 @@ const WIDE_MAX: f32 = 32767.0;
 
 pub(super) fn quantize_segment(kernel: Kernel, x: &[f32], out: &mut [u8]) -> (f32, i32) {
     match kernel {
-        // SAFETY: the CPU has avx512f and avx512bw (`has_vnni`; the AMX kernel's tests run its
-        // quantization on other CPUs too).
+        // SAFETY: `Vnni` is only detected on CPUs with avx512f and avx512bw.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Vnni | Kernel::Amx if super::has_vnni() => unsafe { quantize_segment_avx512(x, out) },
+        Kernel::Vnni => unsafe { quantize_segment_avx512(x, out) },
+        // SAFETY: `Amx` is detected only with them too (`has_vnni`); its tests also run it on
+        // other CPUs, hence the check.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Amx if super::has_vnni() => unsafe { quantize_segment_avx512(x, out) },
         _ => quantize_segment_portable(x, out),
     }
 }
