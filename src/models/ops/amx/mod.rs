@@ -9,10 +9,13 @@
 //! - [`TileModel`]: plain Rust, what the instructions compute as Intel's manual specifies them,
 //!   including the shape rules the hardware enforces. It runs on every CPU, so the packing, the
 //!   edge tiles and the loop order of the AMX kernels are tested everywhere.
+//! - [`block::Block`]: the block both products run (the tiles above, the input dimension in
+//!   steps, the last step configured smaller with the accumulators carried through memory).
 //! - [`NativeTiles`]: the instructions (`asm!`: stable Rust has no AMX intrinsics), only on a CPU
 //!   with AMX once Linux has granted the tile state ([`granted`]); checked against the model at
 //!   first use (the product's self-check) and wherever the tests run on such a CPU.
 
+pub mod block;
 mod model;
 mod native;
 

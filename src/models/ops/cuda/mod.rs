@@ -36,32 +36,26 @@ pub use check::self_check;
 
 const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/poolserve_kernels.fatbin"));
 
-/// The kernels' module per device, and the functions looked up in it. candle's own module cache
-/// takes PTX text only; a fat binary is bytes.
-type Functions = HashMap<(DeviceId, &'static str), CudaFunction>;
-static MODULES: Mutex<Vec<(DeviceId, Arc<CudaModule>)>> = Mutex::new(Vec::new());
-static FUNCTIONS: LazyLock<Mutex<Functions>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// Per device: the kernels' module and the functions looked up in it. candle's own module
+/// cache takes PTX text only; a fat binary is bytes.
+type Loaded = HashMap<DeviceId, (Arc<CudaModule>, HashMap<&'static str, CudaFunction>)>;
+static LOADED: LazyLock<Mutex<Loaded>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The kernel `name` on `dev`, its module loaded on first use.
 fn function(dev: &CudaDevice, name: &'static str) -> Result<CudaFunction> {
-    let key = (dev.id(), name);
-    let mut functions = FUNCTIONS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(f) = functions.get(&key) {
-        return Ok(f.clone());
-    }
-    let module = {
-        let mut modules = MODULES.lock().unwrap_or_else(|e| e.into_inner());
-        match modules.iter().find(|(id, _)| *id == dev.id()) {
-            Some((_, m)) => m.clone(),
-            None => {
-                let m = dev.cuda_stream().context().load_module(Ptx::from_binary(FATBIN.to_vec())).w()?;
-                modules.push((dev.id(), m.clone()));
-                m
-            }
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let (module, functions) = match loaded.entry(dev.id()) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let module = dev.cuda_stream().context().load_module(Ptx::from_binary(FATBIN.to_vec())).w()?;
+            e.insert((module, HashMap::new()))
         }
     };
+    if let Some(f) = functions.get(name) {
+        return Ok(f.clone());
+    }
     let f = module.load_function(name).w()?;
-    functions.insert(key, f.clone());
+    functions.insert(name, f.clone());
     Ok(f)
 }
 

@@ -6,22 +6,17 @@
 //! The packed weights are AMX's weight-tile layout already: a group (4 inputs) of a panel is
 //! 16 columns × 4 bytes = one 64-byte tile row, so 16 consecutive groups (64 inputs) are one
 //! tile. Activation rows (bytes, padded to whole groups and to whole 32-row tiles) are loaded
-//! in place. A register tile here is 32 rows × 2 panels: two activation tiles, two weight
-//! tiles, four accumulators, run over each segment's groups (32 of them: two steps; the last
-//! segment may end with a partial step, configured smaller), then dequantized into the output.
+//! in place. A register tile here is 32 rows × 2 panels (the shared
+//! [`Block`]), run over each segment's groups (32 of them: two steps; the last segment may end
+//! with a partial step, configured smaller), then dequantized into the output.
 
 use super::activations::ByteRows;
 use super::{Int8Weight, Out, Segments, PANEL};
-use crate::models::ops::amx::{TileConfig, Tiles, ROW_BYTES, TILE_ROWS};
+use crate::models::ops::amx::block::{Accumulator, Block, U8S8};
+use crate::models::ops::amx::{Tiles, ROW_BYTES, TILE_ROWS};
 
 /// Rows × panels of one tile call.
 pub(super) const TILE_SHAPE: (usize, usize) = (2 * TILE_ROWS, 2);
-/// Groups (of 4 inputs) per step: one weight tile's rows.
-const STEP: usize = TILE_ROWS;
-
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Accumulator([[i32; PANEL]; TILE_ROWS]);
 
 /// Rows `tile·32..+32` × panels `p0..p0+2`, over `segments` (writing the output at segment 0
 /// unless it is read, adding to it after); releases the tiles at the end.
@@ -34,129 +29,34 @@ struct Accumulator([[i32; PANEL]; TILE_ROWS]);
 pub(super) unsafe fn tile<T: Tiles>(a: &ByteRows, tile: usize, w: &Int8Weight, p0: usize, segments: Segments, out: Out, tiles: &mut T) {
     let r0 = tile * TILE_SHAPE.0;
     let live = out.rows.saturating_sub(r0).min(TILE_SHAPE.0);
-    // Padded rows may be loaded (they are never stored): only a second tile with no live row is
-    // left out.
-    let a_rows = [TILE_ROWS, if live > TILE_ROWS { TILE_ROWS } else { 0 }];
-    let rows_base = a.data.as_ptr();
-    let weights = w.packed.as_ptr() as *const u8;
-    let panel_bytes = w.panel_bytes();
-    let mut acc = [Accumulator([[0; PANEL]; TILE_ROWS]); 4];
-    let mut current: Option<TileConfig> = None;
+    let mut block = Block::default();
+    // Padded rows may be loaded (they are never stored): only a second tile with no live row
+    // is left out. Panels are padded to pairs, so both weight tiles are always there.
+    block.a_rows = [TILE_ROWS, if live > TILE_ROWS { TILE_ROWS } else { 0 }];
+    let mut acc = [Accumulator([[0i32; PANEL]; TILE_ROWS]); 4];
     for segment in segments {
         let groups = w.segment_groups(segment);
-        let full = groups.start + (groups.len() / STEP) * STEP;
-        // SAFETY: every tile loaded lies inside the activations (rows r0..r0+32 of the padded
-        // rows, groups inside the row's stride) or the weights (panels p0, p0+1, groups inside
-        // the panel); the accumulators are 16 rows of 64 bytes.
+        // SAFETY: rows r0..r0+32 of the padded rows hold the segment's groups (inside the row
+        // stride); panels p0 and p0 + 1 hold them as 64-byte rows.
         unsafe {
-            let step = |tiles: &mut T, g0: usize| {
-                let a0 = rows_base.add(r0 * a.stride + 4 * g0);
-                let b0 = weights.add(p0 * panel_bytes + g0 * ROW_BYTES);
-                tiles.load::<6>(b0, ROW_BYTES);
-                tiles.load::<7>(b0.add(panel_bytes), ROW_BYTES);
-                tiles.load::<4>(a0, a.stride);
-                tiles.dot_u8s8::<0, 4, 6>();
-                tiles.dot_u8s8::<1, 4, 7>();
-                if a_rows[1] > 0 {
-                    tiles.load::<5>(a0.add(TILE_ROWS * a.stride), a.stride);
-                    tiles.dot_u8s8::<2, 5, 6>();
-                    tiles.dot_u8s8::<3, 5, 7>();
-                }
-            };
-            if full > groups.start {
-                configure(tiles, &mut current, TileConfig::block(a_rows, 2, STEP));
-                accumulators::<T, Zero>(tiles, &mut acc, a_rows);
-                for g0 in (groups.start..full).step_by(STEP) {
-                    step(tiles, g0);
-                }
-            }
-            if full < groups.end {
-                if full > groups.start {
-                    accumulators::<T, Store>(tiles, &mut acc, a_rows);
-                }
-                configure(tiles, &mut current, TileConfig::block(a_rows, 2, groups.end - full));
-                if full > groups.start {
-                    accumulators::<T, Load>(tiles, &mut acc, a_rows);
-                } else {
-                    accumulators::<T, Zero>(tiles, &mut acc, a_rows);
-                }
-                step(tiles, full);
-            }
-            accumulators::<T, Store>(tiles, &mut acc, a_rows);
+            let a0 = a.data.as_ptr().add(r0 * a.stride + 4 * groups.start);
+            let b0 = (w.packed.as_ptr() as *const u8).add(p0 * w.panel_bytes() + groups.start * ROW_BYTES);
+            block.accumulate::<T, U8S8, i32>(tiles, &mut acc, groups.len(), (a0, a.stride), (b0, w.panel_bytes()));
         }
         for (t, acc) in acc.iter().enumerate() {
             let (ai, bi) = (t / 2, t % 2);
-            let p = p0 + bi;
             for r in 0..TILE_ROWS {
                 let row = r0 + ai * TILE_ROWS + r;
-                if row >= out.rows || a_rows[ai] == 0 {
+                if row >= out.rows || block.a_rows[ai] == 0 {
                     break;
                 }
                 // SAFETY: row < rows of `out`, a tile only this call writes.
-                unsafe { out.store_segment_row(a, w, row, p, segment, &acc.0[r]) };
+                unsafe { out.store_segment_row(a, w, row, p0 + bi, segment, &acc.0[r]) };
             }
         }
     }
     // SAFETY: the tiles were configured by this call (or never used).
     unsafe { tiles.release() };
-}
-
-/// `LDTILECFG` unless `config` is already in force.
-///
-/// # Safety
-/// As [`Tiles::configure`].
-unsafe fn configure<T: Tiles>(tiles: &mut T, current: &mut Option<TileConfig>, config: TileConfig) {
-    if *current != Some(config) {
-        // SAFETY: a palette-1 configuration of at most 16 × 64-byte tiles.
-        unsafe { tiles.configure(&config) };
-        *current = Some(config);
-    }
-}
-
-/// What [`accumulators`] does with the configured accumulators.
-trait Move {
-    /// # Safety
-    /// Tile `C` is configured; `at` is 16 rows of 64 bytes.
-    unsafe fn apply<T: Tiles, const C: usize>(tiles: &mut T, at: *mut u8);
-}
-struct Zero;
-struct Store;
-struct Load;
-impl Move for Zero {
-    unsafe fn apply<T: Tiles, const C: usize>(tiles: &mut T, _: *mut u8) {
-        // SAFETY: the trait's contract.
-        unsafe { tiles.zero::<C>() }
-    }
-}
-impl Move for Store {
-    unsafe fn apply<T: Tiles, const C: usize>(tiles: &mut T, at: *mut u8) {
-        // SAFETY: the trait's contract.
-        unsafe { tiles.store::<C>(at, ROW_BYTES) }
-    }
-}
-impl Move for Load {
-    unsafe fn apply<T: Tiles, const C: usize>(tiles: &mut T, at: *mut u8) {
-        // SAFETY: the trait's contract.
-        unsafe { tiles.load::<C>(at, ROW_BYTES) }
-    }
-}
-
-/// Zeroes, stores or loads the block's configured accumulators (both panels; the second row
-/// tile's only when it is in use).
-///
-/// # Safety
-/// The block's tiles are configured.
-unsafe fn accumulators<T: Tiles, M: Move>(tiles: &mut T, acc: &mut [Accumulator; 4], a_rows: [usize; 2]) {
-    let at = |acc: &mut [Accumulator; 4], t: usize| acc[t].0.as_mut_ptr() as *mut u8;
-    // SAFETY: only configured tiles are named; each accumulator is 16 rows of 64 bytes.
-    unsafe {
-        M::apply::<T, 0>(tiles, at(acc, 0));
-        M::apply::<T, 1>(tiles, at(acc, 1));
-        if a_rows[1] > 0 {
-            M::apply::<T, 2>(tiles, at(acc, 2));
-            M::apply::<T, 3>(tiles, at(acc, 3));
-        }
-    }
 }
 
 /// Whether the native int8 tiles may run in this process: AMX-INT8 is granted, and the native
