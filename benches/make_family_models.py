@@ -16,6 +16,10 @@ and of the decoder families:
   gemma3-300m       Gemma3TextModel in google/embeddinggemma-300m's shape: hidden 768, 24 layers,
                     3 heads over 1 key/value head of 256, GeGLU 1152, vocab 262144, bidirectional,
                     sliding window 512 on 5 of every 6 layers (303M)
+  embeddinggemma2   EmbeddingGemma2TextModel in transformers 5.24's defaults (its docstring's
+                    google/embeddinggemma-2): hidden 512, 24 layers, 4 heads over 2 key/value
+                    heads of 256 (full layers: one of 512), GeGLU 2048, PLE 512, embedding_dim
+                    768, vocab 262144, sliding radius 512 on 5 of every 6 layers (254M)
 
     python3 benches/make_family_models.py OUT_DIR [NAME ...]   # torch and transformers >= 5; all by default
 
@@ -34,7 +38,7 @@ from transformers import (DebertaV2Config, DebertaV2Model, Gemma3TextConfig, Gem
 if len(sys.argv) < 2:
     sys.exit(__doc__)
 out = sys.argv[1]
-wanted = set(sys.argv[2:]) or {"deberta-v3-base", "nomic-v1.5", "qwen3-0.6b", "gemma3-300m"}
+wanted = set(sys.argv[2:]) or {"deberta-v3-base", "nomic-v1.5", "qwen3-0.6b", "gemma3-300m", "embeddinggemma2"}
 here = os.path.dirname(os.path.abspath(__file__))
 tokenizer = os.path.join(here, "..", "tests", "fixtures", "models", "deberta-embed")
 
@@ -69,3 +73,6 @@ write("gemma3-300m", lambda: Gemma3TextModel(Gemma3TextConfig(
     vocab_size=262144, hidden_size=768, num_hidden_layers=24, num_attention_heads=3, num_key_value_heads=1, head_dim=256,
     intermediate_size=1152, max_position_embeddings=2048, query_pre_attn_scalar=256, sliding_window=512,
     use_bidirectional_attention=True, rms_norm_eps=1e-6, architectures=["Gemma3TextModel"])))
+if "embeddinggemma2" in wanted:  # transformers >= 5.24
+    from transformers import EmbeddingGemma2TextConfig, EmbeddingGemma2TextModel
+    write("embeddinggemma2", lambda: EmbeddingGemma2TextModel(EmbeddingGemma2TextConfig(architectures=["EmbeddingGemma2TextModel"])))

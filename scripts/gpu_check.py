@@ -260,6 +260,8 @@ CHECKS = {
     "electra-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "electra-tokcls": ([], [check_token_classify]),
     "embeddinggemma-tiny": ([], [check_embeddings]),
+    "embeddinggemma2-text": ([], [check_embeddings]),
+    "embeddinggemma2-omni": ([], [check_embeddings]),
     "gemma-causal-reranker": (["--hf-overrides", GEMMA_RERANKER], [check_pairs]),
     "gemma2-embed-last": ([], [check_embeddings]),
     "gemma2-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),

@@ -5,6 +5,7 @@
 //! no compute is spent on padding, whatever the mix of lengths.
 
 use super::ops::lora::{LoraWeights, Segment};
+use candle_core::{Result, Tensor};
 use std::sync::Arc;
 
 /// One tokenized input, as the model will see it.
@@ -35,6 +36,60 @@ pub struct Batch {
     pub max_len: usize,
     /// The LoRA adapter of every sequence (`None`: the base model); empty when none has one.
     pub adapters: Vec<Option<Arc<LoraWeights>>>,
+    /// Embeddings that stand in for placeholder tokens (an image's soft tokens), for the
+    /// backbones that take them ([`super::embedding_gemma2`]).
+    pub soft_tokens: Option<SoftTokens>,
+}
+
+/// Rows of the text model's embedding width that replace the embeddings of some tokens of a
+/// batch: row `i` replaces token `positions[i]` (flat index, ascending).
+#[derive(Debug, Clone)]
+pub struct SoftTokens {
+    positions: Vec<usize>,
+    rows: Tensor,
+}
+
+impl SoftTokens {
+    /// One row per position, positions strictly ascending (checked here, so that slicing a
+    /// batch into chunks cannot fail).
+    pub fn new(positions: Vec<usize>, rows: Tensor) -> Result<Self> {
+        if rows.rank() != 2 || rows.dim(0)? != positions.len() || positions.windows(2).any(|w| w[0] >= w[1]) {
+            candle_core::bail!(
+                "{} soft-token rows ({:?}) for {} positions, which must ascend",
+                rows.dims().first().unwrap_or(&0),
+                rows.shape(),
+                positions.len()
+            );
+        }
+        Ok(Self { positions, rows })
+    }
+
+    /// The rows whose tokens lie in `start..end`, with positions made relative to `start`.
+    fn slice(&self, start: usize, end: usize) -> Result<Option<SoftTokens>> {
+        let first = self.positions.partition_point(|&p| p < start);
+        let last = self.positions.partition_point(|&p| p < end);
+        if first == last {
+            return Ok(None);
+        }
+        Ok(Some(SoftTokens {
+            positions: self.positions[first..last].iter().map(|p| p - start).collect(),
+            rows: self.rows.narrow(0, first, last - first)?,
+        }))
+    }
+
+    /// `embeddings` (`[tokens, hidden]`) with the rows at `positions` replaced by these.
+    pub fn replace(&self, embeddings: &Tensor) -> Result<Tensor> {
+        let (tokens, device) = (embeddings.dim(0)?, embeddings.device());
+        if self.positions.last().is_some_and(|&p| p >= tokens) {
+            candle_core::bail!("{} soft tokens at positions up to {:?} for {tokens} tokens", self.positions.len(), self.positions.last());
+        }
+        let mut keep = vec![1f32; tokens];
+        self.positions.iter().for_each(|&p| keep[p] = 0.0);
+        let keep = Tensor::from_vec(keep, (tokens, 1), device)?.to_dtype(embeddings.dtype())?;
+        let index = Tensor::from_vec(self.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), self.positions.len(), device)?;
+        let placed = embeddings.zeros_like()?.index_add(&index, &self.rows.to_dtype(embeddings.dtype())?, 0)?;
+        embeddings.broadcast_mul(&keep)? + placed
+    }
 }
 
 impl Batch {
@@ -80,6 +135,9 @@ impl Batch {
                 cu_seqlens: self.cu_seqlens[first..=last].iter().map(|c| c - start).collect(),
                 max_len: self.spans().skip(first).take(last - first).map(|(_, l)| l).max().unwrap_or(0),
                 adapters: self.adapters.get(first..last).map(<[_]>::to_vec).unwrap_or_default(),
+                // [`SoftTokens::new`] checked one row per position, so the narrowing in
+                // `slice` stays inside the rows.
+                soft_tokens: self.soft_tokens.as_ref().and_then(|soft| soft.slice(start, end).ok().flatten()),
             });
             first = last;
         }
@@ -140,5 +198,26 @@ mod tests {
         assert_eq!(batch.chunks(2).len(), 4); // a sequence longer than the limit stands alone
         let rejoined: Vec<u32> = chunks.iter().flat_map(|c| c.input_ids.clone()).collect();
         assert_eq!(rejoined, batch.input_ids);
+    }
+
+    #[test]
+    fn soft_tokens_follow_their_sequences_into_chunks() {
+        let inputs: Vec<TokenizedInput> =
+            [3usize, 2, 4].iter().map(|&n| TokenizedInput { ids: vec![7; n], type_ids: vec![0; n] }).collect();
+        let mut batch = Batch::from_inputs(&inputs);
+        let rows = Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], (4, 1), &candle_core::Device::Cpu).unwrap();
+        // Tokens 1 and 2 of the first sequence, 0 and 3 of the third.
+        batch.soft_tokens = Some(SoftTokens::new(vec![1, 2, 5, 8], rows).unwrap());
+        let chunks = batch.chunks(5);
+        let first = chunks[0].soft_tokens.as_ref().unwrap();
+        assert_eq!((first.positions.clone(), first.rows.flatten_all().unwrap().to_vec1::<f32>().unwrap()), (vec![1, 2], vec![1.0, 2.0]));
+        let second = chunks[1].soft_tokens.as_ref().unwrap();
+        assert_eq!((second.positions.clone(), second.rows.flatten_all().unwrap().to_vec1::<f32>().unwrap()), (vec![0, 3], vec![3.0, 4.0]));
+        let embeddings = Tensor::zeros((4, 1), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        assert_eq!(second.replace(&embeddings).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![3.0, 0.0, 0.0, 4.0]);
+        // Rows and positions must agree, positions ascend.
+        let two = Tensor::zeros((2, 1), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        assert!(SoftTokens::new(vec![1], two.clone()).is_err());
+        assert!(SoftTokens::new(vec![2, 1], two).is_err());
     }
 }

@@ -14,8 +14,10 @@ pub mod clip;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
+pub mod embedding_gemma2;
 pub mod encoder;
 pub mod gemma;
+pub mod gemma4_vision;
 pub mod gte;
 pub mod head_weights;
 pub mod jina_bert;
@@ -56,6 +58,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &gemma::GEMMA,
     &gemma::GEMMA2,
     &gemma::GEMMA3,
+    &embedding_gemma2::EMBEDDING_GEMMA2,
     &clip::CLIP,
     &siglip::SIGLIP,
 ];

@@ -61,6 +61,16 @@ async fn gemma_families_match_transformers() {
     check_prompts("embeddinggemma-tiny").await;
 }
 
+/// EmbeddingGemma 2's text encoder (PLE, wider full-attention layers, value norms, the
+/// symmetric window, `embedding_projection`), published as a sentence-transformers folder, and
+/// the multimodal `EmbeddingGemma2Model` folder serving text through its `language_model`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddinggemma2_matches_transformers() {
+    check_embeddings("embeddinggemma2-text").await;
+    check_prompts("embeddinggemma2-text").await;
+    check_embeddings("embeddinggemma2-omni").await;
+}
+
 /// EmbeddingGemma's Matryoshka sizes, flagged as vLLM flags them (`--hf-overrides
 /// '{"matryoshka_dimensions": [...]}'`): `dimensions` keeps the leading components.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,6 +126,21 @@ async fn gemma_causal_lm_reads_yes_as_bge_reranker_v2_gemma() {
 #[test]
 fn broken_decoder_folders_are_one_line() {
     broken_folder_is_one_line("gemma3-causal", |dir| drop_tensor(dir, "layers.1.self_attn.q_norm"), "q_norm");
+    broken_folder_is_one_line(
+        "embeddinggemma2-text",
+        |dir| drop_tensor(dir, "layers.1.ple_block.per_layer_input_gate"),
+        "per_layer_input_gate",
+    );
+    broken_folder_is_one_line(
+        "embeddinggemma2-text",
+        |dir| {
+            let path = dir.join("config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config["per_layer_config"]["1"]["num_key_value_heads"] = json!(3);
+            std::fs::write(&path, config.to_string()).unwrap();
+        },
+        "layer 1: 4 heads over 3 key/value heads",
+    );
     broken_folder_is_one_line(
         "llama-embed-last",
         |dir| {

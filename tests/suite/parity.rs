@@ -217,6 +217,7 @@ async fn half_precision_stays_within_tolerance() {
             "gemma2-embed-last",
             "gemma3-causal",
             "embeddinggemma-tiny",
+            "embeddinggemma2-text",
         ] {
             let worst = worst_embedding_cosine(name, |c| c.models[0].dtype = dtype).await;
             eprintln!("{name} {dtype:?}: worst cosine {worst:.6}");
@@ -260,6 +261,7 @@ async fn int8_quantization_runs_every_backbone_close_to_reference() {
         "gemma2-embed-last",
         "gemma3-causal",
         "embeddinggemma-tiny",
+        "embeddinggemma2-text",
     ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");

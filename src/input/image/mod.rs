@@ -25,6 +25,7 @@
 
 mod config;
 mod decode;
+pub mod patches;
 mod resample;
 
 pub use config::{HeightWidth, ImageProcessorConfig, Size};

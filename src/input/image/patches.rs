@@ -1,0 +1,129 @@
+//! Gemma 4's image preprocessing (`Gemma4ImageProcessorPil`, transformers 5.24), used by
+//! EmbeddingGemma 2: no fixed size and no crop; the image is resized, keeping its aspect ratio,
+//! to the largest size whose sides are multiples of `pooling_kernel_size · patch_size` and whose
+//! patches fit the budget `max_soft_tokens · pooling_kernel_size²`, with Pillow's bicubic filter;
+//! rescaled by 1/255 (no normalization); and cut into `patch_size`² patches, row-major over the
+//! patch grid, each patch's pixels row by row with the channels innermost, each with its
+//! `(x, y)` grid position. Padding to the budget, which the processor adds for a dense batch,
+//! is left out: the tower runs each image's real patches as one sequence.
+
+use super::decode::{decode, to_rgb};
+use super::resample::{copy_region, resize, Filter};
+use super::{ImageError, ImageInfo, ImageLimits};
+
+/// The soft-token budgets the processor accepts (`_SUPPORTED_SOFT_TOKENS`).
+pub const SUPPORTED_SOFT_TOKENS: [usize; 5] = [70, 140, 280, 560, 1120];
+
+/// What the processor's config sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchConfig {
+    pub patch_size: usize,
+    pub pooling_kernel_size: usize,
+    pub max_soft_tokens: usize,
+}
+
+impl PatchConfig {
+    pub fn check(&self) -> Result<(), ImageError> {
+        if !SUPPORTED_SOFT_TOKENS.contains(&self.max_soft_tokens) {
+            return Err(ImageError::Config(format!(
+                "max_soft_tokens must be one of {SUPPORTED_SOFT_TOKENS:?}, got {}",
+                self.max_soft_tokens
+            )));
+        }
+        if self.patch_size == 0 || self.pooling_kernel_size == 0 {
+            return Err(ImageError::Config("patch_size and pooling_kernel_size must be positive".into()));
+        }
+        Ok(())
+    }
+
+    fn max_patches(&self) -> usize {
+        self.max_soft_tokens * self.pooling_kernel_size * self.pooling_kernel_size
+    }
+
+    /// `get_aspect_ratio_preserving_size`: the `(height, width)` an image is resized to.
+    pub fn target_size(&self, height: usize, width: usize) -> Result<(usize, usize), ImageError> {
+        let target_px = (self.max_patches() * self.patch_size * self.patch_size) as f64;
+        let factor = (target_px / (height * width) as f64).sqrt();
+        let side = self.pooling_kernel_size * self.patch_size;
+        let floor_to_side = |ideal: f64| (ideal / side as f64).floor() as usize * side;
+        let (mut th, mut tw) = (floor_to_side(factor * height as f64), floor_to_side(factor * width as f64));
+        if th == 0 && tw == 0 {
+            return Err(ImageError::Config(format!("a {height}x{width} image resizes to 0x0")));
+        }
+        let max_side = (self.max_patches() / (self.pooling_kernel_size * self.pooling_kernel_size)) * side;
+        if th == 0 {
+            th = side;
+            tw = ((width / height) * side).min(max_side);
+        } else if tw == 0 {
+            tw = side;
+            th = ((height / width) * side).min(max_side);
+        }
+        if (th * tw) as f64 > target_px {
+            return Err(ImageError::Config(format!(
+                "a {height}x{width} image resizes to {th}x{tw}, over the {} patches of {}px",
+                self.max_patches(),
+                self.patch_size
+            )));
+        }
+        Ok((th, tw))
+    }
+}
+
+/// One image's patches, as the vision tower takes them.
+#[derive(Debug, Clone)]
+pub struct Patches {
+    /// `[patches, patch_size² · 3]`, u8 until the batch runs (the f32 values are `v / 255`).
+    pub data: Vec<u8>,
+    /// Each patch's `(x, y)` in the patch grid.
+    pub positions: Vec<(u32, u32)>,
+    pub source: ImageInfo,
+}
+
+impl Patches {
+    /// The pixel values, rescaled as transformers rescales them (`v · (1/255)` in f64, then f32).
+    pub fn rescaled(&self) -> Vec<f32> {
+        self.data.iter().map(|&v| (v as f64 * (1.0 / 255.0)) as f32).collect()
+    }
+}
+
+/// Decodes, resizes and patches one image.
+pub fn preprocess_patches(bytes: &[u8], config: &PatchConfig, limits: &ImageLimits) -> Result<Patches, ImageError> {
+    config.check()?;
+    let (img, source) = decode(bytes, limits)?;
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    let rgb = to_rgb(img);
+    let (th, tw) = config.target_size(h, w)?;
+    let resized =
+        if (tw, th) == (w, h) { copy_region(&rgb, w, 0..w, 0..h) } else { resize(&rgb, (w, h), (tw, th), Filter::Bicubic, 0..tw, 0..th) };
+    let p = config.patch_size;
+    let (grid_h, grid_w) = (th / p, tw / p);
+    let mut data = Vec::with_capacity(grid_h * grid_w * p * p * 3);
+    let mut positions = Vec::with_capacity(grid_h * grid_w);
+    for gy in 0..grid_h {
+        for gx in 0..grid_w {
+            for row in 0..p {
+                let start = ((gy * p + row) * tw + gx * p) * 3;
+                data.extend_from_slice(&resized[start..start + p * 3]);
+            }
+            positions.push((gx as u32, gy as u32));
+        }
+    }
+    Ok(Patches { data, positions, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_sizes_follow_the_processor() {
+        // Gemma 4's defaults: patch 16, kernel 3, 280 soft tokens (2,520 patches).
+        let config = PatchConfig { patch_size: 16, pooling_kernel_size: 3, max_soft_tokens: 280 };
+        // Values from transformers' get_aspect_ratio_preserving_size.
+        assert_eq!(config.target_size(768, 1024).unwrap(), (672, 912));
+        assert_eq!(config.target_size(1000, 1000).unwrap(), (768, 768));
+        // A strip too thin for one row of pooled patches keeps one and is capped.
+        assert_eq!(config.target_size(10, 100_000).unwrap(), (48, 13440));
+        assert!(PatchConfig { max_soft_tokens: 100, ..config }.check().is_err());
+    }
+}

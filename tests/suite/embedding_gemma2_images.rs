@@ -1,0 +1,110 @@
+//! EmbeddingGemma 2's image side against transformers 5.24 (generator:
+//! tests/fixtures/make_embedding_gemma2.py): `Gemma4ImageProcessorPil`'s patches, and the
+//! embeddings of `EmbeddingGemma2Model` for an image alone (`<bos> <|image> soft tokens
+//! <image|>`, the soft tokens from Gemma 4's vision tower and `embed_vision`), each image alone
+//! and all in one batch.
+//!
+//! These run the model layer directly: images do not reach EmbeddingGemma 2 over HTTP yet (the
+//! engine still refuses them for this architecture), so this is the reference check of the
+//! parts that path will use.
+
+use crate::common::*;
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use poolserve::input::image::patches::{preprocess_patches, PatchConfig};
+use poolserve::input::image::ImageLimits;
+use poolserve::models::batch::{Batch, SoftTokens, TokenizedInput};
+use poolserve::models::gemma4_vision::{Gemma4Vision, ImagePatches};
+use poolserve::models::Architecture;
+use serde_json::Value;
+
+const CONFIG: PatchConfig = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70 };
+
+fn image_bytes(file: &str) -> Vec<u8> {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(file)).unwrap()
+}
+
+#[test]
+fn patches_match_the_processor() {
+    let expected = expected("embeddinggemma2-omni");
+    for case in expected["images"].as_array().unwrap() {
+        let file = case["file"].as_str().unwrap();
+        let patches = preprocess_patches(&image_bytes(file), &CONFIG, &ImageLimits::default()).unwrap();
+        let positions: Vec<(u32, u32)> =
+            case["positions"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_u64().unwrap() as u32)).collect();
+        assert_eq!(patches.positions, positions, "{file}: patch grid");
+        let diff = max_abs_diff(&patches.rescaled(), &floats(&case["pixel_values"]));
+        // PNGs decode exactly; Pillow's bicubic resize is reproduced to the level.
+        assert!(diff <= 1e-6, "{file}: pixel values differ by {diff}");
+    }
+}
+
+fn embeddings(images: &[&Value]) -> Vec<Vec<f32>> {
+    let folder = fixture_model("embeddinggemma2-omni");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the fixture is not modified while the test maps it.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
+    let architecture = &poolserve::models::embedding_gemma2::EMBEDDING_GEMMA2;
+    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
+    let text_hidden = config["text_config"]["hidden_size"].as_u64().unwrap() as usize;
+    let vision = Gemma4Vision::load(&config["vision_config"], vb.pp("vision_tower"), vb.pp("embed_vision"), text_hidden).unwrap();
+    let image_token = config["image_token_id"].as_u64().unwrap() as u32;
+    let patches: Vec<ImagePatches> = images
+        .iter()
+        .map(|case| {
+            let p = preprocess_patches(&image_bytes(case["file"].as_str().unwrap()), &CONFIG, &ImageLimits::default()).unwrap();
+            ImagePatches { pixels: p.rescaled(), positions: p.positions }
+        })
+        .collect();
+    let soft = vision.forward(&patches.iter().collect::<Vec<_>>()).unwrap();
+    // The tower's soft tokens themselves, against `get_image_features`.
+    let rows = soft.to_vec2::<f32>().unwrap();
+    let mut offset = 0;
+    for case in images {
+        let want = floats(&case["soft_tokens"]);
+        let got: Vec<f32> = rows[offset..offset + want.len() / text_hidden].concat();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff <= 1e-4 * scale.max(1.0), "{}: soft tokens differ by {diff} (largest {scale})", case["file"]);
+        offset += want.len() / text_hidden;
+    }
+    let inputs: Vec<TokenizedInput> = images
+        .iter()
+        .map(|case| {
+            let ids: Vec<u32> = case["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            TokenizedInput { type_ids: vec![0; ids.len()], ids }
+        })
+        .collect();
+    let mut batch = Batch::from_inputs(&inputs);
+    let positions: Vec<usize> = batch.input_ids.iter().enumerate().filter(|(_, &id)| id == image_token).map(|(i, _)| i).collect();
+    assert_eq!(positions.len(), soft.dim(0).unwrap(), "one soft token per placeholder");
+    batch.soft_tokens = Some(SoftTokens::new(positions, soft).unwrap());
+    let hidden = backbone.forward(&batch).unwrap();
+    batch
+        .spans()
+        .map(|(start, len)| {
+            let mean = hidden.narrow(0, start, len).unwrap().mean(0).unwrap();
+            let norm = mean.sqr().unwrap().sum_all().unwrap().sqrt().unwrap();
+            mean.broadcast_div(&norm).unwrap().to_vec1::<f32>().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn image_embeddings_match_transformers_alone_and_batched() {
+    let expected = expected("embeddinggemma2-omni");
+    let cases: Vec<&Value> = expected["images"].as_array().unwrap().iter().collect();
+    let batched = embeddings(&cases);
+    for (i, case) in cases.iter().enumerate() {
+        let reference = floats(&case["embedding"]);
+        let alone = embeddings(&[case]);
+        for (how, got) in [("alone", &alone[0]), ("batched", &batched[i])] {
+            let c = cosine(got, &reference);
+            eprintln!("{} {how}: cosine {c:.7}", case["file"]);
+            assert!(c >= 0.9999, "{} {how}: cosine {c}", case["file"]);
+        }
+    }
+    // The soft tokens are exact enough that a wrong one shows: the first image's embedding is
+    // far from the second's.
+    assert!(cosine(&batched[0], &batched[1]) < 0.99);
+}
