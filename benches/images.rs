@@ -40,18 +40,14 @@ fn main() {
     }
     let config = ServerConfig::for_model(dir.clone());
     let model = loader::load(&config.models[0]).expect("model loads");
-    let vision = model.vision.as_ref().expect("an image-text model");
-    let size = vision.tower.image_size();
+    let Some(loader::VisionInput::Pooled { tower, .. }) = model.vision.as_ref() else { panic!("a CLIP or SigLIP model") };
+    let size = tower.image_size();
     let pixels_of = |n: usize| -> Vec<f32> { (0..n * 3 * size * size).map(|i| ((i * 7919) % 255) as f32 / 127.5 - 1.0).collect() };
-    println!(
-        "vision tower, {size}x{size}, {} tokens per image, {} rayon threads",
-        vision.tower.tokens_per_image(),
-        rayon::current_num_threads()
-    );
+    println!("vision tower, {size}x{size}, {} tokens per image, {} rayon threads", tower.tokens_per_image(), rayon::current_num_threads());
     for (batch, iterations) in [(1usize, 30usize), (32, 5)] {
         let pixels = pixels_of(batch);
         let median = median_of(iterations, || {
-            models::forward_images_chunked(vision.tower.as_ref(), &pixels, batch, models::FORWARD_CHUNK_TOKENS).expect("forward");
+            models::forward_images_chunked(tower.as_ref(), &pixels, batch, models::FORWARD_CHUNK_TOKENS).expect("forward");
         });
         println!("batch {batch}: median {:.2} ms, {:.1} images/s", median.as_secs_f64() * 1e3, batch as f64 / median.as_secs_f64());
     }

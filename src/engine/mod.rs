@@ -14,11 +14,11 @@ use crate::engine::params::ParamsError;
 use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
-use crate::input::{ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt};
+use crate::input::{ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt};
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
-use crate::loader::LoadedModel;
+use crate::loader::{LoadedModel, VisionInput};
 use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
@@ -131,17 +131,43 @@ impl Engine {
         if limits.max_tokens > max_batch_tokens {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
         }
-        let images = vision.as_ref().map(|v| {
-            let tokens_per_image = v.tower.tokens_per_image();
-            let images_per_batch = (limits.max_tokens / tokens_per_image.max(1)).min(limits.max_seqs);
-            ImageSide {
-                processor: Arc::new(v.processor.clone()),
-                tables: Arc::new(crate::input::image::ChannelTables::new(&v.processor)),
-                limits: crate::input::image::ImageLimits { max_pixels: options.max_image_pixels },
-                tokens_per_image,
-                wave: (images_per_batch / 2).max(1),
+        let image_limits = crate::input::image::ImageLimits { max_pixels: options.max_image_pixels };
+        let (images, vision, soft_vision) = match vision {
+            Some(VisionInput::Pooled { tower, processor }) => {
+                let tokens_per_image = tower.tokens_per_image();
+                let images_per_batch = (limits.max_tokens / tokens_per_image.max(1)).min(limits.max_seqs);
+                let side = ImageSide {
+                    processing: ImageProcessing::Crop {
+                        tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
+                        processor: Arc::new(processor),
+                    },
+                    limits: image_limits,
+                    tokens_per_image,
+                    wave: (images_per_batch / 2).max(1),
+                };
+                (Some(side), Some(tower), None)
             }
-        });
+            Some(VisionInput::SoftTokens { tower, patches }) => {
+                let ids = tower.image_tokens();
+                let strings = tokenizer.token_strings(&[ids.begin, ids.placeholder, ids.end]);
+                let [begin, placeholder, end] = <[String; 3]>::try_from(strings).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the image tokens are not in the tokenizer's vocabulary")
+                })?;
+                // An image's cost: at most its budget of soft tokens in the text, three framing
+                // tokens, and the tower's pass over its patches.
+                let per_token = patches.pooling_kernel_size * patches.pooling_kernel_size;
+                let tokens_per_image = patches.max_soft_tokens * (1 + per_token) + 4;
+                let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
+                let side = ImageSide {
+                    processing: ImageProcessing::SoftTokens { patches, begin, placeholder, end },
+                    limits: image_limits,
+                    tokens_per_image,
+                    wave: (images_per_batch / 2).max(1),
+                };
+                (Some(side), None, Some(tower))
+            }
+            None => (None, None, None),
+        };
         let pooling = match spec.supports(Task::Embed) {
             true => Some(spec.pooling.method().ok_or_else(|| {
                 std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
@@ -160,7 +186,8 @@ impl Engine {
             model: spec.served_name.clone(),
             solo,
             on_cpu: device.is_cpu(),
-            vision: vision.map(|v| v.tower),
+            vision,
+            soft_vision,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
@@ -455,7 +482,7 @@ impl Engine {
             .into_iter()
             .map(|input| match input {
                 ModelInput::Text(tokens) => Ok(tokens),
-                ModelInput::Image(_) => Err(EngineError::Model("an image among texts".into())),
+                ModelInput::Image(_) | ModelInput::ImageSequence(_) => Err(EngineError::Model("an image among texts".into())),
             })
             .collect::<Result<_, _>>()?;
         let max = self.inner.spec.max_model_len;

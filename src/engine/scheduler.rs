@@ -14,9 +14,11 @@ use super::EngineError;
 use crate::engine::params::ResolvedParams;
 use crate::input::ModelInput;
 use crate::metrics;
+use crate::models::batch::SoftTokens;
 use crate::models::batch::{Batch, TokenizedInput};
+use crate::models::gemma4_vision::ImagePatches;
 use crate::models::ops::lora::LoraWeights;
-use crate::models::{Backbone, VisionTower};
+use crate::models::{Backbone, SoftTokenTower, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head_runner::{HeadRunner, SequenceRequest};
 use crate::pooling::method::HiddenStates;
@@ -66,10 +68,12 @@ impl Job {
         }
     }
 
-    /// The text's tokens (none for an image).
+    /// The text's tokens (none for an image a tower embeds alone; an image read as soft
+    /// tokens has its text sequence).
     pub fn tokens(&self) -> &TokenizedInput {
         match &self.input {
             ModelInput::Text(t) => t,
+            ModelInput::ImageSequence(image) => &image.tokens,
             ModelInput::Image(_) => &NO_TOKENS,
         }
     }
@@ -108,6 +112,8 @@ pub struct ModelThread {
     pub on_cpu: bool,
     /// The image tower of an image-text model.
     pub vision: Option<Box<dyn VisionTower>>,
+    /// The image tower of a model that reads images as soft tokens in its text.
+    pub soft_vision: Option<Box<dyn SoftTokenTower>>,
 }
 
 /// Batches of at most this many tokens run on the model's own thread while another model is
@@ -297,6 +303,7 @@ impl ModelThread {
             batch.adapters = jobs.iter().map(|j| j.adapter.clone()).collect();
         }
         let started = Instant::now();
+        batch.soft_tokens = self.soft_tokens(jobs, &batch)?;
         let hidden = crate::models::forward_chunked(self.backbone.as_ref(), &batch, self.chunk_tokens).map_err(model_failure)?;
         // The timing breakdown (debug level) waits for the device, so that the forward pass's
         // time is its own and not the copy's.
@@ -332,6 +339,38 @@ impl ModelThread {
             );
         }
         outputs
+    }
+}
+
+impl ModelThread {
+    /// The soft tokens of the batch's images read as text ([`ModelInput::ImageSequence`]):
+    /// one tower pass over all their patches, each row placed at its image's next placeholder.
+    fn soft_tokens(&self, jobs: &[&Job], batch: &Batch) -> Result<Option<SoftTokens>, EngineError> {
+        let images: Vec<(usize, ImagePatches)> = jobs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, job)| match &job.input {
+                ModelInput::ImageSequence(image) => {
+                    Some((i, ImagePatches { pixels: image.patches.rescaled(), positions: image.patches.positions.clone() }))
+                }
+                _ => None,
+            })
+            .collect();
+        if images.is_empty() {
+            return Ok(None);
+        }
+        let tower = self.soft_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
+        let placeholder = tower.image_tokens().placeholder;
+        let mut positions = Vec::new();
+        for (i, _) in &images {
+            let start = batch.cu_seqlens[*i];
+            positions.extend(jobs[*i].tokens().ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(t, _)| start + t));
+        }
+        let rows = tower.forward(&images.iter().map(|(_, p)| p).collect::<Vec<_>>()).map_err(model_failure)?;
+        if rows.dim(0).map_err(model_failure)? != positions.len() {
+            return Err(EngineError::Model(format!("{} soft tokens for {} image placeholders", rows.dim(0).unwrap_or(0), positions.len())));
+        }
+        SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
     }
 }
 

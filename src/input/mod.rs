@@ -26,7 +26,7 @@ pub mod sentencepiece;
 pub mod tokenizer;
 pub mod workers;
 
-pub use prepare::{ImageSide, InputOptions, Preprocessor};
+pub use prepare::{ImageProcessing, ImageSide, InputOptions, Preprocessor};
 
 use crate::models::batch::TokenizedInput;
 
@@ -41,12 +41,22 @@ pub enum Prompt {
     Image(Vec<u8>),
 }
 
-/// One input ready for the model: token ids, or an image's crop (`[3, h, w]`, u8 until its
-/// batch normalizes it).
+/// One input ready for the model: token ids, an image's crop (`[3, h, w]`, u8 until its
+/// batch normalizes it), or an image as a text sequence with its patches (soft-token models).
 #[derive(Debug, Clone)]
 pub enum ModelInput {
     Text(TokenizedInput),
     Image(image::PixelValues),
+    ImageSequence(ImageSequence),
+}
+
+/// An image for a model that reads it inside its text ([`crate::models::SoftTokenTower`]):
+/// the tokens `<bos> <begin> <placeholder>×n <end>` as the model's processor makes them, and the
+/// patches whose `n` soft tokens replace the placeholders.
+#[derive(Debug, Clone)]
+pub struct ImageSequence {
+    pub tokens: TokenizedInput,
+    pub patches: image::patches::Patches,
 }
 
 /// Bytes per token above which a text cannot fit the model ([`Preprocessor::max_text_bytes`]):

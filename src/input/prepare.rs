@@ -12,19 +12,31 @@
 //! 5. **Check** the length against the model's limit; images are decoded into pixel values.
 
 use super::chat_template::{ChatOptions, ChatTemplate};
+use super::image::patches::{preprocess_patches, PatchConfig};
 use super::image::{ImageLimits, ImageProcessorConfig};
 use super::tokenizer::{self, EncodeOptions, TextInput, TextTokenizer, TokenInfo, TruncationSide};
 use super::workers::InputWorkers;
-use super::{InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
+use super::{ImageSequence, InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
 use crate::models::batch::TokenizedInput;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+/// How an image-text model's images are prepared.
+pub enum ImageProcessing {
+    /// CLIP and SigLIP: resized and cropped to the tower's square.
+    Crop {
+        processor: Arc<ImageProcessorConfig>,
+        /// The processor's normalization, made once ([`super::image::ChannelTables`]).
+        tables: Arc<super::image::ChannelTables>,
+    },
+    /// EmbeddingGemma 2: cut into patches, and framed in the text as `begin placeholder×n end`
+    /// (the tokens' strings, tokenized as the processor tokenizes its expanded prompt).
+    SoftTokens { patches: PatchConfig, begin: String, placeholder: String, end: String },
+}
+
 /// An image-text model's image preprocessing.
 pub struct ImageSide {
-    pub processor: Arc<ImageProcessorConfig>,
-    /// The processor's normalization, made once ([`super::image::ChannelTables`]).
-    pub tables: Arc<super::image::ChannelTables>,
+    pub processing: ImageProcessing,
     pub limits: ImageLimits,
     /// What one image costs in a batch ([`crate::models::VisionTower::tokens_per_image`]).
     pub tokens_per_image: usize,
@@ -136,6 +148,8 @@ impl Preprocessor {
         match input {
             ModelInput::Text(tokens) => tokens.len(),
             ModelInput::Image(_) => self.tokens_per_image().max(1),
+            // The text sequence, and the tower's pass over the patches.
+            ModelInput::ImageSequence(image) => image.tokens.len() + image.patches.positions.len(),
         }
     }
 
@@ -211,7 +225,7 @@ impl Preprocessor {
         is_image
             .into_iter()
             .map(|image| {
-                let next = if image { pixels.next().map(ModelInput::Image) } else { texts.next().map(ModelInput::Text) };
+                let next = if image { pixels.next() } else { texts.next().map(ModelInput::Text) };
                 next.ok_or(InputError::Stopped)
             })
             .collect()
@@ -431,31 +445,77 @@ impl Preprocessor {
     /// Decodes and preprocesses `images`, the request's from `first` on (of `in_request`), into
     /// u8 crops (normalized when their batch runs), one after another on one worker of the pool
     /// (as texts are tokenized there): the other workers stay free for other requests.
-    async fn prepare_images(
-        &self,
-        images: Vec<Vec<u8>>,
-        first: usize,
-        in_request: usize,
-    ) -> Result<Vec<super::image::PixelValues>, InputError> {
+    async fn prepare_images(&self, images: Vec<Vec<u8>>, first: usize, in_request: usize) -> Result<Vec<ModelInput>, InputError> {
         let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
         let started = std::time::Instant::now();
-        let (processor, limits, tables) = (Arc::clone(&side.processor), side.limits, Arc::clone(&side.tables));
-        let pixels = self
-            .workers
-            .execute(move || {
-                images
-                    .iter()
-                    .enumerate()
-                    .map(|(i, bytes)| {
-                        super::image::preprocess_with(bytes, &processor, &limits, &tables).map_err(|e| {
-                            InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
-                        })
+        let limits = side.limits;
+        let name = move |i: usize, e: super::image::ImageError| {
+            InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
+        };
+        let inputs = match &side.processing {
+            ImageProcessing::Crop { processor, tables } => {
+                let (processor, tables) = (Arc::clone(processor), Arc::clone(tables));
+                self.workers
+                    .execute(move || {
+                        images
+                            .iter()
+                            .enumerate()
+                            .map(|(i, bytes)| {
+                                super::image::preprocess_with(bytes, &processor, &limits, &tables)
+                                    .map(ModelInput::Image)
+                                    .map_err(|e| name(i, e))
+                            })
+                            .collect::<Result<Vec<_>, _>>()
                     })
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await??;
+                    .await??
+            }
+            ImageProcessing::SoftTokens { patches: config, begin, placeholder, end } => {
+                let config = *config;
+                let patches = self
+                    .workers
+                    .execute(move || {
+                        images
+                            .iter()
+                            .enumerate()
+                            .map(|(i, bytes)| preprocess_patches(bytes, &config, &limits).map_err(|e| name(i, e)))
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .await??;
+                // The processor's expanded prompt for an image alone, tokenized with the
+                // tokenizer's special tokens and never truncated (a cut sequence would lose
+                // placeholders).
+                let per_token = config.pooling_kernel_size * config.pooling_kernel_size;
+                let texts = patches
+                    .iter()
+                    .map(|p| TextInput::Single(format!("{begin}{}{end}", placeholder.repeat(p.positions.len() / per_token))))
+                    .collect();
+                let options = EncodeOptions {
+                    add_special_tokens: true,
+                    truncate_to: None,
+                    side: TruncationSide::Right,
+                    pair_limits: Default::default(),
+                };
+                let tokens = self.workers.encode(texts, options).await?;
+                let mut inputs = Vec::with_capacity(patches.len());
+                for (i, (patches, tokens)) in patches.into_iter().zip(tokens).enumerate() {
+                    let tokens = tokens?;
+                    if tokens.len() > self.max_model_len {
+                        return Err(name(
+                            i,
+                            super::image::ImageError::Config(format!(
+                                "the image is {} tokens, more than the model's {}",
+                                tokens.len(),
+                                self.max_model_len
+                            )),
+                        ));
+                    }
+                    inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches }));
+                }
+                inputs
+            }
+        };
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
-        Ok(pixels)
+        Ok(inputs)
     }
 
     fn note_tokenized(&self, started: std::time::Instant, inputs: &[TokenizedInput]) {

@@ -109,10 +109,13 @@ pub struct LoadedModel {
     pub lora: Option<lora::LoraRegistry>,
 }
 
-/// An image-text model's image side: its tower and how images become its pixel values.
-pub struct VisionInput {
-    pub tower: Box<dyn models::VisionTower>,
-    pub processor: image::ImageProcessorConfig,
+/// An image-text model's image side: its tower and how images become what the tower takes.
+pub enum VisionInput {
+    /// CLIP and SigLIP: an image is a sequence of its own in the tower and gets its own
+    /// embedding.
+    Pooled { tower: Box<dyn models::VisionTower>, processor: image::ImageProcessorConfig },
+    /// EmbeddingGemma 2: an image becomes soft tokens inside the text sequence.
+    SoftTokens { tower: Box<dyn models::SoftTokenTower>, patches: image::patches::PatchConfig },
 }
 
 fn device(kind: DeviceArg) -> Result<Device, LoadError> {
@@ -186,8 +189,11 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
 
     let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
     let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
-        Some(tower) => Some(VisionInput { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
-        None => None,
+        Some(tower) => Some(VisionInput::Pooled { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
+        None => match with_cpu_weight_format(cpu_weight_format, || architecture.soft_token_tower(&config, vb.clone()))? {
+            Some(tower) => Some(VisionInput::SoftTokens { patches: patch_processor(&source, tower.as_ref())?, tower }),
+            None => None,
+        },
     };
     let spec = ModelSpec::decide(SpecInputs {
         options,
@@ -406,6 +412,42 @@ fn image_processor(
         )));
     }
     Ok(processor)
+}
+
+/// The `image_processor` of `processor_config.json` (or `preprocessor_config.json`) of a
+/// soft-token model: its patch size, pooling kernel and soft-token budget, checked against the
+/// tower.
+fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> Result<image::patches::PatchConfig, LoadError> {
+    let (path, nested) = match source.file("processor_config.json")? {
+        Some(path) => (path, true),
+        None => match source.file("preprocessor_config.json")? {
+            Some(path) => (path, false),
+            None => return Err(LoadError::NotFound("the model has no processor_config.json or preprocessor_config.json".into())),
+        },
+    };
+    let invalid = |message: String| LoadError::File { path: path.clone(), message };
+    let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let processor = if nested { json.get("image_processor").ok_or_else(|| invalid("has no `image_processor`".into()))? } else { &json };
+    let (patch_size, kernel) = tower.patch_geometry();
+    let field = |name: &str, default: usize| match processor.get(name) {
+        None => Ok(default),
+        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| invalid(format!("image_processor.{name} is not a count: {v}"))),
+    };
+    // Gemma4ImageProcessor's defaults: 280 soft tokens.
+    let config = image::patches::PatchConfig {
+        patch_size: field("patch_size", patch_size)?,
+        pooling_kernel_size: field("pooling_kernel_size", kernel)?,
+        max_soft_tokens: field("max_soft_tokens", 280)?,
+    };
+    config.check().map_err(|e| invalid(e.to_string()))?;
+    if (config.patch_size, config.pooling_kernel_size) != (patch_size, kernel) {
+        return Err(LoadError::Invalid(format!(
+            "the image processor makes {}px patches pooled {}×{}; the vision tower takes {patch_size}px pooled {kernel}×{kernel}",
+            config.patch_size, config.pooling_kernel_size, config.pooling_kernel_size
+        )));
+    }
+    Ok(config)
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.

@@ -14,14 +14,16 @@
 //! - the final norm, then `embedding_projection` to `embedding_dim`, which is what the
 //!   published sentence-transformers folder mean-pools and normalizes.
 //!
-//! The multimodal folder's image, video and audio towers are not served here: its
-//! `vision_config` / `audio_config` are read only to say so, and inputs of those kinds are
-//! refused by the engine as for any text model.
+//! The multimodal folder's image tower ([`super::gemma4_vision`]) is its
+//! [`SoftTokenTower`]: an image is `<|image> soft tokens <image|>` in the text, and its soft
+//! tokens replace the placeholders' embeddings before the PLE and the first layer. The audio
+//! tower (and so audio and video inputs) is not served yet.
 
 use super::batch::Batch;
+use super::gemma4_vision::{Gemma4Vision, ImagePatches};
 use super::llama::{decoder_root, fused_gate_up, fused_qkv, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
-use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ImageTokens, ModelError, SequencePooling, SoftTokenTower};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -50,6 +52,28 @@ impl Architecture for EmbeddingGemma2 {
         SequencePooling::Mean
     }
 
+    /// The multimodal folder's Gemma 4 vision tower and `embed_vision`, with the image token
+    /// ids of its config.
+    fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
+        let Some(vision) = raw.get("vision_config").filter(|c| c.is_object()) else { return Ok(None) };
+        let text_hidden = raw.get("text_config").and_then(|t| t.get("hidden_size")).and_then(Value::as_u64).unwrap_or(512) as usize;
+        let id = |name: &str, default: u32| -> std::result::Result<u32, ModelError> {
+            match raw.get(name) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_u64().map(|v| v as u32).ok_or_else(|| ModelError::Config(format!("{name} is not a token id: {v}"))),
+            }
+        };
+        // EmbeddingGemma2Config's defaults.
+        let tokens = ImageTokens {
+            begin: id("boi_token_id", 255_999)?,
+            placeholder: id("image_token_id", 258_880)?,
+            end: id("eoi_token_id", 258_882)?,
+        };
+        let vb = if vb.contains_tensor("model.embed_vision.embedding_projection.weight") { vb.pp("model") } else { vb };
+        let tower = Gemma4Vision::load(vision, vb.pp("vision_tower"), vb.pp("embed_vision"), text_hidden)?;
+        Ok(Some(Box::new(EmbeddingGemma2Vision { tower, tokens })))
+    }
+
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
         // The multimodal folder nests the text encoder's config and weights.
         match raw.get("text_config").filter(|c| c.is_object()) {
@@ -63,6 +87,26 @@ impl Architecture for EmbeddingGemma2 {
             }
             None => Ok(Box::new(EmbeddingGemma2Text::load(raw, decoder_root(vb))?)),
         }
+    }
+}
+
+/// The image side of the multimodal folder.
+struct EmbeddingGemma2Vision {
+    tower: Gemma4Vision,
+    tokens: ImageTokens,
+}
+
+impl SoftTokenTower for EmbeddingGemma2Vision {
+    fn forward(&self, images: &[&ImagePatches]) -> Result<Tensor> {
+        self.tower.forward(images)
+    }
+
+    fn patch_geometry(&self) -> (usize, usize) {
+        (self.tower.patch_size, self.tower.pooling_kernel_size)
+    }
+
+    fn image_tokens(&self) -> ImageTokens {
+        self.tokens
     }
 }
 

@@ -136,6 +136,27 @@ pub trait VisionTower: Send + Sync {
     fn embedding_size(&self) -> usize;
 }
 
+/// What the engine needs from an image tower whose output stands in for placeholder tokens of
+/// the text sequence (EmbeddingGemma 2's Gemma 4 tower): an image becomes `<begin>
+/// <placeholder>×n <end>` in the text, and the tower's `n` soft tokens replace the
+/// placeholders' embeddings ([`batch::SoftTokens`]).
+pub trait SoftTokenTower: Send + Sync {
+    /// Each image's soft tokens, `[Σ soft tokens, text hidden]`, images in order.
+    fn forward(&self, images: &[&gemma4_vision::ImagePatches]) -> candle_core::Result<Tensor>;
+    /// Pixels per patch side, and patches per soft token side.
+    fn patch_geometry(&self) -> (usize, usize);
+    /// The token ids that frame an image in the text.
+    fn image_tokens(&self) -> ImageTokens;
+}
+
+/// The special tokens of an image in the text: `begin placeholder×n end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageTokens {
+    pub begin: u32,
+    pub placeholder: u32,
+    pub end: u32,
+}
+
 /// Quantizes the layers [`Backbone::int8_linears`] names (`--quantization int8`), and
 /// [`Backbone::attention_input_linears`] where this CPU's int8 kernel keeps them accurate.
 pub fn quantize_int8(backbone: &mut dyn Backbone) -> candle_core::Result<()> {
@@ -290,6 +311,11 @@ pub trait Architecture: Sync {
     fn backbone(&self, config: &Value, vb: VarBuilder) -> Result<Box<dyn Backbone>, ModelError>;
     /// The image tower of an image-text model; `None` for text-only architectures.
     fn vision_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn VisionTower>>, ModelError> {
+        Ok(None)
+    }
+    /// The image tower of a model that reads images as soft tokens in its text
+    /// ([`SoftTokenTower`]); `None` for the others.
+    fn soft_token_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
         Ok(None)
     }
     /// `(length, pad id)` when the model was trained on texts padded to a fixed length with

@@ -3,11 +3,10 @@
 //! embeddings of `EmbeddingGemma2Model` for an image alone (`<bos> <|image> soft tokens
 //! <image|>`, the soft tokens from Gemma 4's vision tower and `embed_vision`), each image alone
 //! and all in one batch.
-//!
-//! These run the model layer directly: images do not reach EmbeddingGemma 2 over HTTP yet (the
-//! engine still refuses them for this architecture), so this is the reference check of the
-//! parts that path will use.
+//! The model layer directly (the tower's soft tokens against `get_image_features`), then
+//! through the real router as clients send images.
 
+use crate::common::families::router_for;
 use crate::common::*;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
@@ -107,4 +106,66 @@ fn image_embeddings_match_transformers_alone_and_batched() {
     // The soft tokens are exact enough that a wrong one shows: the first image's embedding is
     // far from the second's.
     assert!(cosine(&batched[0], &batched[1]) < 0.99);
+}
+
+fn image_message(file: &str) -> Value {
+    use base64::Engine;
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(image_bytes(file)));
+    serde_json::json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]})
+}
+
+/// Images over HTTP, as vLLM (`messages`) and Cohere (`/v2/embed` `images`) clients send them,
+/// against `EmbeddingGemma2Model` on the processor's inputs; texts beside them keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_embed_over_http_as_transformers_embeds_them() {
+    use serde_json::json;
+    let expected = expected("embeddinggemma2-omni");
+    let router = router_for(&fixture_model("embeddinggemma2-omni"));
+    let images = expected["images"].as_array().unwrap();
+    let files: Vec<&str> = images.iter().map(|i| i["file"].as_str().unwrap()).collect();
+    let check = |got: &Value, want: &Value, what: &str| {
+        let c = cosine(&floats(got), &floats(want));
+        assert!(c >= 0.9999, "{what}: cosine {c}");
+    };
+    let messages: Vec<Value> = files.iter().map(|f| image_message(f)).collect();
+    for route in ["/v1/embeddings", "/pooling"] {
+        let reply = post(&router, route, json!({"messages": messages})).await;
+        assert_eq!(reply.status, 200, "{route}: {}", reply.body);
+        let field = if route == "/pooling" { "data" } else { "embedding" };
+        for (i, image) in images.iter().enumerate() {
+            check(&reply.body["data"][i][field], &image["embedding"], &format!("{route} image {i}"));
+        }
+        // Usage counts each image's text sequence and its patches.
+        let sequence_tokens: usize = images.iter().map(|i| i["input_ids"].as_array().unwrap().len()).sum();
+        assert!(reply.body["usage"]["prompt_tokens"].as_u64().unwrap() as usize > sequence_tokens);
+    }
+    let urls: Vec<Value> = messages.iter().map(|m| m["content"][0]["image_url"]["url"].clone()).collect();
+    let reply = post(&router, "/v2/embed", json!({"images": urls, "input_type": "image", "embedding_types": ["float"]})).await;
+    assert_eq!(reply.status, 200, "/v2/embed: {}", reply.body);
+    for (i, image) in images.iter().enumerate() {
+        check(&reply.body["embeddings"]["float"][i], &image["embedding"], &format!("cohere image {i}"));
+    }
+    // A text and an image in one request: each as transformers embeds it alone.
+    let text = &expected["texts"][0];
+    let inputs =
+        json!([{"content": [{"type": "text", "text": text["text"]}]}, {"content": [{"type": "image_url", "image_url": {"url": urls[1]}}]}]);
+    let reply = post(&router, "/v2/embed", json!({"inputs": inputs, "input_type": "search_document", "embedding_types": ["float"]})).await;
+    assert_eq!(reply.status, 200, "/v2/embed inputs: {}", reply.body);
+    check(&reply.body["embeddings"]["float"][1], &images[1]["embedding"], "cohere inputs image");
+    // /score: a text against images is the cosine of their embeddings.
+    let content: Vec<Value> = urls.iter().map(|u| json!({"type": "image_url", "image_url": {"url": u}})).collect();
+    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": {"content": content}})).await;
+    assert_eq!(reply.status, 200, "/score: {}", reply.body);
+    for (i, image) in images.iter().enumerate() {
+        let want = cosine(&floats(&text["embedding"]), &floats(&image["embedding"])) as f32;
+        let got = reply.body["data"][i]["score"].as_f64().unwrap() as f32;
+        assert!((got - want).abs() <= 1e-4, "/score image {i}: {got} vs {want}");
+    }
+    // A broken image is the client's error, and the server serves on.
+    let broken =
+        json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [broken]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [messages[0].clone()]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
 }

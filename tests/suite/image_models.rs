@@ -64,10 +64,12 @@ fn processor_matches_transformers_pixel_values() {
     for model in MODELS {
         let expected = expected(model);
         let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(model).to_str().unwrap())).expect("loads");
-        let vision = loaded.vision.expect("an image-text model has a vision side");
+        let Some(poolserve::loader::VisionInput::Pooled { processor, .. }) = loaded.vision else {
+            panic!("{model}: no pooled vision side")
+        };
         for image in expected["images"].as_array().unwrap() {
             let file = image["file"].as_str().unwrap();
-            let ours = preprocess(&image_bytes(file), &vision.processor, &ImageLimits { max_pixels: 1 << 30 }).expect("preprocesses");
+            let ours = preprocess(&image_bytes(file), &processor, &ImageLimits { max_pixels: 1 << 30 }).expect("preprocesses");
             let reference = floats(&image["pixel_values"]);
             let diff = max_abs_diff(&ours.normalized(), &reference);
             eprintln!("{model} {file}: pixel values max abs diff {diff}");
@@ -90,7 +92,7 @@ fn vision_towers_match_transformers_on_its_pixel_values() {
     for model in MODELS {
         let expected = expected(model);
         let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(model).to_str().unwrap())).expect("loads");
-        let tower = loaded.vision.expect("vision side").tower;
+        let Some(poolserve::loader::VisionInput::Pooled { tower, .. }) = loaded.vision else { panic!("{model}: no pooled vision side") };
         let images = expected["images"].as_array().unwrap();
         let mut all = Vec::new();
         for image in images {
