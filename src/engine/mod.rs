@@ -14,7 +14,7 @@ use crate::engine::params::ParamsError;
 use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
-use crate::input::{ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt};
+use crate::input::{ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt, SoftTokenFrame};
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
@@ -159,7 +159,13 @@ impl Engine {
                 let tokens_per_image = patches.max_soft_tokens * (1 + per_token) + 4;
                 let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
                 let side = ImageSide {
-                    processing: ImageProcessing::SoftTokens { patches, begin, placeholder, end },
+                    processing: ImageProcessing::SoftTokens(SoftTokenFrame {
+                        patches,
+                        begin,
+                        placeholder,
+                        end,
+                        placeholder_id: ids.placeholder,
+                    }),
                     limits: image_limits,
                     tokens_per_image,
                     wave: (images_per_batch / 2).max(1),
@@ -457,7 +463,7 @@ impl Engine {
     /// processed (an image counts its tower's sequence). Texts and images of an image-text
     /// model go in one request, embedded by their towers into one space.
     pub async fn encode(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
-        let has_images = prompts.iter().any(|p| matches!(p, Prompt::Image(_)));
+        let has_images = prompts.iter().any(|p| p.image_count() > 0);
         if has_images {
             if !self.inner.input.takes_images() {
                 return Err(InputError::ImagesUnsupported.into());

@@ -346,27 +346,25 @@ impl ModelThread {
     /// The soft tokens of the batch's images read as text ([`ModelInput::ImageSequence`]):
     /// one tower pass over all their patches, each row placed at its image's next placeholder.
     fn soft_tokens(&self, jobs: &[&Job], batch: &Batch) -> Result<Option<SoftTokens>, EngineError> {
-        let images: Vec<(usize, ImagePatches)> = jobs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, job)| match &job.input {
-                ModelInput::ImageSequence(image) => {
-                    Some((i, ImagePatches { pixels: image.patches.rescaled(), positions: image.patches.positions.clone() }))
-                }
-                _ => None,
-            })
-            .collect();
+        let (mut images, mut sequences) = (Vec::new(), Vec::new());
+        for (i, job) in jobs.iter().enumerate() {
+            if let ModelInput::ImageSequence(image) = &job.input {
+                sequences.push(i);
+                images.extend(image.patches.iter().map(|p| ImagePatches { pixels: p.rescaled(), positions: p.positions.clone() }));
+            }
+        }
         if images.is_empty() {
             return Ok(None);
         }
         let tower = self.soft_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
         let placeholder = tower.image_tokens().placeholder;
+        // The placeholders in batch order are the images' soft tokens in order.
         let mut positions = Vec::new();
-        for (i, _) in &images {
-            let start = batch.cu_seqlens[*i];
-            positions.extend(jobs[*i].tokens().ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(t, _)| start + t));
+        for i in sequences {
+            let start = batch.cu_seqlens[i];
+            positions.extend(jobs[i].tokens().ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(t, _)| start + t));
         }
-        let rows = tower.forward(&images.iter().map(|(_, p)| p).collect::<Vec<_>>()).map_err(model_failure)?;
+        let rows = tower.forward(&images.iter().collect::<Vec<_>>()).map_err(model_failure)?;
         if rows.dim(0).map_err(model_failure)? != positions.len() {
             return Err(EngineError::Model(format!("{} soft tokens for {} image placeholders", rows.dim(0).unwrap_or(0), positions.len())));
         }

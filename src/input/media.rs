@@ -12,7 +12,7 @@
 //! round of that many (a request of 40 URLs waits at most 3 timeouts, not 40 one after another).
 
 use super::image::decode_data_url;
-use super::{InputError, Prompt};
+use super::{InputError, Part, Prompt};
 use serde_json::Value;
 use std::io::Read;
 use std::time::Duration;
@@ -137,9 +137,10 @@ fn shorten(url: &str) -> String {
 
 /// One embedding input from chat-style content: a string, or a list of parts
 /// (`{"type": "text", "text": …}`, `{"type": "image_url", "image_url": {"url": …}}`). Text
-/// parts are joined with a newline. **Decision**: image-text models (CLIP, SigLIP) embed a
-/// text or an image, not both together, so an input holding both, or several images, is a
-/// 400 asking to send them as separate inputs.
+/// parts alone are joined with a newline. Text and images, or several images, in one content
+/// are one [`Prompt::Interleaved`] input, parts in order: EmbeddingGemma 2 reads them as one
+/// sequence; CLIP and SigLIP embed a text or an image, not both together, and refuse it
+/// (asking for separate inputs).
 pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<Prompt, InputError> {
     content_prompts(std::slice::from_ref(content), options).await?.pop().ok_or(InputError::Stopped)
 }
@@ -147,21 +148,49 @@ pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<P
 /// [`content_prompt`] for every input of a request, their images fetched together.
 pub async fn content_prompts(contents: &[Value], options: &MediaOptions) -> Result<Vec<Prompt>, InputError> {
     let parsed = contents.iter().map(parse_content).collect::<Result<Vec<_>, _>>()?;
-    let urls: Vec<String> = parsed.iter().filter_map(|c| if let Content::Image(url) = c { Some(url.clone()) } else { None }).collect();
+    let urls: Vec<String> = parsed.iter().flat_map(Content::urls).map(str::to_string).collect();
     let mut images = images_bytes(urls, options).await?.into_iter();
+    let mut next_image = || images.next().ok_or(InputError::Stopped);
     parsed
         .into_iter()
         .map(|content| match content {
             Content::Text(text) => Ok(Prompt::Text(text)),
-            Content::Image(_) => images.next().map(Prompt::Image).ok_or(InputError::Stopped),
+            Content::Image(_) => next_image().map(Prompt::Image),
+            Content::Interleaved(parts) => parts
+                .into_iter()
+                .map(|part| match part {
+                    RawPart::Text(text) => Ok(Part::Text(text)),
+                    RawPart::Image(_) => next_image().map(Part::Image),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Prompt::Interleaved),
         })
         .collect()
 }
 
-/// An input's content before its image is fetched.
+/// An input's content before its images are fetched.
 enum Content {
     Text(String),
     Image(String),
+    Interleaved(Vec<RawPart>),
+}
+
+enum RawPart {
+    Text(String),
+    Image(String),
+}
+
+impl Content {
+    /// The image URLs, in order.
+    fn urls(&self) -> Vec<&str> {
+        match self {
+            Content::Text(_) => Vec::new(),
+            Content::Image(url) => vec![url],
+            Content::Interleaved(parts) => {
+                parts.iter().filter_map(|p| if let RawPart::Image(url) = p { Some(url.as_str()) } else { None }).collect()
+            }
+        }
+    }
 }
 
 /// What one input's content holds (module docs of [`content_prompt`]).
@@ -171,24 +200,28 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
         Value::Array(parts) => parts,
         _ => return Err(bad("`content` must be a string or a list of content parts")),
     };
-    let mut texts = Vec::new();
-    let mut images = Vec::new();
+    let mut parsed = Vec::with_capacity(parts.len());
     for part in parts {
         match part.get("type").and_then(Value::as_str) {
-            Some("text") => {
-                texts.push(part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?)
-            }
-            Some("image_url") => images.push(image_url_of(part)?),
+            Some("text") => parsed.push(RawPart::Text(
+                part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?.to_string(),
+            )),
+            Some("image_url") => parsed.push(RawPart::Image(image_url_of(part)?.to_string())),
             Some(other) => return Err(bad(format!("Unsupported content part type `{other}`: use `text` or `image_url`"))),
             None => return Err(bad("every content part needs a `type` (`text` or `image_url`)")),
         }
     }
-    match (texts.is_empty(), images.as_slice()) {
-        (false, []) => Ok(Content::Text(texts.join("\n"))),
-        (true, [url]) => Ok(Content::Image(url.to_string())),
-        (true, []) => Err(bad("an input's content holds no text and no image")),
-        _ => Err(bad("one input holds several parts (text and an image, or several images): image-text models embed one text or one image per input; send them as separate inputs")),
+    if let [RawPart::Image(url)] = parsed.as_slice() {
+        return Ok(Content::Image(url.clone()));
     }
+    if parsed.is_empty() {
+        return Err(bad("an input's content holds no text and no image"));
+    }
+    if parsed.iter().any(|p| matches!(p, RawPart::Image(_))) {
+        return Ok(Content::Interleaved(parsed));
+    }
+    let texts: Vec<String> = parsed.into_iter().filter_map(|p| if let RawPart::Text(t) = p { Some(t) } else { None }).collect();
+    Ok(Content::Text(texts.join("\n")))
 }
 
 /// `part["image_url"]["url"]` (OpenAI and Cohere), or `part["image_url"]` as a plain string.
@@ -253,8 +286,15 @@ mod tests {
         let texts = json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]);
         assert_eq!(run(content_prompt(&texts, &options)).unwrap(), Prompt::Text("a\nb".into()));
         assert_eq!(run(content_prompt(&json!([image]), &options)).unwrap(), Prompt::Image(b"hello".to_vec()));
-        assert!(run(content_prompt(&json!([image, {"type": "text", "text": "a"}]), &options)).is_err());
-        assert!(run(content_prompt(&json!([image, image]), &options)).is_err());
+        // Parts in order; whether the model takes them together is the model's to say.
+        assert_eq!(
+            run(content_prompt(&json!([image, {"type": "text", "text": "a"}]), &options)).unwrap(),
+            Prompt::Interleaved(vec![Part::Image(b"hello".to_vec()), Part::Text("a".into())])
+        );
+        assert_eq!(
+            run(content_prompt(&json!([image, image]), &options)).unwrap(),
+            Prompt::Interleaved(vec![Part::Image(b"hello".to_vec()), Part::Image(b"hello".to_vec())])
+        );
         assert!(run(content_prompt(&json!([{"type": "audio_url"}]), &options)).is_err());
         assert!(run(content_prompt(&json!([]), &options)).is_err());
     }

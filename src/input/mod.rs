@@ -26,7 +26,7 @@ pub mod sentencepiece;
 pub mod tokenizer;
 pub mod workers;
 
-pub use prepare::{ImageProcessing, ImageSide, InputOptions, Preprocessor};
+pub use prepare::{ImageProcessing, ImageSide, InputOptions, Preprocessor, SoftTokenFrame};
 
 use crate::models::batch::TokenizedInput;
 
@@ -39,6 +39,27 @@ pub enum Prompt {
     Pair(String, String),
     /// An encoded image (PNG, JPEG or WebP bytes), for image-text models.
     Image(Vec<u8>),
+    /// Texts and images in one input, in order (one `content` with several parts), for models
+    /// that read images inside their text (EmbeddingGemma 2); other image-text models refuse it.
+    Interleaved(Vec<Part>),
+}
+
+/// One part of an [`Prompt::Interleaved`] input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Text(String),
+    Image(Vec<u8>),
+}
+
+impl Prompt {
+    /// How many images the prompt holds.
+    pub fn image_count(&self) -> usize {
+        match self {
+            Prompt::Image(_) => 1,
+            Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Image(_))).count(),
+            _ => 0,
+        }
+    }
 }
 
 /// One input ready for the model: token ids, an image's crop (`[3, h, w]`, u8 until its
@@ -50,13 +71,14 @@ pub enum ModelInput {
     ImageSequence(ImageSequence),
 }
 
-/// An image for a model that reads it inside its text ([`crate::models::SoftTokenTower`]):
-/// the tokens `<bos> <begin> <placeholder>×n <end>` as the model's processor makes them, and the
-/// patches whose `n` soft tokens replace the placeholders.
+/// Images for a model that reads them inside its text ([`crate::models::SoftTokenTower`]):
+/// the tokens as the model's processor makes them (`<bos> <begin> <placeholder>×n <end>` for
+/// an image alone, texts around them for interleaved parts), and each image's patches, whose
+/// soft tokens replace the placeholders in order.
 #[derive(Debug, Clone)]
 pub struct ImageSequence {
     pub tokens: TokenizedInput,
-    pub patches: image::patches::Patches,
+    pub patches: Vec<image::patches::Patches>,
 }
 
 /// Bytes per token above which a text cannot fit the model ([`Preprocessor::max_text_bytes`]):
@@ -89,7 +111,7 @@ pub enum InputError {
     /// An image that cannot be used (undecodable, too large, not an image).
     #[error("{0}")]
     Image(String),
-    #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP) embed images")]
+    #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP, EmbeddingGemma 2) embed images")]
     ImagesUnsupported,
     /// An image URL or content part that cannot be used; `param` names the request field.
     #[error("{message}")]

@@ -16,7 +16,7 @@ use super::image::patches::{preprocess_patches, PatchConfig};
 use super::image::{ImageLimits, ImageProcessorConfig};
 use super::tokenizer::{self, EncodeOptions, TextInput, TextTokenizer, TokenInfo, TruncationSide};
 use super::workers::InputWorkers;
-use super::{ImageSequence, InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
+use super::{ImageSequence, InputError, ModelInput, Part, Prompt, MAX_BYTES_PER_TOKEN};
 use crate::models::batch::TokenizedInput;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -29,9 +29,18 @@ pub enum ImageProcessing {
         /// The processor's normalization, made once ([`super::image::ChannelTables`]).
         tables: Arc<super::image::ChannelTables>,
     },
-    /// EmbeddingGemma 2: cut into patches, and framed in the text as `begin placeholder×n end`
-    /// (the tokens' strings, tokenized as the processor tokenizes its expanded prompt).
-    SoftTokens { patches: PatchConfig, begin: String, placeholder: String, end: String },
+    /// EmbeddingGemma 2: cut into patches, and framed in the text.
+    SoftTokens(SoftTokenFrame),
+}
+
+/// How a soft-token model's image sits in its text: `begin placeholder×n end` (the tokens'
+/// strings, tokenized as the processor tokenizes its expanded prompt).
+pub struct SoftTokenFrame {
+    pub patches: PatchConfig,
+    pub begin: String,
+    pub placeholder: String,
+    pub end: String,
+    pub placeholder_id: u32,
 }
 
 /// An image-text model's image preprocessing.
@@ -149,7 +158,7 @@ impl Preprocessor {
             ModelInput::Text(tokens) => tokens.len(),
             ModelInput::Image(_) => self.tokens_per_image().max(1),
             // The text sequence, and the tower's pass over the patches.
-            ModelInput::ImageSequence(image) => image.tokens.len() + image.patches.positions.len(),
+            ModelInput::ImageSequence(image) => image.tokens.len() + image.patches.iter().map(|p| p.positions.len()).sum::<usize>(),
         }
     }
 
@@ -178,7 +187,7 @@ impl Preprocessor {
             .execute(move || {
                 let mut index = 0;
                 for prompt in &prompts {
-                    if let Prompt::Image(bytes) = prompt {
+                    for bytes in image_bytes(prompt) {
                         super::image::check_header(bytes, &limits).map_err(|e| InputError::Image(format!("image {index}: {e}")))?;
                         index += 1;
                     }
@@ -190,12 +199,14 @@ impl Preprocessor {
         let mut wave = Wave { prompts: Vec::new(), first_image: 0, images_in_request };
         let mut images_seen = 0;
         for prompt in prompts {
-            if matches!(prompt, Prompt::Image(_)) {
-                if images_seen - wave.first_image == per_wave {
+            // An input's images stay together: a wave may hold an interleaved input's few more.
+            let images = prompt.image_count();
+            if images > 0 {
+                if images_seen - wave.first_image >= per_wave {
                     let next = Wave { prompts: Vec::new(), first_image: images_seen, images_in_request };
                     waves.push(std::mem::replace(&mut wave, next));
                 }
-                images_seen += 1;
+                images_seen += images;
             }
             wave.prompts.push(prompt);
         }
@@ -206,20 +217,22 @@ impl Preprocessor {
     /// [`Self::prepare`] for one of [`Self::waves`].
     pub async fn prepare_wave(&self, wave: Wave, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
         let Wave { prompts, first_image, images_in_request } = wave;
-        if !prompts.iter().any(|p| matches!(p, Prompt::Image(_))) {
+        if !prompts.iter().any(|p| p.image_count() > 0) {
             return Ok(self.prepare_texts(prompts, options).await?.into_iter().map(ModelInput::Text).collect());
         }
         let mut texts = Vec::new();
         let mut images = Vec::new();
         let mut is_image = Vec::with_capacity(prompts.len());
         for prompt in prompts {
-            is_image.push(matches!(prompt, Prompt::Image(_)));
-            match prompt {
-                Prompt::Image(bytes) => images.push(bytes),
-                other => texts.push(other),
+            let image = prompt.image_count() > 0;
+            is_image.push(image);
+            if image {
+                images.push(prompt);
+            } else {
+                texts.push(prompt);
             }
         }
-        let pixels = self.prepare_images(images, first_image, images_in_request).await?;
+        let pixels = self.prepare_images(images, first_image, images_in_request, options).await?;
         let texts = if texts.is_empty() { Vec::new() } else { self.prepare_texts(texts, options).await? };
         let (mut texts, mut pixels) = (texts.into_iter(), pixels.into_iter());
         is_image
@@ -393,7 +406,7 @@ impl Preprocessor {
                     self.bounded_side(q, options, limits.query)
                         .and_then(|q| Ok(TextInput::Pair(q.into_owned(), self.bounded_side(d, options, limits.document)?.into_owned()))),
                 ),
-                Prompt::Tokens(_) | Prompt::Image(_) => None,
+                Prompt::Tokens(_) | Prompt::Image(_) | Prompt::Interleaved(_) => None,
             })
             .collect::<Result<_, _>>()?;
         let mut encoded =
@@ -410,7 +423,7 @@ impl Preprocessor {
                     self.check_token_ids(&ids)?;
                     tokenizer::truncate_ids(ids, options.encode)
                 }
-                Prompt::Image(_) => return Err(InputError::Panicked("an image reached the tokenizer")),
+                Prompt::Image(_) | Prompt::Interleaved(_) => return Err(InputError::Panicked("an image reached the tokenizer")),
             };
             let input = self.padded(input, options)?;
             check_length(input.len(), options.max_len, from_text)?;
@@ -445,7 +458,16 @@ impl Preprocessor {
     /// Decodes and preprocesses `images`, the request's from `first` on (of `in_request`), into
     /// u8 crops (normalized when their batch runs), one after another on one worker of the pool
     /// (as texts are tokenized there): the other workers stay free for other requests.
-    async fn prepare_images(&self, images: Vec<Vec<u8>>, first: usize, in_request: usize) -> Result<Vec<ModelInput>, InputError> {
+    /// The inputs holding images ([`Prompt::Image`], [`Prompt::Interleaved`]), decoded on the
+    /// input workers; `first` is the index of their first image among the request's
+    /// `in_request`, for messages that name an image.
+    async fn prepare_images(
+        &self,
+        prompts: Vec<Prompt>,
+        first: usize,
+        in_request: usize,
+        options: &InputOptions,
+    ) -> Result<Vec<ModelInput>, InputError> {
         let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
         let started = std::time::Instant::now();
         let limits = side.limits;
@@ -454,11 +476,18 @@ impl Preprocessor {
         };
         let inputs = match &side.processing {
             ImageProcessing::Crop { processor, tables } => {
+                if prompts.iter().any(|p| matches!(p, Prompt::Interleaved(_))) {
+                    return Err(InputError::Media {
+                        message: "one input holds several parts (text and an image, or several images): this model embeds one text or one image per input; send them as separate inputs".into(),
+                        param: None,
+                    });
+                }
                 let (processor, tables) = (Arc::clone(processor), Arc::clone(tables));
                 self.workers
                     .execute(move || {
-                        images
+                        prompts
                             .iter()
+                            .flat_map(image_bytes)
                             .enumerate()
                             .map(|(i, bytes)| {
                                 super::image::preprocess_with(bytes, &processor, &limits, &tables)
@@ -469,52 +498,83 @@ impl Preprocessor {
                     })
                     .await??
             }
-            ImageProcessing::SoftTokens { patches: config, begin, placeholder, end } => {
-                let config = *config;
-                let patches = self
+            ImageProcessing::SoftTokens(frame) => {
+                let config = frame.patches;
+                let (prompts, patches) = self
                     .workers
                     .execute(move || {
-                        images
+                        let patches = prompts
                             .iter()
+                            .flat_map(image_bytes)
                             .enumerate()
                             .map(|(i, bytes)| preprocess_patches(bytes, &config, &limits).map_err(|e| name(i, e)))
-                            .collect::<Result<Vec<_>, _>>()
+                            .collect::<Result<Vec<_>, _>>()?;
+                        Ok::<_, InputError>((prompts, patches))
                     })
                     .await??;
-                // The processor's expanded prompt for an image alone, tokenized with the
-                // tokenizer's special tokens and never truncated (a cut sequence would lose
-                // placeholders).
-                let per_token = config.pooling_kernel_size * config.pooling_kernel_size;
-                let texts = patches
-                    .iter()
-                    .map(|p| TextInput::Single(format!("{begin}{}{end}", placeholder.repeat(p.positions.len() / per_token))))
-                    .collect();
-                let options = EncodeOptions {
-                    add_special_tokens: true,
-                    truncate_to: None,
-                    side: TruncationSide::Right,
-                    pair_limits: Default::default(),
-                };
-                let tokens = self.workers.encode(texts, options).await?;
-                let mut inputs = Vec::with_capacity(patches.len());
-                for (i, (patches, tokens)) in patches.into_iter().zip(tokens).enumerate() {
-                    let tokens = tokens?;
-                    if tokens.len() > self.max_model_len {
-                        return Err(name(
-                            i,
-                            super::image::ImageError::Config(format!(
-                                "the image is {} tokens, more than the model's {}",
-                                tokens.len(),
-                                self.max_model_len
-                            )),
-                        ));
-                    }
-                    inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches }));
-                }
-                inputs
+                self.image_sequences(prompts, patches, frame, options).await?
             }
         };
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        Ok(inputs)
+    }
+
+    /// The text sequences of image inputs for a soft-token model, as its processor builds them:
+    /// each image is `begin placeholder×n end` (n its soft tokens); an interleaved input's parts
+    /// are joined with a newline, its text behind the request's prompt; tokenized with special
+    /// tokens and never truncated (a cut sequence would lose placeholders).
+    async fn image_sequences(
+        &self,
+        prompts: Vec<Prompt>,
+        patches: Vec<super::image::patches::Patches>,
+        frame: &SoftTokenFrame,
+        options: &InputOptions,
+    ) -> Result<Vec<ModelInput>, InputError> {
+        let per_token = frame.patches.pooling_kernel_size * frame.patches.pooling_kernel_size;
+        let image_text = |p: &super::image::patches::Patches| {
+            format!("{}{}{}", frame.begin, frame.placeholder.repeat(p.positions.len() / per_token), frame.end)
+        };
+        let mut next = patches.iter();
+        let mut texts = Vec::with_capacity(prompts.len());
+        for prompt in &prompts {
+            let text = match prompt {
+                Prompt::Interleaved(parts) => {
+                    let joined = parts
+                        .iter()
+                        .map(|part| match part {
+                            Part::Text(text) => Ok(text.clone()),
+                            Part::Image(_) => next.next().map(image_text).ok_or(InputError::Stopped),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                        .join("\n");
+                    format!("{}{joined}", options.prompt.as_deref().unwrap_or(""))
+                }
+                _ => next.next().map(image_text).ok_or(InputError::Stopped)?,
+            };
+            texts.push(TextInput::Single(text));
+        }
+        let encode =
+            EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
+        let tokens = self.workers.encode(texts, encode).await?;
+        let mut patches = patches.into_iter();
+        let mut inputs = Vec::with_capacity(prompts.len());
+        for (prompt, tokens) in prompts.iter().zip(tokens) {
+            let tokens = tokens?;
+            check_length(tokens.len(), self.max_model_len, false)?;
+            let images: Vec<_> = patches.by_ref().take(prompt.image_count()).collect();
+            let soft: usize = images.iter().map(|p| p.positions.len() / per_token).sum();
+            let placeholders = tokens.ids.iter().filter(|&&id| id == frame.placeholder_id).count();
+            if placeholders != soft {
+                return Err(InputError::Media {
+                    message: format!(
+                        "the input's text holds the image placeholder token `{}`; it may only come from images",
+                        frame.placeholder
+                    ),
+                    param: None,
+                });
+            }
+            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images }));
+        }
         Ok(inputs)
     }
 
@@ -532,7 +592,18 @@ impl Preprocessor {
 }
 
 fn image_count(prompts: &[Prompt]) -> usize {
-    prompts.iter().filter(|p| matches!(p, Prompt::Image(_))).count()
+    prompts.iter().map(Prompt::image_count).sum()
+}
+
+/// The encoded images of a prompt, in order.
+fn image_bytes(prompt: &Prompt) -> Vec<&[u8]> {
+    match prompt {
+        Prompt::Image(bytes) => vec![bytes],
+        Prompt::Interleaved(parts) => {
+            parts.iter().filter_map(|p| if let Part::Image(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// The input's length against the longest accepted. `from_text`: the input was tokenized from

@@ -161,6 +161,27 @@ async fn images_embed_over_http_as_transformers_embeds_them() {
         let got = reply.body["data"][i]["score"].as_f64().unwrap() as f32;
         assert!((got - want).abs() <= 1e-4, "/score image {i}: {got} vs {want}");
     }
+    // Texts and images in one input (one message's content parts, in order), as the processor
+    // reads the parts joined with a newline, each image as its image token.
+    for (i, case) in expected["interleaved"].as_array().unwrap().iter().enumerate() {
+        let content: Vec<Value> = case["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|part| match part.get("image") {
+                Some(file) => image_message(file.as_str().unwrap())["content"][0].clone(),
+                None => json!({"type": "text", "text": part["text"]}),
+            })
+            .collect();
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [{"role": "user", "content": content}]})).await;
+        assert_eq!(reply.status, 200, "interleaved {i}: {}", reply.body);
+        check(&reply.body["data"][0]["embedding"], &case["embedding"], &format!("interleaved input {i}"));
+    }
+    // The placeholder token typed as text cannot stand for an image.
+    let forged = json!([{"type": "text", "text": "<|image|>"}, messages[0]["content"][0].clone()]);
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [{"role": "user", "content": forged}]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.to_string().contains("placeholder"), "{}", reply.body);
     // A broken image is the client's error, and the server serves on.
     let broken =
         json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]});
@@ -173,4 +194,16 @@ async fn images_embed_over_http_as_transformers_embeds_them() {
     let reply = post(&router, "/v1/embeddings", json!({"messages": [audio]})).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
     assert!(reply.body.to_string().contains("input_audio"), "{}", reply.body);
+}
+
+/// CLIP and SigLIP embed one text or one image per input: an input holding both is refused,
+/// with a message that says to send them apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn towers_that_embed_images_alone_refuse_interleaved_inputs() {
+    use serde_json::json;
+    let router = router_for(&fixture_model("clip-tiny"));
+    let content = json!([{"type": "text", "text": "a"}, image_message("gray_19x25.png")["content"][0].clone()]);
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [{"role": "user", "content": content}]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.to_string().contains("send them as separate inputs"), "{}", reply.body);
 }
