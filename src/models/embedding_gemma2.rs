@@ -20,7 +20,7 @@
 //! tower (and so audio and video inputs) is not served yet.
 
 use super::batch::Batch;
-use super::gemma4_vision::{Gemma4Vision, ImagePatches};
+use super::gemma4_vision::{default_activation, default_eps, norm, Gemma4Vision, ImagePatches};
 use super::llama::{decoder_root, fused_gate_up, fused_qkv, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ImageTokens, ModelError, SequencePooling, SoftTokenTower};
@@ -137,14 +137,6 @@ struct TextConfig {
     per_layer_config: Option<Value>,
 }
 
-fn default_activation() -> String {
-    "gelu_pytorch_tanh".into()
-}
-
-fn default_eps() -> f64 {
-    1e-6
-}
-
 impl TextConfig {
     /// `per_layer_config` by layer index. transformers writes the keys zero-padded to the
     /// widest index ("05") and reads them as integers; only the overrides it derives for this
@@ -233,11 +225,6 @@ pub struct EmbeddingGemma2Text {
     window: usize,
     num_heads: usize,
     sizes: BackboneSizes,
-}
-
-/// A Gemma 4 RMSNorm: `x / rms(x) · w`, in f32.
-fn norm(vb: VarBuilder, size: usize, eps: f64) -> Result<RmsNorm> {
-    RmsNorm::new(vb.get(size, "weight")?.to_dtype(DType::F32)?, eps)
 }
 
 /// The rotary frequencies of one layer type (`rope_parameters` keyed by layer type) for heads

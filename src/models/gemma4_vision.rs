@@ -55,11 +55,12 @@ struct VisionConfig {
     attention_bias: bool,
 }
 
-fn default_activation() -> String {
+/// Gemma 4's defaults, shared with EmbeddingGemma 2's text config.
+pub(super) fn default_activation() -> String {
     "gelu_pytorch_tanh".into()
 }
 
-fn default_eps() -> f64 {
+pub(super) fn default_eps() -> f64 {
     1e-6
 }
 
@@ -161,7 +162,8 @@ pub struct Gemma4Vision {
     dtype: DType,
 }
 
-fn norm(vb: VarBuilder, size: usize, eps: f64) -> Result<RmsNorm> {
+/// A Gemma 4 RMSNorm: `x / rms(x) · w` (not Gemma 3's `1 + w`), in f32.
+pub(super) fn norm(vb: VarBuilder, size: usize, eps: f64) -> Result<RmsNorm> {
     RmsNorm::new(vb.get(size, "weight")?.to_dtype(DType::F32)?, eps)
 }
 
