@@ -386,9 +386,8 @@ async fn embed(
     ];
     state.check_batch_size(count.into_iter().flatten().max().unwrap_or(0))?;
     let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
-    let images: usize = prompts.iter().map(Prompt::image_count).sum();
-    let (vectors, tokens): (Vec<Vec<f32>>, _) = engine.encode_as(prompts, &params).await?;
-    let image_tokens = images * engine.input().tokens_per_image();
+    let (vectors, usage): (Vec<Vec<f32>>, _) = engine.encode_as_counted(prompts, &params).await?;
+    let (tokens, image_tokens) = (usage.tokens, usage.image_tokens);
     let (response_type, embeddings) = match (&request.embedding_types, version) {
         (None, "1") => ("embeddings_floats", CohereEmbeddings::Floats(vectors)),
         (types, _) => {

@@ -463,6 +463,23 @@ impl Engine {
     /// processed (an image counts its tower's sequence). Texts and images of an image-text
     /// model go in one request, embedded by their towers into one space.
     pub async fn encode(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
+        let (outputs, usage) = self.encode_counted(prompts, params).await?;
+        Ok((outputs, usage.tokens))
+    }
+
+    /// [`Self::encode_as`], with the tokens the request's image inputs cost counted apart
+    /// (Cohere bills them as `image_tokens`).
+    pub async fn encode_as_counted<T: TaskOutput>(
+        &self,
+        prompts: Vec<Prompt>,
+        params: &ResolvedParams,
+    ) -> Result<(Vec<T>, Usage), EngineError> {
+        let (outputs, usage) = self.encode_counted(prompts, params).await?;
+        Ok((typed(outputs, params.task)?, usage))
+    }
+
+    /// [`Self::encode`], counting the image inputs' share of the tokens.
+    async fn encode_counted(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, Usage), EngineError> {
         let has_images = prompts.iter().any(|p| p.image_count() > 0);
         if has_images {
             if !self.inner.input.takes_images() {
@@ -492,27 +509,34 @@ impl Engine {
             })
             .collect::<Result<_, _>>()?;
         let max = self.inner.spec.max_model_len;
+        let usage = Usage { tokens, image_tokens: 0 };
         if texts.iter().any(|i| i.len() > max) {
-            return Ok((self.run_chunked(texts, params).await?, tokens));
+            return Ok((self.run_chunked(texts, params).await?, usage));
         }
-        Ok((self.run(texts, params).await?, tokens))
+        Ok((self.run(texts, params).await?, usage))
     }
 
     /// An image request, a [`Preprocessor::waves`] wave at a time: each wave runs while the
     /// next is decoded, so the request holds at most two waves' crops (one batch's) at once
     /// however many images it has, and decoding overlaps the model's work. Each wave queues
     /// behind the requests already waiting, as a new request would.
-    async fn encode_in_waves(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, usize), EngineError> {
+    async fn encode_in_waves(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, Usage), EngineError> {
         let input = &self.inner.input;
         let options = self.input_options(params);
         let mut waves = input.waves(prompts).await?.into_iter();
-        let (mut outputs, mut tokens) = (Vec::new(), 0);
+        let (mut outputs, mut tokens) = (Vec::new(), Usage::default());
         let mut ready = match waves.next() {
             Some(wave) => input.prepare_wave(wave, &options).await?,
             None => return Ok((outputs, tokens)),
         };
         loop {
-            tokens += ready.iter().map(|i| input.cost(i)).sum::<usize>();
+            for item in &ready {
+                let cost = input.cost(item);
+                tokens.tokens += cost;
+                if !matches!(item, ModelInput::Text(_)) {
+                    tokens.image_tokens += cost;
+                }
+            }
             let next = waves.next();
             let decode_next = async {
                 match next {
@@ -565,6 +589,15 @@ impl Engine {
 
 /// Each output in the form its caller asked for; a task whose output has another shape is a
 /// bug (500), named here.
+/// What a request cost the model: all its inputs' tokens, and the part of them its image
+/// inputs took (an image's tower sequence; for a soft-token model, its text sequence and
+/// patches, interleaved texts included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub tokens: usize,
+    pub image_tokens: usize,
+}
+
 fn typed<T: TaskOutput>(outputs: Vec<PoolingOutput>, task: Task) -> Result<Vec<T>, EngineError> {
     outputs
         .into_iter()
