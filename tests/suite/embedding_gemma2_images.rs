@@ -145,6 +145,11 @@ async fn images_embed_over_http_as_transformers_embeds_them() {
     for (i, image) in images.iter().enumerate() {
         check(&reply.body["embeddings"]["float"][i], &image["embedding"], &format!("cohere image {i}"));
     }
+    // Billed: images only, each its text sequence and its patches.
+    let billed = &reply.body["meta"]["billed_units"];
+    let sequences: u64 = images.iter().map(|i| i["input_ids"].as_array().unwrap().len() as u64).sum();
+    assert_eq!(billed["input_tokens"], 0, "{billed}");
+    assert!(billed["image_tokens"].as_u64().unwrap() > sequences, "{billed}");
     // A text and an image in one request: each as transformers embeds it alone.
     let text = &expected["texts"][0];
     let inputs =
