@@ -155,8 +155,7 @@ impl Engine {
                 })?;
                 // An image's cost: at most its budget of soft tokens in the text, three framing
                 // tokens, and the tower's pass over its patches.
-                let per_token = patches.pooling_kernel_size * patches.pooling_kernel_size;
-                let tokens_per_image = patches.max_soft_tokens * (1 + per_token) + 4;
+                let tokens_per_image = patches.max_soft_tokens + patches.max_patches() + 4;
                 let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
                 let side = ImageSide {
                     processing: ImageProcessing::SoftTokens(SoftTokenFrame {

@@ -530,9 +530,8 @@ impl Preprocessor {
         frame: &SoftTokenFrame,
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
-        let per_token = frame.patches.pooling_kernel_size * frame.patches.pooling_kernel_size;
         let image_text = |p: &super::image::patches::Patches| {
-            format!("{}{}{}", frame.begin, frame.placeholder.repeat(p.positions.len() / per_token), frame.end)
+            format!("{}{}{}", frame.begin, frame.placeholder.repeat(frame.patches.soft_tokens(p.positions.len())), frame.end)
         };
         let mut next = patches.iter();
         let mut texts = Vec::with_capacity(prompts.len());
@@ -562,7 +561,7 @@ impl Preprocessor {
             let tokens = tokens?;
             check_length(tokens.len(), self.max_model_len, false)?;
             let images: Vec<_> = patches.by_ref().take(prompt.image_count()).collect();
-            let soft: usize = images.iter().map(|p| p.positions.len() / per_token).sum();
+            let soft: usize = images.iter().map(|p| frame.patches.soft_tokens(p.positions.len())).sum();
             let placeholders = tokens.ids.iter().filter(|&&id| id == frame.placeholder_id).count();
             if placeholders != soft {
                 return Err(InputError::Media {

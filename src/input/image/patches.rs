@@ -36,8 +36,19 @@ impl PatchConfig {
         Ok(())
     }
 
-    fn max_patches(&self) -> usize {
-        self.max_soft_tokens * self.pooling_kernel_size * self.pooling_kernel_size
+    /// Patches pooled into one soft token.
+    pub fn patches_per_token(&self) -> usize {
+        self.pooling_kernel_size * self.pooling_kernel_size
+    }
+
+    /// The soft tokens `patches` patches become.
+    pub fn soft_tokens(&self, patches: usize) -> usize {
+        patches / self.patches_per_token()
+    }
+
+    /// The most patches an image may have.
+    pub fn max_patches(&self) -> usize {
+        self.max_soft_tokens * self.patches_per_token()
     }
 
     /// `get_aspect_ratio_preserving_size`: the `(height, width)` an image is resized to.
@@ -50,7 +61,7 @@ impl PatchConfig {
         if th == 0 && tw == 0 {
             return Err(ImageError::Config(format!("a {height}x{width} image resizes to 0x0")));
         }
-        let max_side = (self.max_patches() / (self.pooling_kernel_size * self.pooling_kernel_size)) * side;
+        let max_side = self.soft_tokens(self.max_patches()) * side;
         if th == 0 {
             th = side;
             tw = ((width / height) * side).min(max_side);
