@@ -109,6 +109,33 @@ fn sequences_longer_than_a_query_block_match_composite() {
 }
 
 #[test]
+fn wide_heads_over_long_sequences_match_composite() {
+    // EmbeddingGemma 2's shapes: 4 query heads over 2 key/value heads of 256, and over 1 of 512,
+    // 150 tokens, with scores as sharp as its unscaled q/k-normed products (std ~ sqrt(head_dim)).
+    let cu = [0usize, 150, 157];
+    for (kv_heads, head_dim) in [(2, 256), (1, 512)] {
+        let width = (4 + 2 * kv_heads) * head_dim;
+        let qkv = (random((157, width), 19) * 2.0).unwrap();
+        for mask in [AttentionMask::Bidirectional, AttentionMask::Window(40)] {
+            let att = Attention {
+                num_heads: 4,
+                num_kv_heads: kv_heads,
+                head_dim,
+                cu_seqlens: &cu,
+                mask,
+                position_bias: None,
+                disentangled: None,
+                softcap: None,
+            };
+            let fast = att.forward(&qkv, None).unwrap();
+            let reference = att.forward_generic(&qkv).unwrap();
+            let diff = max_diff(&fast, &reference);
+            assert!(diff < 1e-5, "{kv_heads} kv heads of {head_dim}, {mask:?}: {diff}");
+        }
+    }
+}
+
+#[test]
 fn disentangled_bias_matches_composite() {
     // A 300-token sequence (three query blocks) beside a 7-token one; 4 heads of 16 dims,
     // 9 bucket columns reached through an uneven distance → column map.
