@@ -119,8 +119,12 @@ pub async fn inputs(
     // An image is this model's problem before any template's.
     let parts = conversations.iter().flatten().filter_map(|m| m.get("content").and_then(Value::as_array)).flatten();
     if let Some(kind) = parts.filter_map(|p| p.get("type").and_then(Value::as_str)).find(|t| !matches!(*t, "text" | "input_text")) {
+        let needs = match kind {
+            "input_audio" | "audio_url" => "a model with an audio tower (EmbeddingGemma 2's multimodal folder)",
+            _ => "an image-text model (CLIP, SigLIP, EmbeddingGemma 2)",
+        };
         return Err(ApiError::BadRequest {
-            message: format!("content parts of type `{kind}` need an image-text model (CLIP, SigLIP); this model reads text only"),
+            message: format!("content parts of type `{kind}` need {needs}; this model reads text only"),
             param: Some(field),
         });
     }

@@ -236,6 +236,8 @@ impl From<InputError> for ApiError {
             | InputError::Tokenizer(_)
             | InputError::Image(_)
             | InputError::ImagesUnsupported
+            | InputError::Audio(_)
+            | InputError::AudioUnsupported
             | InputError::Chat(_) => ApiError::bad_request(e.to_string()),
             InputError::Panicked(_) => ApiError::Internal(e.to_string()),
             InputError::Stopped => ApiError::Unavailable(e.to_string()),

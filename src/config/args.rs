@@ -119,6 +119,11 @@ pub struct ServeArgs {
     /// header, before decoding (decompression bombs).
     #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_IMAGE_PIXELS, env = "POOLSERVE_MAX_IMAGE_PIXELS")]
     pub max_image_pixels: u64,
+    /// Longest audio a file may declare, in seconds; longer ones get 400 from their header,
+    /// before decoding. The model hears at most the first 30 s of any audio (its feature
+    /// extractor's window), and decoding stops there.
+    #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_AUDIO_SECONDS, env = "POOLSERVE_MAX_AUDIO_SECONDS")]
+    pub max_audio_seconds: u64,
     /// Hosts whose http(s) image URLs the server fetches (comma-separated, exact host names;
     /// vLLM's flag). Without it only data URLs are accepted.
     #[arg(long, value_delimiter = ',', env = "POOLSERVE_ALLOWED_MEDIA_DOMAINS")]

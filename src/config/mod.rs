@@ -181,6 +181,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             tokenizer_workers: positive("tokenizer-workers", args.tokenizer_workers)?,
             max_output_floats: positive("max-output-floats", args.max_output_floats)?,
             max_image_pixels: positive("max-image-pixels", args.max_image_pixels as usize)? as u64,
+            max_audio_seconds: positive("max-audio-seconds", args.max_audio_seconds as usize)? as u64,
         };
         if args.enable_lora {
             positive("max-loras", args.max_loras)?;

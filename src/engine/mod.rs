@@ -14,15 +14,15 @@ use crate::engine::params::ParamsError;
 use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
-use crate::input::{ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt, SoftTokenFrame};
+use crate::input::{AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt, SoftTokenFrame};
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
-use crate::loader::{LoadedModel, VisionInput};
+use crate::loader::{AudioInput, LoadedModel, VisionInput};
 use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
-pub use options::{default_batch_tokens, EngineOptions, ServingLimits, DEFAULT_MAX_IMAGE_PIXELS};
+pub use options::{default_batch_tokens, EngineOptions, ServingLimits, DEFAULT_MAX_AUDIO_SECONDS, DEFAULT_MAX_IMAGE_PIXELS};
 use scheduler::{BatchLimits, Job, ModelThread};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -118,6 +118,7 @@ impl Engine {
             m3_head,
             device,
             vision,
+            audio,
             chat_template,
             lora,
         } = model;
@@ -173,6 +174,26 @@ impl Engine {
             }
             None => (None, None, None),
         };
+        let (audio_side, soft_audio) = match audio {
+            Some(AudioInput { tower, features }) => {
+                let ids = tower.audio_tokens();
+                let strings = tokenizer.token_strings(&[ids.begin, ids.placeholder, ids.end]);
+                let [begin, placeholder, end] = <[String; 3]>::try_from(strings).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the audio tokens are not in the tokenizer's vocabulary")
+                })?;
+                let side = AudioSide {
+                    features: Arc::new(features),
+                    limits: crate::input::audio::AudioLimits { max_declared_seconds: options.max_audio_seconds as f64 },
+                    frames_per_token: tower.frames_per_token(),
+                    begin,
+                    placeholder,
+                    end,
+                    placeholder_id: ids.placeholder,
+                };
+                (Some(side), Some(tower))
+            }
+            None => (None, None),
+        };
         let pooling = match spec.supports(Task::Embed) {
             true => Some(spec.pooling.method().ok_or_else(|| {
                 std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
@@ -193,6 +214,7 @@ impl Engine {
             on_cpu: device.is_cpu(),
             vision,
             soft_vision,
+            soft_audio,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
@@ -203,6 +225,7 @@ impl Engine {
             workers: options.tokenizer_workers,
             chat_template,
             images,
+            audio: audio_side,
             vocab_size,
             max_model_len: spec.max_model_len,
             pad_text_to: spec.pad_text_to,
@@ -479,17 +502,23 @@ impl Engine {
 
     /// [`Self::encode`], counting the image inputs' share of the tokens.
     async fn encode_counted(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<PoolingOutput>, Usage), EngineError> {
-        let has_images = prompts.iter().any(|p| p.image_count() > 0);
+        let has_images = prompts.iter().any(|p| p.media_count() > 0);
         if has_images {
-            if !self.inner.input.takes_images() {
+            if prompts.iter().any(|p| p.image_count() > 0) && !self.inner.input.takes_images() {
                 return Err(InputError::ImagesUnsupported.into());
             }
+            if prompts.iter().any(|p| p.audio_count() > 0) && !self.inner.input.takes_audio() {
+                return Err(InputError::AudioUnsupported.into());
+            }
             if params.task != Task::Embed {
-                return Err(EngineError::Params(ParamsError { message: "images can only be embedded (task `embed`)".into(), param: None }));
+                return Err(EngineError::Params(ParamsError {
+                    message: "images and audio can only be embedded (task `embed`)".into(),
+                    param: None,
+                }));
             }
             if let Some(adapter) = &self.adapter {
                 return Err(EngineError::Params(ParamsError {
-                    message: format!("the LoRA adapter `{}` adapts the text tower; send images to the base model", adapter.name),
+                    message: format!("the LoRA adapter `{}` adapts the text tower; send images and audio to the base model", adapter.name),
                     param: Some("model"),
                 }));
             }

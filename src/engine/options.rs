@@ -18,6 +18,8 @@ pub struct EngineOptions {
     pub max_output_floats: usize,
     /// Largest image (width × height) decoded; larger ones are refused before decoding.
     pub max_image_pixels: u64,
+    /// Longest audio (seconds) a file may declare; longer ones are refused before decoding.
+    pub max_audio_seconds: u64,
 }
 
 impl Default for EngineOptions {
@@ -30,6 +32,7 @@ impl Default for EngineOptions {
             tokenizer_workers: 1,
             max_output_floats: 1 << 24,
             max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+            max_audio_seconds: DEFAULT_MAX_AUDIO_SECONDS,
         }
     }
 }
@@ -44,6 +47,7 @@ impl EngineOptions {
             ("tokenizer_workers", self.tokenizer_workers),
             ("max_output_floats", self.max_output_floats),
             ("max_image_pixels", self.max_image_pixels.min(1) as usize),
+            ("max_audio_seconds", self.max_audio_seconds.min(1) as usize),
         ];
         match fields.iter().find(|(_, value)| *value == 0) {
             Some((name, _)) => Err(EngineError::Options(format!("{name} must be greater than 0"))),
@@ -55,6 +59,10 @@ impl EngineOptions {
 /// `--max-image-pixels` by default: a 40-megapixel photo decodes (160 MB as RGBA); a
 /// decompression bomb that claims more is refused from its header.
 pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 40_000_000;
+
+/// `--max-audio-seconds` by default: five minutes. A file that declares more is refused
+/// before decoding; up to it, the model hears the first 30 s, as transformers' extractor keeps.
+pub const DEFAULT_MAX_AUDIO_SECONDS: u64 = 300;
 
 /// `--max-batch-tokens` when unset: cache-sized on the CPU (and Metal), TEI's default on CUDA
 /// (larger products fill a GPU).

@@ -18,12 +18,13 @@ use crate::models::batch::SoftTokens;
 use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::gemma4_vision::ImagePatches;
 use crate::models::ops::lora::LoraWeights;
-use crate::models::{Backbone, SoftTokenTower, VisionTower};
+use crate::models::{AudioTokenTower, Backbone, SoftTokenTower, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head_runner::{HeadRunner, SequenceRequest};
 use crate::pooling::method::HiddenStates;
 use crate::pooling::PoolingOutput;
 use candle_core::Device;
+use candle_core::Tensor;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -114,6 +115,8 @@ pub struct ModelThread {
     pub vision: Option<Box<dyn VisionTower>>,
     /// The image tower of a model that reads images as soft tokens in its text.
     pub soft_vision: Option<Box<dyn SoftTokenTower>>,
+    /// The audio tower of a model that reads audio as soft tokens in its text.
+    pub soft_audio: Option<Box<dyn AudioTokenTower>>,
 }
 
 /// Batches of at most this many tokens run on the model's own thread while another model is
@@ -343,32 +346,60 @@ impl ModelThread {
 }
 
 impl ModelThread {
-    /// The soft tokens of the batch's images read as text ([`ModelInput::ImageSequence`]):
-    /// one tower pass over all their patches, each row placed at its image's next placeholder.
+    /// The soft tokens of the batch's images and audio read as text
+    /// ([`ModelInput::ImageSequence`]): one pass of each tower over all of its inputs, each
+    /// row placed at its medium's next placeholder.
     fn soft_tokens(&self, jobs: &[&Job], batch: &Batch) -> Result<Option<SoftTokens>, EngineError> {
-        let (mut images, mut sequences) = (Vec::new(), Vec::new());
+        let (mut images, mut audio, mut sequences) = (Vec::new(), Vec::new(), Vec::new());
         for (i, job) in jobs.iter().enumerate() {
-            if let ModelInput::ImageSequence(image) = &job.input {
+            if let ModelInput::ImageSequence(media) = &job.input {
                 sequences.push(i);
-                images.extend(image.patches.iter().map(|p| ImagePatches { pixels: p.rescaled(), positions: p.positions.clone() }));
+                images.extend(media.patches.iter().map(|p| ImagePatches { pixels: p.rescaled(), positions: p.positions.clone() }));
+                audio.extend(media.audio.iter().map(|a| (a.values.as_slice(), a.frames)));
             }
         }
-        if images.is_empty() {
-            return Ok(None);
+        // (position in the batch, tower rows) of each medium's placeholders, in batch order.
+        let placed = |placeholder: u32, rows: Tensor| -> Result<(Vec<usize>, Tensor), EngineError> {
+            let mut positions = Vec::new();
+            for &i in &sequences {
+                let start = batch.cu_seqlens[i];
+                positions.extend(jobs[i].tokens().ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(t, _)| start + t));
+            }
+            let count = rows.dim(0).map_err(model_failure)?;
+            if count != positions.len() {
+                return Err(EngineError::Model(format!("{count} soft tokens for {} placeholders", positions.len())));
+            }
+            Ok((positions, rows))
+        };
+        let mut parts = Vec::new();
+        if !images.is_empty() {
+            let tower = self.soft_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
+            let rows = tower.forward(&images.iter().collect::<Vec<_>>()).map_err(model_failure)?;
+            parts.push(placed(tower.image_tokens().placeholder, rows)?);
         }
-        let tower = self.soft_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
-        let placeholder = tower.image_tokens().placeholder;
-        // The placeholders in batch order are the images' soft tokens in order.
-        let mut positions = Vec::new();
-        for i in sequences {
-            let start = batch.cu_seqlens[i];
-            positions.extend(jobs[i].tokens().ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(t, _)| start + t));
+        if !audio.is_empty() {
+            let tower = self.soft_audio.as_ref().ok_or_else(|| EngineError::Model("this model takes no audio".into()))?;
+            let rows = tower.forward(&audio).map_err(model_failure)?;
+            parts.push(placed(tower.audio_tokens().placeholder, rows)?);
         }
-        let rows = tower.forward(&images.iter().collect::<Vec<_>>()).map_err(model_failure)?;
-        if rows.dim(0).map_err(model_failure)? != positions.len() {
-            return Err(EngineError::Model(format!("{} soft tokens for {} image placeholders", rows.dim(0).unwrap_or(0), positions.len())));
+        match parts.len() {
+            0 => Ok(None),
+            1 => {
+                let (positions, rows) = parts.swap_remove(0);
+                SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
+            }
+            _ => {
+                // Both media: the rows in position order.
+                let positions: Vec<usize> = parts.iter().flat_map(|(p, _)| p.iter().copied()).collect();
+                let rows = Tensor::cat(&parts.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(), 0).map_err(model_failure)?;
+                let mut order: Vec<u32> = (0..positions.len() as u32).collect();
+                order.sort_by_key(|&i| positions[i as usize]);
+                let index = Tensor::from_vec(order.clone(), order.len(), rows.device()).map_err(model_failure)?;
+                let rows = rows.index_select(&index, 0).map_err(model_failure)?;
+                let positions = order.iter().map(|&i| positions[i as usize]).collect();
+                SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
+            }
         }
-        SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
     }
 }
 

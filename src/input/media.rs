@@ -43,16 +43,37 @@ pub const FETCHES_AT_ONCE: usize = 16;
 /// The bytes of every image at `urls`, in order, fetched together (module docs); the first
 /// failure is the answer.
 pub async fn images_bytes(urls: Vec<String>, options: &MediaOptions) -> Result<Vec<Vec<u8>>, InputError> {
-    let rounds = urls.iter().filter(|u| !u.starts_with("data:")).count().div_ceil(FETCHES_AT_ONCE).max(1);
+    media_bytes(urls.into_iter().map(|url| (url, Medium::Image)).collect(), options).await
+}
+
+/// What a media URL holds: the data URL's expected type and the words of error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Medium {
+    Image,
+    Audio,
+}
+
+impl Medium {
+    fn noun(self) -> &'static str {
+        match self {
+            Medium::Image => "image",
+            Medium::Audio => "audio",
+        }
+    }
+}
+
+/// [`images_bytes`] for images and audio in one request, in order.
+pub async fn media_bytes(urls: Vec<(String, Medium)>, options: &MediaOptions) -> Result<Vec<Vec<u8>>, InputError> {
+    let rounds = urls.iter().filter(|(u, _)| !u.starts_with("data:")).count().div_ceil(FETCHES_AT_ONCE).max(1);
     let deadline = options.fetch_timeout.saturating_mul(rounds as u32);
     let count = urls.len();
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(FETCHES_AT_ONCE));
     let mut fetches = tokio::task::JoinSet::new();
-    for (index, url) in urls.into_iter().enumerate() {
+    for (index, (url, medium)) in urls.into_iter().enumerate() {
         let (options, permits) = (options.clone(), std::sync::Arc::clone(&permits));
         fetches.spawn(async move {
             let _permit = permits.acquire_owned().await.map_err(|_| InputError::Stopped)?;
-            image_bytes(&url, &options).await.map(|bytes| (index, bytes))
+            medium_bytes(&url, medium, &options).await.map(|bytes| (index, bytes))
         });
     }
     let collect = async {
@@ -75,16 +96,31 @@ pub async fn images_bytes(urls: Vec<String>, options: &MediaOptions) -> Result<V
 
 /// The bytes of the image at `url`.
 pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
+    medium_bytes(url, Medium::Image, options).await
+}
+
+/// [`image_bytes`] for either medium.
+pub async fn medium_bytes(url: &str, medium: Medium, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
     if url.starts_with("data:") {
-        return decode_data_url(url).map_err(|e| bad(e.to_string()));
+        return match medium {
+            Medium::Image => decode_data_url(url).map_err(|e| bad(e.to_string())),
+            Medium::Audio => decode_audio_data_url(url),
+        };
     }
     let parsed = url::Url::parse(url).map_err(|_| {
-        bad(format!("Invalid image URL `{}`: expected a data URL (data:image/png;base64,…) or an http(s) URL", shorten(url)))
+        bad(format!(
+            "Invalid {} URL `{}`: expected a data URL (data:{}/…;base64,…) or an http(s) URL",
+            medium.noun(),
+            shorten(url),
+            medium.noun()
+        ))
     })?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(bad(format!(
-            "Unsupported image URL scheme `{}`: send a data URL (data:image/png;base64,…) or an http(s) URL",
-            parsed.scheme()
+            "Unsupported {} URL scheme `{}`: send a data URL (data:{}/…;base64,…) or an http(s) URL",
+            medium.noun(),
+            parsed.scheme(),
+            medium.noun()
         )));
     }
     let host = parsed.host_str().unwrap_or_default().to_ascii_lowercase();
@@ -94,35 +130,61 @@ pub async fn image_bytes(url: &str, options: &MediaOptions) -> Result<Vec<u8>, I
         Some(port) => options.allowed_domains.iter().any(|d| d.eq_ignore_ascii_case(&format!("{host}:{port}"))),
     };
     if !allowed {
+        let noun = medium.noun();
         return Err(InputError::Media {
             message: format!(
-                "The image URL's host `{host}` is not allowed: this server fetches images only from the hosts of --allowed-media-domains{}; send the image as a data URL",
+                "The {noun} URL's host `{host}` is not allowed: this server fetches media only from the hosts of --allowed-media-domains{}; send the {noun} as a data URL",
                 if options.allowed_domains.is_empty() { " (none set)".to_string() } else { format!(" ({})", options.allowed_domains.join(", ")) }
             ),
             param: None,
         });
     }
     let (url, options) = (url.to_string(), options.clone());
-    tokio::task::spawn_blocking(move || fetch(&url, &options)).await.map_err(|_| InputError::Panicked("the image fetch panicked"))?
+    tokio::task::spawn_blocking(move || fetch(&url, medium, &options))
+        .await
+        .map_err(|_| InputError::Panicked("the media fetch panicked"))?
 }
 
-fn fetch(url: &str, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
+/// The bytes of an audio data URL: `data:audio/wav;base64,…` (any `audio/` type, or none).
+fn decode_audio_data_url(url: &str) -> Result<Vec<u8>, InputError> {
+    let rest = url.strip_prefix("data:").unwrap_or(url);
+    let (meta, data) = rest.split_once(',').ok_or_else(|| bad("Invalid data URL: no `,` before the data"))?;
+    let Some(media_type) = meta.strip_suffix(";base64") else {
+        return Err(bad("Invalid data URL: the audio must be base64-encoded (data:audio/wav;base64,…)"));
+    };
+    if !(media_type.is_empty() || media_type.starts_with("audio/") || media_type == "application/octet-stream") {
+        return Err(bad(format!("Invalid data URL: media type `{media_type}` is not audio")));
+    }
+    base64_bytes(data)
+}
+
+/// Base64 (standard alphabet, line breaks tolerated) to bytes.
+fn base64_bytes(data: &str) -> Result<Vec<u8>, InputError> {
+    use base64::Engine as _;
+    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .map_err(|e| bad(format!("The audio's base64 data does not decode ({e})")))
+}
+
+fn fetch(url: &str, medium: Medium, options: &MediaOptions) -> Result<Vec<u8>, InputError> {
+    let noun = medium.noun();
     let agent = ureq::AgentBuilder::new().timeout(options.fetch_timeout).redirects(0).build();
     let response = agent.get(url).call().map_err(|e| match e {
-        ureq::Error::Status(code, _) => bad(format!("Fetching the image at {} failed: HTTP {code}", shorten(url))),
-        ureq::Error::Transport(t) => bad(format!("Fetching the image at {} failed: {t}", shorten(url))),
+        ureq::Error::Status(code, _) => bad(format!("Fetching the {noun} at {} failed: HTTP {code}", shorten(url))),
+        ureq::Error::Transport(t) => bad(format!("Fetching the {noun} at {} failed: {t}", shorten(url))),
     })?;
     if (300..400).contains(&response.status()) {
-        return Err(bad(format!("Fetching the image at {} failed: it redirects, and redirects are not followed", shorten(url))));
+        return Err(bad(format!("Fetching the {noun} at {} failed: it redirects, and redirects are not followed", shorten(url))));
     }
     let mut bytes = Vec::new();
     response
         .into_reader()
         .take(options.max_bytes as u64 + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| bad(format!("Fetching the image at {} failed: {e}", shorten(url))))?;
+        .map_err(|e| bad(format!("Fetching the {noun} at {} failed: {e}", shorten(url))))?;
     if bytes.len() > options.max_bytes {
-        return Err(bad(format!("The image at {} is larger than the server's limit of {} bytes", shorten(url), options.max_bytes)));
+        return Err(bad(format!("The {noun} at {} is larger than the server's limit of {} bytes", shorten(url), options.max_bytes)));
     }
     Ok(bytes)
 }
@@ -148,19 +210,20 @@ pub async fn content_prompt(content: &Value, options: &MediaOptions) -> Result<P
 /// [`content_prompt`] for every input of a request, their images fetched together.
 pub async fn content_prompts(contents: &[Value], options: &MediaOptions) -> Result<Vec<Prompt>, InputError> {
     let parsed = contents.iter().map(parse_content).collect::<Result<Vec<_>, _>>()?;
-    let urls: Vec<String> = parsed.iter().flat_map(Content::urls).map(str::to_string).collect();
-    let mut images = images_bytes(urls, options).await?.into_iter();
-    let mut next_image = || images.next().ok_or(InputError::Stopped);
+    let urls: Vec<(String, Medium)> = parsed.iter().flat_map(Content::urls).map(|(url, medium)| (url.to_string(), medium)).collect();
+    let mut media = media_bytes(urls, options).await?.into_iter();
+    let mut next_medium = || media.next().ok_or(InputError::Stopped);
     parsed
         .into_iter()
         .map(|content| match content {
             Content::Text(text) => Ok(Prompt::Text(text)),
-            Content::Image(_) => next_image().map(Prompt::Image),
+            Content::Image(_) => next_medium().map(Prompt::Image),
             Content::Interleaved(parts) => parts
                 .into_iter()
                 .map(|part| match part {
                     RawPart::Text(text) => Ok(Part::Text(text)),
-                    RawPart::Image(_) => next_image().map(Part::Image),
+                    RawPart::Image(_) => next_medium().map(Part::Image),
+                    RawPart::Audio(_) => next_medium().map(Part::Audio),
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Prompt::Interleaved),
@@ -178,17 +241,24 @@ enum Content {
 enum RawPart {
     Text(String),
     Image(String),
+    /// An `audio_url`'s URL, or an `input_audio`'s data as a data URL.
+    Audio(String),
 }
 
 impl Content {
     /// The image URLs, in order.
-    fn urls(&self) -> Vec<&str> {
+    fn urls(&self) -> Vec<(&str, Medium)> {
         match self {
             Content::Text(_) => Vec::new(),
-            Content::Image(url) => vec![url],
-            Content::Interleaved(parts) => {
-                parts.iter().filter_map(|p| if let RawPart::Image(url) = p { Some(url.as_str()) } else { None }).collect()
-            }
+            Content::Image(url) => vec![(url, Medium::Image)],
+            Content::Interleaved(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    RawPart::Image(url) => Some((url.as_str(), Medium::Image)),
+                    RawPart::Audio(url) => Some((url.as_str(), Medium::Audio)),
+                    RawPart::Text(_) => None,
+                })
+                .collect(),
         }
     }
 }
@@ -207,17 +277,21 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
                 part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?.to_string(),
             )),
             Some("image_url") => parsed.push(RawPart::Image(image_url_of(part)?.to_string())),
-            Some(other) => return Err(bad(format!("Unsupported content part type `{other}`: use `text` or `image_url`"))),
-            None => return Err(bad("every content part needs a `type` (`text` or `image_url`)")),
+            Some("audio_url") => parsed.push(RawPart::Audio(audio_url_of(part)?.to_string())),
+            Some("input_audio") => parsed.push(RawPart::Audio(input_audio_of(part)?)),
+            Some(other) => {
+                return Err(bad(format!("Unsupported content part type `{other}`: use `text`, `image_url`, `audio_url` or `input_audio`")))
+            }
+            None => return Err(bad("every content part needs a `type` (`text`, `image_url`, `audio_url` or `input_audio`)")),
         }
     }
     if let [RawPart::Image(url)] = parsed.as_slice() {
         return Ok(Content::Image(url.clone()));
     }
     if parsed.is_empty() {
-        return Err(bad("an input's content holds no text and no image"));
+        return Err(bad("an input's content holds no text and no media"));
     }
-    if parsed.iter().any(|p| matches!(p, RawPart::Image(_))) {
+    if parsed.iter().any(|p| matches!(p, RawPart::Image(_) | RawPart::Audio(_))) {
         return Ok(Content::Interleaved(parsed));
     }
     let texts: Vec<String> = parsed.into_iter().filter_map(|p| if let RawPart::Text(t) = p { Some(t) } else { None }).collect();
@@ -225,6 +299,28 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
 }
 
 /// `part["image_url"]["url"]` (OpenAI and Cohere), or `part["image_url"]` as a plain string.
+/// vLLM's `{"type": "audio_url", "audio_url": {"url": …}}` (a data URL or an allowed host's).
+fn audio_url_of(part: &Value) -> Result<&str, InputError> {
+    let field = part.get("audio_url").ok_or_else(|| bad("an `audio_url` content part needs an `audio_url`"))?;
+    field
+        .as_str()
+        .or_else(|| field.get("url").and_then(Value::as_str))
+        .ok_or_else(|| bad("`audio_url` must be {\"url\": \"data:audio/wav;base64,…\"} or a URL string"))
+}
+
+/// OpenAI's `{"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}`, as a
+/// data URL. The format names the container (`wav`, `mp3`, `flac`, `ogg`); the decoder reads
+/// the bytes whatever it says.
+fn input_audio_of(part: &Value) -> Result<String, InputError> {
+    let field = part.get("input_audio").ok_or_else(|| bad("an `input_audio` content part needs an `input_audio`"))?;
+    let data = field
+        .get("data")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("`input_audio` must be {\"data\": base64, \"format\": \"wav\" | \"mp3\" | …}"))?;
+    let format = field.get("format").and_then(Value::as_str).unwrap_or("wav");
+    Ok(format!("data:audio/{format};base64,{data}"))
+}
+
 fn image_url_of(part: &Value) -> Result<&str, InputError> {
     let field = part.get("image_url").ok_or_else(|| bad("an `image_url` content part needs an `image_url`"))?;
     field

@@ -18,6 +18,7 @@
 //! [`Preprocessor`] per model. This layer knows nothing of tasks: a request's options arrive
 //! as [`InputOptions`], already decided from its validated parameters.
 
+pub mod audio;
 pub mod chat_template;
 pub mod image;
 pub mod media;
@@ -26,7 +27,7 @@ pub mod sentencepiece;
 pub mod tokenizer;
 pub mod workers;
 
-pub use prepare::{ImageProcessing, ImageSide, InputOptions, Preprocessor, SoftTokenFrame};
+pub use prepare::{AudioSide, ImageProcessing, ImageSide, InputOptions, Preprocessor, SoftTokenFrame};
 
 use crate::models::batch::TokenizedInput;
 
@@ -39,8 +40,9 @@ pub enum Prompt {
     Pair(String, String),
     /// An encoded image (PNG, JPEG or WebP bytes), for image-text models.
     Image(Vec<u8>),
-    /// Texts and images in one input, in order (one `content` with several parts), for models
-    /// that read images inside their text (EmbeddingGemma 2); other image-text models refuse it.
+    /// Texts, images and audio in one input, in order (one `content` with several parts), for
+    /// models that read media inside their text (EmbeddingGemma 2); other image-text models
+    /// refuse it. An audio input alone is one of these too (no model embeds audio on its own).
     Interleaved(Vec<Part>),
 }
 
@@ -49,6 +51,8 @@ pub enum Prompt {
 pub enum Part {
     Text(String),
     Image(Vec<u8>),
+    /// An encoded audio file (WAV, FLAC, MP3 or OGG/Vorbis bytes).
+    Audio(Vec<u8>),
 }
 
 impl Prompt {
@@ -59,6 +63,19 @@ impl Prompt {
             Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Image(_))).count(),
             _ => 0,
         }
+    }
+
+    /// How many audio inputs the prompt holds.
+    pub fn audio_count(&self) -> usize {
+        match self {
+            Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Audio(_))).count(),
+            _ => 0,
+        }
+    }
+
+    /// Images and audio: what makes a prompt more than text for the model.
+    pub fn media_count(&self) -> usize {
+        self.image_count() + self.audio_count()
     }
 }
 
@@ -71,14 +88,16 @@ pub enum ModelInput {
     ImageSequence(ImageSequence),
 }
 
-/// Images for a model that reads them inside its text ([`crate::models::SoftTokenTower`]):
-/// the tokens as the model's processor makes them (`<bos> <begin> <placeholder>×n <end>` for
-/// an image alone, texts around them for interleaved parts), and each image's patches, whose
-/// soft tokens replace the placeholders in order.
+/// Images and audio for a model that reads them inside its text
+/// ([`crate::models::SoftTokenTower`], [`crate::models::AudioTokenTower`]): the tokens as the
+/// model's processor makes them (`<bos> <begin> <placeholder>×n <end>` for a medium alone,
+/// texts around them for interleaved parts), each image's patches and each audio's log-mel
+/// frames, whose soft tokens replace their placeholders in order.
 #[derive(Debug, Clone)]
 pub struct ImageSequence {
     pub tokens: TokenizedInput,
     pub patches: Vec<image::patches::Patches>,
+    pub audio: Vec<audio::LogMel>,
 }
 
 /// Bytes per token above which a text cannot fit the model ([`Preprocessor::max_text_bytes`]):
@@ -113,6 +132,11 @@ pub enum InputError {
     Image(String),
     #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP, EmbeddingGemma 2) embed images")]
     ImagesUnsupported,
+    /// An audio input that cannot be used (undecodable, too long, too short).
+    #[error("{0}")]
+    Audio(String),
+    #[error("This model does not take audio: only models with an audio tower (EmbeddingGemma 2's multimodal folder) embed audio")]
+    AudioUnsupported,
     /// An image URL or content part that cannot be used; `param` names the request field.
     #[error("{message}")]
     Media { message: String, param: Option<&'static str> },

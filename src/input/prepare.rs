@@ -43,6 +43,24 @@ pub struct SoftTokenFrame {
     pub placeholder_id: u32,
 }
 
+/// How a soft-token model's audio becomes features, and sits in its text as `begin
+/// placeholder×n end` (n: its frames over `frames_per_token`, rounded up).
+pub struct AudioSide {
+    pub features: Arc<super::audio::LogMelConfig>,
+    pub limits: super::audio::AudioLimits,
+    pub frames_per_token: usize,
+    pub begin: String,
+    pub placeholder: String,
+    pub end: String,
+    pub placeholder_id: u32,
+}
+
+impl AudioSide {
+    fn soft_tokens(&self, audio: &super::audio::LogMel) -> usize {
+        audio.frames.div_ceil(self.frames_per_token.max(1))
+    }
+}
+
 /// An image-text model's image preprocessing.
 pub struct ImageSide {
     pub processing: ImageProcessing,
@@ -96,6 +114,7 @@ pub struct Preprocessor {
     workers: InputWorkers,
     chat_template: Arc<ChatTemplate>,
     images: Option<ImageSide>,
+    audio: Option<AudioSide>,
     /// The backbone's vocabulary (token ids at or past it cannot be embedded).
     vocab_size: usize,
     max_model_len: usize,
@@ -111,6 +130,7 @@ pub struct PreprocessorParts {
     pub workers: usize,
     pub chat_template: ChatTemplate,
     pub images: Option<ImageSide>,
+    pub audio: Option<AudioSide>,
     pub vocab_size: usize,
     pub max_model_len: usize,
     pub pad_text_to: Option<(usize, u32)>,
@@ -120,11 +140,13 @@ pub struct PreprocessorParts {
 impl Preprocessor {
     /// Starts the worker threads.
     pub fn start(parts: PreprocessorParts) -> std::io::Result<Self> {
-        let PreprocessorParts { tokenizer, workers, chat_template, images, vocab_size, max_model_len, pad_text_to, served_name } = parts;
+        let PreprocessorParts { tokenizer, workers, chat_template, images, audio, vocab_size, max_model_len, pad_text_to, served_name } =
+            parts;
         Ok(Self {
             workers: InputWorkers::new(Arc::new(tokenizer), workers)?,
             chat_template: Arc::new(chat_template),
             images,
+            audio,
             vocab_size,
             max_model_len,
             pad_text_to,
@@ -146,6 +168,11 @@ impl Preprocessor {
         self.images.is_some()
     }
 
+    /// Whether the model takes audio (it has an audio tower).
+    pub fn takes_audio(&self) -> bool {
+        self.audio.is_some()
+    }
+
     /// What one image counts in a batch and in `usage` (its sequence in the vision tower); 0
     /// for text models.
     pub fn tokens_per_image(&self) -> usize {
@@ -157,8 +184,12 @@ impl Preprocessor {
         match input {
             ModelInput::Text(tokens) => tokens.len(),
             ModelInput::Image(_) => self.tokens_per_image().max(1),
-            // The text sequence, and the tower's pass over the patches.
-            ModelInput::ImageSequence(image) => image.tokens.len() + image.patches.iter().map(|p| p.positions.len()).sum::<usize>(),
+            // The text sequence, and the towers' passes over the patches and the audio.
+            ModelInput::ImageSequence(media) => {
+                media.tokens.len()
+                    + media.patches.iter().map(|p| p.positions.len()).sum::<usize>()
+                    + self.audio.as_ref().map_or(0, |side| media.audio.iter().map(|a| side.soft_tokens(a)).sum())
+            }
         }
     }
 
@@ -217,14 +248,14 @@ impl Preprocessor {
     /// [`Self::prepare`] for one of [`Self::waves`].
     pub async fn prepare_wave(&self, wave: Wave, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
         let Wave { prompts, first_image, images_in_request } = wave;
-        if !prompts.iter().any(|p| p.image_count() > 0) {
+        if !prompts.iter().any(|p| p.media_count() > 0) {
             return Ok(self.prepare_texts(prompts, options).await?.into_iter().map(ModelInput::Text).collect());
         }
         let mut texts = Vec::new();
         let mut images = Vec::new();
         let mut is_image = Vec::with_capacity(prompts.len());
         for prompt in prompts {
-            let image = prompt.image_count() > 0;
+            let image = prompt.media_count() > 0;
             is_image.push(image);
             if image {
                 images.push(prompt);
@@ -468,7 +499,17 @@ impl Preprocessor {
         in_request: usize,
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
-        let side = self.images.as_ref().ok_or(InputError::ImagesUnsupported)?;
+        let has_audio = prompts.iter().any(|p| p.audio_count() > 0);
+        if has_audio && self.audio.is_none() {
+            return Err(InputError::AudioUnsupported);
+        }
+        let Some(side) = self.images.as_ref() else {
+            if prompts.iter().any(|p| p.image_count() > 0) {
+                return Err(InputError::ImagesUnsupported);
+            }
+            // An audio model without an image tower.
+            return self.soft_token_media(prompts, None, first, in_request, options).await;
+        };
         let started = std::time::Instant::now();
         let limits = side.limits;
         let name = move |i: usize, e: super::image::ImageError| {
@@ -499,41 +540,87 @@ impl Preprocessor {
                     .await??
             }
             ImageProcessing::SoftTokens(frame) => {
-                let config = frame.patches;
-                let (prompts, patches) = self
-                    .workers
-                    .execute(move || {
-                        let patches = prompts
-                            .iter()
-                            .flat_map(image_bytes)
-                            .enumerate()
-                            .map(|(i, bytes)| preprocess_patches(bytes, &config, &limits).map_err(|e| name(i, e)))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        Ok::<_, InputError>((prompts, patches))
-                    })
-                    .await??;
-                self.image_sequences(prompts, patches, frame, options).await?
+                return self.soft_token_media(prompts, Some((frame, limits)), first, in_request, options).await;
             }
         };
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
         Ok(inputs)
     }
 
-    /// The text sequences of image inputs for a soft-token model, as its processor builds them:
-    /// each image is `begin placeholder×n end` (n its soft tokens); an interleaved input's parts
-    /// are joined with a newline, its text behind the request's prompt; tokenized with special
-    /// tokens and never truncated (a cut sequence would lose placeholders).
+    /// The inputs of a soft-token model: each image cut into patches and each audio decoded
+    /// into log-mel frames on one input worker, then the text sequences
+    /// ([`Self::image_sequences`]).
+    async fn soft_token_media(
+        &self,
+        prompts: Vec<Prompt>,
+        images: Option<(&SoftTokenFrame, super::image::ImageLimits)>,
+        first: usize,
+        in_request: usize,
+        options: &InputOptions,
+    ) -> Result<Vec<ModelInput>, InputError> {
+        let started = std::time::Instant::now();
+        let patch_config = images.map(|(frame, limits)| (frame.patches, limits));
+        let audio_config = self.audio.as_ref().map(|side| (Arc::clone(&side.features), side.limits));
+        let audio_in_request = prompts.iter().map(Prompt::audio_count).sum::<usize>();
+        let (prompts, patches, audio) = self
+            .workers
+            .execute(move || {
+                let image_name = |i: usize, e: super::image::ImageError| {
+                    InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
+                };
+                let patches = match patch_config {
+                    Some((config, limits)) => prompts
+                        .iter()
+                        .flat_map(image_bytes)
+                        .enumerate()
+                        .map(|(i, bytes)| preprocess_patches(bytes, &config, &limits).map_err(|e| image_name(i, e)))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None if prompts.iter().any(|p| p.image_count() > 0) => return Err(InputError::ImagesUnsupported),
+                    None => Vec::new(),
+                };
+                let audio = match audio_config {
+                    Some((features, limits)) => prompts
+                        .iter()
+                        .flat_map(audio_bytes)
+                        .enumerate()
+                        .map(|(i, bytes)| {
+                            super::audio::preprocess(bytes, &features, &limits).map_err(|e| {
+                                InputError::Audio(if audio_in_request > 1 { format!("audio {i}: {e}") } else { e.to_string() })
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None => Vec::new(),
+                };
+                Ok::<_, InputError>((prompts, patches, audio))
+            })
+            .await??;
+        let inputs = self.image_sequences(prompts, patches, audio, images.map(|(frame, _)| frame), options).await?;
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        Ok(inputs)
+    }
+
+    /// The text sequences of media inputs for a soft-token model, as its processor builds them:
+    /// each image or audio is `begin placeholder×n end` (n its soft tokens); an interleaved
+    /// input's parts are joined with a newline, its text behind the request's prompt (a medium
+    /// alone gets no prompt, as the processor gives it none); tokenized with special tokens and
+    /// never truncated (a cut sequence would lose placeholders).
     async fn image_sequences(
         &self,
         prompts: Vec<Prompt>,
         patches: Vec<super::image::patches::Patches>,
-        frame: &SoftTokenFrame,
+        audio: Vec<super::audio::LogMel>,
+        frame: Option<&SoftTokenFrame>,
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
-        let image_text = |p: &super::image::patches::Patches| {
-            format!("{}{}{}", frame.begin, frame.placeholder.repeat(frame.patches.soft_tokens(p.positions.len())), frame.end)
+        let image_text = |p: &super::image::patches::Patches| -> Result<String, InputError> {
+            let frame = frame.ok_or(InputError::ImagesUnsupported)?;
+            Ok(format!("{}{}{}", frame.begin, frame.placeholder.repeat(frame.patches.soft_tokens(p.positions.len())), frame.end))
         };
-        let mut next = patches.iter();
+        let audio_text = |a: &super::audio::LogMel| -> Result<String, InputError> {
+            let side = self.audio.as_ref().ok_or(InputError::AudioUnsupported)?;
+            Ok(format!("{}{}{}", side.begin, side.placeholder.repeat(side.soft_tokens(a)), side.end))
+        };
+        let (mut next_image, mut next_audio) = (patches.iter(), audio.iter());
         let mut texts = Vec::with_capacity(prompts.len());
         for prompt in &prompts {
             let text = match prompt {
@@ -542,37 +629,43 @@ impl Preprocessor {
                         .iter()
                         .map(|part| match part {
                             Part::Text(text) => Ok(text.clone()),
-                            Part::Image(_) => next.next().map(image_text).ok_or(InputError::Stopped),
+                            Part::Image(_) => next_image.next().ok_or(InputError::Stopped).and_then(image_text),
+                            Part::Audio(_) => next_audio.next().ok_or(InputError::Stopped).and_then(audio_text),
                         })
                         .collect::<Result<Vec<_>, _>>()?
                         .join("\n");
-                    format!("{}{joined}", options.prompt.as_deref().unwrap_or(""))
+                    let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)]);
+                    let prompt = if alone { "" } else { options.prompt.as_deref().unwrap_or("") };
+                    format!("{prompt}{joined}")
                 }
-                _ => next.next().map(image_text).ok_or(InputError::Stopped)?,
+                _ => next_image.next().ok_or(InputError::Stopped).and_then(image_text)?,
             };
             texts.push(TextInput::Single(text));
         }
         let encode =
             EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
         let tokens = self.workers.encode(texts, encode).await?;
-        let mut patches = patches.into_iter();
+        let (mut patches, mut audio) = (patches.into_iter(), audio.into_iter());
         let mut inputs = Vec::with_capacity(prompts.len());
         for (prompt, tokens) in prompts.iter().zip(tokens) {
             let tokens = tokens?;
             check_length(tokens.len(), self.max_model_len, false)?;
             let images: Vec<_> = patches.by_ref().take(prompt.image_count()).collect();
-            let soft: usize = images.iter().map(|p| frame.patches.soft_tokens(p.positions.len())).sum();
-            let placeholders = tokens.ids.iter().filter(|&&id| id == frame.placeholder_id).count();
-            if placeholders != soft {
-                return Err(InputError::Media {
-                    message: format!(
-                        "the input's text holds the image placeholder token `{}`; it may only come from images",
-                        frame.placeholder
-                    ),
-                    param: None,
-                });
+            let sounds: Vec<_> = audio.by_ref().take(prompt.audio_count()).collect();
+            let count = |id: u32| tokens.ids.iter().filter(|&&t| t == id).count();
+            // Placeholders typed as text would take soft tokens meant for others.
+            if let Some(frame) = frame {
+                let soft: usize = images.iter().map(|p| frame.patches.soft_tokens(p.positions.len())).sum();
+                if count(frame.placeholder_id) != soft {
+                    return Err(placeholder_typed("image", &frame.placeholder));
+                }
             }
-            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images }));
+            if let Some(side) = &self.audio {
+                if count(side.placeholder_id) != sounds.iter().map(|a| side.soft_tokens(a)).sum::<usize>() {
+                    return Err(placeholder_typed("audio", &side.placeholder));
+                }
+            }
+            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images, audio: sounds }));
         }
         Ok(inputs)
     }
@@ -587,6 +680,24 @@ impl Preprocessor {
     #[cfg(any(test, feature = "test-hooks"))]
     pub async fn panic_in_a_worker(&self) -> Result<(), InputError> {
         self.workers.panic_in_a_worker().await?.into_iter().next().ok_or(InputError::Stopped)?.map(|_| ())
+    }
+}
+
+/// A placeholder token found in a medium's input text beyond what its media made.
+fn placeholder_typed(medium: &str, placeholder: &str) -> InputError {
+    InputError::Media {
+        message: format!("the input's text holds the {medium} placeholder token `{placeholder}`; it may only come from {medium} inputs"),
+        param: None,
+    }
+}
+
+/// The encoded audio of a prompt, in order.
+fn audio_bytes(prompt: &Prompt) -> Vec<&[u8]> {
+    match prompt {
+        Prompt::Interleaved(parts) => {
+            parts.iter().filter_map(|p| if let Part::Audio(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
+        }
+        _ => Vec::new(),
     }
 }
 

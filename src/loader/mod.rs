@@ -103,6 +103,8 @@ pub struct LoadedModel {
     pub device: Device,
     /// The image tower and its processor, for image-text models (CLIP, SigLIP).
     pub vision: Option<VisionInput>,
+    /// The audio tower and its feature extractor, for models that read audio (EmbeddingGemma 2).
+    pub audio: Option<AudioInput>,
     /// How `messages` become text (`--chat-template`, else the folder's template).
     pub chat_template: ChatTemplate,
     /// The adapters it serves, with `--enable-lora`.
@@ -116,6 +118,12 @@ pub enum VisionInput {
     Pooled { tower: Box<dyn models::VisionTower>, processor: image::ImageProcessorConfig },
     /// EmbeddingGemma 2: an image becomes soft tokens inside the text sequence.
     SoftTokens { tower: Box<dyn models::SoftTokenTower>, patches: image::patches::PatchConfig },
+}
+
+/// A model's audio side: its tower, and the log-mel features it takes.
+pub struct AudioInput {
+    pub tower: Box<dyn models::AudioTokenTower>,
+    pub features: crate::input::audio::LogMelConfig,
 }
 
 fn device(kind: DeviceArg) -> Result<Device, LoadError> {
@@ -195,6 +203,10 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
             None => None,
         },
     };
+    let audio = match with_cpu_weight_format(cpu_weight_format, || architecture.audio_tower(&config, vb.clone()))? {
+        Some(tower) => Some(AudioInput { features: audio_features(&source, tower.as_ref())?, tower }),
+        None => None,
+    };
     let spec = ModelSpec::decide(SpecInputs {
         options,
         config: &config,
@@ -226,7 +238,20 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
     let embedding_head = EmbeddingHead { dense: sentence.dense };
     let chat_template = chat_template_of(options, &source, &tokenizer_config)?;
-    Ok(LoadedModel { spec, backbone, tokenizer, embedding_head, classifier, sparse_head, m3_head, device, vision, chat_template, lora })
+    Ok(LoadedModel {
+        spec,
+        backbone,
+        tokenizer,
+        embedding_head,
+        classifier,
+        sparse_head,
+        m3_head,
+        device,
+        vision,
+        audio,
+        chat_template,
+        lora,
+    })
 }
 
 /// The weights, as the architectures read them, and the format the CPU kernels pack dense
@@ -448,6 +473,44 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
         )));
     }
     Ok(config)
+}
+
+/// The `feature_extractor` of `processor_config.json` (or a `preprocessor_config.json` that is
+/// one) of a model with an audio tower, checked against the tower's mel bins. A folder without
+/// one gets `Gemma4AudioFeatureExtractor`'s defaults, which every published one repeats.
+fn audio_features(source: &ModelSource, tower: &dyn models::AudioTokenTower) -> Result<crate::input::audio::LogMelConfig, LoadError> {
+    let mut found = None;
+    for (name, nested) in [("processor_config.json", true), ("preprocessor_config.json", false)] {
+        if let Some(path) = source.file(name)? {
+            let invalid = |message: String| LoadError::File { path: path.clone(), message };
+            let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+            let block = if nested { json.get("feature_extractor").cloned() } else { json.get("feature_size").map(|_| json.clone()) };
+            if let Some(block) = block {
+                found = Some((path, block));
+                break;
+            }
+        }
+    }
+    let (path, block) = match found {
+        Some((path, block)) => (Some(path), block),
+        None => {
+            tracing::warn!("the model's folder has no audio feature extractor config: Gemma4AudioFeatureExtractor's defaults are used");
+            (None, serde_json::json!({}))
+        }
+    };
+    let features = crate::input::audio::LogMelConfig::from_json(&block).map_err(|message| match &path {
+        Some(path) => LoadError::File { path: path.clone(), message },
+        None => LoadError::Invalid(message),
+    })?;
+    if features.mel_bins != tower.mel_bins() {
+        return Err(LoadError::Invalid(format!(
+            "the audio feature extractor makes {} mel bins; the audio tower takes {}",
+            features.mel_bins,
+            tower.mel_bins()
+        )));
+    }
+    Ok(features)
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.

@@ -16,14 +16,18 @@
 //!
 //! The multimodal folder's image tower ([`super::gemma4_vision`]) is its
 //! [`SoftTokenTower`]: an image is `<|image> soft tokens <image|>` in the text, and its soft
-//! tokens replace the placeholders' embeddings before the PLE and the first layer. The audio
-//! tower (and so audio and video inputs) is not served yet.
+//! tokens replace the placeholders' embeddings before the PLE and the first layer. Its audio
+//! tower ([`super::gemma4_audio`]) is its [`AudioTokenTower`] the same way, with `<|audio>
+//! soft tokens <audio|>`. Video inputs are not served yet.
 
 use super::batch::Batch;
+use super::gemma4_audio::{self, Gemma4Audio};
 use super::gemma4_vision::{default_activation, default_eps, norm, Gemma4Vision, ImagePatches};
 use super::llama::{decoder_root, fused_gate_up, fused_qkv, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
-use super::{parse_config, Architecture, Backbone, BackboneSizes, ImageTokens, ModelError, SequencePooling, SoftTokenTower};
+use super::{
+    parse_config, Architecture, AudioTokenTower, Backbone, BackboneSizes, ImageTokens, ModelError, SequencePooling, SoftTokenTower,
+};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -56,22 +60,29 @@ impl Architecture for EmbeddingGemma2 {
     /// ids of its config.
     fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
         let Some(vision) = raw.get("vision_config").filter(|c| c.is_object()) else { return Ok(None) };
-        let text_hidden = raw.get("text_config").and_then(|t| t.get("hidden_size")).and_then(Value::as_u64).unwrap_or(512) as usize;
-        let id = |name: &str, default: u32| -> std::result::Result<u32, ModelError> {
-            match raw.get(name) {
-                None | Some(Value::Null) => Ok(default),
-                Some(v) => v.as_u64().map(|v| v as u32).ok_or_else(|| ModelError::Config(format!("{name} is not a token id: {v}"))),
-            }
-        };
         // EmbeddingGemma2Config's defaults.
         let tokens = ImageTokens {
-            begin: id("boi_token_id", 255_999)?,
-            placeholder: id("image_token_id", 258_880)?,
-            end: id("eoi_token_id", 258_882)?,
+            begin: token_id(raw, "boi_token_id", 255_999)?,
+            placeholder: token_id(raw, "image_token_id", 258_880)?,
+            end: token_id(raw, "eoi_token_id", 258_882)?,
         };
         let vb = if vb.contains_tensor("model.embed_vision.embedding_projection.weight") { vb.pp("model") } else { vb };
-        let tower = Gemma4Vision::load(vision, vb.pp("vision_tower"), vb.pp("embed_vision"), text_hidden)?;
+        let tower = Gemma4Vision::load(vision, vb.pp("vision_tower"), vb.pp("embed_vision"), text_hidden(raw))?;
         Ok(Some(Box::new(EmbeddingGemma2Vision { tower, tokens })))
+    }
+
+    /// The multimodal folder's Gemma 4 audio tower and `embed_audio`, with the audio token ids
+    /// of its config (`eoa_token_index`, as EmbeddingGemma2Config names it).
+    fn audio_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn AudioTokenTower>>, ModelError> {
+        let Some(audio) = raw.get("audio_config").filter(|c| c.is_object()) else { return Ok(None) };
+        let tokens = ImageTokens {
+            begin: token_id(raw, "boa_token_id", 256_000)?,
+            placeholder: token_id(raw, "audio_token_id", 258_881)?,
+            end: token_id(raw, "eoa_token_index", 258_883)?,
+        };
+        let vb = if vb.contains_tensor("model.embed_audio.embedding_projection.weight") { vb.pp("model") } else { vb };
+        let tower = Gemma4Audio::load(audio, vb.pp("audio_tower"), vb.pp("embed_audio"), text_hidden(raw))?;
+        Ok(Some(Box::new(EmbeddingGemma2Audio { tower, tokens })))
     }
 
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
@@ -87,6 +98,43 @@ impl Architecture for EmbeddingGemma2 {
             }
             None => Ok(Box::new(EmbeddingGemma2Text::load(raw, decoder_root(vb))?)),
         }
+    }
+}
+
+/// The text encoder's width, which the towers' embedders map into.
+fn text_hidden(raw: &Value) -> usize {
+    raw.get("text_config").and_then(|t| t.get("hidden_size")).and_then(Value::as_u64).unwrap_or(512) as usize
+}
+
+/// A token id of the multimodal config, or its default there.
+fn token_id(raw: &Value, name: &str, default: u32) -> std::result::Result<u32, ModelError> {
+    match raw.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v.as_u64().map(|v| v as u32).ok_or_else(|| ModelError::Config(format!("{name} is not a token id: {v}"))),
+    }
+}
+
+/// The audio side of the multimodal folder.
+struct EmbeddingGemma2Audio {
+    tower: Gemma4Audio,
+    tokens: ImageTokens,
+}
+
+impl AudioTokenTower for EmbeddingGemma2Audio {
+    fn forward(&self, audio: &[(&[f32], usize)]) -> Result<Tensor> {
+        self.tower.forward(audio)
+    }
+
+    fn frames_per_token(&self) -> usize {
+        gemma4_audio::FRAMES_PER_TOKEN
+    }
+
+    fn mel_bins(&self) -> usize {
+        gemma4_audio::MEL_BINS
+    }
+
+    fn audio_tokens(&self) -> ImageTokens {
+        self.tokens
     }
 }
 

@@ -86,14 +86,14 @@ impl ImagePatches {
 
 /// A `Gemma4ClippableLinear`: a bias-free linear layer, with its input and output clamped to
 /// the checkpoint's ranges when the config uses clipped linears.
-struct ClippedLinear {
+pub(super) struct ClippedLinear {
     linear: Linear,
     input: Option<(f64, f64)>,
     output: Option<(f64, f64)>,
 }
 
 impl ClippedLinear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let clamp = |t: Tensor, range: Option<(f64, f64)>| match range {
             Some((lo, hi)) => t.clamp(lo, hi),
             None => Ok(t),
@@ -109,7 +109,7 @@ fn clip_range(vb: &VarBuilder, which: &str) -> Result<Option<(f64, f64)>> {
     Ok((lo.is_finite() || hi.is_finite()).then_some((lo, hi)))
 }
 
-fn clipped(vb: VarBuilder, out: usize, input: usize, clipped: bool) -> Result<ClippedLinear> {
+pub(super) fn clipped(vb: VarBuilder, out: usize, input: usize, clipped: bool) -> Result<ClippedLinear> {
     let linear = Linear::new(vb.pp("linear").get((out, input), "weight")?, None)?;
     if !clipped {
         return Ok(ClippedLinear { linear, input: None, output: None });

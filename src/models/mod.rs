@@ -17,6 +17,7 @@ pub mod electra;
 pub mod embedding_gemma2;
 pub mod encoder;
 pub mod gemma;
+pub mod gemma4_audio;
 pub mod gemma4_vision;
 pub mod gte;
 pub mod head_weights;
@@ -149,7 +150,22 @@ pub trait SoftTokenTower: Send + Sync {
     fn image_tokens(&self) -> ImageTokens;
 }
 
-/// The special tokens of an image in the text: `begin placeholder×n end`.
+/// What the engine needs from an audio tower whose output stands in for placeholder tokens of
+/// the text sequence (EmbeddingGemma 2's Gemma 4 audio tower): an audio becomes `<begin>
+/// <placeholder>×n <end>` in the text, and the tower's `n` soft tokens replace them.
+pub trait AudioTokenTower: Send + Sync {
+    /// Each audio's soft tokens, `[Σ soft tokens, text hidden]`, audio in order; each audio
+    /// is its real log-mel frames (`[frames, mel_bins]` values, and the frame count).
+    fn forward(&self, audio: &[(&[f32], usize)]) -> candle_core::Result<Tensor>;
+    /// Frames per soft token: an audio of `frames` frames becomes `⌈frames / this⌉` of them.
+    fn frames_per_token(&self) -> usize;
+    /// The mel bins per frame the tower takes.
+    fn mel_bins(&self) -> usize;
+    /// The token ids that frame an audio in the text.
+    fn audio_tokens(&self) -> ImageTokens;
+}
+
+/// The special tokens of an image (or an audio) in the text: `begin placeholder×n end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageTokens {
     pub begin: u32,
@@ -316,6 +332,11 @@ pub trait Architecture: Sync {
     /// The image tower of a model that reads images as soft tokens in its text
     /// ([`SoftTokenTower`]); `None` for the others.
     fn soft_token_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
+        Ok(None)
+    }
+    /// The audio tower of a model that reads audio as soft tokens in its text
+    /// ([`AudioTokenTower`]); `None` for the others.
+    fn audio_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn AudioTokenTower>>, ModelError> {
         Ok(None)
     }
     /// `(length, pad id)` when the model was trained on texts padded to a fixed length with

@@ -12,6 +12,7 @@ mod chat_templates;
 mod classify_parity;
 mod cli;
 mod decoder_families;
+mod embedding_gemma2_audio;
 mod embedding_gemma2_images;
 mod encoder_families;
 mod http;

@@ -1,0 +1,213 @@
+//! Encoded audio to mono samples at the model's rate.
+//!
+//! transformers loads audio with `load_audio` (torchcodec's FFmpeg where it is installed, else
+//! soundfile and soxr's high-quality resampler), averages the channels, and resamples. Here
+//! symphonia demuxes and decodes (its pure-Rust WAV/PCM, FLAC, MP3 and Vorbis codecs, with the
+//! encoder delay and padding of MP3s trimmed, as libsndfile trims them), channels are averaged
+//! as they arrive, and rubato's FFT resampler converts the rate. PCM and FLAC decode to the
+//! same samples as libsndfile; MP3 and Vorbis decoders and the resamplers differ in their last
+//! bits (measured against transformers in tests/suite/embedding_gemma2_audio.rs).
+
+use super::{AudioError, AudioLimits};
+use rubato::{FftFixedIn, Resampler};
+use symphonia::core::audio::SampleBuffer;
+use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::errors::Error as SymphoniaError;
+use symphonia::core::formats::FormatOptions;
+use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
+use symphonia::core::meta::MetadataOptions;
+use symphonia::core::probe::Hint;
+
+/// The highest source rate decoded: 192 kHz covers studio recordings; past it, a header is
+/// more likely hostile (the decoded buffer grows with the rate).
+pub const MAX_SOURCE_RATE: u32 = 192_000;
+/// The most channels decoded (7.1 surround is 8).
+pub const MAX_CHANNELS: usize = 8;
+
+/// The first `max_samples` samples at `rate` Hz of the audio in `bytes`, channels averaged.
+pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<Vec<f32>, AudioError> {
+    let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes.to_vec())), MediaSourceStreamOptions::default());
+    let format_options = FormatOptions { enable_gapless: true, ..FormatOptions::default() };
+    let probed = symphonia::default::get_probe()
+        .format(&Hint::new(), source, &format_options, &MetadataOptions::default())
+        .map_err(|e| AudioError::Format(describe(&e)))?;
+    let mut reader = probed.format;
+    let track = reader
+        .tracks()
+        .iter()
+        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
+        .ok_or_else(|| AudioError::Format("no audio track".into()))?;
+    let (track_id, params) = (track.id, track.codec_params.clone());
+    let source_rate = params.sample_rate.ok_or_else(|| AudioError::Format("no sample rate".into()))?;
+    if source_rate == 0 || source_rate > MAX_SOURCE_RATE {
+        return Err(AudioError::Unsupported { what: "sample rate", value: source_rate.into(), limit: "at most 192000 Hz" });
+    }
+    if let Some(channels) = params.channels.map(|c| c.count()) {
+        if channels == 0 || channels > MAX_CHANNELS {
+            return Err(AudioError::Unsupported { what: "channel count", value: channels as u64, limit: "1 to 8" });
+        }
+    }
+    // The header's duration, when it has one, is checked before anything is decoded.
+    if let Some(frames) = params.n_frames {
+        let seconds = frames as f64 / source_rate as f64;
+        if seconds > limits.max_declared_seconds {
+            return Err(AudioError::TooLong { seconds, max: limits.max_declared_seconds, heard: max_samples as f64 / rate as f64 });
+        }
+    }
+    let mut decoder =
+        symphonia::default::get_codecs().make(&params, &DecoderOptions::default()).map_err(|e| AudioError::Format(describe(&e)))?;
+
+    // Source samples needed for `max_samples` output ones, and a little more for the
+    // resampler's filter to settle on the last of them.
+    let wanted = if source_rate == rate {
+        max_samples
+    } else {
+        (max_samples as u64 * source_rate as u64).div_ceil(rate as u64) as usize + source_rate as usize / 10
+    };
+    let mut mono: Vec<f32> = Vec::new();
+    let mut interleaved: Option<SampleBuffer<f32>> = None;
+    while mono.len() < wanted {
+        let packet = match reader.next_packet() {
+            Ok(packet) => packet,
+            // The end of the stream (a truncated file ends here too, with what it holds).
+            Err(SymphoniaError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(SymphoniaError::ResetRequired) => break,
+            Err(e) => return Err(AudioError::Decode(describe(&e))),
+        };
+        if packet.track_id() != track_id {
+            continue;
+        }
+        let decoded = match decoder.decode(&packet) {
+            Ok(decoded) => decoded,
+            // A corrupt packet is skipped, as symphonia's players do; a file with no good
+            // packet at all is refused below.
+            Err(SymphoniaError::DecodeError(_)) => continue,
+            Err(e) => return Err(AudioError::Decode(describe(&e))),
+        };
+        let spec = *decoded.spec();
+        let channels = spec.channels.count();
+        if channels == 0 || channels > MAX_CHANNELS {
+            return Err(AudioError::Unsupported { what: "channel count", value: channels as u64, limit: "1 to 8" });
+        }
+        if spec.rate != source_rate {
+            return Err(AudioError::Decode("the sample rate changes within the stream".into()));
+        }
+        let buffer = match &mut interleaved {
+            Some(buffer) if buffer.capacity() >= decoded.capacity() * channels => buffer,
+            slot => slot.insert(SampleBuffer::new(decoded.capacity() as u64, spec)),
+        };
+        buffer.copy_interleaved_ref(decoded);
+        let take = (wanted - mono.len()) * channels;
+        let samples = &buffer.samples()[..buffer.samples().len().min(take)];
+        mono.extend(samples.chunks_exact(channels).map(|frame| frame.iter().sum::<f32>() / channels as f32));
+    }
+    if mono.is_empty() {
+        return Err(AudioError::Decode("no audio samples in the file".into()));
+    }
+    let mut wave = if source_rate == rate { mono } else { resample(&mono, source_rate, rate)? };
+    wave.truncate(max_samples);
+    Ok(wave)
+}
+
+/// `samples` from `from` Hz to `to` Hz, `ceil(n · to / from)` samples long (as soxr's and
+/// librosa's resampling in transformers' loader), the resampler's delay removed.
+pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, AudioError> {
+    const CHUNK: usize = 1024;
+    let failed = |e: &dyn std::fmt::Display| AudioError::Decode(format!("resampling failed: {e}"));
+    let mut resampler = FftFixedIn::<f32>::new(from as usize, to as usize, CHUNK, 2, 1).map_err(|e| failed(&e))?;
+    let expected = (samples.len() as u64 * to as u64).div_ceil(from as u64) as usize;
+    let delay = resampler.output_delay();
+    let mut out = Vec::with_capacity(expected + delay + resampler.output_frames_max());
+    let mut rest = samples;
+    while rest.len() >= resampler.input_frames_next() {
+        let (chunk, tail) = rest.split_at(resampler.input_frames_next());
+        out.extend(resampler.process(&[chunk], None).map_err(|e| failed(&e))?.swap_remove(0));
+        rest = tail;
+    }
+    // The last partial chunk, then silence until the delayed output has come out.
+    if !rest.is_empty() {
+        out.extend(resampler.process_partial(Some(&[rest]), None).map_err(|e| failed(&e))?.swap_remove(0));
+    }
+    while out.len() < expected + delay {
+        out.extend(resampler.process_partial::<&[f32]>(None, None).map_err(|e| failed(&e))?.swap_remove(0));
+    }
+    Ok(out[delay..delay + expected].to_vec())
+}
+
+/// A symphonia error in a sentence (its unsupported-format errors name what is missing).
+fn describe(e: &SymphoniaError) -> String {
+    match e {
+        SymphoniaError::Unsupported(what) => format!("unsupported {what}"),
+        SymphoniaError::IoError(io) => format!("the file ends early or is not audio ({io})"),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 16-bit PCM WAV file of `samples` at `rate` Hz with `channels` interleaved.
+    pub(crate) fn wav(samples: &[i16], rate: u32, channels: u16) -> Vec<u8> {
+        let data = samples.len() * 2;
+        let mut out = Vec::with_capacity(44 + data);
+        out.extend(b"RIFF");
+        out.extend(((36 + data) as u32).to_le_bytes());
+        out.extend(b"WAVEfmt ");
+        out.extend(16u32.to_le_bytes());
+        out.extend(1u16.to_le_bytes());
+        out.extend(channels.to_le_bytes());
+        out.extend(rate.to_le_bytes());
+        out.extend((rate * channels as u32 * 2).to_le_bytes());
+        out.extend((channels * 2).to_le_bytes());
+        out.extend(16u16.to_le_bytes());
+        out.extend(b"data");
+        out.extend((data as u32).to_le_bytes());
+        samples.iter().for_each(|s| out.extend(s.to_le_bytes()));
+        out
+    }
+
+    #[test]
+    fn pcm_decodes_exactly_and_channels_are_averaged() {
+        let limits = AudioLimits::default();
+        let wave = decode_mono(&wav(&[0, 16384, -32768, 8192], 16000, 1), 16000, 100, &limits).unwrap();
+        assert_eq!(wave, vec![0.0, 0.5, -1.0, 0.25]);
+        let stereo = decode_mono(&wav(&[16384, 0, -16384, -16384], 16000, 2), 16000, 100, &limits).unwrap();
+        assert_eq!(stereo, vec![0.25, -0.5]);
+        // Decoding stops at what the model reads.
+        assert_eq!(decode_mono(&wav(&[1; 1000], 16000, 1), 16000, 300, &limits).unwrap().len(), 300);
+    }
+
+    #[test]
+    fn hostile_headers_are_refused_before_decoding() {
+        let limits = AudioLimits { max_declared_seconds: 10.0 };
+        // A header that declares an hour of audio (the data chunk's size), over a few bytes.
+        let mut bomb = wav(&[0; 8], 16000, 1);
+        bomb[4..8].copy_from_slice(&(36 + 16000u32 * 3600 * 2).to_le_bytes());
+        bomb[40..44].copy_from_slice(&(16000u32 * 3600 * 2).to_le_bytes());
+        let refused = decode_mono(&bomb, 16000, 480_000, &limits);
+        assert!(matches!(refused, Err(AudioError::TooLong { .. })), "{refused:?}");
+        assert!(matches!(decode_mono(&wav(&[0; 8], 900_000, 1), 16000, 100, &limits), Err(AudioError::Unsupported { .. })));
+        assert!(matches!(decode_mono(b"RIFF\x04\0\0\0WAVE", 16000, 100, &limits), Err(AudioError::Format(_) | AudioError::Decode(_))));
+        assert!(matches!(decode_mono(b"not audio at all", 16000, 100, &limits), Err(AudioError::Format(_))));
+        // Truncated: the samples it holds.
+        let whole = wav(&[1000; 100], 16000, 1);
+        assert_eq!(decode_mono(&whole[..44 + 50], 16000, 1000, &AudioLimits::default()).unwrap().len(), 25);
+    }
+
+    #[test]
+    fn resampling_keeps_length_and_tone() {
+        // A 440 Hz tone at 22050 Hz, resampled to 16 kHz: ceil(n · 16000 / 22050) samples of
+        // the same tone.
+        let n = 22050;
+        let tone: Vec<f32> = (0..n).map(|i| (2.0 * std::f32::consts::PI * 440.0 * i as f32 / 22050.0).sin()).collect();
+        let out = resample(&tone, 22050, 16000).unwrap();
+        assert_eq!(out.len(), 16000);
+        let worst = out[200..15800]
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v - (2.0 * std::f32::consts::PI * 440.0 * (i + 200) as f32 / 16000.0).sin()).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-3, "{worst}");
+    }
+}

@@ -1,0 +1,241 @@
+//! EmbeddingGemma 2's audio side against transformers 5.24 (generator:
+//! tests/fixtures/make_embedding_gemma2.py, which writes the audio files of
+//! tests/fixtures/audio/ with libsndfile and loads them back with transformers' `load_audio`:
+//! soundfile, then soxr's resampler):
+//! - decoding and `Gemma4AudioFeatureExtractor`'s log-mel features;
+//! - the Gemma 4 audio tower's soft tokens (`embed_audio(audio_tower(features))`) on the
+//!   extractor's own features;
+//! - `EmbeddingGemma2Model`'s embeddings of each audio alone (`<bos> <|audio> soft tokens
+//!   <audio|>`), all of them in one request, and text with audio in one input, over HTTP as
+//!   vLLM and OpenAI clients send audio;
+//! - hostile and broken audio.
+
+use crate::common::families::router_for;
+use crate::common::*;
+use base64::Engine;
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use poolserve::input::audio::{decode::decode_mono, AudioLimits, LogMelConfig};
+use poolserve::models::gemma4_audio::Gemma4Audio;
+use serde_json::{json, Value};
+
+fn audio_bytes(file: &str) -> Vec<u8> {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio").join(file)).unwrap()
+}
+
+fn features_config() -> LogMelConfig {
+    let folder = fixture_model("embeddinggemma2-omni");
+    let processor: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("processor_config.json")).unwrap()).unwrap();
+    LogMelConfig::from_json(&processor["feature_extractor"]).unwrap()
+}
+
+/// Whether libsndfile and symphonia decode the file to the same samples (PCM and FLAC at the
+/// model's rate), so that the features can be held to the extractor's own precision.
+fn exact(file: &str) -> bool {
+    file.contains("16k") && (file.ends_with(".wav") || file.ends_with(".flac"))
+}
+
+#[test]
+fn decoded_audio_and_features_match_the_extractor() {
+    let expected = expected("embeddinggemma2-omni");
+    let config = features_config();
+    for case in expected["audio"].as_array().unwrap() {
+        let file = case["file"].as_str().unwrap();
+        let wave = decode_mono(&audio_bytes(file), 16000, config.max_samples, &AudioLimits::default()).unwrap();
+        assert_eq!(wave.len(), case["samples"].as_u64().unwrap() as usize, "{file}: samples");
+        let head = floats(&case["waveform_head"]);
+        let head_diff = max_abs_diff(&wave[..head.len()], &head);
+        let mel = config.log_mel(&wave);
+        assert_eq!(mel.frames, case["frames"].as_u64().unwrap() as usize, "{file}: frames");
+        let diff = max_abs_diff(&mel.values, &floats(&case["features"]));
+        eprintln!("{file}: waveform head differs by {head_diff:.2e}, log-mel features by {diff:.2e}");
+        if exact(file) {
+            assert!(head_diff <= 1e-6, "{file}: samples differ by {head_diff}");
+            // The extractor's FFT is numpy's float32 one; ours is realfft's.
+            assert!(diff <= 1e-4, "{file}: features differ by {diff}");
+        }
+    }
+}
+
+fn tower() -> (Gemma4Audio, Value) {
+    let folder = fixture_model("embeddinggemma2-omni");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the fixture is not modified while the test maps it.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
+    let text_hidden = config["text_config"]["hidden_size"].as_u64().unwrap() as usize;
+    (Gemma4Audio::load(&config["audio_config"], vb.pp("audio_tower"), vb.pp("embed_audio"), text_hidden).unwrap(), config)
+}
+
+/// The tower on the extractor's own features (the decoder left out), alone and batched.
+#[test]
+fn soft_tokens_match_the_audio_tower() {
+    let expected = expected("embeddinggemma2-omni");
+    let (tower, _) = tower();
+    let cases = expected["audio"].as_array().unwrap();
+    let features: Vec<Vec<f32>> = cases.iter().map(|c| floats(&c["features"])).collect();
+    let frames: Vec<usize> = cases.iter().map(|c| c["frames"].as_u64().unwrap() as usize).collect();
+    let all: Vec<(&[f32], usize)> = features.iter().map(Vec::as_slice).zip(frames.iter().copied()).collect();
+    let batched = tower.forward(&all).unwrap().to_vec2::<f32>().unwrap();
+    let mut row = 0;
+    for (i, case) in cases.iter().enumerate() {
+        let want = floats(&case["soft_tokens"]);
+        let alone: Vec<f32> = tower.forward(&all[i..i + 1]).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(&alone, &want);
+        assert!(diff <= 1e-4 * scale.max(1.0), "{}: soft tokens differ by {diff} (largest {scale})", case["file"]);
+        let width = batched[0].len();
+        let rows: Vec<f32> = batched[row..row + want.len() / width].concat();
+        row += want.len() / width;
+        assert!(max_abs_diff(&rows, &alone) <= 1e-5, "{}: batched differs from alone", case["file"]);
+    }
+    assert_eq!(row, batched.len());
+}
+
+fn audio_part(file: &str) -> Value {
+    let format = file.rsplit('.').next().unwrap();
+    json!({"type": "input_audio", "input_audio": {"data": base64::engine::general_purpose::STANDARD.encode(audio_bytes(file)), "format": format}})
+}
+
+fn message(content: Vec<Value>) -> Value {
+    json!({"role": "user", "content": content})
+}
+
+/// Audio over HTTP as vLLM (`audio_url`, `input_audio` in `messages`) and OpenAI clients send
+/// it, against `EmbeddingGemma2Model` on transformers' own loading and features.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audio_embeds_over_http_as_transformers_embeds_it() {
+    let expected = expected("embeddinggemma2-omni");
+    let router = router_for(&fixture_model("embeddinggemma2-omni"));
+    let cases = expected["audio"].as_array().unwrap();
+    let files: Vec<&str> = cases.iter().map(|c| c["file"].as_str().unwrap()).collect();
+    // Every file in one request, as `input_audio` parts.
+    let messages: Vec<Value> = files.iter().map(|f| message(vec![audio_part(f)])).collect();
+    let reply = post(&router, "/v1/embeddings", json!({"messages": messages})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for (i, case) in cases.iter().enumerate() {
+        let c = cosine(&floats(&reply.body["data"][i]["embedding"]), &floats(&case["embedding"]));
+        eprintln!("{}: cosine {c:.7}", files[i]);
+        // PCM and FLAC decode exactly; MP3, Vorbis and resampled audio differ from
+        // libsndfile's and soxr's in their last bits.
+        let floor = if exact(files[i]) { 0.9999 } else { 0.999 };
+        assert!(c >= floor, "{}: cosine {c}", files[i]);
+    }
+    // An `audio_url` data URL, alone, through /pooling.
+    let url = format!("data:audio/wav;base64,{}", base64::engine::general_purpose::STANDARD.encode(audio_bytes(files[0])));
+    let part = json!({"type": "audio_url", "audio_url": {"url": url}});
+    let reply = post(&router, "/pooling", json!({"messages": [message(vec![part.clone()])]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let c = cosine(&floats(&reply.body["data"][0]["data"]), &floats(&cases[0]["embedding"]));
+    assert!(c >= 0.9999, "audio_url: cosine {c}");
+    // Text and audio in one input: the parts joined with a newline, each audio as its token.
+    for (i, case) in expected["audio_interleaved"].as_array().unwrap().iter().enumerate() {
+        let content: Vec<Value> = case["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| match p.get("audio") {
+                Some(file) => audio_part(file.as_str().unwrap()),
+                None => json!({"type": "text", "text": p["text"]}),
+            })
+            .collect();
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [message(content)]})).await;
+        assert_eq!(reply.status, 200, "interleaved {i}: {}", reply.body);
+        let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&case["embedding"]));
+        assert!(c >= 0.9999, "text with audio {i}: cosine {c}");
+    }
+    // An image and an audio in one input run both towers in one batch.
+    let png = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images/gray_19x25.png")).unwrap();
+    let image = json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png))}});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![image, audio_part(files[1])])]})).await;
+    assert_eq!(reply.status, 200, "image and audio: {}", reply.body);
+    // The audio placeholder typed as text cannot stand for audio.
+    let forged = vec![json!({"type": "text", "text": "<|audio|>"}), audio_part(files[1])];
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(forged)]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.to_string().contains("audio placeholder"), "{}", reply.body);
+}
+
+/// A 16-bit mono PCM WAV of `samples` at `rate`, with its header's data size `declared` bytes.
+fn wav(samples: usize, rate: u32, declared: Option<u32>) -> Vec<u8> {
+    let data = declared.unwrap_or(samples as u32 * 2);
+    let mut out = Vec::new();
+    out.extend(b"RIFF");
+    out.extend((36 + data).to_le_bytes());
+    out.extend(b"WAVEfmt ");
+    out.extend(16u32.to_le_bytes());
+    out.extend(1u16.to_le_bytes());
+    out.extend(1u16.to_le_bytes());
+    out.extend(rate.to_le_bytes());
+    out.extend((rate * 2).to_le_bytes());
+    out.extend(2u16.to_le_bytes());
+    out.extend(16u16.to_le_bytes());
+    out.extend(b"data");
+    out.extend(data.to_le_bytes());
+    out.extend((0..samples).flat_map(|i| (((i * 37) % 2000) as i16 - 1000).to_le_bytes()));
+    out
+}
+
+fn wav_part(bytes: &[u8]) -> Value {
+    json!({"type": "input_audio", "input_audio": {"data": base64::engine::general_purpose::STANDARD.encode(bytes), "format": "wav"}})
+}
+
+/// Hostile and broken audio: each a 400 that says why, and the server serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_audio_is_refused_with_its_reason() {
+    let router = router_for(&fixture_model("embeddinggemma2-omni"));
+    let refused = |body: &Value, words: &str| {
+        let text = body.to_string();
+        assert!(text.contains(words), "expected `{words}` in {text}");
+    };
+    // An hour declared in the header (over a few bytes): refused before decoding.
+    let reply =
+        post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&wav(100, 16000, Some(16000 * 3600 * 2)))])]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    refused(&reply.body, "--max-audio-seconds");
+    // Shorter than one token.
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&wav(100, 16000, None))])]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    refused(&reply.body, "at least 161");
+    // Not audio; a truncated header; an absurd sample rate.
+    for (bytes, words) in [
+        (b"definitely not audio".to_vec(), "could not be read"),
+        (wav(1000, 16000, None)[..30].to_vec(), "audio"),
+        (wav(1000, 900_000, None), "sample rate"),
+    ] {
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&bytes)])]})).await;
+        assert_eq!(reply.status, 400, "{words}: {}", reply.body);
+        refused(&reply.body, words);
+    }
+    // A truncated data chunk is the audio it holds.
+    let whole = wav(4000, 16000, None);
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&whole[..44 + 3000])])]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    // Base64 that does not decode, and a data URL that is not audio.
+    let bad = json!({"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![bad])]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let not_audio = json!({"type": "audio_url", "audio_url": {"url": "data:image/png;base64,AAAA"}});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![not_audio])]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    refused(&reply.body, "is not audio");
+    // An http URL of a host not allowed.
+    let remote = json!({"type": "audio_url", "audio_url": {"url": "https://example.com/a.wav"}});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![remote])]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    refused(&reply.body, "audio URL's host");
+    // Audio can only be embedded.
+    let reply = post(&router, "/pooling", json!({"messages": [message(vec![wav_part(&whole)])], "task": "token_embed"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    // And the server serves on.
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&whole)])]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+/// A model without an audio tower says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_without_an_audio_tower_refuse_audio() {
+    let router = router_for(&fixture_model("embeddinggemma2-text"));
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&wav(4000, 16000, None))])]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.to_string().contains("need a model with an audio tower"), "{}", reply.body);
+}
