@@ -8,6 +8,7 @@ pub mod cohere;
 pub mod embeddings;
 pub mod encoding;
 pub mod error;
+pub mod infinity;
 pub mod invocations;
 pub mod json;
 pub mod lora;
@@ -419,6 +420,8 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
     let protected = protected
         .route("/v1/embeddings", post(embeddings::create))
         .route("/embeddings", post(embeddings::create))
+        .route("/embeddings_image", post(infinity::image))
+        .route("/embeddings_audio", post(infinity::audio))
         .route("/classify", post(classify::create))
         .route("/pooling", post(pooling::create))
         .route("/embed_sparse", post(tei::embeddings::embed_sparse))

@@ -15,6 +15,8 @@ use utoipa::OpenApi;
     ),
     paths(
         super::embeddings::create,
+        super::infinity::image,
+        super::infinity::audio,
         super::classify::create,
         super::pooling::create,
         super::score::create,

@@ -16,6 +16,7 @@ use super::json::ApiJson;
 use super::score::{score_params, texts_of, PairFields};
 use super::{response_id, AppState, Usage};
 use crate::engine::params::PoolingParams;
+use crate::input::Prompt;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -92,22 +93,44 @@ pub async fn create(
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
     let engine = &engine;
     let params = score_params(engine, &request.params, &request.pair)?;
-    if !request.documents.is_array() {
-        return Err(ApiError::BadRequest {
-            message: "documents must be a list of strings or of {\"text\": string} objects".into(),
-            param: Some("documents"),
-        });
-    }
-    let documents = texts_of(&request.documents, "documents")?;
-    state.check_batch_size(documents.len())?;
-    let count = result_count(request.top_n, documents.len())?;
-    let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.pair.instruction.as_deref()).await?;
+    let (scores, tokens, mut documents) = match request.documents.get("content").and_then(Value::as_array) {
+        // vLLM's multimodal documents, `{"content": [parts]}`: each part a document (a text,
+        // an image or an audio), embedded and scored by cosine against the query's embedding.
+        Some(parts) => {
+            if !engine.spec().images {
+                return Err(ApiError::BadRequest {
+                    message: "Documents of content parts need an image-text model (CLIP, SigLIP, EmbeddingGemma 2)".into(),
+                    param: Some("documents"),
+                });
+            }
+            state.check_batch_size(parts.len())?;
+            let texts: Vec<Option<String>> = parts
+                .iter()
+                .map(|p| (p.get("type").and_then(Value::as_str) == Some("text")).then(|| p["text"].as_str().map(str::to_string)).flatten())
+                .collect();
+            let prompts = super::score::side_prompts(&request.documents, &state.options().media).await?;
+            let (scores, tokens) = engine.score_embedded(vec![Prompt::Text(request.query.clone())], prompts, &params).await?;
+            (scores, tokens, texts)
+        }
+        None => {
+            if !request.documents.is_array() {
+                return Err(ApiError::BadRequest {
+                    message: "documents must be a list of strings or of {\"text\": string} objects, or {\"content\": [parts]}".into(),
+                    param: Some("documents"),
+                });
+            }
+            let documents = texts_of(&request.documents, "documents")?;
+            state.check_batch_size(documents.len())?;
+            let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.pair.instruction.as_deref()).await?;
+            (scores, tokens, documents.into_iter().map(Some).collect())
+        }
+    };
+    let count = result_count(request.top_n, scores.len())?;
 
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Highest first; equal scores keep document order (the sort is stable).
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
     let return_documents = request.return_documents.unwrap_or(true);
-    let mut documents: Vec<Option<String>> = documents.into_iter().map(Some).collect();
     let results = order
         .into_iter()
         .take(count)

@@ -142,7 +142,7 @@ fn hybrid_weights(weights: &[f64], engine: &Engine) -> Result<[f32; 3], ApiError
 
 /// One side as inputs: a side of texts, or vLLM's `{"content": [parts]}`, each part one
 /// input (a text or an image).
-async fn side_prompts(side: &Value, media: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
+pub(super) async fn side_prompts(side: &Value, media: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
     match side.get("content").and_then(Value::as_array) {
         Some(parts) if parts.is_empty() => Err(ApiError::bad_request("`content` must not be empty")),
         Some(parts) => {

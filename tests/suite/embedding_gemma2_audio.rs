@@ -127,6 +127,47 @@ async fn audio_embeds_over_http_as_transformers_embeds_it() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     let c = cosine(&floats(&reply.body["data"][0]["data"]), &floats(&cases[0]["embedding"]));
     assert!(c >= 0.9999, "audio_url: cosine {c}");
+    // Infinity's /embeddings_audio: data URIs, one or a list.
+    let uris: Vec<String> = files[..2]
+        .iter()
+        .map(|f| {
+            format!(
+                "data:audio/{};base64,{}",
+                f.rsplit('.').next().unwrap(),
+                base64::engine::general_purpose::STANDARD.encode(audio_bytes(f))
+            )
+        })
+        .collect();
+    let reply = post(&router, "/embeddings_audio", json!({"input": uris, "model": "default/not-specified"})).await;
+    assert_eq!(reply.status, 200, "/embeddings_audio: {}", reply.body);
+    for (i, case) in cases.iter().enumerate().take(2) {
+        let c = cosine(&floats(&reply.body["data"][i]["embedding"]), &floats(&case["embedding"]));
+        assert!(c >= 0.9999, "/embeddings_audio {i}: cosine {c}");
+    }
+    let reply = post(&router, "/embeddings_audio", json!({"input": uris[0]})).await;
+    assert_eq!(reply.status, 200, "/embeddings_audio one: {}", reply.body);
+    assert_eq!(reply.body["data"].as_array().unwrap().len(), 1);
+    let reply = post(&router, "/embeddings_audio", json!({"input": []})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    // /score: a text against audio documents is the cosine of their embeddings.
+    let text = &expected["texts"][0];
+    let content: Vec<Value> = files[..2].iter().map(|f| audio_part(f)).collect();
+    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": {"content": content}})).await;
+    assert_eq!(reply.status, 200, "/score: {}", reply.body);
+    for (i, case) in cases.iter().enumerate().take(2) {
+        let want = cosine(&floats(&text["embedding"]), &floats(&case["embedding"])) as f32;
+        let got = reply.body["data"][i]["score"].as_f64().unwrap() as f32;
+        assert!((got - want).abs() <= 1e-4, "/score audio {i}: {got} vs {want}");
+    }
+    // /rerank with vLLM's multimodal documents: the audio ranked by the same cosines.
+    let reply = post(&router, "/rerank", json!({"query": text["text"], "documents": {"content": content}})).await;
+    assert_eq!(reply.status, 200, "/rerank: {}", reply.body);
+    for result in reply.body["results"].as_array().unwrap() {
+        let i = result["index"].as_u64().unwrap() as usize;
+        let want = cosine(&floats(&text["embedding"]), &floats(&cases[i]["embedding"])) as f32;
+        let got = result["relevance_score"].as_f64().unwrap() as f32;
+        assert!((got - want).abs() <= 1e-4, "/rerank audio {i}: {got} vs {want}");
+    }
     // Text and audio in one input: the parts joined with a newline, each audio as its token.
     for (i, case) in expected["audio_interleaved"].as_array().unwrap().iter().enumerate() {
         let content: Vec<Value> = case["parts"]

@@ -150,6 +150,12 @@ async fn images_embed_over_http_as_transformers_embeds_them() {
     let sequences: u64 = images.iter().map(|i| i["input_ids"].as_array().unwrap().len() as u64).sum();
     assert_eq!(billed["input_tokens"], 0, "{billed}");
     assert!(billed["image_tokens"].as_u64().unwrap() > sequences, "{billed}");
+    // Infinity's /embeddings_image.
+    let reply = post(&router, "/embeddings_image", json!({"input": urls})).await;
+    assert_eq!(reply.status, 200, "/embeddings_image: {}", reply.body);
+    for (i, image) in images.iter().enumerate() {
+        check(&reply.body["data"][i]["embedding"], &image["embedding"], &format!("/embeddings_image {i}"));
+    }
     // A text and an image in one request: each as transformers embeds it alone.
     let text = &expected["texts"][0];
     let inputs =
