@@ -201,7 +201,8 @@ def image_part(file):
 
 def check_soft_token_images(server, expected):
     """EmbeddingGemma 2: texts, then each image alone and all of them in one request (the soft
-    tokens of Gemma 4's vision tower in the text encoder), then text and images in one input."""
+    tokens of Gemma 4's vision tower in the text encoder), then text and images in one input,
+    then audio alone, batched, and with text (its audio tower)."""
     results = check_embeddings(server, expected)
     messages = [[{"role": "user", "content": [image_part(i["file"])]}] for i in expected["images"]]
     for message, image in zip(messages, expected["images"]):
@@ -215,7 +216,25 @@ def check_soft_token_images(server, expected):
         content = [{"type": "text", "text": p["text"]} if "text" in p else image_part(p["image"]) for p in case["parts"]]
         embedding = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": content}]})["data"][0]["embedding"]
         results.append(("cosine", cosine(embedding, case["embedding"])))
+    # Audio (Gemma 4's audio tower): the files transformers decodes as we do (PCM and FLAC at
+    # 16 kHz; the others differ in the decoder's and resampler's last bits), all in one request,
+    # then text with audio.
+    exact = [a for a in expected.get("audio", []) if "16k" in a["file"] and a["file"].endswith((".wav", ".flac"))]
+    if exact:
+        reply = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": [audio_part(a["file"])]} for a in exact]})
+        results += [("cosine", cosine(d["embedding"], a["embedding"])) for d, a in zip(reply["data"], exact)]
+    for case in expected.get("audio_interleaved", []):
+        content = [{"type": "text", "text": p["text"]} if "text" in p else audio_part(p["audio"]) for p in case["parts"]]
+        embedding = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": content}]})["data"][0]["embedding"]
+        results.append(("cosine", cosine(embedding, case["embedding"])))
     return results
+
+
+def audio_part(file):
+    """An OpenAI `input_audio` content part carrying a fixture audio file."""
+    import base64
+    data = base64.b64encode(open(f"{FIXTURES}/audio/{file}", "rb").read()).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": file.rsplit(".", 1)[-1]}}
 
 
 def check_chat(server, expected):
@@ -375,6 +394,9 @@ def parity(binary, device, dtype):
     max_reward = REWARD_BF16_BAR if dtype == "bfloat16" else max_diff
     os.makedirs("target/gpu-check", exist_ok=True)
     folders = sorted(os.listdir(f"{FIXTURES}/models"))
+    # FIXTURES_ONLY=a,b: those folders alone (a rerun of what failed, or a new family's check).
+    if os.environ.get("FIXTURES_ONLY"):
+        folders = [f for f in folders if f in os.environ["FIXTURES_ONLY"].split(",")]
 
     def check_folder(name):
         """One fixture folder: (ok, its report line)."""
