@@ -76,17 +76,26 @@ pub struct ImageSide {
 }
 
 /// Part of one request's prompts for [`Preprocessor::prepare_wave`]: at most
-/// [`ImageSide::wave`] images, with the texts between them, in order.
+/// [`ImageSide::wave`] images and audio, with the texts between them, in order.
 #[derive(Debug)]
 pub struct Wave {
     prompts: Vec<Prompt>,
-    /// Where the wave's first image is among the request's, and how many the request has (for
-    /// error messages that name the request's image).
+    /// Where the wave's first image (and audio) is among the request's, and how many the
+    /// request has (for error messages that name the request's image or audio).
     first_image: usize,
     images_in_request: usize,
+    first_audio: usize,
+    audio_in_request: usize,
 }
 
 impl Wave {
+    /// A request in one wave.
+    fn whole(prompts: Vec<Prompt>) -> Self {
+        let images_in_request = image_count(&prompts);
+        let audio_in_request = prompts.iter().map(Prompt::audio_count).sum();
+        Wave { prompts, first_image: 0, images_in_request, first_audio: 0, audio_in_request }
+    }
+
     /// The wave's prompts, in the request's order.
     pub fn prompts(&self) -> &[Prompt] {
         &self.prompts
@@ -197,22 +206,28 @@ impl Preprocessor {
     /// model, in order, each checked against the model's limits. Requests with more images
     /// than [`ImageSide::wave`] go through [`Self::waves`] instead, so as not to hold them all.
     pub async fn prepare(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
-        let images_in_request = image_count(&prompts);
-        self.prepare_wave(Wave { prompts, first_image: 0, images_in_request }, options).await
+        let whole = Wave::whole(prompts);
+        self.prepare_wave(whole, options).await
     }
 
-    /// Cuts a request into [`Wave`]s of at most [`ImageSide::wave`] images, so that it is
-    /// decoded a wave at a time (the caller runs each wave while the next is decoded). When
-    /// there is more than one, every image's header is checked first ([`check_header`]), so an
-    /// image that is refused fails the request before any wave runs, as it would in one wave.
+    /// Cuts a request into [`Wave`]s of at most [`ImageSide::wave`] media (images and audio),
+    /// so that it is decoded a wave at a time (the caller runs each wave while the next is
+    /// decoded): a request of many 30-second clips holds one wave of them, not all. When there
+    /// is more than one wave, every image's and audio's header is checked first
+    /// ([`check_header`], [`decode::check_header`]), so a medium that is refused fails the
+    /// request before any wave runs, as it would in one wave.
     ///
     /// [`check_header`]: super::image::check_header
+    /// [`decode::check_header`]: super::audio::decode::check_header
     pub async fn waves(&self, prompts: Vec<Prompt>) -> Result<Vec<Wave>, InputError> {
-        let images_in_request = image_count(&prompts);
-        let Some(side) = self.images.as_ref().filter(|side| images_in_request > side.wave.max(1)) else {
-            return Ok(vec![Wave { prompts, first_image: 0, images_in_request }]);
+        let whole = Wave::whole(prompts);
+        let media_in_request = whole.images_in_request + whole.audio_in_request;
+        let Some(side) = self.images.as_ref().filter(|side| media_in_request > side.wave.max(1)) else {
+            return Ok(vec![whole]);
         };
+        let Wave { prompts, images_in_request, audio_in_request, .. } = whole;
         let (per_wave, limits) = (side.wave.max(1), side.limits);
+        let audio = self.audio.as_ref().map(|side| (side.features.sampling_rate, side.features.max_samples, side.limits));
         let prompts = self
             .workers
             .execute(move || {
@@ -223,21 +238,33 @@ impl Preprocessor {
                         index += 1;
                     }
                 }
+                if let Some((rate, max_samples, limits)) = audio {
+                    for (index, bytes) in prompts.iter().flat_map(audio_bytes).enumerate() {
+                        super::audio::decode::check_header(bytes, rate, max_samples, &limits)
+                            .map_err(|e| InputError::Audio(format!("audio {index}: {e}")))?;
+                    }
+                }
                 Ok::<_, InputError>(prompts)
             })
             .await??;
-        let mut waves = Vec::with_capacity(images_in_request.div_ceil(per_wave));
-        let mut wave = Wave { prompts: Vec::new(), first_image: 0, images_in_request };
-        let mut images_seen = 0;
+        let mut waves = Vec::with_capacity(media_in_request.div_ceil(per_wave));
+        let mut wave = Wave { prompts: Vec::new(), first_image: 0, images_in_request, first_audio: 0, audio_in_request };
+        let (mut images_seen, mut audio_seen) = (0, 0);
         for prompt in prompts {
-            // An input's images stay together: a wave may hold an interleaved input's few more.
-            let images = prompt.image_count();
-            if images > 0 {
-                if images_seen - wave.first_image >= per_wave {
-                    let next = Wave { prompts: Vec::new(), first_image: images_seen, images_in_request };
+            // An input's media stay together: a wave may hold an interleaved input's few more.
+            if prompt.media_count() > 0 {
+                if images_seen + audio_seen - wave.first_image - wave.first_audio >= per_wave {
+                    let next = Wave {
+                        prompts: Vec::new(),
+                        first_image: images_seen,
+                        images_in_request,
+                        first_audio: audio_seen,
+                        audio_in_request,
+                    };
                     waves.push(std::mem::replace(&mut wave, next));
                 }
-                images_seen += images;
+                images_seen += prompt.image_count();
+                audio_seen += prompt.audio_count();
             }
             wave.prompts.push(prompt);
         }
@@ -247,7 +274,7 @@ impl Preprocessor {
 
     /// [`Self::prepare`] for one of [`Self::waves`].
     pub async fn prepare_wave(&self, wave: Wave, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
-        let Wave { prompts, first_image, images_in_request } = wave;
+        let Wave { prompts, first_image, images_in_request, first_audio, audio_in_request } = wave;
         if !prompts.iter().any(|p| p.media_count() > 0) {
             return Ok(self.prepare_texts(prompts, options).await?.into_iter().map(ModelInput::Text).collect());
         }
@@ -263,7 +290,8 @@ impl Preprocessor {
                 texts.push(prompt);
             }
         }
-        let pixels = self.prepare_images(images, first_image, images_in_request, options).await?;
+        let numbering = MediaNumbering { first_image, images_in_request, first_audio, audio_in_request };
+        let pixels = self.prepare_images(images, numbering, options).await?;
         let texts = if texts.is_empty() { Vec::new() } else { self.prepare_texts(texts, options).await? };
         let (mut texts, mut pixels) = (texts.into_iter(), pixels.into_iter());
         is_image
@@ -495,10 +523,10 @@ impl Preprocessor {
     async fn prepare_images(
         &self,
         prompts: Vec<Prompt>,
-        first: usize,
-        in_request: usize,
+        numbering: MediaNumbering,
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
+        let (first, in_request) = (numbering.first_image, numbering.images_in_request);
         let has_audio = prompts.iter().any(|p| p.audio_count() > 0);
         if has_audio && self.audio.is_none() {
             return Err(InputError::AudioUnsupported);
@@ -508,7 +536,7 @@ impl Preprocessor {
                 return Err(InputError::ImagesUnsupported);
             }
             // An audio model without an image tower.
-            return self.soft_token_media(prompts, None, first, in_request, options).await;
+            return self.soft_token_media(prompts, None, numbering, options).await;
         };
         let started = std::time::Instant::now();
         let limits = side.limits;
@@ -540,7 +568,7 @@ impl Preprocessor {
                     .await??
             }
             ImageProcessing::SoftTokens(frame) => {
-                return self.soft_token_media(prompts, Some((frame, limits)), first, in_request, options).await;
+                return self.soft_token_media(prompts, Some((frame, limits)), numbering, options).await;
             }
         };
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
@@ -554,14 +582,13 @@ impl Preprocessor {
         &self,
         prompts: Vec<Prompt>,
         images: Option<(&SoftTokenFrame, super::image::ImageLimits)>,
-        first: usize,
-        in_request: usize,
+        numbering: MediaNumbering,
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
         let started = std::time::Instant::now();
+        let MediaNumbering { first_image: first, images_in_request: in_request, first_audio, audio_in_request } = numbering;
         let patch_config = images.map(|(frame, limits)| (frame.patches, limits));
         let audio_config = self.audio.as_ref().map(|side| (Arc::clone(&side.features), side.limits));
-        let audio_in_request = prompts.iter().map(Prompt::audio_count).sum::<usize>();
         let (prompts, patches, audio) = self
             .workers
             .execute(move || {
@@ -585,7 +612,11 @@ impl Preprocessor {
                         .enumerate()
                         .map(|(i, bytes)| {
                             super::audio::preprocess(bytes, &features, &limits).map_err(|e| {
-                                InputError::Audio(if audio_in_request > 1 { format!("audio {i}: {e}") } else { e.to_string() })
+                                InputError::Audio(if audio_in_request > 1 {
+                                    format!("audio {}: {e}", first_audio + i)
+                                } else {
+                                    e.to_string()
+                                })
                             })
                         })
                         .collect::<Result<Vec<_>, _>>()?,
@@ -681,6 +712,16 @@ impl Preprocessor {
     pub async fn panic_in_a_worker(&self) -> Result<(), InputError> {
         self.workers.panic_in_a_worker().await?.into_iter().next().ok_or(InputError::Stopped)?.map(|_| ())
     }
+}
+
+/// Where a wave's first image and audio are among the request's, and how many it has: the
+/// numbers error messages name.
+#[derive(Debug, Clone, Copy)]
+struct MediaNumbering {
+    first_image: usize,
+    images_in_request: usize,
+    first_audio: usize,
+    audio_in_request: usize,
 }
 
 /// A placeholder token found in a medium's input text beyond what its media made.

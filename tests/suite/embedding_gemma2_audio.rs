@@ -267,6 +267,20 @@ async fn hostile_audio_is_refused_with_its_reason() {
     // Audio can only be embedded.
     let reply = post(&router, "/pooling", json!({"messages": [message(vec![wav_part(&whole)])], "task": "token_embed"})).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
+    // Many audio inputs in one request run in waves (a few at a time, as images do), each
+    // embedded as alone; a bad one late in the request fails it by its number, from its header.
+    let many: Vec<Value> = (0..24).map(|_| message(vec![wav_part(&whole)])).collect();
+    let reply = post(&router, "/v1/embeddings", json!({"messages": many})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let first = floats(&reply.body["data"][0]["embedding"]);
+    for item in reply.body["data"].as_array().unwrap() {
+        assert!(cosine(&floats(&item["embedding"]), &first) > 0.99999);
+    }
+    let mut bad = many.clone();
+    bad.push(message(vec![wav_part(&wav(100, 16000, Some(16000 * 3600 * 2)))]));
+    let reply = post(&router, "/v1/embeddings", json!({"messages": bad})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    refused(&reply.body, "audio 24");
     // And the server serves on.
     let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&whole)])]})).await;
     assert_eq!(reply.status, 200, "{}", reply.body);

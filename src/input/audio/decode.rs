@@ -24,14 +24,26 @@ pub const MAX_SOURCE_RATE: u32 = 192_000;
 /// The most channels decoded (7.1 surround is 8).
 pub const MAX_CHANNELS: usize = 8;
 
-/// The first `max_samples` samples at `rate` Hz of the audio in `bytes`, channels averaged.
-pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<Vec<f32>, AudioError> {
+/// The audio's container and stream checked from its headers, nothing decoded: a request's
+/// audio all pass this before the first of them runs (as images' headers do).
+pub fn check_header(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<(), AudioError> {
+    probe(bytes, rate, max_samples, limits).map(|_| ())
+}
+
+/// The container's reader, its audio track and the track's parameters, checked against the
+/// limits (rate, channels, declared duration).
+fn probe(
+    bytes: &[u8],
+    rate: u32,
+    max_samples: usize,
+    limits: &AudioLimits,
+) -> Result<(Box<dyn symphonia::core::formats::FormatReader>, u32, symphonia::core::codecs::CodecParameters), AudioError> {
     let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes.to_vec())), MediaSourceStreamOptions::default());
     let format_options = FormatOptions { enable_gapless: true, ..FormatOptions::default() };
     let probed = symphonia::default::get_probe()
         .format(&Hint::new(), source, &format_options, &MetadataOptions::default())
         .map_err(|e| AudioError::Format(describe(&e)))?;
-    let mut reader = probed.format;
+    let reader = probed.format;
     let track = reader
         .tracks()
         .iter()
@@ -54,6 +66,13 @@ pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLi
             return Err(AudioError::TooLong { seconds, max: limits.max_declared_seconds, heard: max_samples as f64 / rate as f64 });
         }
     }
+    Ok((reader, track_id, params))
+}
+
+/// The first `max_samples` samples at `rate` Hz of the audio in `bytes`, channels averaged.
+pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<Vec<f32>, AudioError> {
+    let (mut reader, track_id, params) = probe(bytes, rate, max_samples, limits)?;
+    let source_rate = params.sample_rate.ok_or_else(|| AudioError::Format("no sample rate".into()))?;
     let mut decoder =
         symphonia::default::get_codecs().make(&params, &DecoderOptions::default()).map_err(|e| AudioError::Format(describe(&e)))?;
 
