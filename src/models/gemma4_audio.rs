@@ -3,7 +3,7 @@
 //! reuses both verbatim for its audio soft tokens.
 //!
 //! An audio arrives as its real log-mel frames (`[frames, mel_bins]`,
-//! [`crate::input::audio::features`]). The tower, top-down:
+//! as the feature extractor makes them: the input layer's `audio::features`). The tower, top-down:
 //! - **sub-sampling** (`subsample_conv_projection`): twice a 3×3 convolution of stride 2 over
 //!   (time, frequency), a LayerNorm over channels (weight, no bias) and ReLU; then the
 //!   `[time, frequency, channel]` rows, flattened frequency-major, through `input_proj_linear`.

@@ -1,0 +1,238 @@
+//! The inputs holding images and audio ([`Prompt::Image`], [`Prompt::Interleaved`]): CLIP and
+//! SigLIP crops, and for soft-token models (EmbeddingGemma 2) patches and log-mel frames with
+//! the text sequence that frames them, as the model's processor builds it. Decoding runs on the
+//! input workers; [`Preprocessor::prepare_wave`] sends the prompts that hold media here.
+
+use super::{check_length, ImageProcessing, InputOptions, Preprocessor, SoftTokenFrame};
+use crate::input::image::patches::preprocess_patches;
+use crate::input::tokenizer::{EncodeOptions, TextInput, TruncationSide};
+use crate::input::{ImageSequence, InputError, ModelInput, Part, Prompt};
+use std::sync::Arc;
+
+impl Preprocessor {
+    /// Decodes and preprocesses `images`, the request's from `first` on (of `in_request`), into
+    /// u8 crops (normalized when their batch runs), one after another on one worker of the pool
+    /// (as texts are tokenized there): the other workers stay free for other requests.
+    /// The inputs holding images ([`Prompt::Image`], [`Prompt::Interleaved`]), decoded on the
+    /// input workers; `first` is the index of their first image among the request's
+    /// `in_request`, for messages that name an image.
+    pub(super) async fn prepare_images(
+        &self,
+        prompts: Vec<Prompt>,
+        numbering: MediaNumbering,
+        options: &InputOptions,
+    ) -> Result<Vec<ModelInput>, InputError> {
+        let (first, in_request) = (numbering.first_image, numbering.images_in_request);
+        let has_audio = prompts.iter().any(|p| p.audio_count() > 0);
+        if has_audio && self.audio.is_none() {
+            return Err(InputError::AudioUnsupported);
+        }
+        let Some(side) = self.images.as_ref() else {
+            if prompts.iter().any(|p| p.image_count() > 0) {
+                return Err(InputError::ImagesUnsupported);
+            }
+            // An audio model without an image tower.
+            return self.soft_token_media(prompts, None, numbering, options).await;
+        };
+        let started = std::time::Instant::now();
+        let limits = side.limits;
+        let name = move |i: usize, e: crate::input::image::ImageError| {
+            InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
+        };
+        let inputs = match &side.processing {
+            ImageProcessing::Crop { processor, tables } => {
+                if prompts.iter().any(|p| matches!(p, Prompt::Interleaved(_))) {
+                    return Err(InputError::Media {
+                        message: "one input holds several parts (text and an image, or several images): this model embeds one text or one image per input; send them as separate inputs".into(),
+                        param: None,
+                    });
+                }
+                let (processor, tables) = (Arc::clone(processor), Arc::clone(tables));
+                self.workers
+                    .execute(move || {
+                        prompts
+                            .iter()
+                            .flat_map(image_bytes)
+                            .enumerate()
+                            .map(|(i, bytes)| {
+                                crate::input::image::preprocess_with(bytes, &processor, &limits, &tables)
+                                    .map(ModelInput::Image)
+                                    .map_err(|e| name(i, e))
+                            })
+                            .collect::<Result<Vec<_>, _>>()
+                    })
+                    .await??
+            }
+            ImageProcessing::SoftTokens(frame) => {
+                return self.soft_token_media(prompts, Some((frame, limits)), numbering, options).await;
+            }
+        };
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        Ok(inputs)
+    }
+
+    /// The inputs of a soft-token model: each image cut into patches and each audio decoded
+    /// into log-mel frames on one input worker, then the text sequences
+    /// ([`Self::image_sequences`]).
+    async fn soft_token_media(
+        &self,
+        prompts: Vec<Prompt>,
+        images: Option<(&SoftTokenFrame, crate::input::image::ImageLimits)>,
+        numbering: MediaNumbering,
+        options: &InputOptions,
+    ) -> Result<Vec<ModelInput>, InputError> {
+        let started = std::time::Instant::now();
+        let MediaNumbering { first_image: first, images_in_request: in_request, first_audio, audio_in_request } = numbering;
+        let patch_config = images.map(|(frame, limits)| (frame.patches, limits));
+        let audio_config = self.audio.as_ref().map(|side| (Arc::clone(&side.features), side.limits));
+        let (prompts, patches, audio) = self
+            .workers
+            .execute(move || {
+                let image_name = |i: usize, e: crate::input::image::ImageError| {
+                    InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
+                };
+                let patches = match patch_config {
+                    Some((config, limits)) => prompts
+                        .iter()
+                        .flat_map(image_bytes)
+                        .enumerate()
+                        .map(|(i, bytes)| preprocess_patches(bytes, &config, &limits).map_err(|e| image_name(i, e)))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None if prompts.iter().any(|p| p.image_count() > 0) => return Err(InputError::ImagesUnsupported),
+                    None => Vec::new(),
+                };
+                let audio = match audio_config {
+                    Some((features, limits)) => prompts
+                        .iter()
+                        .flat_map(audio_bytes)
+                        .enumerate()
+                        .map(|(i, bytes)| {
+                            crate::input::audio::preprocess(bytes, &features, &limits).map_err(|e| {
+                                InputError::Audio(if audio_in_request > 1 {
+                                    format!("audio {}: {e}", first_audio + i)
+                                } else {
+                                    e.to_string()
+                                })
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None => Vec::new(),
+                };
+                Ok::<_, InputError>((prompts, patches, audio))
+            })
+            .await??;
+        let inputs = self.image_sequences(prompts, patches, audio, images.map(|(frame, _)| frame), options).await?;
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        Ok(inputs)
+    }
+
+    /// The text sequences of media inputs for a soft-token model, as its processor builds them:
+    /// each image or audio is `begin placeholder×n end` (n its soft tokens); an interleaved
+    /// input's parts are joined with a newline, its text behind the request's prompt (a medium
+    /// alone gets no prompt, as the processor gives it none); tokenized with special tokens and
+    /// never truncated (a cut sequence would lose placeholders).
+    async fn image_sequences(
+        &self,
+        prompts: Vec<Prompt>,
+        patches: Vec<crate::input::image::patches::Patches>,
+        audio: Vec<crate::input::audio::LogMel>,
+        frame: Option<&SoftTokenFrame>,
+        options: &InputOptions,
+    ) -> Result<Vec<ModelInput>, InputError> {
+        let image_text = |p: &crate::input::image::patches::Patches| -> Result<String, InputError> {
+            let frame = frame.ok_or(InputError::ImagesUnsupported)?;
+            Ok(format!("{}{}{}", frame.begin, frame.placeholder.repeat(frame.patches.soft_tokens(p.positions.len())), frame.end))
+        };
+        let audio_text = |a: &crate::input::audio::LogMel| -> Result<String, InputError> {
+            let side = self.audio.as_ref().ok_or(InputError::AudioUnsupported)?;
+            Ok(format!("{}{}{}", side.begin, side.placeholder.repeat(side.soft_tokens(a)), side.end))
+        };
+        let (mut next_image, mut next_audio) = (patches.iter(), audio.iter());
+        let mut texts = Vec::with_capacity(prompts.len());
+        for prompt in &prompts {
+            let text = match prompt {
+                Prompt::Interleaved(parts) => {
+                    let joined = parts
+                        .iter()
+                        .map(|part| match part {
+                            Part::Text(text) => Ok(text.clone()),
+                            Part::Image(_) => next_image.next().ok_or(InputError::Stopped).and_then(image_text),
+                            Part::Audio(_) => next_audio.next().ok_or(InputError::Stopped).and_then(audio_text),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                        .join("\n");
+                    let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)]);
+                    let prompt = if alone { "" } else { options.prompt.as_deref().unwrap_or("") };
+                    format!("{prompt}{joined}")
+                }
+                _ => next_image.next().ok_or(InputError::Stopped).and_then(image_text)?,
+            };
+            texts.push(TextInput::Single(text));
+        }
+        let encode =
+            EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
+        let tokens = self.workers.encode(texts, encode).await?;
+        let (mut patches, mut audio) = (patches.into_iter(), audio.into_iter());
+        let mut inputs = Vec::with_capacity(prompts.len());
+        for (prompt, tokens) in prompts.iter().zip(tokens) {
+            let tokens = tokens?;
+            check_length(tokens.len(), self.max_model_len, false)?;
+            let images: Vec<_> = patches.by_ref().take(prompt.image_count()).collect();
+            let sounds: Vec<_> = audio.by_ref().take(prompt.audio_count()).collect();
+            let count = |id: u32| tokens.ids.iter().filter(|&&t| t == id).count();
+            // Placeholders typed as text would take soft tokens meant for others.
+            if let Some(frame) = frame {
+                let soft: usize = images.iter().map(|p| frame.patches.soft_tokens(p.positions.len())).sum();
+                if count(frame.placeholder_id) != soft {
+                    return Err(placeholder_typed("image", &frame.placeholder));
+                }
+            }
+            if let Some(side) = &self.audio {
+                if count(side.placeholder_id) != sounds.iter().map(|a| side.soft_tokens(a)).sum::<usize>() {
+                    return Err(placeholder_typed("audio", &side.placeholder));
+                }
+            }
+            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images, audio: sounds }));
+        }
+        Ok(inputs)
+    }
+}
+
+/// Where a wave's first image and audio are among the request's, and how many it has: the
+/// numbers error messages name.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MediaNumbering {
+    pub(super) first_image: usize,
+    pub(super) images_in_request: usize,
+    pub(super) first_audio: usize,
+    pub(super) audio_in_request: usize,
+}
+
+/// A placeholder token found in a medium's input text beyond what its media made.
+fn placeholder_typed(medium: &str, placeholder: &str) -> InputError {
+    InputError::Media {
+        message: format!("the input's text holds the {medium} placeholder token `{placeholder}`; it may only come from {medium} inputs"),
+        param: None,
+    }
+}
+
+/// The encoded audio of a prompt, in order.
+pub(super) fn audio_bytes(prompt: &Prompt) -> Vec<&[u8]> {
+    match prompt {
+        Prompt::Interleaved(parts) => {
+            parts.iter().filter_map(|p| if let Part::Audio(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The encoded images of a prompt, in order.
+pub(super) fn image_bytes(prompt: &Prompt) -> Vec<&[u8]> {
+    match prompt {
+        Prompt::Image(bytes) => vec![bytes],
+        Prompt::Interleaved(parts) => {
+            parts.iter().filter_map(|p| if let Part::Image(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
+        }
+        _ => Vec::new(),
+    }
+}
