@@ -4,10 +4,10 @@
 //! message holding that image or audio, so the media rules (allowed hosts, data URLs, the
 //! pixel and duration limits) are `/v1/embeddings`' own.
 
-use super::embeddings::{self, EmbeddingRequest};
-use super::error::ApiError;
+use super::embeddings::{self, EmbeddingData, EmbeddingRequest};
+use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
-use super::AppState;
+use super::{AppState, ListResponse};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::Deserialize;
@@ -31,7 +31,10 @@ pub struct MediaEmbeddingRequest {
 
 #[utoipa::path(post, tag = "Embeddings (Infinity)", path = "/embeddings_image", request_body = MediaEmbeddingRequest,
     description = "Infinity's image embeddings: `input` is a data URI or URL, or a list of them.",
-    responses((status = 200, description = "the embeddings, as /v1/embeddings answers")))]
+    responses(
+        (status = 200, description = "the embeddings, as /v1/embeddings answers", body = ListResponse<EmbeddingData>),
+        ErrorResponses
+    ))]
 pub async fn image(
     state: State<AppState>,
     headers: HeaderMap,
@@ -42,7 +45,10 @@ pub async fn image(
 
 #[utoipa::path(post, tag = "Embeddings (Infinity)", path = "/embeddings_audio", request_body = MediaEmbeddingRequest,
     description = "Infinity's audio embeddings: `input` is a data URI or URL, or a list of them.",
-    responses((status = 200, description = "the embeddings, as /v1/embeddings answers")))]
+    responses(
+        (status = 200, description = "the embeddings, as /v1/embeddings answers", body = ListResponse<EmbeddingData>),
+        ErrorResponses
+    ))]
 pub async fn audio(
     state: State<AppState>,
     headers: HeaderMap,
