@@ -84,6 +84,18 @@ pub struct Engine {
     by_task: bool,
 }
 
+/// The strings of a medium's framing tokens (`begin placeholder end`), as the text that the
+/// preprocessor writes around it; a tokenizer without them cannot serve that medium.
+fn framing_strings(
+    tokenizer: &crate::input::tokenizer::TextTokenizer,
+    ids: crate::models::ImageTokens,
+    medium: &str,
+) -> std::io::Result<[String; 3]> {
+    <[String; 3]>::try_from(tokenizer.token_strings(&[ids.begin, ids.placeholder, ids.end])).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the {medium} tokens are not in the tokenizer's vocabulary"))
+    })
+}
+
 impl Engine {
     /// Loads the model and starts its engine (blocking: run it off the async runtime).
     pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineError> {
@@ -150,10 +162,7 @@ impl Engine {
             }
             Some(VisionInput::SoftTokens { tower, patches }) => {
                 let ids = tower.image_tokens();
-                let strings = tokenizer.token_strings(&[ids.begin, ids.placeholder, ids.end]);
-                let [begin, placeholder, end] = <[String; 3]>::try_from(strings).map_err(|_| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the image tokens are not in the tokenizer's vocabulary")
-                })?;
+                let [begin, placeholder, end] = framing_strings(&tokenizer, ids, "image")?;
                 // An image's cost: at most its budget of soft tokens in the text, three framing
                 // tokens, and the tower's pass over its patches.
                 let tokens_per_image = patches.max_soft_tokens + patches.max_patches() + 4;
@@ -177,10 +186,7 @@ impl Engine {
         let (audio_side, soft_audio) = match audio {
             Some(AudioInput { tower, features }) => {
                 let ids = tower.audio_tokens();
-                let strings = tokenizer.token_strings(&[ids.begin, ids.placeholder, ids.end]);
-                let [begin, placeholder, end] = <[String; 3]>::try_from(strings).map_err(|_| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the audio tokens are not in the tokenizer's vocabulary")
-                })?;
+                let [begin, placeholder, end] = framing_strings(&tokenizer, ids, "audio")?;
                 let side = AudioSide {
                     features: Arc::new(features),
                     limits: crate::input::audio::AudioLimits { max_declared_seconds: options.max_audio_seconds as f64 },

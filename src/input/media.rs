@@ -276,8 +276,8 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
             Some("text") => parsed.push(RawPart::Text(
                 part.get("text").and_then(Value::as_str).ok_or_else(|| bad("a `text` content part needs a string `text`"))?.to_string(),
             )),
-            Some("image_url") => parsed.push(RawPart::Image(image_url_of(part)?.to_string())),
-            Some("audio_url") => parsed.push(RawPart::Audio(audio_url_of(part)?.to_string())),
+            Some("image_url") => parsed.push(RawPart::Image(url_of(part, "image_url", "data:image/…;base64,…")?.to_string())),
+            Some("audio_url") => parsed.push(RawPart::Audio(url_of(part, "audio_url", "data:audio/wav;base64,…")?.to_string())),
             Some("input_audio") => parsed.push(RawPart::Audio(input_audio_of(part)?)),
             Some(other) => {
                 return Err(bad(format!("Unsupported content part type `{other}`: use `text`, `image_url`, `audio_url` or `input_audio`")))
@@ -298,16 +298,6 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
     Ok(Content::Text(texts.join("\n")))
 }
 
-/// `part["image_url"]["url"]` (OpenAI and Cohere), or `part["image_url"]` as a plain string.
-/// vLLM's `{"type": "audio_url", "audio_url": {"url": …}}` (a data URL or an allowed host's).
-fn audio_url_of(part: &Value) -> Result<&str, InputError> {
-    let field = part.get("audio_url").ok_or_else(|| bad("an `audio_url` content part needs an `audio_url`"))?;
-    field
-        .as_str()
-        .or_else(|| field.get("url").and_then(Value::as_str))
-        .ok_or_else(|| bad("`audio_url` must be {\"url\": \"data:audio/wav;base64,…\"} or a URL string"))
-}
-
 /// OpenAI's `{"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}`, as a
 /// data URL. The format names the container (`wav`, `mp3`, `flac`, `ogg`); the decoder reads
 /// the bytes whatever it says.
@@ -321,12 +311,14 @@ fn input_audio_of(part: &Value) -> Result<String, InputError> {
     Ok(format!("data:audio/{format};base64,{data}"))
 }
 
-fn image_url_of(part: &Value) -> Result<&str, InputError> {
-    let field = part.get("image_url").ok_or_else(|| bad("an `image_url` content part needs an `image_url`"))?;
+/// The URL of an `image_url` or `audio_url` part: `part[kind]["url"]` (OpenAI, Cohere, vLLM), or
+/// `part[kind]` as a plain string.
+fn url_of<'a>(part: &'a Value, kind: &str, example: &str) -> Result<&'a str, InputError> {
+    let field = part.get(kind).ok_or_else(|| bad(format!("an `{kind}` content part needs an `{kind}`")))?;
     field
         .as_str()
         .or_else(|| field.get("url").and_then(Value::as_str))
-        .ok_or_else(|| bad("`image_url` must be {\"url\": \"data:image/…;base64,…\"} or a URL string"))
+        .ok_or_else(|| bad(format!("`{kind}` must be {{\"url\": \"{example}\"}} or a URL string")))
 }
 
 /// vLLM's chat-style embedding request: one input per message, from its `content`.

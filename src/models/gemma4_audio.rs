@@ -364,10 +364,10 @@ impl Gemma4Audio {
                         total += *s;
                     }
                     let target = &mut out[t * h..][cols.clone()];
-                    for (i, weight) in scores.iter().enumerate() {
+                    for (i, weight) in scores.iter().map(|s| s / total).enumerate() {
                         let value = &v[(first + i) * h..][cols.clone()];
                         for (o, &x) in target.iter_mut().zip(value) {
-                            *o += weight / total * x;
+                            *o += weight * x;
                         }
                     }
                 }

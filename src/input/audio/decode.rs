@@ -30,14 +30,14 @@ pub fn check_header(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioL
     probe(bytes, rate, max_samples, limits).map(|_| ())
 }
 
-/// The container's reader, its audio track and the track's parameters, checked against the
-/// limits (rate, channels, declared duration).
+/// The container's reader, its audio track, the track's parameters and its sample rate,
+/// checked against the limits (rate, channels, declared duration).
 fn probe(
     bytes: &[u8],
     rate: u32,
     max_samples: usize,
     limits: &AudioLimits,
-) -> Result<(Box<dyn symphonia::core::formats::FormatReader>, u32, symphonia::core::codecs::CodecParameters), AudioError> {
+) -> Result<(Box<dyn symphonia::core::formats::FormatReader>, u32, symphonia::core::codecs::CodecParameters, u32), AudioError> {
     let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes.to_vec())), MediaSourceStreamOptions::default());
     let format_options = FormatOptions { enable_gapless: true, ..FormatOptions::default() };
     let probed = symphonia::default::get_probe()
@@ -66,13 +66,12 @@ fn probe(
             return Err(AudioError::TooLong { seconds, max: limits.max_declared_seconds, heard: max_samples as f64 / rate as f64 });
         }
     }
-    Ok((reader, track_id, params))
+    Ok((reader, track_id, params, source_rate))
 }
 
 /// The first `max_samples` samples at `rate` Hz of the audio in `bytes`, channels averaged.
 pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<Vec<f32>, AudioError> {
-    let (mut reader, track_id, params) = probe(bytes, rate, max_samples, limits)?;
-    let source_rate = params.sample_rate.ok_or_else(|| AudioError::Format("no sample rate".into()))?;
+    let (mut reader, track_id, params, source_rate) = probe(bytes, rate, max_samples, limits)?;
     let mut decoder =
         symphonia::default::get_codecs().make(&params, &DecoderOptions::default()).map_err(|e| AudioError::Format(describe(&e)))?;
 
