@@ -467,7 +467,8 @@ def st(corpus_path, model, device, dtype):
 def real(binary, model, device):
     """A base-sized random folder (benches/make_family_models.py) against transformers'
     AutoModel on the same device: the shapes the tiny fixtures don't reach (EmbeddingGemma 2's
-    heads of 256 and 512, inputs past its 512-token window). Token-id inputs (no tokenizer in
+    heads of 256 and 512, inputs past its 512-token window). A server whose CUDA kernels failed
+    their self-check fails here too. Token-id inputs (no tokenizer in
     the comparison), every token's vector (the token_embed task) and their mean. The reference
     is transformers in float64; its own float32 distance from it is printed first, to show the
     folder is well-conditioned enough for the bars: float32 cosine >= 0.9999, half precision
@@ -511,10 +512,12 @@ def real(binary, model, device):
             alone = [torch.tensor(server.post("/pooling", {"input": [x], "task": "token_embed"})["data"][0]["data"], dtype=torch.float64) for x in inputs]
             shapes_ok = [r.shape for r in rows] == [w.shape for w in want] == [r.shape for r in alone]
             batched, single = (worst(rows, want), worst(alone, want)) if shapes_ok else ((0.0, 0.0), (0.0, 0.0))
-            passed = shapes_ok and min(batched + single) >= floor
+            fell_back = device == "cuda" and server.kernels_fell_back()
+            passed = shapes_ok and min(batched + single) >= floor and not fell_back
             ok &= passed
             print(f"{'ok  ' if passed else 'FAIL'} {name} {dtype:9} vs transformers float64: min cosine per token {min(batched[0], single[0]):.6f}, "
-                  f"of the means {min(batched[1], single[1]):.6f} (batched and alone)", flush=True)
+                  f"of the means {min(batched[1], single[1]):.6f} (batched and alone)"
+                  f"{' CUDA kernel self-check FAILED (ran composite ops)' if fell_back else ''}", flush=True)
     with Server(binary, model, device, "bfloat16", []) as server:
         for shape in ((8, 128), (1, 16)):
             body = {"input": [ids(shape[1]) for _ in range(shape[0])]}

@@ -135,9 +135,10 @@ impl<'a> KernelCheck<'a> {
     }
 
     /// Varlen attention: grouped-query heads of 64 dims under each mask, then head sizes of 128
-    /// (Qwen3), 32 (MiniLM) and 24 (not a multiple of the warp), and a relative position bias.
+    /// (Qwen3), 32 (MiniLM), 24 (not a multiple of the warp), 256 (Gemma 3), 200 and 512
+    /// (EmbeddingGemma 2's global layers; the opted-in shared memory), and a relative position bias.
     fn attention(&mut self) -> Result<()> {
-        for (heads, kv_heads, head_dim) in [(4, 2, 64), (2, 1, 128), (3, 3, 32), (2, 2, 24)] {
+        for (heads, kv_heads, head_dim) in [(4, 2, 64), (2, 1, 128), (3, 3, 32), (2, 2, 24), (2, 1, 256), (1, 1, 200), (2, 2, 512)] {
             let width = (heads + 2 * kv_heads) * head_dim;
             let qkv = (self.random((TOKENS, width), 7 + head_dim as u64)? * 2.0)?;
             let qkv_bias = self.random((1, width), 8)?.flatten_all()?;

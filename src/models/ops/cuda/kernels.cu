@@ -185,9 +185,11 @@ __device__ void rotary(T *qkv, const float *cos_table, const float *sin_table, c
 // from `tiles`: sequence index, first query) and one head; each warp owns ATT_QUERIES_PER_WARP
 // of them and walks the keys ATT_KEYS at a time with an online softmax, so memory is linear in
 // the sequence length. A lane scores the key with its index, then the warp accumulates P·V
-// with each lane owning head dimensions lane, lane+32, …
-#define ATT_MAX_HEAD_DIM 128
-#define ATT_DIMS_PER_LANE (ATT_MAX_HEAD_DIM / 32)
+// with each lane owning head dimensions lane, lane+32, … (DIMS_PER_LANE of them: 4 for heads
+// up to 128, 8 up to 256, 16 up to 512, one instantiation each so narrow heads keep their
+// registers). The Q, K and V tiles live in dynamic shared memory sized for the head
+// (attention_shared_bytes in mod.rs): 40 KiB at 128 dims, 160 KiB at 512, which the host
+// opts the kernel into past the default 48 KiB.
 #define ATT_KEYS 32
 #define ATT_WARPS 4
 #define ATT_QUERIES_PER_WARP 4
@@ -207,13 +209,15 @@ __device__ __forceinline__ void key_range(int mask, int window, int i, int len, 
     }
 }
 
-template <typename T>
+template <typename T, int DIMS_PER_LANE>
 __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seqlens, const int *tiles,
                           const float *position_bias, int position_max_len, int num_heads, int num_kv_heads,
                           int head_dim, int mask, int window, float scale) {
-    __shared__ float q_s[ATT_QUERIES][ATT_MAX_HEAD_DIM];
-    __shared__ float k_s[ATT_KEYS][ATT_MAX_HEAD_DIM + 1];  // +1: lanes read a column, no bank conflicts
-    __shared__ float v_s[ATT_KEYS][ATT_MAX_HEAD_DIM];
+    extern __shared__ float tiles_s[];
+    float *q_s = tiles_s;                                  // [ATT_QUERIES][head_dim]
+    float *k_s = q_s + ATT_QUERIES * head_dim;             // [ATT_KEYS][head_dim + 1]: +1, lanes read a column without bank conflicts
+    float *v_s = k_s + ATT_KEYS * (head_dim + 1);          // [ATT_KEYS][head_dim]
+    const int k_stride = head_dim + 1;
 
     const int seq = tiles[2 * blockIdx.x], q0 = tiles[2 * blockIdx.x + 1];
     const int head = blockIdx.y;
@@ -233,7 +237,7 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
             if (bias) v += to_f(bias[qc + d]);
             v *= scale;
         }
-        q_s[r][d] = v;
+        q_s[r * head_dim + d] = v;
     }
     // Keys any query of the tile may see.
     int lo_first, hi_first, lo_last, hi_last;
@@ -241,13 +245,13 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
     key_range(mask, window, q0 + nq - 1, len, &lo_last, &hi_last);
     const int key_lo = min(lo_first, lo_last), key_hi = max(hi_first, hi_last);
 
-    float m[ATT_QUERIES_PER_WARP], l[ATT_QUERIES_PER_WARP], acc[ATT_QUERIES_PER_WARP][ATT_DIMS_PER_LANE];
+    float m[ATT_QUERIES_PER_WARP], l[ATT_QUERIES_PER_WARP], acc[ATT_QUERIES_PER_WARP][DIMS_PER_LANE];
 #pragma unroll
     for (int qi = 0; qi < ATT_QUERIES_PER_WARP; ++qi) {
         m[qi] = -INFINITY;
         l[qi] = 0.f;
 #pragma unroll
-        for (int c = 0; c < ATT_DIMS_PER_LANE; ++c) acc[qi][c] = 0.f;
+        for (int c = 0; c < DIMS_PER_LANE; ++c) acc[qi][c] = 0.f;
     }
 
     for (int k0 = key_lo; k0 < key_hi; k0 += ATT_KEYS) {
@@ -264,8 +268,8 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
                     vv += to_f(bias[vc + d]);
                 }
             }
-            k_s[j][d] = kv;
-            v_s[j][d] = vv;
+            k_s[j * k_stride + d] = kv;
+            v_s[j * head_dim + d] = vv;
         }
         __syncthreads();
 #pragma unroll
@@ -279,7 +283,8 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
             float s = -INFINITY;
             if (j >= lo && j < hi) {
                 float dot = 0.f;
-                for (int d = 0; d < head_dim; ++d) dot = fmaf(q_s[r][d], k_s[lane][d], dot);
+                const float *q_row = q_s + r * head_dim, *k_row = k_s + lane * k_stride;
+                for (int d = 0; d < head_dim; ++d) dot = fmaf(q_row[d], k_row[d], dot);
                 if (relative) dot += relative[j - i];
                 s = dot;
             }
@@ -291,13 +296,13 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
             l[qi] = l[qi] * correction + warp_sum(p);
             m[qi] = m_new;
 #pragma unroll
-            for (int c = 0; c < ATT_DIMS_PER_LANE; ++c) acc[qi][c] *= correction;
+            for (int c = 0; c < DIMS_PER_LANE; ++c) acc[qi][c] *= correction;
             for (int jj = 0; jj < ATT_KEYS; ++jj) {
                 const float pj = __shfl_sync(FULL_MASK, p, jj);
 #pragma unroll
-                for (int c = 0; c < ATT_DIMS_PER_LANE; ++c) {
+                for (int c = 0; c < DIMS_PER_LANE; ++c) {
                     const int d = lane + 32 * c;
-                    if (d < head_dim) acc[qi][c] = fmaf(pj, v_s[jj][d], acc[qi][c]);
+                    if (d < head_dim) acc[qi][c] = fmaf(pj, v_s[jj * head_dim + d], acc[qi][c]);
                 }
             }
         }
@@ -309,12 +314,22 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
         const float inv = l[qi] > 0.f ? 1.f / l[qi] : 0.f;
         T *dst = out + (int64_t)(start + q0 + r) * qw + qc;
 #pragma unroll
-        for (int c = 0; c < ATT_DIMS_PER_LANE; ++c) {
+        for (int c = 0; c < DIMS_PER_LANE; ++c) {
             const int d = lane + 32 * c;
             if (d < head_dim) dst[d] = from_f<T>(acc[qi][c] * inv);
         }
     }
 }
+
+// attention_d{HEAD}_{SUFFIX}: heads up to HEAD dims.
+#define ATTENTION(T, SUFFIX, HEAD, DIMS_PER_LANE)                                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                                         \
+        attention_d##HEAD##_##SUFFIX(const T *qkv, const T *bias, T *out, const int *cu_seqlens, const int *tiles,      \
+                                     const float *position_bias, int position_max_len, int num_heads,                  \
+                                     int num_kv_heads, int head_dim, int mask, int window, float scale) {              \
+        attention<T, DIMS_PER_LANE>(qkv, bias, out, cu_seqlens, tiles, position_bias, position_max_len, num_heads,     \
+                                    num_kv_heads, head_dim, mask, window, scale);                                      \
+    }
 
 #define INSTANTIATE(T, SUFFIX)                                                                                          \
     extern "C" __global__ void bias_activation_##SUFFIX(const T *x, const T *bias, T *out, int64_t n, int cols,         \
@@ -340,13 +355,9 @@ __device__ void attention(const T *qkv, const T *bias, T *out, const int *cu_seq
                                                int num_kv_heads, int head_dim, float eps) {                             \
         rotary<T>(qkv, cos_table, sin_table, norm_weights, tokens, width, num_heads, num_kv_heads, head_dim, eps);      \
     }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                                         \
-        attention_##SUFFIX(const T *qkv, const T *bias, T *out, const int *cu_seqlens, const int *tiles,                \
-                           const float *position_bias, int position_max_len, int num_heads, int num_kv_heads,           \
-                           int head_dim, int mask, int window, float scale) {                                           \
-        attention<T>(qkv, bias, out, cu_seqlens, tiles, position_bias, position_max_len, num_heads, num_kv_heads,      \
-                     head_dim, mask, window, scale);                                                                    \
-    }
+    ATTENTION(T, SUFFIX, 128, 4)                                                                                        \
+    ATTENTION(T, SUFFIX, 256, 8)                                                                                        \
+    ATTENTION(T, SUFFIX, 512, 16)
 
 INSTANTIATE(float, f32)
 INSTANTIATE(__half, f16)

@@ -5,7 +5,7 @@
 //!
 //! - [`attention`]: variable-length attention over `cu_seqlens` straight from the fused QKV
 //!   rows, QKV bias folded in, online softmax (memory linear in the sequence length), causal /
-//!   windowed masks, relative position bias, grouped-query heads. Head dims up to 128.
+//!   windowed masks, relative position bias, grouped-query heads. Head dims up to 512.
 //! - [`bias_activation`], [`bias_residual`], [`gated`]: the epilogues of a matrix product.
 //! - [`layer_norm`] (with the product's bias and the residual folded in), [`rms_norm`],
 //!   [`Rotary`] (RoPE in place, optionally after Qwen3's per-head RMSNorm).
@@ -21,6 +21,7 @@
 //! an error in the log.
 
 use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::DeviceId;
@@ -96,7 +97,17 @@ fn kernel_name(base: &str, dtype: DType) -> Result<&'static str> {
             }
         };
     }
-    Ok(names!("bias_activation", "bias_residual", "gated", "layer_norm", "rms_norm", "rotary", "attention"))
+    Ok(names!(
+        "bias_activation",
+        "bias_residual",
+        "gated",
+        "layer_norm",
+        "rms_norm",
+        "rotary",
+        "attention_d128",
+        "attention_d256",
+        "attention_d512"
+    ))
 }
 
 fn device(t: &Tensor) -> Result<&CudaDevice> {
@@ -431,11 +442,29 @@ impl InplaceOp1 for Rotary {
     }
 }
 
-/// Largest head the attention kernel takes (its shared-memory tiles are sized for it).
-pub(crate) const MAX_HEAD_DIM: usize = 128;
+/// Largest head the attention kernel takes: EmbeddingGemma 2's global layers (512). Its
+/// shared-memory tiles grow with the head, to 160 KiB there (Hopper gives a block 227 KiB).
+pub(crate) const MAX_HEAD_DIM: usize = 512;
 /// Queries per block of the attention kernel (`ATT_QUERIES` in kernels.cu).
 const ATTENTION_QUERIES: usize = 16;
+/// Keys per shared-memory tile (`ATT_KEYS`).
+const ATTENTION_KEYS: usize = 32;
 const ATTENTION_THREADS: u32 = 128;
+/// Shared memory a block launches without opting in.
+const DEFAULT_SHARED_BYTES: usize = 48 * 1024;
+
+/// The attention instantiation for heads of `head_dim` (each lane owns `head_dim / 32` of a
+/// query's dims, rounded up to 4, 8 or 16) and the f32 tiles it keeps in shared memory: the
+/// block's queries, then a tile of keys (rows padded by one), then one of values.
+fn attention_variant(head_dim: usize) -> (&'static str, usize) {
+    let base = match head_dim {
+        0..=128 => "attention_d128",
+        129..=256 => "attention_d256",
+        _ => "attention_d512",
+    };
+    let floats = ATTENTION_QUERIES * head_dim + ATTENTION_KEYS * (head_dim + 1) + ATTENTION_KEYS * head_dim;
+    (base, floats * 4)
+}
 
 /// Variable-length attention over the fused QKV rows (see the module doc).
 pub(crate) fn attention(att: &KernelAttention, qkv: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
@@ -491,8 +520,19 @@ pub(crate) fn attention(att: &KernelAttention, qkv: &Tensor, bias: Option<&Tenso
         KernelMask::Window(w) => (2, w.min(tokens) as i32),
         KernelMask::CausalWindow(w) => (3, w.min(tokens + 1) as i32),
     };
-    let cfg = LaunchConfig { grid_dim: (num_tiles as u32, heads as u32, 1), block_dim: (ATTENTION_THREADS, 1, 1), shared_mem_bytes: 0 };
-    let name = kernel_name("attention", qkv.dtype())?;
+    let (base, shared_bytes) = attention_variant(head_dim);
+    let name = kernel_name(base, qkv.dtype())?;
+    if shared_bytes > DEFAULT_SHARED_BYTES {
+        // Past 48 KiB a kernel must be opted in; a host-side attribute, no device sync.
+        function(dev, name)?
+            .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes as i32)
+            .w()?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (num_tiles as u32, heads as u32, 1),
+        block_dim: (ATTENTION_THREADS, 1, 1),
+        shared_mem_bytes: shared_bytes as u32,
+    };
     let scale = 1.0 / (head_dim as f32).sqrt();
     launch!(
         dev,
