@@ -8,6 +8,10 @@
 # ...); the hub cache lives in the /data volume (HF_HOME).
 
 FROM rust:1-bookworm AS builder
+# nasm: openh264's SIMD assembly (video decoding; without it the C fallback builds).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nasm \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src

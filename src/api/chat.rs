@@ -121,6 +121,7 @@ pub async fn inputs(
     if let Some(kind) = parts.filter_map(|p| p.get("type").and_then(Value::as_str)).find(|t| !matches!(*t, "text" | "input_text")) {
         let needs = match kind {
             "input_audio" | "audio_url" => "a model with an audio tower (EmbeddingGemma 2's multimodal folder)",
+            "video_url" => "a model that reads video frames (EmbeddingGemma 2's multimodal folder)",
             _ => "an image-text model (CLIP, SigLIP, EmbeddingGemma 2)",
         };
         return Err(ApiError::BadRequest {

@@ -238,6 +238,8 @@ impl From<InputError> for ApiError {
             | InputError::ImagesUnsupported
             | InputError::Audio(_)
             | InputError::AudioUnsupported
+            | InputError::Video(_)
+            | InputError::VideoUnsupported
             | InputError::Chat(_) => ApiError::bad_request(e.to_string()),
             InputError::Panicked(_) => ApiError::Internal(e.to_string()),
             InputError::Stopped => ApiError::Unavailable(e.to_string()),

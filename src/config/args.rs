@@ -124,6 +124,11 @@ pub struct ServeArgs {
     /// extractor's window), and decoding stops there.
     #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_AUDIO_SECONDS, env = "POOLSERVE_MAX_AUDIO_SECONDS")]
     pub max_audio_seconds: u64,
+    /// Most frames a video file may hold, counted in 1080p frames (a 4K frame counts as 4);
+    /// more get 400 from the file's sample table, before decoding. Every frame up to the last
+    /// one the processor samples is decoded.
+    #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_VIDEO_FRAMES, env = "POOLSERVE_MAX_VIDEO_FRAMES")]
+    pub max_video_frames: usize,
     /// Hosts whose http(s) image URLs the server fetches (comma-separated, exact host names;
     /// vLLM's flag). Without it only data URLs are accepted.
     #[arg(long, value_delimiter = ',', env = "POOLSERVE_ALLOWED_MEDIA_DOMAINS")]

@@ -182,6 +182,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_output_floats: positive("max-output-floats", args.max_output_floats)?,
             max_image_pixels: positive("max-image-pixels", args.max_image_pixels as usize)? as u64,
             max_audio_seconds: positive("max-audio-seconds", args.max_audio_seconds as usize)? as u64,
+            max_video_frames: positive("max-video-frames", args.max_video_frames)?,
         };
         if args.enable_lora {
             positive("max-loras", args.max_loras)?;

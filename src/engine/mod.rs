@@ -14,7 +14,9 @@ use crate::engine::params::ParamsError;
 use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
-use crate::input::{AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt, SoftTokenFrame};
+use crate::input::{
+    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt, SoftTokenFrame, VideoSide,
+};
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
@@ -22,7 +24,9 @@ use crate::loader::{AudioInput, LoadedModel, VisionInput};
 use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
-pub use options::{default_batch_tokens, EngineOptions, ServingLimits, DEFAULT_MAX_AUDIO_SECONDS, DEFAULT_MAX_IMAGE_PIXELS};
+pub use options::{
+    default_batch_tokens, EngineOptions, ServingLimits, DEFAULT_MAX_AUDIO_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_FRAMES,
+};
 use scheduler::{BatchLimits, Job, ModelThread};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -160,9 +164,19 @@ impl Engine {
                 };
                 (Some(side), Some(tower), None)
             }
-            Some(VisionInput::SoftTokens { tower, patches }) => {
+            Some(VisionInput::SoftTokens { tower, patches, video }) => {
                 let ids = tower.image_tokens();
                 let [begin, placeholder, end] = framing_strings(&tokenizer, ids, "image")?;
+                let video = match (video, tower.video_token()) {
+                    (Some(config), Some(id)) => {
+                        let [placeholder] = <[String; 1]>::try_from(tokenizer.token_strings(&[id])).map_err(|_| {
+                            std::io::Error::new(std::io::ErrorKind::InvalidData, "the video token is not in the tokenizer's vocabulary")
+                        })?;
+                        let limits = crate::input::video::VideoLimits { max_frames: options.max_video_frames, ..Default::default() };
+                        Some(VideoSide { config, limits, placeholder, placeholder_id: id })
+                    }
+                    _ => None,
+                };
                 // An image's cost: at most its budget of soft tokens in the text, three framing
                 // tokens, and the tower's pass over its patches.
                 let tokens_per_image = patches.max_soft_tokens + patches.max_patches() + 4;
@@ -174,6 +188,7 @@ impl Engine {
                         placeholder,
                         end,
                         placeholder_id: ids.placeholder,
+                        video,
                     }),
                     limits: image_limits,
                     tokens_per_image,
@@ -516,9 +531,12 @@ impl Engine {
             if prompts.iter().any(|p| p.audio_count() > 0) && !self.inner.input.takes_audio() {
                 return Err(InputError::AudioUnsupported.into());
             }
+            if prompts.iter().any(|p| p.video_count() > 0) && !self.inner.input.takes_video() {
+                return Err(InputError::VideoUnsupported.into());
+            }
             if params.task != Task::Embed {
                 return Err(EngineError::Params(ParamsError {
-                    message: "images and audio can only be embedded (task `embed`)".into(),
+                    message: "images, audio and video can only be embedded (task `embed`)".into(),
                     param: None,
                 }));
             }

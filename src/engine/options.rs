@@ -20,6 +20,8 @@ pub struct EngineOptions {
     pub max_image_pixels: u64,
     /// Longest audio (seconds) a file may declare; longer ones are refused before decoding.
     pub max_audio_seconds: u64,
+    /// Most frames (1080p-sized) a video file may hold; more are refused before decoding.
+    pub max_video_frames: usize,
 }
 
 impl Default for EngineOptions {
@@ -33,6 +35,7 @@ impl Default for EngineOptions {
             max_output_floats: 1 << 24,
             max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
             max_audio_seconds: DEFAULT_MAX_AUDIO_SECONDS,
+            max_video_frames: DEFAULT_MAX_VIDEO_FRAMES,
         }
     }
 }
@@ -48,6 +51,7 @@ impl EngineOptions {
             ("max_output_floats", self.max_output_floats),
             ("max_image_pixels", self.max_image_pixels.min(1) as usize),
             ("max_audio_seconds", self.max_audio_seconds.min(1) as usize),
+            ("max_video_frames", self.max_video_frames),
         ];
         match fields.iter().find(|(_, value)| *value == 0) {
             Some((name, _)) => Err(EngineError::Options(format!("{name} must be greater than 0"))),
@@ -63,6 +67,12 @@ pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 40_000_000;
 /// `--max-audio-seconds` by default: five minutes. A file that declares more is refused
 /// before decoding; up to it, the model hears the first 30 s, as transformers' extractor keeps.
 pub const DEFAULT_MAX_AUDIO_SECONDS: u64 = 300;
+
+/// `--max-video-frames` by default: a minute at 30 fps in 1080p. Every frame up to the last
+/// sampled one is decoded (H.264 predicts from earlier frames), so this bounds a video's
+/// decoding work (a few seconds of one core) before it starts; a file holding more is
+/// refused from its sample table.
+pub const DEFAULT_MAX_VIDEO_FRAMES: usize = 1800;
 
 /// `--max-batch-tokens` when unset: cache-sized on the CPU (and Metal), TEI's default on CUDA
 /// (larger products fill a GPU).

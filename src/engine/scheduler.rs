@@ -346,15 +346,17 @@ impl ModelThread {
 }
 
 impl ModelThread {
-    /// The soft tokens of the batch's images and audio read as text
+    /// The soft tokens of the batch's images, video frames and audio read as text
     /// ([`ModelInput::ImageSequence`]): one pass of each tower over all of its inputs, each
     /// row placed at its medium's next placeholder.
     fn soft_tokens(&self, jobs: &[&Job], batch: &Batch) -> Result<Option<SoftTokens>, EngineError> {
-        let (mut images, mut audio, mut sequences) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut images, mut frames, mut audio, mut sequences) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let patches = |p: &crate::input::image::patches::Patches| ImagePatches { pixels: p.rescaled(), positions: p.positions.clone() };
         for (i, job) in jobs.iter().enumerate() {
             if let ModelInput::ImageSequence(media) = &job.input {
                 sequences.push(i);
-                images.extend(media.patches.iter().map(|p| ImagePatches { pixels: p.rescaled(), positions: p.positions.clone() }));
+                images.extend(media.patches.iter().map(patches));
+                frames.extend(media.video_frames.iter().map(patches));
                 audio.extend(media.audio.iter().map(|a| (a.values.as_slice(), a.frames)));
             }
         }
@@ -372,10 +374,23 @@ impl ModelThread {
             Ok((positions, rows))
         };
         let mut parts = Vec::new();
-        if !images.is_empty() {
+        if !images.is_empty() || !frames.is_empty() {
+            // Images and video frames in one pass of the tower, then split at the images' rows.
             let tower = self.soft_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
-            let rows = tower.forward(&images.iter().collect::<Vec<_>>()).map_err(model_failure)?;
-            parts.push(placed(tower.image_tokens().placeholder, rows)?);
+            let rows = tower.forward(&images.iter().chain(&frames).collect::<Vec<_>>()).map_err(model_failure)?;
+            let (_, kernel) = tower.patch_geometry();
+            let image_rows: usize = images.iter().map(|p| p.positions.len() / (kernel * kernel).max(1)).sum();
+            let total = rows.dim(0).map_err(model_failure)?;
+            if image_rows > total {
+                return Err(EngineError::Model(format!("{total} soft tokens for {image_rows} image placeholders")));
+            }
+            if !images.is_empty() {
+                parts.push(placed(tower.image_tokens().placeholder, rows.narrow(0, 0, image_rows).map_err(model_failure)?)?);
+            }
+            if !frames.is_empty() {
+                let video = tower.video_token().ok_or_else(|| EngineError::Model("this model takes no video".into()))?;
+                parts.push(placed(video, rows.narrow(0, image_rows, total - image_rows).map_err(model_failure)?)?);
+            }
         }
         if !audio.is_empty() {
             let tower = self.soft_audio.as_ref().ok_or_else(|| EngineError::Model("this model takes no audio".into()))?;
@@ -389,7 +404,7 @@ impl ModelThread {
                 SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
             }
             _ => {
-                // Both media: the rows in position order.
+                // Several media: the rows in position order.
                 let positions: Vec<usize> = parts.iter().flat_map(|(p, _)| p.iter().copied()).collect();
                 let rows = Tensor::cat(&parts.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(), 0).map_err(model_failure)?;
                 let mut order: Vec<u32> = (0..positions.len() as u32).collect();

@@ -51,6 +51,7 @@ pub async fn images_bytes(urls: Vec<String>, options: &MediaOptions) -> Result<V
 pub enum Medium {
     Image,
     Audio,
+    Video,
 }
 
 impl Medium {
@@ -58,6 +59,7 @@ impl Medium {
         match self {
             Medium::Image => "image",
             Medium::Audio => "audio",
+            Medium::Video => "video",
         }
     }
 }
@@ -104,7 +106,8 @@ pub async fn medium_bytes(url: &str, medium: Medium, options: &MediaOptions) -> 
     if url.starts_with("data:") {
         return match medium {
             Medium::Image => decode_data_url(url).map_err(|e| bad(e.to_string())),
-            Medium::Audio => decode_audio_data_url(url),
+            Medium::Audio => decode_typed_data_url(url, "audio", "data:audio/wav;base64,…"),
+            Medium::Video => decode_typed_data_url(url, "video", "data:video/mp4;base64,…"),
         };
     }
     let parsed = url::Url::parse(url).map_err(|_| {
@@ -145,15 +148,17 @@ pub async fn medium_bytes(url: &str, medium: Medium, options: &MediaOptions) -> 
         .map_err(|_| InputError::Panicked("the media fetch panicked"))?
 }
 
-/// The bytes of an audio data URL: `data:audio/wav;base64,…` (any `audio/` type, or none).
-fn decode_audio_data_url(url: &str) -> Result<Vec<u8>, InputError> {
+/// The bytes of an audio or video data URL: `data:audio/wav;base64,…` (any `{noun}/` type, or
+/// none).
+fn decode_typed_data_url(url: &str, noun: &str, example: &str) -> Result<Vec<u8>, InputError> {
     let rest = url.strip_prefix("data:").unwrap_or(url);
     let (meta, data) = rest.split_once(',').ok_or_else(|| bad("Invalid data URL: no `,` before the data"))?;
     let Some(media_type) = meta.strip_suffix(";base64") else {
-        return Err(bad("Invalid data URL: the audio must be base64-encoded (data:audio/wav;base64,…)"));
+        return Err(bad(format!("Invalid data URL: the {noun} must be base64-encoded ({example})")));
     };
-    if !(media_type.is_empty() || media_type.starts_with("audio/") || media_type == "application/octet-stream") {
-        return Err(bad(format!("Invalid data URL: media type `{media_type}` is not audio")));
+    let typed = media_type.split_once('/').is_some_and(|(kind, _)| kind == noun);
+    if !(media_type.is_empty() || typed || media_type == "application/octet-stream") {
+        return Err(bad(format!("Invalid data URL: media type `{media_type}` is not {noun}")));
     }
     base64_bytes(data)
 }
@@ -224,6 +229,7 @@ pub async fn content_prompts(contents: &[Value], options: &MediaOptions) -> Resu
                     RawPart::Text(text) => Ok(Part::Text(text)),
                     RawPart::Image(_) => next_medium().map(Part::Image),
                     RawPart::Audio(_) => next_medium().map(Part::Audio),
+                    RawPart::Video(_) => next_medium().map(Part::Video),
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map(Prompt::Interleaved),
@@ -243,6 +249,8 @@ enum RawPart {
     Image(String),
     /// An `audio_url`'s URL, or an `input_audio`'s data as a data URL.
     Audio(String),
+    /// A `video_url`'s URL.
+    Video(String),
 }
 
 impl Content {
@@ -256,6 +264,7 @@ impl Content {
                 .filter_map(|p| match p {
                     RawPart::Image(url) => Some((url.as_str(), Medium::Image)),
                     RawPart::Audio(url) => Some((url.as_str(), Medium::Audio)),
+                    RawPart::Video(url) => Some((url.as_str(), Medium::Video)),
                     RawPart::Text(_) => None,
                 })
                 .collect(),
@@ -279,10 +288,13 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
             Some("image_url") => parsed.push(RawPart::Image(url_of(part, "image_url", "data:image/…;base64,…")?.to_string())),
             Some("audio_url") => parsed.push(RawPart::Audio(url_of(part, "audio_url", "data:audio/wav;base64,…")?.to_string())),
             Some("input_audio") => parsed.push(RawPart::Audio(input_audio_of(part)?)),
+            Some("video_url") => parsed.push(RawPart::Video(url_of(part, "video_url", "data:video/mp4;base64,…")?.to_string())),
             Some(other) => {
-                return Err(bad(format!("Unsupported content part type `{other}`: use `text`, `image_url`, `audio_url` or `input_audio`")))
+                return Err(bad(format!(
+                    "Unsupported content part type `{other}`: use `text`, `image_url`, `audio_url`, `input_audio` or `video_url`"
+                )))
             }
-            None => return Err(bad("every content part needs a `type` (`text`, `image_url`, `audio_url` or `input_audio`)")),
+            None => return Err(bad("every content part needs a `type` (`text`, `image_url`, `audio_url`, `input_audio` or `video_url`)")),
         }
     }
     if let [RawPart::Image(url)] = parsed.as_slice() {
@@ -291,7 +303,7 @@ fn parse_content(content: &Value) -> Result<Content, InputError> {
     if parsed.is_empty() {
         return Err(bad("an input's content holds no text and no media"));
     }
-    if parsed.iter().any(|p| matches!(p, RawPart::Image(_) | RawPart::Audio(_))) {
+    if parsed.iter().any(|p| matches!(p, RawPart::Image(_) | RawPart::Audio(_) | RawPart::Video(_))) {
         return Ok(Content::Interleaved(parsed));
     }
     let texts: Vec<String> = parsed.into_iter().filter_map(|p| if let RawPart::Text(t) = p { Some(t) } else { None }).collect();

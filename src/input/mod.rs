@@ -25,9 +25,10 @@ pub mod media;
 pub mod prepare;
 pub mod sentencepiece;
 pub mod tokenizer;
+pub mod video;
 pub mod workers;
 
-pub use prepare::{AudioSide, ImageProcessing, ImageSide, InputOptions, Preprocessor, SoftTokenFrame};
+pub use prepare::{AudioSide, ImageProcessing, ImageSide, InputOptions, Preprocessor, SoftTokenFrame, VideoSide};
 
 use crate::models::batch::TokenizedInput;
 
@@ -53,6 +54,8 @@ pub enum Part {
     Image(Vec<u8>),
     /// An encoded audio file (WAV, FLAC, MP3 or OGG/Vorbis bytes).
     Audio(Vec<u8>),
+    /// An encoded video file (H.264 in MP4).
+    Video(Vec<u8>),
 }
 
 impl Prompt {
@@ -73,9 +76,17 @@ impl Prompt {
         }
     }
 
-    /// Images and audio: what makes a prompt more than text for the model.
+    /// How many videos the prompt holds.
+    pub fn video_count(&self) -> usize {
+        match self {
+            Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Video(_))).count(),
+            _ => 0,
+        }
+    }
+
+    /// Images, audio and videos: what makes a prompt more than text for the model.
     pub fn media_count(&self) -> usize {
-        self.image_count() + self.audio_count()
+        self.image_count() + self.audio_count() + self.video_count()
     }
 }
 
@@ -88,16 +99,19 @@ pub enum ModelInput {
     ImageSequence(ImageSequence),
 }
 
-/// Images and audio for a model that reads them inside its text
+/// Images, audio and videos for a model that reads them inside its text
 /// ([`crate::models::SoftTokenTower`], [`crate::models::AudioTokenTower`]): the tokens as the
 /// model's processor makes them (`<bos> <begin> <placeholder>×n <end>` for a medium alone,
-/// texts around them for interleaved parts), each image's patches and each audio's log-mel
-/// frames, whose soft tokens replace their placeholders in order.
+/// texts around them for interleaved parts), each image's patches, each audio's log-mel
+/// frames and each video's sampled frames' patches, whose soft tokens replace their
+/// placeholders (each medium its own) in order.
 #[derive(Debug, Clone)]
 pub struct ImageSequence {
     pub tokens: TokenizedInput,
     pub patches: Vec<image::patches::Patches>,
     pub audio: Vec<audio::LogMel>,
+    /// The frames of every video of the input, one video after another.
+    pub video_frames: Vec<image::patches::Patches>,
 }
 
 /// Bytes per token above which a text cannot fit the model ([`Preprocessor::max_text_bytes`]):
@@ -137,6 +151,11 @@ pub enum InputError {
     Audio(String),
     #[error("This model does not take audio: only models with an audio tower (EmbeddingGemma 2's multimodal folder) embed audio")]
     AudioUnsupported,
+    /// A video that cannot be used (not H.264 in MP4, undecodable, too many frames).
+    #[error("{0}")]
+    Video(String),
+    #[error("This model does not take video: only models that read video frames (EmbeddingGemma 2's multimodal folder) embed video")]
+    VideoUnsupported,
     /// An image URL or content part that cannot be used; `param` names the request field.
     #[error("{message}")]
     Media { message: String, param: Option<&'static str> },

@@ -116,8 +116,14 @@ pub enum VisionInput {
     /// CLIP and SigLIP: an image is a sequence of its own in the tower and gets its own
     /// embedding.
     Pooled { tower: Box<dyn models::VisionTower>, processor: image::ImageProcessorConfig },
-    /// EmbeddingGemma 2: an image becomes soft tokens inside the text sequence.
-    SoftTokens { tower: Box<dyn models::SoftTokenTower>, patches: image::patches::PatchConfig },
+    /// EmbeddingGemma 2: an image, or each sampled frame of a video, becomes soft tokens
+    /// inside the text sequence.
+    SoftTokens {
+        tower: Box<dyn models::SoftTokenTower>,
+        patches: image::patches::PatchConfig,
+        /// The processor's `video_processor`, when the tower reads video frames.
+        video: Option<crate::input::video::VideoConfig>,
+    },
 }
 
 /// A model's audio side: its tower, and the log-mel features it takes.
@@ -199,7 +205,11 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
         Some(tower) => Some(VisionInput::Pooled { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
         None => match with_cpu_weight_format(cpu_weight_format, || architecture.soft_token_tower(&config, vb.clone()))? {
-            Some(tower) => Some(VisionInput::SoftTokens { patches: patch_processor(&source, tower.as_ref())?, tower }),
+            Some(tower) => Some(VisionInput::SoftTokens {
+                patches: patch_processor(&source, tower.as_ref())?,
+                video: video_processor(&source, tower.as_ref())?,
+                tower,
+            }),
             None => None,
         },
     };
@@ -473,6 +483,37 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
         )));
     }
     Ok(config)
+}
+
+/// The `video_processor` of `processor_config.json` (or `video_preprocessor_config.json`) of a
+/// soft-token model whose tower reads video frames; a folder with neither gets the video
+/// processor's defaults (`EmbeddingGemma2VideoProcessor`: 1 frame a second, at most 32, 70
+/// soft tokens each).
+fn video_processor(
+    source: &ModelSource,
+    tower: &dyn models::SoftTokenTower,
+) -> Result<Option<crate::input::video::VideoConfig>, LoadError> {
+    if tower.video_token().is_none() {
+        return Ok(None);
+    }
+    let mut found = None;
+    for (name, nested) in [("processor_config.json", true), ("video_preprocessor_config.json", false)] {
+        if let Some(path) = source.file(name)? {
+            let invalid = |message: String| LoadError::File { path: path.clone(), message };
+            let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+            let block = if nested { json.get("video_processor").cloned() } else { Some(json) };
+            if let Some(block) = block {
+                found = Some((Some(path), block));
+                break;
+            }
+        }
+    }
+    let (path, block) = found.unwrap_or((None, serde_json::json!({})));
+    crate::input::video::VideoConfig::from_json(&block, tower.patch_geometry()).map(Some).map_err(|message| match path {
+        Some(path) => LoadError::File { path, message },
+        None => LoadError::Invalid(message),
+    })
 }
 
 /// The `feature_extractor` of `processor_config.json` (or a `preprocessor_config.json` that is

@@ -56,8 +56,8 @@ impl Architecture for EmbeddingGemma2 {
         SequencePooling::Mean
     }
 
-    /// The multimodal folder's Gemma 4 vision tower and `embed_vision`, with the image token
-    /// ids of its config.
+    /// The multimodal folder's Gemma 4 vision tower and `embed_vision`, with the image and
+    /// video token ids of its config.
     fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
         let Some(vision) = raw.get("vision_config").filter(|c| c.is_object()) else { return Ok(None) };
         // EmbeddingGemma2Config's defaults.
@@ -68,7 +68,8 @@ impl Architecture for EmbeddingGemma2 {
         };
         let vb = if vb.contains_tensor("model.embed_vision.embedding_projection.weight") { vb.pp("model") } else { vb };
         let tower = Gemma4Vision::load(vision, vb.pp("vision_tower"), vb.pp("embed_vision"), text_hidden(raw))?;
-        Ok(Some(Box::new(EmbeddingGemma2Vision { tower, tokens })))
+        let video = token_id(raw, "video_token_id", 258_884)?;
+        Ok(Some(Box::new(EmbeddingGemma2Vision { tower, tokens, video })))
     }
 
     /// The multimodal folder's Gemma 4 audio tower and `embed_audio`, with the audio token ids
@@ -142,6 +143,9 @@ impl AudioTokenTower for EmbeddingGemma2Audio {
 struct EmbeddingGemma2Vision {
     tower: Gemma4Vision,
     tokens: ImageTokens,
+    /// `video_token_id`: video frames run through the same tower, their soft tokens in its
+    /// places (`get_video_features`).
+    video: u32,
 }
 
 impl SoftTokenTower for EmbeddingGemma2Vision {
@@ -155,6 +159,10 @@ impl SoftTokenTower for EmbeddingGemma2Vision {
 
     fn image_tokens(&self) -> ImageTokens {
         self.tokens
+    }
+
+    fn video_token(&self) -> Option<u32> {
+        Some(self.video)
     }
 }
 

@@ -148,6 +148,11 @@ pub trait SoftTokenTower: Send + Sync {
     fn patch_geometry(&self) -> (usize, usize);
     /// The token ids that frame an image in the text.
     fn image_tokens(&self) -> ImageTokens;
+    /// The placeholder of a video frame's soft tokens (framed by the image's begin and end),
+    /// for towers that also read video frames; `None` otherwise.
+    fn video_token(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// What the engine needs from an audio tower whose output stands in for placeholder tokens of

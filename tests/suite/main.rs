@@ -14,6 +14,7 @@ mod cli;
 mod decoder_families;
 mod embedding_gemma2_audio;
 mod embedding_gemma2_images;
+mod embedding_gemma2_video;
 mod encoder_families;
 mod http;
 mod http_ops;

@@ -8,7 +8,7 @@
 //! is left out: the tower runs each image's real patches as one sequence.
 
 use super::decode::{decode, to_rgb};
-use super::resample::{copy_region, resize, Filter};
+use super::resample::{copy_region, resize, resize_torch, Filter};
 use super::{ImageError, ImageInfo, ImageLimits};
 
 /// The soft-token budgets the processor accepts (`_SUPPORTED_SOFT_TOKENS`).
@@ -80,7 +80,7 @@ impl PatchConfig {
     }
 }
 
-/// One image's patches, as the vision tower takes them.
+/// One image's (or video frame's) patches, as the vision tower takes them.
 #[derive(Debug, Clone)]
 pub struct Patches {
     /// `[patches, patch_size² · 3]`, u8 until the batch runs (the f32 values are `v / 255`).
@@ -88,12 +88,28 @@ pub struct Patches {
     /// Each patch's `(x, y)` in the patch grid.
     pub positions: Vec<(u32, u32)>,
     pub source: ImageInfo,
+    /// Which processor made them, which says how a byte becomes a value.
+    pub backend: Backend,
+}
+
+/// The transformers processor a picture's patches reproduce. The two resize differently (on a
+/// few pixels) and turn a byte into a value differently (in the last bit, for 126 of the 256).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `Gemma4ImageProcessorPil`: Pillow's bicubic resize, then `v · (1/255)` in f64, then f32.
+    Pil,
+    /// `EmbeddingGemma2VideoProcessor` (torchvision): torchvision's uint8 antialiased bicubic
+    /// resize, then its fused rescale-and-normalize (mean 0, std 1): `v / 255` in f32.
+    Torchvision,
 }
 
 impl Patches {
-    /// The pixel values, rescaled as transformers rescales them (`v · (1/255)` in f64, then f32).
+    /// The pixel values, rescaled as transformers rescales them.
     pub fn rescaled(&self) -> Vec<f32> {
-        self.data.iter().map(|&v| (v as f64 * (1.0 / 255.0)) as f32).collect()
+        match self.backend {
+            Backend::Pil => self.data.iter().map(|&v| (v as f64 * (1.0 / 255.0)) as f32).collect(),
+            Backend::Torchvision => self.data.iter().map(|&v| v as f32 / 255.0).collect(),
+        }
     }
 }
 
@@ -103,9 +119,25 @@ pub fn preprocess_patches(bytes: &[u8], config: &PatchConfig, limits: &ImageLimi
     let (img, source) = decode(bytes, limits)?;
     let (w, h) = (img.width() as usize, img.height() as usize);
     let rgb = to_rgb(img);
+    patches_from_rgb(&rgb, w, h, config, source, Backend::Pil)
+}
+
+/// Resizes an RGB picture (`w × h × 3` bytes, row-major) to its budget's size with the
+/// backend's bicubic filter and cuts it into patches.
+pub fn patches_from_rgb(
+    rgb: &[u8],
+    w: usize,
+    h: usize,
+    config: &PatchConfig,
+    source: ImageInfo,
+    backend: Backend,
+) -> Result<Patches, ImageError> {
     let (th, tw) = config.target_size(h, w)?;
-    let resized =
-        if (tw, th) == (w, h) { copy_region(&rgb, w, 0..w, 0..h) } else { resize(&rgb, (w, h), (tw, th), Filter::Bicubic, 0..tw, 0..th) };
+    let resized = match backend {
+        _ if (tw, th) == (w, h) => copy_region(rgb, w, 0..w, 0..h),
+        Backend::Pil => resize(rgb, (w, h), (tw, th), Filter::Bicubic, 0..tw, 0..th),
+        Backend::Torchvision => resize_torch(rgb, (w, h), (tw, th)),
+    };
     let p = config.patch_size;
     let (grid_h, grid_w) = (th / p, tw / p);
     let mut data = Vec::with_capacity(grid_h * grid_w * p * p * 3);
@@ -119,7 +151,7 @@ pub fn preprocess_patches(bytes: &[u8], config: &PatchConfig, limits: &ImageLimi
             positions.push((gx as u32, gy as u32));
         }
     }
-    Ok(Patches { data, positions, source })
+    Ok(Patches { data, positions, source, backend })
 }
 
 #[cfg(test)]

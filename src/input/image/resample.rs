@@ -1,6 +1,8 @@
 //! Pillow's `Image.resize` (`Resample.c`), reproduced exactly: separable passes, horizontal
 //! first, antialiased supports, 22-bit fixed-point coefficients, uint8 between passes; only the
-//! rows and columns a crop keeps are computed.
+//! rows and columns a crop keeps are computed. And torchvision's resize of a uint8 tensor with
+//! antialiased bicubic ([`resize_torch`]), which PyTorch ported from Pillow but with int16
+//! coefficients at a precision chosen per axis: the two round differently on some pixels.
 
 use std::ops::Range;
 
@@ -65,9 +67,23 @@ impl Filter {
 
 const PRECISION_BITS: u32 = 22;
 
-/// Pillow's `clip8`: the accumulator has 22 fractional bits; arithmetic shift floors.
-fn clip8(v: i32) -> u8 {
-    (v >> PRECISION_BITS).clamp(0, 255) as u8
+/// Pillow's `clip8` (and PyTorch's uint8 store): the accumulator has `precision` fractional
+/// bits; the arithmetic shift floors.
+fn clip8(v: i32, precision: u32) -> u8 {
+    (v >> precision).clamp(0, 255) as u8
+}
+
+/// PyTorch's antialiased bicubic filter (`HelperInterpCubic::aa_filter`, a = −0.5, with
+/// `cubic_convolution1/2`'s operation order, which differs from Pillow's in the last bits).
+fn torch_cubic(x: f64) -> f64 {
+    let (a, x) = (-0.5, x.abs());
+    if x < 1.0 {
+        ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    } else {
+        0.0
+    }
 }
 
 /// Fixed-point taps for the outputs in `outs` along one axis (`precompute_coeffs` + `normalize_coeffs_8bpc`).
@@ -75,9 +91,53 @@ struct Taps {
     bounds: Vec<(usize, usize)>,
     k: Vec<i32>,
     stride: usize,
+    /// Fractional bits of the coefficients.
+    precision: u32,
 }
 
 impl Taps {
+    /// PyTorch's `_compute_index_ranges_int16_weights` for antialiased bicubic: Pillow's
+    /// supports and centres, weights normalized in f64, then rounded to int16 at the largest
+    /// precision (at most 22 bits) under which the axis's largest weight still fits.
+    fn torch(in_size: usize, out_size: usize) -> Taps {
+        let scale = in_size as f64 / out_size as f64;
+        let support = if scale >= 1.0 { 2.0 * scale } else { 2.0 };
+        let stride = support.ceil() as usize * 2 + 1;
+        let inv = if scale >= 1.0 { 1.0 / scale } else { 1.0 };
+        let (mut bounds, mut weights) = (Vec::with_capacity(out_size), vec![0f64; out_size * stride]);
+        let mut largest = 0f64;
+        for i in 0..out_size {
+            let center = scale * (i as f64 + 0.5);
+            let xmin = ((center - support + 0.5) as i64).max(0);
+            let n = (((center + support + 0.5) as i64).min(in_size as i64) - xmin).clamp(0, stride as i64) as usize;
+            let w = &mut weights[i * stride..i * stride + n];
+            let mut total = 0.0;
+            for (j, wj) in w.iter_mut().enumerate() {
+                *wj = torch_cubic((j as f64 + xmin as f64 - center + 0.5) * inv);
+                total += *wj;
+            }
+            if total != 0.0 {
+                for wj in w.iter_mut() {
+                    *wj /= total;
+                    largest = largest.max(*wj);
+                }
+            }
+            bounds.push((xmin as usize, n));
+        }
+        let mut precision = 0;
+        while precision < 22 && ((0.5 + largest * (1u32 << (precision + 1)) as f64) as i32) < (1 << 15) {
+            precision += 1;
+        }
+        let k = weights
+            .iter()
+            .map(|&w| {
+                let v = w * (1u32 << precision) as f64;
+                (if v < 0.0 { -0.5 + v } else { 0.5 + v }) as i32 as i16 as i32
+            })
+            .collect();
+        Taps { bounds, k, stride, precision }
+    }
+
     fn new(in_size: usize, out_size: usize, filter: Filter, outs: Range<usize>) -> Taps {
         let (f, support) = filter.kernel();
         let scale = in_size as f64 / out_size as f64;
@@ -105,7 +165,7 @@ impl Taps {
             }
             bounds.push((xmin, n));
         }
-        Taps { bounds, k, stride }
+        Taps { bounds, k, stride, precision: PRECISION_BITS }
     }
 
     fn taps(&self, i: usize) -> (usize, &[i32]) {
@@ -114,8 +174,17 @@ impl Taps {
     }
 }
 
-// Sums stay inside i32: normalized taps have |sum| < 2, so |acc| < 2 * 255 * 2^22 + 2^21 < 2^31 (Pillow's bound).
-const HALF: i32 = 1 << (PRECISION_BITS - 1);
+// Sums stay inside i32: normalized taps have |sum| < 2, so |acc| < 2 * 255 * 2^22 + 2^21 < 2^31 (Pillow's
+// bound; PyTorch's precision is at most 22 bits too).
+
+/// torchvision's `resize(uint8 tensor, (dh, dw), BICUBIC, antialias=True)` on packed RGB: a
+/// pass along each axis whose size changes, horizontal first, uint8 between them.
+pub(crate) fn resize_torch(src: &[u8], (sw, sh): (usize, usize), (dw, dh): (usize, usize)) -> Vec<u8> {
+    let hor = (dw != sw).then(|| Taps::torch(sw, dw));
+    let vert = (dh != sh).then(|| Taps::torch(sh, dh));
+    let mid = horizontal(src, sw, 0..sh, hor.as_ref(), 0..dw);
+    vertical(&mid, dw, 0, vert.as_ref(), dh)
+}
 
 /// `Image.resize((dw, dh), filter)` on packed RGB, returning only columns `xs` and rows `ys` of the result.
 pub(super) fn resize(
@@ -163,13 +232,14 @@ fn horizontal(src: &[u8], width: usize, rows: Range<usize>, taps: Option<&Taps>,
         let row = &src[y * width * 3..(y + 1) * width * 3];
         for i in 0..t.bounds.len() {
             let (start, k) = t.taps(i);
-            let (mut r, mut g, mut b) = (HALF, HALF, HALF);
+            let half = 1 << (t.precision.max(1) - 1);
+            let (mut r, mut g, mut b) = (half, half, half);
             for (p, &kk) in row[start * 3..].chunks_exact(3).zip(k) {
                 r += p[0] as i32 * kk;
                 g += p[1] as i32 * kk;
                 b += p[2] as i32 * kk;
             }
-            out.extend([clip8(r), clip8(g), clip8(b)]);
+            out.extend([clip8(r, t.precision), clip8(g, t.precision), clip8(b, t.precision)]);
         }
     }
     out
@@ -184,7 +254,7 @@ fn vertical(src: &[u8], width: usize, first_row: usize, taps: Option<&Taps>, n: 
     let mut out = Vec::with_capacity(t.bounds.len() * row_len);
     for i in 0..t.bounds.len() {
         let (start, k) = t.taps(i);
-        acc.fill(HALF);
+        acc.fill(1 << (t.precision.max(1) - 1));
         // Row-at-a-time accumulation keeps the inner loop contiguous (it vectorizes); integer sums are exact,
         // so the order does not change the result.
         for (j, &kk) in k.iter().enumerate() {
@@ -193,7 +263,7 @@ fn vertical(src: &[u8], width: usize, first_row: usize, taps: Option<&Taps>, n: 
                 *a += p as i32 * kk;
             }
         }
-        out.extend(acc.iter().map(|&a| clip8(a)));
+        out.extend(acc.iter().map(|&a| clip8(a, t.precision)));
     }
     out
 }

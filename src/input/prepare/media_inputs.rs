@@ -1,11 +1,13 @@
-//! The inputs holding images and audio ([`Prompt::Image`], [`Prompt::Interleaved`]): CLIP and
-//! SigLIP crops, and for soft-token models (EmbeddingGemma 2) patches and log-mel frames with
-//! the text sequence that frames them, as the model's processor builds it. Decoding runs on the
+//! The inputs holding images, audio and video ([`Prompt::Image`], [`Prompt::Interleaved`]):
+//! CLIP and SigLIP crops, and for soft-token models (EmbeddingGemma 2) patches, log-mel frames
+//! and sampled video frames with the text sequence that frames them, as the model's processor
+//! builds it. Decoding runs on the
 //! input workers; [`Preprocessor::prepare_wave`] sends the prompts that hold media here.
 
 use super::{check_length, ImageProcessing, InputOptions, Preprocessor, SoftTokenFrame};
 use crate::input::image::patches::preprocess_patches;
 use crate::input::tokenizer::{EncodeOptions, TextInput, TruncationSide};
+use crate::input::video::VideoFrames;
 use crate::input::{ImageSequence, InputError, ModelInput, Part, Prompt};
 use std::sync::Arc;
 
@@ -26,6 +28,9 @@ impl Preprocessor {
         let has_audio = prompts.iter().any(|p| p.audio_count() > 0);
         if has_audio && self.audio.is_none() {
             return Err(InputError::AudioUnsupported);
+        }
+        if prompts.iter().any(|p| p.video_count() > 0) && !self.takes_video() {
+            return Err(InputError::VideoUnsupported);
         }
         let Some(side) = self.images.as_ref() else {
             if prompts.iter().any(|p| p.image_count() > 0) {
@@ -82,10 +87,18 @@ impl Preprocessor {
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
         let started = std::time::Instant::now();
-        let MediaNumbering { first_image: first, images_in_request: in_request, first_audio, audio_in_request } = numbering;
+        let MediaNumbering {
+            first_image: first,
+            images_in_request: in_request,
+            first_audio,
+            audio_in_request,
+            first_video,
+            videos_in_request,
+        } = numbering;
         let patch_config = images.map(|(frame, limits)| (frame.patches, limits));
+        let video_config = images.and_then(|(frame, _)| frame.video.as_ref()).map(|side| (side.config, side.limits));
         let audio_config = self.audio.as_ref().map(|side| (Arc::clone(&side.features), side.limits));
-        let (prompts, patches, audio) = self
+        let (prompts, patches, audio, videos) = self
             .workers
             .execute(move || {
                 let image_name = |i: usize, e: crate::input::image::ImageError| {
@@ -118,10 +131,29 @@ impl Preprocessor {
                         .collect::<Result<Vec<_>, _>>()?,
                     None => Vec::new(),
                 };
-                Ok::<_, InputError>((prompts, patches, audio))
+                let videos = match video_config {
+                    Some((config, limits)) => prompts
+                        .iter()
+                        .flat_map(video_bytes)
+                        .enumerate()
+                        .map(|(i, bytes)| {
+                            crate::input::video::preprocess(bytes, &config, &limits).map_err(|e| {
+                                InputError::Video(if videos_in_request > 1 {
+                                    format!("video {}: {e}", first_video + i)
+                                } else {
+                                    e.to_string()
+                                })
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?,
+                    None if prompts.iter().any(|p| p.video_count() > 0) => return Err(InputError::VideoUnsupported),
+                    None => Vec::new(),
+                };
+                Ok::<_, InputError>((prompts, patches, audio, videos))
             })
             .await??;
-        let inputs = self.image_sequences(prompts, patches, audio, images.map(|(frame, _)| frame), options).await?;
+        let media = Media { patches, audio, videos };
+        let inputs = self.image_sequences(prompts, media, images.map(|(frame, _)| frame), options).await?;
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
         Ok(inputs)
     }
@@ -134,11 +166,11 @@ impl Preprocessor {
     async fn image_sequences(
         &self,
         prompts: Vec<Prompt>,
-        patches: Vec<crate::input::image::patches::Patches>,
-        audio: Vec<crate::input::audio::LogMel>,
+        media: Media,
         frame: Option<&SoftTokenFrame>,
         options: &InputOptions,
     ) -> Result<Vec<ModelInput>, InputError> {
+        let Media { patches, audio, videos } = media;
         let image_text = |p: &crate::input::image::patches::Patches| -> Result<String, InputError> {
             let frame = frame.ok_or(InputError::ImagesUnsupported)?;
             Ok(format!("{}{}{}", frame.begin, frame.placeholder.repeat(frame.patches.soft_tokens(p.positions.len())), frame.end))
@@ -147,7 +179,12 @@ impl Preprocessor {
             let side = self.audio.as_ref().ok_or(InputError::AudioUnsupported)?;
             Ok(format!("{}{}{}", side.begin, side.placeholder.repeat(side.soft_tokens(a)), side.end))
         };
-        let (mut next_image, mut next_audio) = (patches.iter(), audio.iter());
+        let video_text = |v: &VideoFrames| -> Result<String, InputError> {
+            let frame = frame.ok_or(InputError::VideoUnsupported)?;
+            let side = frame.video.as_ref().ok_or(InputError::VideoUnsupported)?;
+            Ok(crate::input::video::video_text(v, &side.config, [&frame.begin, &side.placeholder, &frame.end]))
+        };
+        let (mut next_image, mut next_audio, mut next_video) = (patches.iter(), audio.iter(), videos.iter());
         let mut texts = Vec::with_capacity(prompts.len());
         for prompt in &prompts {
             let text = match prompt {
@@ -158,10 +195,11 @@ impl Preprocessor {
                             Part::Text(text) => Ok(text.clone()),
                             Part::Image(_) => next_image.next().ok_or(InputError::Stopped).and_then(image_text),
                             Part::Audio(_) => next_audio.next().ok_or(InputError::Stopped).and_then(audio_text),
+                            Part::Video(_) => next_video.next().ok_or(InputError::Stopped).and_then(video_text),
                         })
                         .collect::<Result<Vec<_>, _>>()?
                         .join("\n");
-                    let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)]);
+                    let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)] | [Part::Video(_)]);
                     let prompt = if alone { "" } else { options.prompt.as_deref().unwrap_or("") };
                     format!("{prompt}{joined}")
                 }
@@ -172,13 +210,14 @@ impl Preprocessor {
         let encode =
             EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
         let tokens = self.workers.encode(texts, encode).await?;
-        let (mut patches, mut audio) = (patches.into_iter(), audio.into_iter());
+        let (mut patches, mut audio, mut videos) = (patches.into_iter(), audio.into_iter(), videos.into_iter());
         let mut inputs = Vec::with_capacity(prompts.len());
         for (prompt, tokens) in prompts.iter().zip(tokens) {
             let tokens = tokens?;
             check_length(tokens.len(), self.max_model_len, false)?;
             let images: Vec<_> = patches.by_ref().take(prompt.image_count()).collect();
             let sounds: Vec<_> = audio.by_ref().take(prompt.audio_count()).collect();
+            let video_frames: Vec<_> = videos.by_ref().take(prompt.video_count()).flat_map(|v| v.frames).collect();
             let count = |id: u32| tokens.ids.iter().filter(|&&t| t == id).count();
             // Placeholders typed as text would take soft tokens meant for others.
             if let Some(frame) = frame {
@@ -192,20 +231,36 @@ impl Preprocessor {
                     return Err(placeholder_typed("audio", &side.placeholder));
                 }
             }
-            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images, audio: sounds }));
+            if let Some(side) = frame.and_then(|f| f.video.as_ref()) {
+                if count(side.placeholder_id)
+                    != video_frames.iter().map(|p| side.config.patches.soft_tokens(p.positions.len())).sum::<usize>()
+                {
+                    return Err(placeholder_typed("video", &side.placeholder));
+                }
+            }
+            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images, audio: sounds, video_frames }));
         }
         Ok(inputs)
     }
 }
 
-/// Where a wave's first image and audio are among the request's, and how many it has: the
-/// numbers error messages name.
+/// Where a wave's first image, audio and video are among the request's, and how many it has:
+/// the numbers error messages name.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct MediaNumbering {
     pub(super) first_image: usize,
     pub(super) images_in_request: usize,
     pub(super) first_audio: usize,
     pub(super) audio_in_request: usize,
+    pub(super) first_video: usize,
+    pub(super) videos_in_request: usize,
+}
+
+/// A wave's decoded media, in request order.
+struct Media {
+    patches: Vec<crate::input::image::patches::Patches>,
+    audio: Vec<crate::input::audio::LogMel>,
+    videos: Vec<VideoFrames>,
 }
 
 /// A placeholder token found in a medium's input text beyond what its media made.
@@ -221,6 +276,16 @@ pub(super) fn audio_bytes(prompt: &Prompt) -> Vec<&[u8]> {
     match prompt {
         Prompt::Interleaved(parts) => {
             parts.iter().filter_map(|p| if let Part::Audio(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The encoded videos of a prompt, in order.
+pub(super) fn video_bytes(prompt: &Prompt) -> Vec<&[u8]> {
+    match prompt {
+        Prompt::Interleaved(parts) => {
+            parts.iter().filter_map(|p| if let Part::Video(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
         }
         _ => Vec::new(),
     }

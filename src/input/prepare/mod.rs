@@ -21,7 +21,7 @@ use super::workers::InputWorkers;
 mod media_inputs;
 use super::{InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
 use crate::models::batch::TokenizedInput;
-use media_inputs::{audio_bytes, image_bytes, MediaNumbering};
+use media_inputs::{audio_bytes, image_bytes, video_bytes, MediaNumbering};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -44,6 +44,17 @@ pub struct SoftTokenFrame {
     pub begin: String,
     pub placeholder: String,
     pub end: String,
+    pub placeholder_id: u32,
+    /// Videos, for a model whose processor samples their frames (EmbeddingGemma 2).
+    pub video: Option<VideoSide>,
+}
+
+/// How a soft-token model's video becomes frames, each framed in the text like an image but
+/// with the video placeholder ([`super::video`]).
+pub struct VideoSide {
+    pub config: super::video::VideoConfig,
+    pub limits: super::video::VideoLimits,
+    pub placeholder: String,
     pub placeholder_id: u32,
 }
 
@@ -90,6 +101,8 @@ pub struct Wave {
     images_in_request: usize,
     first_audio: usize,
     audio_in_request: usize,
+    first_video: usize,
+    videos_in_request: usize,
 }
 
 impl Wave {
@@ -97,7 +110,8 @@ impl Wave {
     fn whole(prompts: Vec<Prompt>) -> Self {
         let images_in_request = image_count(&prompts);
         let audio_in_request = prompts.iter().map(Prompt::audio_count).sum();
-        Wave { prompts, first_image: 0, images_in_request, first_audio: 0, audio_in_request }
+        let videos_in_request = prompts.iter().map(Prompt::video_count).sum();
+        Wave { prompts, first_image: 0, images_in_request, first_audio: 0, audio_in_request, first_video: 0, videos_in_request }
     }
 
     /// The wave's prompts, in the request's order.
@@ -186,6 +200,18 @@ impl Preprocessor {
         self.audio.is_some()
     }
 
+    /// Whether the model takes video (its processor samples frames for its vision tower).
+    pub fn takes_video(&self) -> bool {
+        self.video_side().is_some()
+    }
+
+    fn video_side(&self) -> Option<&VideoSide> {
+        match &self.images.as_ref()?.processing {
+            ImageProcessing::SoftTokens(frame) => frame.video.as_ref(),
+            ImageProcessing::Crop { .. } => None,
+        }
+    }
+
     /// What one image counts in a batch and in `usage` (its sequence in the vision tower); 0
     /// for text models.
     pub fn tokens_per_image(&self) -> usize {
@@ -200,7 +226,7 @@ impl Preprocessor {
             // The text sequence, and the towers' passes over the patches and the audio.
             ModelInput::ImageSequence(media) => {
                 media.tokens.len()
-                    + media.patches.iter().map(|p| p.positions.len()).sum::<usize>()
+                    + media.patches.iter().chain(&media.video_frames).map(|p| p.positions.len()).sum::<usize>()
                     + self.audio.as_ref().map_or(0, |side| media.audio.iter().map(|a| side.soft_tokens(a)).sum())
             }
         }
@@ -225,13 +251,14 @@ impl Preprocessor {
     /// [`decode::check_header`]: super::audio::decode::check_header
     pub async fn waves(&self, prompts: Vec<Prompt>) -> Result<Vec<Wave>, InputError> {
         let whole = Wave::whole(prompts);
-        let media_in_request = whole.images_in_request + whole.audio_in_request;
+        let media_in_request = whole.images_in_request + whole.audio_in_request + whole.videos_in_request;
         let Some(side) = self.images.as_ref().filter(|side| media_in_request > side.wave.max(1)) else {
             return Ok(vec![whole]);
         };
-        let Wave { prompts, images_in_request, audio_in_request, .. } = whole;
+        let Wave { prompts, images_in_request, audio_in_request, videos_in_request, .. } = whole;
         let (per_wave, limits) = (side.wave.max(1), side.limits);
         let audio = self.audio.as_ref().map(|side| (side.features.sampling_rate, side.features.max_samples, side.limits));
+        let video_limits = self.video_side().map(|side| side.limits);
         let prompts = self
             .workers
             .execute(move || {
@@ -248,27 +275,43 @@ impl Preprocessor {
                             .map_err(|e| InputError::Audio(format!("audio {index}: {e}")))?;
                     }
                 }
+                if let Some(limits) = video_limits {
+                    for (index, bytes) in prompts.iter().flat_map(video_bytes).enumerate() {
+                        super::video::check_header(bytes, &limits).map_err(|e| InputError::Video(format!("video {index}: {e}")))?;
+                    }
+                }
                 Ok::<_, InputError>(prompts)
             })
             .await??;
         let mut waves = Vec::with_capacity(media_in_request.div_ceil(per_wave));
-        let mut wave = Wave { prompts: Vec::new(), first_image: 0, images_in_request, first_audio: 0, audio_in_request };
-        let (mut images_seen, mut audio_seen) = (0, 0);
+        let mut wave = Wave {
+            prompts: Vec::new(),
+            first_image: 0,
+            images_in_request,
+            first_audio: 0,
+            audio_in_request,
+            first_video: 0,
+            videos_in_request,
+        };
+        let (mut images_seen, mut audio_seen, mut videos_seen) = (0, 0, 0);
         for prompt in prompts {
             // An input's media stay together: a wave may hold an interleaved input's few more.
             if prompt.media_count() > 0 {
-                if images_seen + audio_seen - wave.first_image - wave.first_audio >= per_wave {
+                if images_seen + audio_seen + videos_seen - wave.first_image - wave.first_audio - wave.first_video >= per_wave {
                     let next = Wave {
                         prompts: Vec::new(),
                         first_image: images_seen,
                         images_in_request,
                         first_audio: audio_seen,
                         audio_in_request,
+                        first_video: videos_seen,
+                        videos_in_request,
                     };
                     waves.push(std::mem::replace(&mut wave, next));
                 }
                 images_seen += prompt.image_count();
                 audio_seen += prompt.audio_count();
+                videos_seen += prompt.video_count();
             }
             wave.prompts.push(prompt);
         }
@@ -278,7 +321,7 @@ impl Preprocessor {
 
     /// [`Self::prepare`] for one of [`Self::waves`].
     pub async fn prepare_wave(&self, wave: Wave, options: &InputOptions) -> Result<Vec<ModelInput>, InputError> {
-        let Wave { prompts, first_image, images_in_request, first_audio, audio_in_request } = wave;
+        let Wave { prompts, first_image, images_in_request, first_audio, audio_in_request, first_video, videos_in_request } = wave;
         if !prompts.iter().any(|p| p.media_count() > 0) {
             return Ok(self.prepare_texts(prompts, options).await?.into_iter().map(ModelInput::Text).collect());
         }
@@ -294,7 +337,7 @@ impl Preprocessor {
                 texts.push(prompt);
             }
         }
-        let numbering = MediaNumbering { first_image, images_in_request, first_audio, audio_in_request };
+        let numbering = MediaNumbering { first_image, images_in_request, first_audio, audio_in_request, first_video, videos_in_request };
         let pixels = self.prepare_images(images, numbering, options).await?;
         let texts = if texts.is_empty() { Vec::new() } else { self.prepare_texts(texts, options).await? };
         let (mut texts, mut pixels) = (texts.into_iter(), pixels.into_iter());
