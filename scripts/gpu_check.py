@@ -202,7 +202,9 @@ def image_part(file):
 def check_soft_token_images(server, expected):
     """EmbeddingGemma 2: texts, then each image alone and all of them in one request (the soft
     tokens of Gemma 4's vision tower in the text encoder), then text and images in one input,
-    then audio alone, batched, and with text (its audio tower)."""
+    then audio alone, batched, and with text (its audio tower), then the videos that fit the
+    fixture's 256 positions, all in one request, and with text and an image (their sampled
+    frames through the vision tower)."""
     results = check_embeddings(server, expected)
     messages = [[{"role": "user", "content": [image_part(i["file"])]}] for i in expected["images"]]
     for message, image in zip(messages, expected["images"]):
@@ -227,7 +229,23 @@ def check_soft_token_images(server, expected):
         content = [{"type": "text", "text": p["text"]} if "text" in p else audio_part(p["audio"]) for p in case["parts"]]
         embedding = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": content}]})["data"][0]["embedding"]
         results.append(("cosine", cosine(embedding, case["embedding"])))
+    videos = [v for v in expected.get("video", []) if len(v["input_ids"]) <= 256]
+    if videos:
+        reply = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": [video_part(v["file"])]} for v in videos]})
+        results += [("cosine", cosine(d["embedding"], v["embedding"])) for d, v in zip(reply["data"], videos)]
+    for case in expected.get("video_interleaved", []):
+        content = [video_part(p["video"]) if "video" in p else image_part(p["image"]) if "image" in p else {"type": "text", "text": p["text"]}
+                   for p in case["parts"]]
+        embedding = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": content}]})["data"][0]["embedding"]
+        results.append(("cosine", cosine(embedding, case["embedding"])))
     return results
+
+
+def video_part(file):
+    """A vLLM `video_url` content part carrying a fixture video as a data URL."""
+    import base64
+    data = base64.b64encode(open(f"{FIXTURES}/video/{file}", "rb").read()).decode()
+    return {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{data}"}}
 
 
 def audio_part(file):

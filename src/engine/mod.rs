@@ -182,14 +182,14 @@ impl Engine {
                 let tokens_per_image = patches.max_soft_tokens + patches.max_patches() + 4;
                 let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
                 let side = ImageSide {
-                    processing: ImageProcessing::SoftTokens(SoftTokenFrame {
+                    processing: ImageProcessing::SoftTokens(Box::new(SoftTokenFrame {
                         patches,
                         begin,
                         placeholder,
                         end,
                         placeholder_id: ids.placeholder,
                         video,
-                    }),
+                    })),
                     limits: image_limits,
                     tokens_per_image,
                     wave: (images_per_batch / 2).max(1),

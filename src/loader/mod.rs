@@ -469,11 +469,18 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
         None => Ok(default),
         Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| invalid(format!("image_processor.{name} is not a count: {v}"))),
     };
+    let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str);
+    let backend = image::patches::Backend::of_image_processor(type_name)
+        .ok_or_else(|| invalid(format!("image_processor_type `{}` is not a Gemma 4 image processor", type_name.unwrap_or_default())))?;
+    if field("resample", 3)? != 3 {
+        return Err(invalid("image_processor.resample: only bicubic (3), Gemma 4's, is implemented".into()));
+    }
     // Gemma4ImageProcessor's defaults: 280 soft tokens.
     let config = image::patches::PatchConfig {
         patch_size: field("patch_size", patch_size)?,
         pooling_kernel_size: field("pooling_kernel_size", kernel)?,
         max_soft_tokens: field("max_soft_tokens", 280)?,
+        backend,
     };
     config.check().map_err(|e| invalid(e.to_string()))?;
     if (config.patch_size, config.pooling_kernel_size) != (patch_size, kernel) {

@@ -1,5 +1,6 @@
 //! EmbeddingGemma 2's image side against transformers 5.24 (generator:
-//! tests/fixtures/make_embedding_gemma2.py): `Gemma4ImageProcessorPil`'s patches, and the
+//! tests/fixtures/make_embedding_gemma2.py): `Gemma4ImageProcessor`'s patches (the torchvision
+//! backend, which `AutoProcessor` loads from the folder when torchvision is installed), and the
 //! embeddings of `EmbeddingGemma2Model` for an image alone (`<bos> <|image> soft tokens
 //! <image|>`, the soft tokens from Gemma 4's vision tower and `embed_vision`), each image alone
 //! and all in one batch.
@@ -10,14 +11,14 @@ use crate::common::families::router_for;
 use crate::common::*;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use poolserve::input::image::patches::{preprocess_patches, PatchConfig};
+use poolserve::input::image::patches::{preprocess_patches, Backend, PatchConfig};
 use poolserve::input::image::ImageLimits;
 use poolserve::models::batch::{Batch, SoftTokens, TokenizedInput};
 use poolserve::models::gemma4_vision::{Gemma4Vision, ImagePatches};
 use poolserve::models::Architecture;
 use serde_json::Value;
 
-const CONFIG: PatchConfig = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70 };
+const CONFIG: PatchConfig = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70, backend: Backend::Torchvision };
 
 fn image_bytes(file: &str) -> Vec<u8> {
     std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(file)).unwrap()
@@ -33,7 +34,7 @@ fn patches_match_the_processor() {
             case["positions"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_u64().unwrap() as u32)).collect();
         assert_eq!(patches.positions, positions, "{file}: patch grid");
         let diff = max_abs_diff(&patches.rescaled(), &floats(&case["pixel_values"]));
-        // PNGs decode exactly; Pillow's bicubic resize is reproduced to the level.
+        // PNGs decode exactly; torchvision's uint8 bicubic resize is reproduced to the level.
         assert!(diff <= 1e-6, "{file}: pixel values differ by {diff}");
     }
 }

@@ -1,7 +1,11 @@
-//! Gemma 4's image preprocessing (`Gemma4ImageProcessorPil`, transformers 5.24), used by
-//! EmbeddingGemma 2: no fixed size and no crop; the image is resized, keeping its aspect ratio,
-//! to the largest size whose sides are multiples of `pooling_kernel_size · patch_size` and whose
-//! patches fit the budget `max_soft_tokens · pooling_kernel_size²`, with Pillow's bicubic filter;
+//! Gemma 4's image preprocessing (`Gemma4ImageProcessor`, transformers 5.24, and its video
+//! processor's frames), used by EmbeddingGemma 2: no fixed size and no crop; the image is
+//! resized, keeping its aspect ratio, to the largest size whose sides are multiples of
+//! `pooling_kernel_size · patch_size` and whose patches fit the budget
+//! `max_soft_tokens · pooling_kernel_size²`, with the bicubic filter of the processor's backend
+//! ([`Backend`]: torchvision's, which `AutoProcessor` loads when torchvision is installed, or
+//! Pillow's for a config naming `Gemma4ImageProcessorPil`; transformers saves both classes
+//! under the first name, so a folder as saved gets torchvision's, as transformers gives it);
 //! rescaled by 1/255 (no normalization); and cut into `patch_size`² patches, row-major over the
 //! patch grid, each patch's pixels row by row with the channels innermost, each with its
 //! `(x, y)` grid position. Padding to the budget, which the processor adds for a dense batch,
@@ -20,6 +24,8 @@ pub struct PatchConfig {
     pub patch_size: usize,
     pub pooling_kernel_size: usize,
     pub max_soft_tokens: usize,
+    /// The processor class the patches reproduce (its resize and rescale).
+    pub backend: Backend,
 }
 
 impl PatchConfig {
@@ -92,15 +98,31 @@ pub struct Patches {
     pub backend: Backend,
 }
 
-/// The transformers processor a picture's patches reproduce. The two resize differently (on a
-/// few pixels) and turn a byte into a value differently (in the last bit, for 126 of the 256).
+/// The transformers processor a picture's patches reproduce. Pillow and torchvision resize
+/// differently (a level on a few pixels), and the three turn a byte into a value differently
+/// (in the last bit, for about half of the 256).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// `Gemma4ImageProcessorPil`: Pillow's bicubic resize, then `v · (1/255)` in f64, then f32.
     Pil,
-    /// `EmbeddingGemma2VideoProcessor` (torchvision): torchvision's uint8 antialiased bicubic
-    /// resize, then its fused rescale-and-normalize (mean 0, std 1): `v / 255` in f32.
+    /// `Gemma4ImageProcessor` (torchvision): torchvision's uint8 antialiased bicubic resize,
+    /// then its rescale, a float32 tensor times `1/255` as float32.
     Torchvision,
+    /// `EmbeddingGemma2VideoProcessor` (torchvision): the same resize, then its fused
+    /// rescale-and-normalize (mean 0, std 1): `v / 255` in f32.
+    TorchvisionFused,
+}
+
+impl Backend {
+    /// The processor class a config's `image_processor_type` names; a config without one is
+    /// the class `AutoImageProcessor` picks, torchvision's.
+    pub fn of_image_processor(type_name: Option<&str>) -> Option<Backend> {
+        match type_name {
+            None | Some("Gemma4ImageProcessor") => Some(Backend::Torchvision),
+            Some("Gemma4ImageProcessorPil") => Some(Backend::Pil),
+            Some(_) => None,
+        }
+    }
 }
 
 impl Patches {
@@ -108,7 +130,8 @@ impl Patches {
     pub fn rescaled(&self) -> Vec<f32> {
         match self.backend {
             Backend::Pil => self.data.iter().map(|&v| (v as f64 * (1.0 / 255.0)) as f32).collect(),
-            Backend::Torchvision => self.data.iter().map(|&v| v as f32 / 255.0).collect(),
+            Backend::Torchvision => self.data.iter().map(|&v| v as f32 * (1.0 / 255.0) as f32).collect(),
+            Backend::TorchvisionFused => self.data.iter().map(|&v| v as f32 / 255.0).collect(),
         }
     }
 }
@@ -119,24 +142,18 @@ pub fn preprocess_patches(bytes: &[u8], config: &PatchConfig, limits: &ImageLimi
     let (img, source) = decode(bytes, limits)?;
     let (w, h) = (img.width() as usize, img.height() as usize);
     let rgb = to_rgb(img);
-    patches_from_rgb(&rgb, w, h, config, source, Backend::Pil)
+    patches_from_rgb(&rgb, w, h, config, source)
 }
 
 /// Resizes an RGB picture (`w × h × 3` bytes, row-major) to its budget's size with the
 /// backend's bicubic filter and cuts it into patches.
-pub fn patches_from_rgb(
-    rgb: &[u8],
-    w: usize,
-    h: usize,
-    config: &PatchConfig,
-    source: ImageInfo,
-    backend: Backend,
-) -> Result<Patches, ImageError> {
+pub fn patches_from_rgb(rgb: &[u8], w: usize, h: usize, config: &PatchConfig, source: ImageInfo) -> Result<Patches, ImageError> {
     let (th, tw) = config.target_size(h, w)?;
+    let backend = config.backend;
     let resized = match backend {
         _ if (tw, th) == (w, h) => copy_region(rgb, w, 0..w, 0..h),
         Backend::Pil => resize(rgb, (w, h), (tw, th), Filter::Bicubic, 0..tw, 0..th),
-        Backend::Torchvision => resize_torch(rgb, (w, h), (tw, th)),
+        Backend::Torchvision | Backend::TorchvisionFused => resize_torch(rgb, (w, h), (tw, th)),
     };
     let p = config.patch_size;
     let (grid_h, grid_w) = (th / p, tw / p);
@@ -161,7 +178,7 @@ mod tests {
     #[test]
     fn target_sizes_follow_the_processor() {
         // Gemma 4's defaults: patch 16, kernel 3, 280 soft tokens (2,520 patches).
-        let config = PatchConfig { patch_size: 16, pooling_kernel_size: 3, max_soft_tokens: 280 };
+        let config = PatchConfig { patch_size: 16, pooling_kernel_size: 3, max_soft_tokens: 280, backend: Backend::Pil };
         // Values from transformers' get_aspect_ratio_preserving_size.
         assert_eq!(config.target_size(768, 1024).unwrap(), (672, 912));
         assert_eq!(config.target_size(1000, 1000).unwrap(), (768, 768));

@@ -33,8 +33,9 @@ pub enum ImageProcessing {
         /// The processor's normalization, made once ([`super::image::ChannelTables`]).
         tables: Arc<super::image::ChannelTables>,
     },
-    /// EmbeddingGemma 2: cut into patches, and framed in the text.
-    SoftTokens(SoftTokenFrame),
+    /// EmbeddingGemma 2: cut into patches, and framed in the text (boxed: the frame with its
+    /// video side is several times the crop's size).
+    SoftTokens(Box<SoftTokenFrame>),
 }
 
 /// How a soft-token model's image sits in its text: `begin placeholder×n end` (the tokens'

@@ -114,6 +114,7 @@ impl VideoConfig {
             patch_size: count("patch_size", patch_geometry.0)?,
             pooling_kernel_size: count("pooling_kernel_size", patch_geometry.1)?,
             max_soft_tokens: count("max_soft_tokens", 70)?,
+            backend: Backend::TorchvisionFused,
         };
         patches.check().map_err(|e| e.to_string())?;
         if (patches.patch_size, patches.pooling_kernel_size) != patch_geometry {
@@ -224,8 +225,8 @@ pub fn preprocess(bytes: &[u8], config: &VideoConfig, limits: &VideoLimits) -> R
     let source = ImageInfo { width: info.width as u32, height: info.height as u32, format: "h264", bit_depth: 8 };
     let mut patched = BTreeMap::new();
     decode::decode_frames(bytes, &demuxed, &wanted, |index, rgb| {
-        let patches = patches_from_rgb(rgb, info.width, info.height, &config.patches, source, Backend::Torchvision)
-            .map_err(|e| VideoError::Frame(e.to_string()))?;
+        let patches =
+            patches_from_rgb(rgb, info.width, info.height, &config.patches, source).map_err(|e| VideoError::Frame(e.to_string()))?;
         patched.insert(index, patches);
         Ok(())
     })?;
@@ -247,7 +248,7 @@ mod tests {
     use super::*;
 
     fn config(fps: Option<f64>, max_frames: usize, overflow: Overflow) -> VideoConfig {
-        let patches = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70 };
+        let patches = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70, backend: Backend::TorchvisionFused };
         VideoConfig { patches, fps, max_frames, overflow, add_timestamps: false }
     }
 
