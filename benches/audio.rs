@@ -8,20 +8,10 @@
 //! ms, … s of audio per s` line per file.
 
 use poolserve::input::audio::{decode::decode_mono, AudioLimits, LogMelConfig};
-use std::time::{Duration, Instant};
 
-fn median_of(iterations: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut times: Vec<Duration> = (0..iterations)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[times.len() / 2]
-}
+#[path = "common/timing.rs"]
+mod timing;
+use timing::median_of;
 
 fn main() {
     let files: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
@@ -37,10 +27,10 @@ fn main() {
         let bytes = std::fs::read(&file).expect("audio file");
         let wave = decode_mono(&bytes, config.sampling_rate, config.max_samples, &limits).expect("decodable audio");
         let seconds = wave.len() as f64 / config.sampling_rate as f64;
-        let decode = median_of(iterations, || {
+        let decode = median_of(1, iterations, || {
             std::hint::black_box(decode_mono(&bytes, config.sampling_rate, config.max_samples, &limits).unwrap());
         });
-        let features = median_of(iterations, || {
+        let features = median_of(1, iterations, || {
             std::hint::black_box(config.log_mel(&wave));
         });
         let total = (decode + features).as_secs_f64();

@@ -15,22 +15,10 @@ use poolserve::input::Prompt;
 use poolserve::loader;
 use poolserve::models;
 use poolserve::pooling::Task;
-use std::time::{Duration, Instant};
 
-fn median_of(iterations: usize, mut f: impl FnMut()) -> Duration {
-    for _ in 0..2 {
-        f();
-    }
-    let mut times: Vec<Duration> = (0..iterations)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[times.len() / 2]
-}
+#[path = "common/timing.rs"]
+mod timing;
+use timing::median_of;
 
 fn main() {
     let dir = std::env::var("POOLSERVE_IMAGE_MODEL").unwrap_or_else(|_| "target/clip-vit-b32-random".into());
@@ -46,7 +34,7 @@ fn main() {
     println!("vision tower, {size}x{size}, {} tokens per image, {} rayon threads", tower.tokens_per_image(), rayon::current_num_threads());
     for (batch, iterations) in [(1usize, 30usize), (32, 5)] {
         let pixels = pixels_of(batch);
-        let median = median_of(iterations, || {
+        let median = median_of(2, iterations, || {
             models::forward_images_chunked(tower.as_ref(), &pixels, batch, models::FORWARD_CHUNK_TOKENS).expect("forward");
         });
         println!("batch {batch}: median {:.2} ms, {:.1} images/s", median.as_secs_f64() * 1e3, batch as f64 / median.as_secs_f64());
@@ -57,7 +45,7 @@ fn main() {
     let png = std::fs::read(std::env::var("POOLSERVE_BENCH_IMAGE").unwrap_or_else(|_| format!("{dir}/bench.png"))).expect("bench image");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let params = PoolingParams::default().verify(Task::Embed, engine.spec()).expect("params");
-    let median = median_of(30, || {
+    let median = median_of(2, 30, || {
         runtime.block_on(engine.encode(vec![Prompt::Image(png.clone())], &params)).expect("embeds");
     });
     println!("end to end (640x480 PNG → embedding): median {:.2} ms", median.as_secs_f64() * 1e3);

@@ -7,20 +7,10 @@
 //! interleaved. Prints one `FILE: … ms, … frames decoded, … sampled` line per file.
 
 use poolserve::input::video::{self, VideoConfig, VideoLimits};
-use std::time::{Duration, Instant};
 
-fn median_of(iterations: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut times: Vec<Duration> = (0..iterations)
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[times.len() / 2]
-}
+#[path = "common/timing.rs"]
+mod timing;
+use timing::median_of;
 
 fn main() {
     let files: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
@@ -36,7 +26,7 @@ fn main() {
         let bytes = std::fs::read(&file).expect("video file");
         let info = video::check_header(&bytes, &limits).expect("readable video");
         let sampled = video::sample_indices(info.frames, info.fps, info.duration, &config);
-        let time = median_of(iterations, || {
+        let time = median_of(1, iterations, || {
             std::hint::black_box(video::preprocess(&bytes, &config, &limits).unwrap());
         });
         println!(

@@ -492,6 +492,25 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
     Ok(config)
 }
 
+/// What of a processor file's JSON is the block wanted, if it holds it.
+type PickBlock<'a> = &'a dyn Fn(&serde_json::Value) -> Option<serde_json::Value>;
+
+/// The first of `candidates` (a file of the folder, and what of its JSON is the block wanted)
+/// that the folder has and that holds the block, with its path.
+fn processor_block(source: &ModelSource, candidates: [(&str, PickBlock); 2]) -> Result<Option<(PathBuf, serde_json::Value)>, LoadError> {
+    for (name, pick) in candidates {
+        if let Some(path) = source.file(name)? {
+            let invalid = |message: String| LoadError::File { path: path.clone(), message };
+            let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+            if let Some(block) = pick(&json) {
+                return Ok(Some((path, block)));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// The `video_processor` of `processor_config.json` (or `video_preprocessor_config.json`) of a
 /// soft-token model whose tower reads video frames; a folder with neither gets the video
 /// processor's defaults (`EmbeddingGemma2VideoProcessor`: 1 frame a second, at most 32, 70
@@ -503,20 +522,17 @@ fn video_processor(
     if tower.video_token().is_none() {
         return Ok(None);
     }
-    let mut found = None;
-    for (name, nested) in [("processor_config.json", true), ("video_preprocessor_config.json", false)] {
-        if let Some(path) = source.file(name)? {
-            let invalid = |message: String| LoadError::File { path: path.clone(), message };
-            let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-            let block = if nested { json.get("video_processor").cloned() } else { Some(json) };
-            if let Some(block) = block {
-                found = Some((Some(path), block));
-                break;
-            }
-        }
-    }
-    let (path, block) = found.unwrap_or((None, serde_json::json!({})));
+    let found = processor_block(
+        source,
+        [
+            ("processor_config.json", &|json| json.get("video_processor").cloned()),
+            ("video_preprocessor_config.json", &|json| Some(json.clone())),
+        ],
+    )?;
+    let (path, block) = match found {
+        Some((path, block)) => (Some(path), block),
+        None => (None, serde_json::json!({})),
+    };
     crate::input::video::VideoConfig::from_json(&block, tower.patch_geometry()).map(Some).map_err(|message| match path {
         Some(path) => LoadError::File { path, message },
         None => LoadError::Invalid(message),
@@ -527,19 +543,13 @@ fn video_processor(
 /// one) of a model with an audio tower, checked against the tower's mel bins. A folder without
 /// one gets `Gemma4AudioFeatureExtractor`'s defaults, which every published one repeats.
 fn audio_features(source: &ModelSource, tower: &dyn models::AudioTokenTower) -> Result<crate::input::audio::LogMelConfig, LoadError> {
-    let mut found = None;
-    for (name, nested) in [("processor_config.json", true), ("preprocessor_config.json", false)] {
-        if let Some(path) = source.file(name)? {
-            let invalid = |message: String| LoadError::File { path: path.clone(), message };
-            let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-            let block = if nested { json.get("feature_extractor").cloned() } else { json.get("feature_size").map(|_| json.clone()) };
-            if let Some(block) = block {
-                found = Some((path, block));
-                break;
-            }
-        }
-    }
+    let found = processor_block(
+        source,
+        [
+            ("processor_config.json", &|json| json.get("feature_extractor").cloned()),
+            ("preprocessor_config.json", &|json| json.get("feature_size").map(|_| json.clone())),
+        ],
+    )?;
     let (path, block) = match found {
         Some((path, block)) => (Some(path), block),
         None => {

@@ -101,51 +101,29 @@ impl Preprocessor {
         let (prompts, patches, audio, videos) = self
             .workers
             .execute(move || {
-                let image_name = |i: usize, e: crate::input::image::ImageError| {
-                    InputError::Image(if in_request > 1 { format!("image {}: {e}", first + i) } else { e.to_string() })
-                };
                 let patches = match patch_config {
-                    Some((config, limits)) => prompts
-                        .iter()
-                        .flat_map(image_bytes)
-                        .enumerate()
-                        .map(|(i, bytes)| preprocess_patches(bytes, &config, &limits).map_err(|e| image_name(i, e)))
-                        .collect::<Result<Vec<_>, _>>()?,
+                    Some((config, limits)) => {
+                        each_medium(&prompts, image_bytes, (first, in_request, "image"), InputError::Image, |bytes| {
+                            preprocess_patches(bytes, &config, &limits)
+                        })?
+                    }
                     None if prompts.iter().any(|p| p.image_count() > 0) => return Err(InputError::ImagesUnsupported),
                     None => Vec::new(),
                 };
                 let audio = match audio_config {
-                    Some((features, limits)) => prompts
-                        .iter()
-                        .flat_map(audio_bytes)
-                        .enumerate()
-                        .map(|(i, bytes)| {
-                            crate::input::audio::preprocess(bytes, &features, &limits).map_err(|e| {
-                                InputError::Audio(if audio_in_request > 1 {
-                                    format!("audio {}: {e}", first_audio + i)
-                                } else {
-                                    e.to_string()
-                                })
-                            })
-                        })
-                        .collect::<Result<Vec<_>, _>>()?,
+                    Some((features, limits)) => {
+                        each_medium(&prompts, audio_bytes, (first_audio, audio_in_request, "audio"), InputError::Audio, |bytes| {
+                            crate::input::audio::preprocess(bytes, &features, &limits)
+                        })?
+                    }
                     None => Vec::new(),
                 };
                 let videos = match video_config {
-                    Some((config, limits)) => prompts
-                        .iter()
-                        .flat_map(video_bytes)
-                        .enumerate()
-                        .map(|(i, bytes)| {
-                            crate::input::video::preprocess(bytes, &config, &limits).map_err(|e| {
-                                InputError::Video(if videos_in_request > 1 {
-                                    format!("video {}: {e}", first_video + i)
-                                } else {
-                                    e.to_string()
-                                })
-                            })
-                        })
-                        .collect::<Result<Vec<_>, _>>()?,
+                    Some((config, limits)) => {
+                        each_medium(&prompts, video_bytes, (first_video, videos_in_request, "video"), InputError::Video, |bytes| {
+                            crate::input::video::preprocess(bytes, &config, &limits)
+                        })?
+                    }
                     None if prompts.iter().any(|p| p.video_count() > 0) => return Err(InputError::VideoUnsupported),
                     None => Vec::new(),
                 };
@@ -242,6 +220,26 @@ impl Preprocessor {
         }
         Ok(inputs)
     }
+}
+
+/// Each medium of one kind in `prompts` (`bytes_of`), prepared by `prepare` in order; the first
+/// failure is the answer, named by its number in the request when the request has several
+/// (`numbering`: the wave's first one's number, the request's count, the noun).
+fn each_medium<T, E: std::fmt::Display>(
+    prompts: &[Prompt],
+    bytes_of: fn(&Prompt) -> Vec<&[u8]>,
+    (first, in_request, noun): (usize, usize, &str),
+    error: fn(String) -> InputError,
+    prepare: impl Fn(&[u8]) -> Result<T, E>,
+) -> Result<Vec<T>, InputError> {
+    prompts
+        .iter()
+        .flat_map(bytes_of)
+        .enumerate()
+        .map(|(i, bytes)| {
+            prepare(bytes).map_err(|e| error(if in_request > 1 { format!("{noun} {}: {e}", first + i) } else { e.to_string() }))
+        })
+        .collect()
 }
 
 /// Where a wave's first image, audio and video are among the request's, and how many it has:
