@@ -46,7 +46,7 @@ ctr=$(buildah from --pull=never "$IMAGE")
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true; buildah rmi "$IMAGE" >/dev/null 2>&1 || true' EXIT
 in_image() { buildah run --isolation chroot "$ctr" -- "$@"; }
 
-in_image sh -c 'grep -c attention_f16 /usr/local/bin/poolserve' >/dev/null \
+in_image sh -c 'grep -c attention_d128_f16 /usr/local/bin/poolserve' >/dev/null \
   || { echo "container-cuda: the binary has no poolserve CUDA kernels" >&2; exit 1; }
 [ "$(in_image sha256sum /usr/local/bin/poolserve | cut -d' ' -f1)" = "$(sha256sum "$binary" | cut -d' ' -f1)" ] \
   || { echo "container-cuda: the image's binary is not $binary" >&2; exit 1; }
