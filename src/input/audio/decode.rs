@@ -4,12 +4,13 @@
 //! soundfile and soxr's high-quality resampler), averages the channels, and resamples. Here
 //! symphonia demuxes and decodes (its pure-Rust WAV/PCM, FLAC, MP3 and Vorbis codecs, with the
 //! encoder delay and padding of MP3s trimmed, as libsndfile trims them), channels are averaged
-//! as they arrive, and rubato's FFT resampler converts the rate. PCM and FLAC decode to the
-//! same samples as libsndfile; MP3 and Vorbis decoders and the resamplers differ in their last
-//! bits (measured against transformers in tests/suite/embedding_gemma2_audio.rs).
+//! as they arrive, and libsoxr converts the rate with the quality and the steps python-soxr's
+//! `resample` uses. PCM and FLAC decode to the same samples as libsndfile, and resample to
+//! soxr's within float rounding (python-soxr builds libsoxr with its SIMD FFT, soxr-sys without);
+//! MP3 and Vorbis decoders differ in their last bits (measured against transformers in
+//! tests/suite/embedding_gemma2_audio.rs).
 
 use super::{AudioError, AudioLimits};
-use rubato::{FftFixedIn, Resampler};
 use symphonia::core::audio::SampleBuffer;
 use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
 use symphonia::core::errors::Error as SymphoniaError;
@@ -127,29 +128,84 @@ pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLi
     Ok(wave)
 }
 
-/// `samples` from `from` Hz to `to` Hz, `ceil(n · to / from)` samples long (as soxr's and
-/// librosa's resampling in transformers' loader), the resampler's delay removed.
+/// `samples` from `from` Hz to `to` Hz, `ceil(n · to / from)` samples long, as transformers'
+/// `load_audio` resamples: python-soxr's `resample(wave, from, to, quality="soxr_hq")` (libsoxr's
+/// 20-bit "HQ" recipe, linear phase, fed in python-soxr's chunks and flushed), then zero-padded
+/// or cut to that length.
 pub fn resample(samples: &[f32], from: u32, to: u32) -> Result<Vec<f32>, AudioError> {
-    const CHUNK: usize = 1024;
-    let failed = |e: &dyn std::fmt::Display| AudioError::Decode(format!("resampling failed: {e}"));
-    let mut resampler = FftFixedIn::<f32>::new(from as usize, to as usize, CHUNK, 2, 1).map_err(|e| failed(&e))?;
     let expected = (samples.len() as u64 * to as u64).div_ceil(from as u64) as usize;
-    let delay = resampler.output_delay();
-    let mut out = Vec::with_capacity(expected + delay + resampler.output_frames_max());
-    let mut rest = samples;
-    while rest.len() >= resampler.input_frames_next() {
-        let (chunk, tail) = rest.split_at(resampler.input_frames_next());
-        out.extend(resampler.process(&[chunk], None).map_err(|e| failed(&e))?.swap_remove(0));
-        rest = tail;
+    let mut resampler = Soxr::new(from, to)?;
+    // python-soxr's output buffer: `n · to / from + 1` samples; soxr stops writing there.
+    let mut out = vec![0f32; (samples.len() as f64 * to as f64 / from as f64) as usize + 1];
+    let mut written = 0;
+    // python-soxr's chunk: at least 1000 input samples, or a second at 48 kHz output.
+    let chunk = (48_000.0 * from as f64 / to as f64).max(1000.0) as usize;
+    for piece in samples.chunks(chunk) {
+        written += resampler.process(Some(piece), &mut out[written..])?;
     }
-    // The last partial chunk, then silence until the delayed output has come out.
-    if !rest.is_empty() {
-        out.extend(resampler.process_partial(Some(&[rest]), None).map_err(|e| failed(&e))?.swap_remove(0));
+    written += resampler.process(None, &mut out[written..])?;
+    out.truncate(written);
+    out.resize(expected, 0.0);
+    Ok(out)
+}
+
+/// One libsoxr resampler, mono f32 in and out, deleted on drop.
+struct Soxr(soxr_sys::soxr_t);
+
+impl Soxr {
+    fn new(from: u32, to: u32) -> Result<Self, AudioError> {
+        let float = soxr_sys::soxr_datatype_t_SOXR_FLOAT32_I;
+        // SAFETY: a plain constructor that returns a struct by value and reads no pointer.
+        let io = unsafe { soxr_sys::soxr_io_spec(float, float) };
+        // SOXR_20_BITQ is soxr.h's SOXR_HQ, the recipe python-soxr's "soxr_hq" names.
+        // SAFETY: as above, a struct returned by value.
+        let quality = unsafe { soxr_sys::soxr_quality_spec(soxr_sys::SOXR_20_BITQ as _, 0) };
+        let mut error: soxr_sys::soxr_error_t = std::ptr::null();
+        // SAFETY: the specs outlive the call (soxr copies them), `error` is a valid out-pointer,
+        // and a null runtime spec asks for libsoxr's defaults.
+        let handle = unsafe { soxr_sys::soxr_create(from as f64, to as f64, 1, &mut error, &io, &quality, std::ptr::null()) };
+        if !error.is_null() || handle.is_null() {
+            if !handle.is_null() {
+                // SAFETY: a handle soxr_create returned, deleted once.
+                unsafe { soxr_sys::soxr_delete(handle) };
+            }
+            return Err(AudioError::Decode(format!("resampling failed: {}", soxr_message(error))));
+        }
+        Ok(Self(handle))
     }
-    while out.len() < expected + delay {
-        out.extend(resampler.process_partial::<&[f32]>(None, None).map_err(|e| failed(&e))?.swap_remove(0));
+
+    /// Feeds `input` (or, with `None`, flushes the filter's tail) and returns how many samples
+    /// were written at the start of `out`.
+    fn process(&mut self, input: Option<&[f32]>, out: &mut [f32]) -> Result<usize, AudioError> {
+        let (input_ptr, input_len) = input.map_or((std::ptr::null(), 0), |i| (i.as_ptr().cast(), i.len()));
+        let (mut consumed, mut written) = (0usize, 0usize);
+        // SAFETY: `self.0` is a live handle; the input pointer is valid for `input_len` f32s (or
+        // null to flush), the output for `out.len()` f32s, one channel interleaved as created;
+        // soxr writes at most `out.len()` samples and the counts through valid pointers.
+        let error = unsafe {
+            soxr_sys::soxr_process(self.0, input_ptr, input_len, &mut consumed, out.as_mut_ptr().cast(), out.len(), &mut written)
+        };
+        if !error.is_null() {
+            return Err(AudioError::Decode(format!("resampling failed: {}", soxr_message(error))));
+        }
+        Ok(written)
     }
-    Ok(out[delay..delay + expected].to_vec())
+}
+
+impl Drop for Soxr {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from soxr_create and is deleted only here.
+        unsafe { soxr_sys::soxr_delete(self.0) }
+    }
+}
+
+/// libsoxr's error, a static C string (or none).
+fn soxr_message(error: soxr_sys::soxr_error_t) -> String {
+    if error.is_null() {
+        return "unknown error".into();
+    }
+    // SAFETY: libsoxr's errors are pointers to static NUL-terminated strings.
+    unsafe { std::ffi::CStr::from_ptr(error) }.to_string_lossy().into_owned()
 }
 
 /// A symphonia error in a sentence (its unsupported-format errors name what is missing).
@@ -211,6 +267,30 @@ mod tests {
         // Truncated: the samples it holds.
         let whole = wav(&[1000; 100], 16000, 1);
         assert_eq!(decode_mono(&whole[..44 + 50], 16000, 1000, &AudioLimits::default()).unwrap().len(), 25);
+    }
+
+    #[test]
+    fn decoding_stops_early_without_changing_what_the_model_hears() {
+        // decode_mono resamples only the source samples the model's window needs (plus 0.1 s):
+        // its first `max_samples` must be those of the whole file resampled, at every common
+        // rate, upsampling included.
+        let max_samples = 16000 * 3;
+        for from in [8000u32, 22050, 44100, 48000] {
+            let n = from as usize * 5;
+            let mut state = 1u32;
+            let wave: Vec<f32> = (0..n)
+                .map(|i| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    0.5 * (i as f32 * 0.01).sin() + (state >> 8) as f32 / (1u32 << 24) as f32 * 0.1 - 0.05
+                })
+                .collect();
+            let pcm: Vec<i16> = wave.iter().map(|v| (v * 32767.0) as i16).collect();
+            let early = decode_mono(&wav(&pcm, from, 1), 16000, max_samples, &AudioLimits::default()).unwrap();
+            let whole = resample(&pcm.iter().map(|&v| v as f32 / 32768.0).collect::<Vec<_>>(), from, 16000).unwrap();
+            assert_eq!(early.len(), max_samples);
+            let worst = early.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(worst <= 1e-6, "{from} Hz: {worst}");
+        }
     }
 
     #[test]
