@@ -3,7 +3,7 @@
 //! `cargo bench --bench ops`.
 
 use candle_core::{Device, Tensor};
-use poolserve::models::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
+use poolserve::models::ops::{with_cpu_weight_format, Activation, Attention, AttentionMask, LayerNorm, Linear, WeightFormat};
 use std::time::Instant;
 
 fn tensor(rows: usize, cols: usize) -> Tensor {
@@ -85,4 +85,16 @@ fn main() {
         time("up linear 384->1536", 2.0 * (q * h * i) as f64, || drop(up.forward_unbiased(&xq)));
         time("down linear + residual", 2.0 * (q * h * i) as f64, || drop(down.forward_add(&interq, &xq)));
     }
+
+    // `--dtype bfloat16` at EmbeddingGemma 2's shapes (hidden 512, q 1024 + k, v 512, GeGLU
+    // 2048), 8×128 tokens: the products that take most of its forward.
+    let (t, h, q, i) = (1024usize, 512usize, 1024usize, 2048usize);
+    let bf16 = |rows, cols| with_cpu_weight_format(WeightFormat::Bf16, || Linear::new(tensor(rows, cols), None).expect("bf16"));
+    let (qkv, o, gate_up, down) = (bf16(q + 2 * h, h), bf16(h, q), bf16(2 * i, h), bf16(h, i));
+    let (x, attended, inter) = (tensor(t, h), tensor(t, q), tensor(t, i));
+    println!("bf16 linears at 8x128 tokens, EmbeddingGemma 2 shapes");
+    time("qkv linear 512->2048", 2.0 * (t * h * (q + 2 * h)) as f64, || drop(qkv.forward_unbiased(&x)));
+    time("out linear 1024->512 + res", 2.0 * (t * q * h) as f64, || drop(o.forward_add(&attended, &x)));
+    time("gate+up linear 512->4096", 2.0 * (t * h * 2 * i) as f64, || drop(gate_up.forward_unbiased(&x)));
+    time("down linear 2048->512 + res", 2.0 * (t * i * h) as f64, || drop(down.forward_add(&inter, &x)));
 }

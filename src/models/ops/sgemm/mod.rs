@@ -358,15 +358,16 @@ impl Job<'_> {
             for s0 in (0..steps).step_by(KC) {
                 let kc = KC.min(steps - s0);
                 let accumulate = self.read_dst || s0 > 0;
-                for p in self.panels.clone() {
+                for p in self.panels.clone().step_by(K::PANELS) {
                     // SAFETY: panel `p` < panels and `s0` < steps: inside the packed weights.
                     let b = unsafe { weights.add(p * steps + s0) };
-                    let cols = PANEL.min(n - p * PANEL);
+                    // The tile's panels: `K::PANELS`, or the share's last one alone.
+                    let cols = (K::PANELS.min(self.panels.end - p) * PANEL).min(n - p * PANEL);
                     let mut r0 = m0;
                     while r0 < m1 {
                         // SAFETY: `r0` < rows.end <= m and `p·PANEL` < n: inside `a` and `dst`.
                         let (a, c) = unsafe { (a.add(r0 * lda + s0 * K::A_PER_STEP), dst.add(r0 * n + p * PANEL)) };
-                        let tile = Tile { a, lda, b, steps: kc, out: Out { c, ldc: n, cols, accumulate } };
+                        let tile = Tile { a, lda, b, panel_stride: steps, steps: kc, out: Out { c, ldc: n, cols, accumulate } };
                         let left = (m1 - r0).min(MR);
                         // SAFETY: `left` rows from r0 lie inside the block.
                         unsafe {
@@ -411,6 +412,8 @@ trait Micro {
     type B;
     /// Activation elements per panel row.
     const A_PER_STEP: usize;
+    /// Panels one tile spans (the tile's `out.cols` says how many of them are there).
+    const PANELS: usize = 1;
     /// # Safety
     /// The CPU has the kernel's features; the tile's pointers cover `R` rows, `steps` panel rows.
     unsafe fn tile<const R: usize>(t: &Tile<Self::A, Self::B>);
@@ -422,6 +425,8 @@ struct Tile<A, B> {
     a: *const A,
     lda: usize,
     b: *const B,
+    /// Panel rows from one panel to the next (`b`'s second panel, for two-panel tiles).
+    panel_stride: usize,
     steps: usize,
     out: Out,
 }

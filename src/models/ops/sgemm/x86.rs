@@ -98,6 +98,9 @@ unsafe fn store_ymm2(out: &Out, r: usize, acc: [__m256; 2]) {
 /// Declares a microkernel type whose tile is the `#[target_feature]` fn `$tile`.
 macro_rules! micro {
     ($(#[$doc:meta])* $name:ident, $a:ty, $b:ty, $per_step:literal, $tile:ident) => {
+        micro!($(#[$doc])* $name, $a, $b, $per_step, $tile, 1);
+    };
+    ($(#[$doc:meta])* $name:ident, $a:ty, $b:ty, $per_step:literal, $tile:ident, $panels:literal) => {
         $(#[$doc])*
         pub(super) struct $name;
 
@@ -105,6 +108,7 @@ macro_rules! micro {
             type A = $a;
             type B = $b;
             const A_PER_STEP: usize = $per_step;
+            const PANELS: usize = $panels;
             /// # Safety
             /// As [`Micro::tile`]: the CPU has the kernel's features; the tile's pointers cover it.
             #[inline(always)]
@@ -125,8 +129,10 @@ micro!(
     F32Avx2, f32, PanelRow, 1, f32_avx2_tile
 );
 micro!(
-    /// bf16 × bf16 with `vdpbf16ps`: per panel row, one activation pair broadcast per row.
-    Bf16Dot, u32, PairRow, 1, bf16_dot_tile
+    /// bf16 × bf16 with `vdpbf16ps`, two panels (32 columns) per tile: per panel row, one
+    /// activation pair broadcast per row feeds both panels' accumulators (24 of the 32
+    /// registers), so a step loads 14 operands for 24 instructions, not 13 for 12.
+    Bf16Dot, u32, PairRow, 1, bf16_dot_wide_tile, 2
 );
 micro!(
     /// bf16 weights widened in registers × f32 activations, one zmm accumulator per row.
@@ -184,6 +190,44 @@ unsafe fn f32_avx2_tile<const R: usize>(t: &Tile<f32, PanelRow>) {
         }
         for (r, acc) in acc.iter().enumerate() {
             store_ymm2(&t.out, r, *acc);
+        }
+    }
+}
+
+/// Two panels' tile (one when `t.out.cols` ≤ 16, the share's last panel alone).
+///
+/// # Safety
+/// The CPU has avx512f and avx512bf16; `t`'s pointers cover its `R` rows of pairs, `steps`
+/// panel rows of each panel its columns reach.
+#[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+#[inline]
+unsafe fn bf16_dot_wide_tile<const R: usize>(t: &Tile<u32, PairRow>) {
+    if t.out.cols <= PANEL {
+        // SAFETY: one panel, this fn's contract.
+        return unsafe { bf16_dot_tile::<R>(t) };
+    }
+    // SAFETY: the tile's pointers cover its `R` rows × `steps` pairs, and both panels `steps`
+    // rows each, `panel_stride` apart (this fn's contract); the features are enabled.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let mut b = t.b as *const __m512i;
+        let mut a = t.a;
+        for _ in 0..t.steps {
+            let w0 = std::mem::transmute::<__m512i, __m512bh>(_mm512_load_si512(b));
+            let w1 = std::mem::transmute::<__m512i, __m512bh>(_mm512_load_si512(b.add(t.panel_stride)));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*a.add(r * t.lda) as i32));
+                acc[0] = _mm512_dpbf16_ps(acc[0], w0, x);
+                acc[1] = _mm512_dpbf16_ps(acc[1], w1, x);
+            }
+            b = b.add(1);
+            a = a.add(1);
+        }
+        let second = Out { c: t.out.c.add(PANEL), ldc: t.out.ldc, cols: t.out.cols - PANEL, accumulate: t.out.accumulate };
+        let first = Out { cols: PANEL, ..t.out };
+        for (r, acc) in acc.iter().enumerate() {
+            store_zmm(&first, r, acc[0]);
+            store_zmm(&second, r, acc[1]);
         }
     }
 }
