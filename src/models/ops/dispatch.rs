@@ -1,6 +1,7 @@
 //! Run-time kernel dispatch and the plumbing every CPU kernel shares: the `multiversion!`
 //! macro (AVX2+FMA or portable, chosen per CPU), fused multiply-add, the test for "this
-//! tensor takes the fused kernels", and raw access to candle's CPU storage.
+//! tensor takes the fused kernels", raw access to candle's CPU storage, and the threads'
+//! settings ([`settle_thread_pools`]).
 
 use candle_core::{bail, CpuStorage, Layout, Result, Tensor};
 
@@ -147,3 +148,21 @@ pub(crate) struct SharedConst(pub(crate) *const f32);
 unsafe impl Send for SharedConst {}
 // SAFETY: as for `Send`: shared reads of memory nobody writes meanwhile.
 unsafe impl Sync for SharedConst {}
+
+/// How long candle's element-wise workers spin after each op before they sleep, unless
+/// `CANDLE_BARRIER_POOL_SPIN_LIMIT` says otherwise: 100 rounds (microseconds), not candle's
+/// 25,000. Our products run on rayon's threads, one per core, and candle's element-wise ops
+/// (residual adds over 64 Ki values and more) on its own pool of `cores - 1` threads; a worker
+/// spinning after a residual add held a core the next product's threads wanted (4.6% of a bf16
+/// EmbeddingGemma 2 forward on 2 cores, 3-10% of its time), while waking a parked one costs a
+/// few microseconds against the ~100 µs such an op takes.
+pub const CANDLE_SPIN_LIMIT: &str = "100";
+
+/// Applies [`CANDLE_SPIN_LIMIT`] where the environment does not set one. Call it first thing in
+/// `main`, before any thread starts (candle reads the variable once, when its pool starts, and
+/// setting an environment variable races with other threads reading the environment).
+pub fn settle_thread_pools() {
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", CANDLE_SPIN_LIMIT);
+    }
+}

@@ -36,6 +36,7 @@ mod sgemm;
 
 pub use activation::Activation;
 pub use attention::{Attention, AttentionMask, DisentangledBias, PositionBias};
+pub use dispatch::settle_thread_pools;
 pub(crate) use dispatch::{contiguous, contiguous_mut, dims2, fused, host_f32};
 pub use gated::GatedActivation;
 pub use int8::Int8Weight;
