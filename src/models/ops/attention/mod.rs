@@ -14,6 +14,15 @@ use super::linear::Bias;
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use kernel::{ScoreTerms, QUERY_BLOCK};
 use rayon::prelude::*;
+use std::cell::Cell;
+
+/// The most scratch floats a thread keeps between heads.
+const MAX_KEPT_SCRATCH_FLOATS: usize = 1 << 22;
+
+thread_local! {
+    /// Each thread's attention scratch (queries, packed keys, scores), reused across heads.
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
 
 /// Which key positions a query may attend to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -336,7 +345,7 @@ impl CustomOp1 for AttentionOp<'_> {
                 bail!("attention: the disentangled bias maps a distance outside its columns");
             }
         }
-        (0..num_seqs * heads).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, job| {
+        (0..num_seqs * heads).into_par_iter().for_each(|job| {
             let (seq, head) = (job / heads, job % heads);
             let start = this.cu_seqlens[seq];
             let len = this.cu_seqlens[seq + 1] - start;
@@ -351,7 +360,15 @@ impl CustomOp1 for AttentionOp<'_> {
             let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
             let disentangled = this.disentangled.map(|b| b.head(head, start, len));
             let scores = ScoreTerms { relative, disentangled, softcap: this.softcap };
-            kernel::attention_head(rows, bias, out_rows, this.columns(head), this.mask, scores, scale, scratch);
+            // The thread's scratch from its previous head, kept: a fresh one per rayon split
+            // was a page fault per 4 KiB and a memset of every float, each layer.
+            let mut scratch = SCRATCH.take();
+            kernel::attention_head(rows, bias, out_rows, this.columns(head), this.mask, scores, scale, &mut scratch);
+            // Up to 16 MiB stays with the thread (a head of 256 over ~10k tokens); a longer
+            // sequence's scratch goes back to the allocator.
+            if scratch.capacity() <= MAX_KEPT_SCRATCH_FLOATS {
+                SCRATCH.set(scratch);
+            }
         });
         // SAFETY: the cu_seqlens checked above cover all tokens, so the jobs wrote every row.
         unsafe { dst.set_len(tokens * out_width) };
