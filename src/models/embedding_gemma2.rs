@@ -392,7 +392,8 @@ impl EmbeddingGemma2Text {
 }
 
 impl Layer {
-    /// `qkv` with each value head RMS-normalized (no weight).
+    /// `qkv` with each value head RMS-normalized (no weight), as a copy: for tensors the fused
+    /// kernels do not take (on the CPU the heads are normalized in place).
     fn normalize_values(&self, qkv: &Tensor, num_heads: usize) -> Result<Tensor> {
         let tokens = qkv.dim(0)?;
         let qk_width = (num_heads + self.num_kv_heads) * self.head_dim;
@@ -437,7 +438,11 @@ impl Backbone for EmbeddingGemma2Text {
             };
             let qkv = layer.qkv.forward(&layer.input_norm.forward(&hidden)?)?;
             let qkv = table.apply(&qkv, self.num_heads, layer.num_kv_heads, Some(&layer.qk_norm))?;
-            let qkv = layer.normalize_values(&qkv, self.num_heads)?;
+            let values_at = (self.num_heads + layer.num_kv_heads) * layer.head_dim;
+            let qkv = match layer.v_norm.forward_heads_in_place(&qkv, values_at, layer.num_kv_heads)? {
+                true => qkv,
+                false => layer.normalize_values(&qkv, self.num_heads)?,
+            };
             let attended = attention.forward(&qkv, None)?;
             hidden = (&hidden + layer.post_attention_norm.forward(&layer.o_proj.forward(&attended)?)?)?;
             let inner = self.gated.forward(&layer.gate_up.forward(&layer.pre_mlp_norm.forward(&hidden)?)?)?;
