@@ -1,6 +1,7 @@
-//! The CPU attention kernel: one (sequence, head) at a time, Kᵀ packed once, queries a block
-//! at a time into register tiles (AVX-512 tiles of eight rows where the CPU has it), scores
-//! softmaxed in place and multiplied into V straight from the fused QKV rows.
+//! The CPU attention kernel: one (sequence, head) at a time, Kᵀ packed once (16 keys at a
+//! time), queries a block at a time into register tiles (AVX-512 tiles of eight rows by 32 keys
+//! or 32 value dimensions where the CPU has it), scores softmaxed in place and multiplied into
+//! V straight from the fused QKV rows.
 
 use super::{AttentionMask, DisentangledRows, HeadColumns};
 use crate::models::ops::dispatch::fma;
