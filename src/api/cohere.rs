@@ -23,6 +23,8 @@
 //!   `images`, `input_type: image`) need an image-text model (CLIP, SigLIP) and are refused
 //!   for text models. For image-text models an input holds one text or one image
 //!   ([`crate::input::media::content_prompt`]); `texts` in the response echoes the texts only.
+//!   Superset: soft-token models (EmbeddingGemma 2) take any mix of text, image, audio and
+//!   video parts in one input, as vLLM's `messages` content parts, read by the same parser.
 //! - `embedding_types` (default `float`) are encoded as [`super::encoding`] documents;
 //!   `meta.billed_units.input_tokens` counts the tokens run through the model, prompts and
 //!   special tokens included.

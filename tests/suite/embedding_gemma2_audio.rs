@@ -183,6 +183,25 @@ async fn audio_embeds_over_http_as_transformers_embeds_it() {
         let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&case["embedding"]));
         assert!(c >= 0.9999, "text with audio {i}: cosine {c}");
     }
+    // Cohere's /v2/embed `inputs` (superset: Cohere's content takes text and images): a
+    // text with an audio part is the processor's sequence of both, as in `messages`.
+    let first = &expected["audio_interleaved"][0];
+    let content: Vec<Value> = first["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| match p.get("audio") {
+            Some(file) => audio_part(file.as_str().unwrap()),
+            None => json!({"type": "text", "text": p["text"]}),
+        })
+        .collect();
+    let inputs = json!([{"content": content}, {"content": [audio_part(files[0])]}]);
+    let reply = post(&router, "/v2/embed", json!({"inputs": inputs, "embedding_types": ["float"]})).await;
+    assert_eq!(reply.status, 200, "/v2/embed inputs with audio: {}", reply.body);
+    let c = cosine(&floats(&reply.body["embeddings"]["float"][0]), &floats(&first["embedding"]));
+    assert!(c >= 0.9999, "cohere text with audio: cosine {c}");
+    let c = cosine(&floats(&reply.body["embeddings"]["float"][1]), &floats(&cases[0]["embedding"]));
+    assert!(c >= 0.9999, "cohere audio: cosine {c}");
     // An image and an audio in one input run both towers in one batch.
     let png = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images/gray_19x25.png")).unwrap();
     let image = json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png))}});

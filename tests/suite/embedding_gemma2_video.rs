@@ -101,6 +101,14 @@ async fn video_embeds_over_http_as_transformers_embeds_it() {
         let got = reply.body["data"][i]["score"].as_f64().unwrap() as f32;
         assert!((got - want).abs() <= 1e-4, "/score video {i}: {got} vs {want}");
     }
+    // Cohere's /v2/embed `inputs` (superset): a video part in an input's content.
+    let inputs: Vec<Value> = fitting.iter().map(|c| json!({"content": [video_part(&video_bytes(c["file"].as_str().unwrap()))]})).collect();
+    let reply = post(&router, "/v2/embed", json!({"inputs": inputs, "embedding_types": ["float"]})).await;
+    assert_eq!(reply.status, 200, "/v2/embed inputs with video: {}", reply.body);
+    for (i, case) in fitting.iter().enumerate() {
+        let c = cosine(&floats(&reply.body["embeddings"]["float"][i]), &floats(&case["embedding"]));
+        assert!(c >= 0.9999, "cohere video {i}: cosine {c}");
+    }
     // The video placeholder typed as text cannot stand for frames.
     let forged = vec![json!({"type": "text", "text": "<|video|>"}), video_part(&video_bytes(fitting[1]["file"].as_str().unwrap()))];
     let reply = post(&router, "/v1/embeddings", json!({"messages": [message(forged)]})).await;

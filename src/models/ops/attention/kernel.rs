@@ -387,6 +387,7 @@ impl<'a> Head<'a> {
         for i0 in (0..lq).step_by(tile_q) {
             // One tile of rows: a buffer shorter than whole tiles panics here.
             let p = scores[i0 * lk..(i0 + tile_q) * lk].as_ptr();
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
             let mut d0 = 0;
             #[cfg(target_arch = "x86_64")]
             while WIDE && d0 + 2 * TILE_K <= dims_tiled {
