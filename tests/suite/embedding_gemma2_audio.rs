@@ -97,6 +97,19 @@ fn audio_part(file: &str) -> Value {
     json!({"type": "input_audio", "input_audio": {"data": base64::engine::general_purpose::STANDARD.encode(audio_bytes(file)), "format": format}})
 }
 
+/// A reference's interleaved parts (`{"text"}` or `{"audio": file}`) as content parts.
+fn parts_content(parts: &Value) -> Vec<Value> {
+    parts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| match p.get("audio") {
+            Some(file) => audio_part(file.as_str().unwrap()),
+            None => json!({"type": "text", "text": p["text"]}),
+        })
+        .collect()
+}
+
 fn message(content: Vec<Value>) -> Value {
     json!({"role": "user", "content": content})
 }
@@ -169,16 +182,7 @@ async fn audio_embeds_over_http_as_transformers_embeds_it() {
     }
     // Text and audio in one input: the parts joined with a newline, each audio as its token.
     for (i, case) in expected["audio_interleaved"].as_array().unwrap().iter().enumerate() {
-        let content: Vec<Value> = case["parts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| match p.get("audio") {
-                Some(file) => audio_part(file.as_str().unwrap()),
-                None => json!({"type": "text", "text": p["text"]}),
-            })
-            .collect();
-        let reply = post(&router, "/v1/embeddings", json!({"messages": [message(content)]})).await;
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [message(parts_content(&case["parts"]))]})).await;
         assert_eq!(reply.status, 200, "interleaved {i}: {}", reply.body);
         let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&case["embedding"]));
         assert!(c >= 0.9999, "text with audio {i}: cosine {c}");
@@ -186,16 +190,7 @@ async fn audio_embeds_over_http_as_transformers_embeds_it() {
     // Cohere's /v2/embed `inputs` (superset: Cohere's content takes text and images): a
     // text with an audio part is the processor's sequence of both, as in `messages`.
     let first = &expected["audio_interleaved"][0];
-    let content: Vec<Value> = first["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| match p.get("audio") {
-            Some(file) => audio_part(file.as_str().unwrap()),
-            None => json!({"type": "text", "text": p["text"]}),
-        })
-        .collect();
-    let inputs = json!([{"content": content}, {"content": [audio_part(files[0])]}]);
+    let inputs = json!([{"content": parts_content(&first["parts"])}, {"content": [audio_part(files[0])]}]);
     let reply = post(&router, "/v2/embed", json!({"inputs": inputs, "embedding_types": ["float"]})).await;
     assert_eq!(reply.status, 200, "/v2/embed inputs with audio: {}", reply.body);
     let c = cosine(&floats(&reply.body["embeddings"]["float"][0]), &floats(&first["embedding"]));
