@@ -99,7 +99,9 @@ pub async fn create(
         Some(parts) => {
             if !engine.spec().images {
                 return Err(ApiError::BadRequest {
-                    message: "Documents of content parts need an image-text model (CLIP, SigLIP, EmbeddingGemma 2)".into(),
+                    message:
+                        "Documents of content parts need an image-text model (CLIP, SigLIP, EmbeddingGemma 2) or a page retriever (ColPali)"
+                            .into(),
                     param: Some("documents"),
                 });
             }

@@ -15,7 +15,8 @@ use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
 use crate::input::{
-    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, Preprocessor, Prompt, SoftTokenFrame, VideoSide,
+    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, PageFrame, Preprocessor, Prompt, QueryFrame,
+    SoftTokenFrame, VideoSide,
 };
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
@@ -135,6 +136,7 @@ impl Engine {
             device,
             vision,
             audio,
+            retrieval,
             chat_template,
             lora,
         } = model;
@@ -149,7 +151,7 @@ impl Engine {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
         }
         let image_limits = crate::input::image::ImageLimits { max_pixels: options.max_image_pixels };
-        let (images, vision, soft_vision) = match vision {
+        let (images, vision, soft_vision, page_vision) = match vision {
             Some(VisionInput::Pooled { tower, processor }) => {
                 let tokens_per_image = tower.tokens_per_image();
                 let images_per_batch = (limits.max_tokens / tokens_per_image.max(1)).min(limits.max_seqs);
@@ -162,7 +164,7 @@ impl Engine {
                     tokens_per_image,
                     wave: (images_per_batch / 2).max(1),
                 };
-                (Some(side), Some(tower), None)
+                (Some(side), Some(tower), None, None)
             }
             Some(VisionInput::SoftTokens { tower, patches, video }) => {
                 let ids = tower.image_tokens();
@@ -194,10 +196,40 @@ impl Engine {
                     tokens_per_image,
                     wave: (images_per_batch / 2).max(1),
                 };
-                (Some(side), None, Some(tower))
+                (Some(side), None, Some(tower), None)
             }
-            None => (None, None, None),
+            Some(VisionInput::Page { tower, processor }) => {
+                let prompts = retrieval.as_ref().ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "a page retriever without its processor's prompts")
+                })?;
+                let placeholder_id = tower.placeholder();
+                let [placeholder] = <[String; 1]>::try_from(tokenizer.token_strings(&[placeholder_id])).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the image token is not in the tokenizer's vocabulary")
+                })?;
+                // An image's cost: its soft tokens and the prompt around them in the text, and
+                // the tower's pass over as many patches.
+                let tokens = tower.tokens_per_image();
+                let tokens_per_image = 2 * tokens + 16;
+                let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
+                let side = ImageSide {
+                    processing: ImageProcessing::Page(Box::new(PageFrame {
+                        tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
+                        processor: Arc::new(processor),
+                        prefix: prompts.image_prefix.clone(),
+                        suffix: prompts.image_suffix.clone(),
+                        placeholder,
+                        placeholder_id,
+                        tokens,
+                    })),
+                    limits: image_limits,
+                    tokens_per_image,
+                    wave: (images_per_batch / 2).max(1),
+                };
+                (Some(side), None, None, Some(tower))
+            }
+            None => (None, None, None, None),
         };
+        let query_frame = retrieval.map(|p| QueryFrame { prefix: p.query_prefix, suffix: p.query_suffix });
         let (audio_side, soft_audio) = match audio {
             Some(AudioInput { tower, features }) => {
                 let ids = tower.audio_tokens();
@@ -235,6 +267,7 @@ impl Engine {
             on_cpu: device.is_cpu(),
             vision,
             soft_vision,
+            page_vision,
             soft_audio,
         };
         let (tx, rx) = mpsc::unbounded_channel();
@@ -250,6 +283,7 @@ impl Engine {
             vocab_size,
             max_model_len: spec.max_model_len,
             pad_text_to: spec.pad_text_to,
+            query_frame,
             served_name: spec.served_name.clone(),
         })?;
         Ok(Self {
@@ -534,7 +568,9 @@ impl Engine {
             if prompts.iter().any(|p| p.video_count() > 0) && !self.inner.input.takes_video() {
                 return Err(InputError::VideoUnsupported.into());
             }
-            if params.task != Task::Embed {
+            // A page retriever's images give a vector per token, as its texts do.
+            let per_token = params.task == Task::TokenEmbed && self.inner.spec.supports(Task::TokenEmbed);
+            if params.task != Task::Embed && !per_token {
                 return Err(EngineError::Params(ParamsError {
                     message: "images, audio and video can only be embedded (task `embed`)".into(),
                     param: None,

@@ -18,7 +18,7 @@ use crate::models::batch::SoftTokens;
 use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::gemma4_vision::ImagePatches;
 use crate::models::ops::lora::LoraWeights;
-use crate::models::{AudioTokenTower, Backbone, SoftTokenTower, VisionTower};
+use crate::models::{AudioTokenTower, Backbone, CropTokenTower, SoftTokenTower, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head_runner::{HeadRunner, SequenceRequest};
 use crate::pooling::method::HiddenStates;
@@ -115,6 +115,8 @@ pub struct ModelThread {
     pub vision: Option<Box<dyn VisionTower>>,
     /// The image tower of a model that reads images as soft tokens in its text.
     pub soft_vision: Option<Box<dyn SoftTokenTower>>,
+    /// The tower of a page retriever (ColPali), whose crops become soft tokens in the text.
+    pub page_vision: Option<Box<dyn CropTokenTower>>,
     /// The audio tower of a model that reads audio as soft tokens in its text.
     pub soft_audio: Option<Box<dyn AudioTokenTower>>,
 }
@@ -351,6 +353,7 @@ impl ModelThread {
     /// row placed at its medium's next placeholder.
     fn soft_tokens(&self, jobs: &[&Job], batch: &Batch) -> Result<Option<SoftTokens>, EngineError> {
         let (mut images, mut frames, mut audio, mut sequences) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut crop_pixels, mut crops) = (Vec::new(), 0);
         let patches = |p: &crate::input::image::patches::Patches| ImagePatches { pixels: p.rescaled(), positions: p.positions.clone() };
         for (i, job) in jobs.iter().enumerate() {
             if let ModelInput::ImageSequence(media) = &job.input {
@@ -358,6 +361,10 @@ impl ModelThread {
                 images.extend(media.patches.iter().map(patches));
                 frames.extend(media.video_frames.iter().map(patches));
                 audio.extend(media.audio.iter().map(|a| (a.values.as_slice(), a.frames)));
+                for crop in &media.crops {
+                    crop.normalized_into(&mut crop_pixels);
+                    crops += 1;
+                }
             }
         }
         // (position in the batch, tower rows) of each medium's placeholders, in batch order.
@@ -391,6 +398,12 @@ impl ModelThread {
                 let video = tower.video_token().ok_or_else(|| EngineError::Model("this model takes no video".into()))?;
                 parts.push(placed(video, rows.narrow(0, image_rows, total - image_rows).map_err(model_failure)?)?);
             }
+        }
+        if crops > 0 {
+            let tower = self.page_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no page images".into()))?;
+            let rows =
+                crate::models::forward_crops_chunked(tower.as_ref(), &crop_pixels, crops, self.chunk_tokens).map_err(model_failure)?;
+            parts.push(placed(tower.placeholder(), rows)?);
         }
         if !audio.is_empty() {
             let tower = self.soft_audio.as_ref().ok_or_else(|| EngineError::Model("this model takes no audio".into()))?;

@@ -128,18 +128,8 @@ impl Engine {
                 self.score_embedded(as_prompts(queries), as_prompts(documents), params).await
             }
             Some(ScoreMode::LateInteraction) => {
-                let per_token = ResolvedParams { task: Task::TokenEmbed, dimensions: None, activation: true, ..params.clone() };
-                let query_count = queries.len();
-                let prompts = queries.iter().chain(documents).cloned().map(Prompt::Text).collect();
-                let (matrices, tokens): (Vec<Vec<Vec<f32>>>, _) = self.encode_as(prompts, &per_token).await?;
-                // MaxSim is pairs × query tokens × document tokens × dims multiply-adds: on a
-                // blocking thread, not a runtime worker.
-                let scores = tokio::task::spawn_blocking(move || {
-                    pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect()
-                })
-                .await
-                .map_err(|_| EngineError::Model("MaxSim scoring failed".into()))?;
-                Ok((scores, tokens))
+                let as_prompts = |texts: &[String]| texts.iter().cloned().map(Prompt::Text).collect();
+                self.score_embedded(as_prompts(queries), as_prompts(documents), params).await
             }
             None => Err(EngineError::Model("this model cannot score pairs".into())),
         }
@@ -186,22 +176,37 @@ impl Engine {
         Ok((scores, tokens))
     }
 
-    /// Bi-encoder scores: the cosine of each pair's embeddings, the sides being texts or (for
-    /// image-text models) images; pairs as [`pair_up`] makes them.
+    /// Scores of embedded sides, texts or (for image-text models and page retrievers) images,
+    /// pairs as [`pair_up`] makes them: a bi-encoder's cosine of the two embeddings, or a
+    /// multi-vector model's MaxSim of their token vectors.
     pub async fn score_embedded(
         &self,
         queries: Vec<Prompt>,
         documents: Vec<Prompt>,
         params: &ResolvedParams,
     ) -> Result<(Vec<f32>, usize), EngineError> {
-        if self.score_mode() != Some(ScoreMode::BiEncoder) {
+        let mode = self.score_mode();
+        if mode != Some(ScoreMode::BiEncoder) && mode != Some(ScoreMode::LateInteraction) {
             return Err(InputError::ImagesUnsupported.into());
         }
         let pairs = pair_up(queries.len(), documents.len())?;
+        let query_count = queries.len();
+        let prompts = queries.into_iter().chain(documents).collect();
+        if mode == Some(ScoreMode::LateInteraction) {
+            let per_token = ResolvedParams { task: Task::TokenEmbed, dimensions: None, activation: true, ..params.clone() };
+            let (matrices, tokens): (Vec<Vec<Vec<f32>>>, _) = self.encode_as(prompts, &per_token).await?;
+            // MaxSim is pairs × query tokens × document tokens × dims multiply-adds: on a
+            // blocking thread, not a runtime worker.
+            let scores = tokio::task::spawn_blocking(move || {
+                pairs.iter().map(|&(i, j)| max_sim(&matrices[i], &matrices[query_count + j])).collect()
+            })
+            .await
+            .map_err(|_| EngineError::Model("MaxSim scoring failed".into()))?;
+            return Ok((scores, tokens));
+        }
         // Normalized embeddings of every input, queries first; cosine is then exact.
         let embed = ResolvedParams { task: Task::Embed, dimensions: None, activation: true, ..params.clone() };
-        let query_count = queries.len();
-        let (vectors, tokens): (Vec<Vec<f32>>, _) = self.encode_as(queries.into_iter().chain(documents).collect(), &embed).await?;
+        let (vectors, tokens): (Vec<Vec<f32>>, _) = self.encode_as(prompts, &embed).await?;
         let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
         Ok((scores, tokens))
     }

@@ -28,7 +28,7 @@ pub mod tokenizer;
 pub mod video;
 pub mod workers;
 
-pub use prepare::{AudioSide, ImageProcessing, ImageSide, InputOptions, Preprocessor, SoftTokenFrame, VideoSide};
+pub use prepare::{AudioSide, ImageProcessing, ImageSide, InputOptions, PageFrame, Preprocessor, QueryFrame, SoftTokenFrame, VideoSide};
 
 use crate::models::batch::TokenizedInput;
 
@@ -108,6 +108,8 @@ pub enum ModelInput {
 #[derive(Debug, Clone)]
 pub struct ImageSequence {
     pub tokens: TokenizedInput,
+    /// Fixed-size crops whose soft tokens fill the placeholders (ColPali's page images).
+    pub crops: Vec<image::PixelValues>,
     pub patches: Vec<image::patches::Patches>,
     pub audio: Vec<audio::LogMel>,
     /// The frames of every video of the input, one video after another.
@@ -144,7 +146,7 @@ pub enum InputError {
     /// An image that cannot be used (undecodable, too large, not an image).
     #[error("{0}")]
     Image(String),
-    #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP, EmbeddingGemma 2) embed images")]
+    #[error("This model does not take images: only image-text embedding models (CLIP, SigLIP, EmbeddingGemma 2) and page retrievers (ColPali) embed images")]
     ImagesUnsupported,
     /// An audio input that cannot be used (undecodable, too long, too short).
     #[error("{0}")]

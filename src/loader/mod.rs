@@ -105,6 +105,8 @@ pub struct LoadedModel {
     pub vision: Option<VisionInput>,
     /// The audio tower and its feature extractor, for models that read audio (EmbeddingGemma 2).
     pub audio: Option<AudioInput>,
+    /// How a visual retrieval model frames its queries and images (ColPali's processor).
+    pub retrieval: Option<models::RetrievalPrompts>,
     /// How `messages` become text (`--chat-template`, else the folder's template).
     pub chat_template: ChatTemplate,
     /// The adapters it serves, with `--enable-lora`.
@@ -124,6 +126,9 @@ pub enum VisionInput {
         /// The processor's `video_processor`, when the tower reads video frames.
         video: Option<crate::input::video::VideoConfig>,
     },
+    /// ColPali: an image is resized to the tower's square and becomes a fixed number of soft
+    /// tokens inside the text sequence.
+    Page { tower: Box<dyn models::CropTokenTower>, processor: image::ImageProcessorConfig },
 }
 
 /// A model's audio side: its tower, and the log-mel features it takes.
@@ -203,16 +208,31 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
 
     let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
     let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
-        Some(tower) => Some(VisionInput::Pooled { processor: image_processor(&source, tower.as_ref(), backbone.hidden_size())?, tower }),
+        Some(tower) => {
+            if tower.embedding_size() != backbone.hidden_size() {
+                return Err(LoadError::Invalid(format!(
+                    "image embeddings have {} dimensions, text embeddings {}",
+                    tower.embedding_size(),
+                    backbone.hidden_size()
+                )));
+            }
+            Some(VisionInput::Pooled { processor: image_processor(&source, tower.image_size())?, tower })
+        }
         None => match with_cpu_weight_format(cpu_weight_format, || architecture.soft_token_tower(&config, vb.clone()))? {
             Some(tower) => Some(VisionInput::SoftTokens {
                 patches: patch_processor(&source, tower.as_ref())?,
                 video: video_processor(&source, tower.as_ref())?,
                 tower,
             }),
-            None => None,
+            None => match with_cpu_weight_format(cpu_weight_format, || architecture.crop_token_tower(&config, vb.clone()))? {
+                Some(tower) => {
+                    Some(VisionInput::Page { processor: image_processor(&source, tower.image_size())?.torchvision_unless_pil(), tower })
+                }
+                None => None,
+            },
         },
     };
+    let retrieval = architecture.retrieval_prompts(&processor_json(&source)?, &|name| tokenizer::special_token(&tokenizer_config, name))?;
     let audio = match with_cpu_weight_format(cpu_weight_format, || architecture.audio_tower(&config, vb.clone()))? {
         Some(tower) => Some(AudioInput { features: audio_features(&source, tower.as_ref())?, tower }),
         None => None,
@@ -259,6 +279,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         device,
         vision,
         audio,
+        retrieval,
         chat_template,
         lora,
     })
@@ -419,11 +440,7 @@ fn bge_m3_heads(source: &ModelSource, architecture: &str, hidden: usize) -> Resu
 
 /// `preprocessor_config.json` (transformers 4), or else the `image_processor` inside
 /// `processor_config.json` (transformers 5), checked against the tower it feeds.
-fn image_processor(
-    source: &ModelSource,
-    tower: &dyn models::VisionTower,
-    text_size: usize,
-) -> Result<image::ImageProcessorConfig, LoadError> {
+fn image_processor(source: &ModelSource, image_size: usize) -> Result<image::ImageProcessorConfig, LoadError> {
     let (path, read): (_, fn(&std::path::Path) -> _) = match source.file("preprocessor_config.json")? {
         Some(path) => (path, |p| image::ImageProcessorConfig::from_file(p)),
         None => match source.file("processor_config.json")? {
@@ -434,19 +451,21 @@ fn image_processor(
     let processor =
         read(&path).and_then(|p| p.check().map(|()| p)).map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
     let (height, width) = processor.output_size();
-    if (height, width) != (tower.image_size(), tower.image_size()) {
+    if (height, width) != (image_size, image_size) {
         return Err(LoadError::Invalid(format!(
-            "preprocessor_config.json makes {height}x{width} images; the vision tower takes {0}x{0}",
-            tower.image_size()
-        )));
-    }
-    if tower.embedding_size() != text_size {
-        return Err(LoadError::Invalid(format!(
-            "image embeddings have {} dimensions, text embeddings {text_size}",
-            tower.embedding_size()
+            "preprocessor_config.json makes {height}x{width} images; the vision tower takes {image_size}x{image_size}"
         )));
     }
     Ok(processor)
+}
+
+/// The folder's `processor_config.json` (a retrieval processor's prompts live there), or
+/// `Null` when it has none.
+fn processor_json(source: &ModelSource) -> Result<serde_json::Value, LoadError> {
+    match source.file("processor_config.json")? {
+        Some(path) => read_json(&path),
+        None => Ok(serde_json::Value::Null),
+    }
 }
 
 /// The `image_processor` of `processor_config.json` (or `preprocessor_config.json`) of a

@@ -221,6 +221,27 @@ fn gemma_norm(vb: VarBuilder, size: usize, eps: f64) -> Result<RmsNorm> {
 }
 
 impl Gemma {
+    /// PaliGemma's language model (ColPali): Gemma 1 attending over the whole sequence, as
+    /// PaliGemma runs its prefix (`token_type_ids` all 0: one bidirectional block), image soft
+    /// tokens in place of `<image>` ([`Batch::soft_tokens`]). PaliGemma counts positions from 1
+    /// where we count from 0; rotary scores depend only on the distance between two positions,
+    /// so the outputs are the same.
+    pub(super) fn load_prefix_lm(raw: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("gemma");
+        if model_type != "gemma" {
+            return Err(ModelError::Config(format!(
+                "a PaliGemma language model of type `{model_type}` is not supported (Gemma 1 only: ColPali v1.x)"
+            )));
+        }
+        let mut raw = raw.clone();
+        if let Some(config) = raw.as_object_mut() {
+            config.remove("use_bidirectional_attention");
+        }
+        let mut gemma = Self::load(&raw, GemmaVersion::Gemma, vb)?;
+        gemma.global_mask = AttentionMask::Bidirectional;
+        Ok(gemma)
+    }
+
     fn load(raw: &Value, version: GemmaVersion, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
         if raw.get("text_config").is_some() {
             return Err(ModelError::Config(
@@ -328,6 +349,10 @@ impl Backbone for Gemma {
         let device = self.embed_tokens.device();
         let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), device)?;
         let mut hidden = (self.embed_tokens.index_select(&ids, 0)? * self.embed_scale)?;
+        // Image soft tokens (PaliGemma's) stand in for their placeholders, unscaled.
+        if let Some(soft) = &batch.soft_tokens {
+            hidden = soft.replace(&hidden)?;
+        }
         let global_table = self.global_rotary.table_for_sequences(&batch.cu_seqlens);
         let local_table = self.local_rotary.table_for_sequences(&batch.cu_seqlens);
         let attention = |mask| Attention {

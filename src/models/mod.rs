@@ -11,6 +11,7 @@ pub mod batch;
 pub mod bert;
 pub mod bge_m3;
 pub mod clip;
+pub mod colpali;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
@@ -62,6 +63,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &embedding_gemma2::EMBEDDING_GEMMA2,
     &clip::CLIP,
     &siglip::SIGLIP,
+    &colpali::COLPALI,
 ];
 
 /// The architecture serving a config.json: one that claims its fields, else the one of its
@@ -80,7 +82,7 @@ pub fn detect(config: &Value, architecture: &str, model_type: &str) -> Option<&'
 pub fn supported_architectures() -> String {
     let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name()).collect();
     format!(
-        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, and CLIPModel / SiglipModel image-text embedders)",
+        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, CLIPModel / SiglipModel image-text embedders, and ColPali page retrievers)",
         names.join(", ")
     )
 }
@@ -153,6 +155,36 @@ pub trait SoftTokenTower: Send + Sync {
     fn video_token(&self) -> Option<u32> {
         None
     }
+}
+
+/// What the engine needs from an image tower whose fixed-size crop becomes a fixed number of
+/// soft tokens in the text (PaliGemma's SigLIP and projector, in ColPali): an image is
+/// `placeholder×n` in the text ([`RetrievalPrompts`] frame it), and the tower's `n` rows
+/// replace the placeholders' embeddings ([`batch::SoftTokens`]).
+pub trait CropTokenTower: Send + Sync {
+    /// Each image's soft tokens, `[images · tokens_per_image, text hidden]`, of `images`
+    /// crops whose pixel values (`[3, size, size]` each, as the processor makes them) lie end
+    /// to end in `pixels`.
+    fn forward(&self, pixels: &[f32], images: usize) -> candle_core::Result<Tensor>;
+    /// Height and width the tower takes.
+    fn image_size(&self) -> usize;
+    /// The soft tokens an image becomes (and the patches the tower runs over).
+    fn tokens_per_image(&self) -> usize;
+    /// The placeholder token their rows replace.
+    fn placeholder(&self) -> u32;
+}
+
+/// How a visual retrieval model's processor frames its inputs as text, resolved to literal
+/// strings (ColPali's `process_queries` and `process_images`): a text (a query) is
+/// `query_prefix text query_suffix`, an image `image_prefix placeholder×n image_suffix`. The
+/// processor writes the special tokens itself, so these texts are tokenized without the
+/// tokenizer's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetrievalPrompts {
+    pub query_prefix: String,
+    pub query_suffix: String,
+    pub image_prefix: String,
+    pub image_suffix: String,
 }
 
 /// What the engine needs from an audio tower whose output stands in for placeholder tokens of
@@ -252,6 +284,26 @@ pub fn forward_images_chunked(tower: &dyn VisionTower, pixels: &[f32], images: u
     Tensor::cat(&parts, 0)
 }
 
+/// Runs `images` crops through a [`CropTokenTower`] in cache-sized groups (as
+/// [`forward_images_chunked`]); their soft tokens in image order.
+pub fn forward_crops_chunked(
+    tower: &dyn CropTokenTower,
+    pixels: &[f32],
+    images: usize,
+    chunk_tokens: usize,
+) -> candle_core::Result<Tensor> {
+    let per_group = (chunk_tokens / tower.tokens_per_image().max(1)).max(1);
+    if images <= per_group {
+        return tower.forward(pixels, images);
+    }
+    let per_image = pixels.len() / images.max(1);
+    let parts = pixels
+        .chunks(per_group * per_image)
+        .map(|group| tower.forward(group, group.len() / per_image))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&parts, 0)
+}
+
 /// A candle error as one line: candle appends a backtrace when RUST_BACKTRACE is set, which
 /// must not reach clients or the one-line startup error.
 pub fn describe(e: &candle_core::Error) -> String {
@@ -337,6 +389,26 @@ pub trait Architecture: Sync {
     /// The image tower of a model that reads images as soft tokens in its text
     /// ([`SoftTokenTower`]); `None` for the others.
     fn soft_token_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
+        Ok(None)
+    }
+    /// The image tower of a model whose fixed-size crops become soft tokens in its text
+    /// ([`CropTokenTower`]); `None` for the others.
+    fn crop_token_tower(&self, _config: &Value, _vb: VarBuilder) -> Result<Option<Box<dyn CropTokenTower>>, ModelError> {
+        Ok(None)
+    }
+    /// A multi-vector retriever: it serves `token_embed`, and pairs score by MaxSim (ColPali),
+    /// as a sentence-transformers `MultiVectorEncoder` folder does.
+    fn multi_vector(&self) -> bool {
+        false
+    }
+    /// How the model's processor frames queries and images ([`RetrievalPrompts`]), from its
+    /// `processor_config.json` (`Value::Null` when the folder has none) and the tokenizer's
+    /// special tokens by their `tokenizer_config.json` names (`special("bos_token")`).
+    fn retrieval_prompts(
+        &self,
+        _processor: &Value,
+        _special: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<RetrievalPrompts>, ModelError> {
         Ok(None)
     }
     /// The audio tower of a model that reads audio as soft tokens in its text

@@ -84,22 +84,13 @@ impl Architecture for Siglip {
                 "SigLIP vision towers without their attention-pooling head (vision_use_head: false) are not supported".into(),
             ));
         }
+        let encoder = SiglipVisionEncoder::load(&config.vision_config, vb.pp("vision_model"))?;
         let vision = config.vision_config.resolve(&SIGLIP_VISION)?;
-        let geometry = PatchGeometry::of(&config.vision_config, 224, 16)?;
-        let vv = vb.pp("vision_model");
         let h = vision.hidden_size;
-        let embeddings = vv.pp("embeddings");
-        let patch_weight = embeddings.get((h, geometry.channels, geometry.patch, geometry.patch), "patch_embedding.weight")?;
-        let head = vv.pp("head");
+        let head = vb.pp("vision_model").pp("head");
         let attention = head.pp("attention");
         Ok(Some(Box::new(SiglipVision {
-            patch_embedding: Linear::new(
-                patch_weight.reshape((h, geometry.patch_len()))?,
-                Some(embeddings.get(h, "patch_embedding.bias")?),
-            )?,
-            position_embedding: embeddings.get((geometry.patches(), h), "position_embedding.weight")?,
-            encoder: PreLnEncoder::load(&vv.pp("encoder"), &vision)?,
-            post_norm: layer_norm(&vv.pp("post_layernorm"), h, vision.layer_norm_eps)?,
+            encoder,
             probe: head.get((1, 1, h), "probe")?.reshape(h)?,
             in_proj: Linear::new(attention.get((3 * h, h), "in_proj_weight")?, Some(attention.get(3 * h, "in_proj_bias")?))?,
             out_proj: linear(&attention.pp("out_proj"), h, h)?,
@@ -108,17 +99,57 @@ impl Architecture for Siglip {
             fc2: linear(&head.pp("mlp.fc2"), h, vision.intermediate_size)?,
             activation: vision.activation,
             heads: vision.heads,
-            geometry,
-            hidden_size: h,
         })))
     }
 }
 
-struct SiglipVision {
+/// SigLIP's vision transformer without a head: patches (a convolution with a bias, as one
+/// product), the learned position table, the encoder, `post_layernorm` on every patch. SigLIP
+/// pools it with its attention head; PaliGemma (ColPali) reads every patch.
+pub(super) struct SiglipVisionEncoder {
     patch_embedding: Linear,
     position_embedding: Tensor,
     encoder: PreLnEncoder,
     post_norm: LayerNorm,
+    pub(super) geometry: PatchGeometry,
+    pub(super) hidden_size: usize,
+}
+
+impl SiglipVisionEncoder {
+    /// The encoder of `vision_config`, its weights under `vb` (`vision_model`'s names).
+    pub(super) fn load(config: &TowerConfig, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+        let vision = config.resolve(&SIGLIP_VISION)?;
+        let geometry = PatchGeometry::of(config, 224, 16)?;
+        let h = vision.hidden_size;
+        let embeddings = vb.pp("embeddings");
+        let patch_weight = embeddings.get((h, geometry.channels, geometry.patch, geometry.patch), "patch_embedding.weight")?;
+        Ok(Self {
+            patch_embedding: Linear::new(
+                patch_weight.reshape((h, geometry.patch_len()))?,
+                Some(embeddings.get(h, "patch_embedding.bias")?),
+            )?,
+            position_embedding: embeddings.get((geometry.patches(), h), "position_embedding.weight")?,
+            encoder: PreLnEncoder::load(&vb.pp("encoder"), &vision)?,
+            post_norm: layer_norm(&vb.pp("post_layernorm"), h, vision.layer_norm_eps)?,
+            geometry,
+            hidden_size: h,
+        })
+    }
+
+    /// Every patch's final state, `[images·patches, hidden]`, of `images` images whose pixel
+    /// values (`[3, size, size]` each) lie end to end in `pixels`.
+    pub(super) fn forward(&self, pixels: &[f32], images: usize) -> Result<Tensor> {
+        let (h, patches) = (self.hidden_size, self.geometry.patches());
+        let patches_in = patch_rows(&self.geometry, pixels, images, &self.position_embedding)?;
+        let embedded = self.patch_embedding.forward(&patches_in)?.reshape((images, patches, h))?;
+        let tokens = embedded.broadcast_add(&self.position_embedding.unsqueeze(0)?)?.reshape((images * patches, h))?.contiguous()?;
+        let hidden = self.encoder.forward(tokens, &dense_seqlens(images, patches), AttentionMask::Bidirectional)?;
+        self.post_norm.forward(hidden)
+    }
+}
+
+struct SiglipVision {
+    encoder: SiglipVisionEncoder,
     probe: Tensor,
     /// The pooling attention's packed Q, K, V projections.
     in_proj: Linear,
@@ -128,15 +159,13 @@ struct SiglipVision {
     fc2: Linear,
     activation: Activation,
     heads: usize,
-    geometry: PatchGeometry,
-    hidden_size: usize,
 }
 
 impl SiglipVision {
     /// The attention-pooling head over `[images·patches, h]` states: one probe query per
     /// image. Small next to the encoder (one query), so it runs on candle's ops.
     fn pool(&self, states: &Tensor, images: usize) -> Result<Tensor> {
-        let (h, patches, heads) = (self.hidden_size, self.geometry.patches(), self.heads);
+        let (h, patches, heads) = (self.encoder.hidden_size, self.encoder.geometry.patches(), self.heads);
         let d = h / heads;
         let qkv = self.in_proj.forward(&Tensor::cat(&[&self.probe.unsqueeze(0)?, states], 0)?)?;
         let query = qkv.narrow(0, 0, 1)?.narrow(1, 0, h)?.reshape((1, heads, 1, d))?;
@@ -156,23 +185,18 @@ impl SiglipVision {
 
 impl VisionTower for SiglipVision {
     fn forward(&self, pixels: &[f32], images: usize) -> Result<Tensor> {
-        let (h, patches) = (self.hidden_size, self.geometry.patches());
-        let patches_in = patch_rows(&self.geometry, pixels, images, &self.position_embedding)?;
-        let embedded = self.patch_embedding.forward(&patches_in)?.reshape((images, patches, h))?;
-        let tokens = embedded.broadcast_add(&self.position_embedding.unsqueeze(0)?)?.reshape((images * patches, h))?.contiguous()?;
-        let hidden = self.encoder.forward(tokens, &dense_seqlens(images, patches), AttentionMask::Bidirectional)?;
-        self.pool(&self.post_norm.forward(hidden)?, images)?.to_dtype(DType::F32)
+        self.pool(&self.encoder.forward(pixels, images)?, images)?.to_dtype(DType::F32)
     }
 
     fn image_size(&self) -> usize {
-        self.geometry.image_size
+        self.encoder.geometry.image_size
     }
 
     fn tokens_per_image(&self) -> usize {
-        self.geometry.patches()
+        self.encoder.geometry.patches()
     }
 
     fn embedding_size(&self) -> usize {
-        self.hidden_size
+        self.encoder.hidden_size
     }
 }

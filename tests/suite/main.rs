@@ -26,6 +26,7 @@ mod long_inputs;
 mod lora;
 mod minilm;
 mod multi_model;
+mod page_retrievers;
 mod parity;
 mod real_token_models;
 mod reward_models;

@@ -38,6 +38,23 @@ pub struct ImageProcessorConfig {
     pub do_normalize: bool,
     pub image_mean: Vec<f64>,
     pub image_std: Vec<f64>,
+    /// `image_processor_type`, as saved.
+    pub processor_type: Option<String>,
+    /// Whose resize and rescale the crop reproduces: Pillow's unless the loader asks for
+    /// torchvision's ([`Self::torchvision_unless_pil`]).
+    pub backend: CropBackend,
+}
+
+/// The image library a transformers processor class runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CropBackend {
+    /// The `*ImageProcessorPil` classes: Pillow's resize, then `v · rescale_factor` in f64 and
+    /// the normalization in f32 (numpy's order).
+    Pillow,
+    /// transformers 5's default classes: torchvision's antialiased bicubic resize on the uint8
+    /// image, then the fused rescale and normalization `(v − mean/rescale_factor) /
+    /// (std/rescale_factor)` in f32.
+    Torchvision,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +136,8 @@ impl TryFrom<RawConfig> for ImageProcessorConfig {
             do_normalize: r.do_normalize.unwrap_or(true),
             image_mean: channels(r.image_mean, mean),
             image_std: channels(r.image_std, std),
+            processor_type: r.image_processor_type,
+            backend: CropBackend::Pillow,
         })
     }
 }
@@ -140,6 +159,19 @@ impl ImageProcessorConfig {
         let nested =
             processor.get_mut("image_processor").map(serde_json::Value::take).ok_or_else(|| bad("has no `image_processor`".into()))?;
         serde_json::from_value(nested).map_err(|e| bad(format!("image_processor: {e}")))
+    }
+
+    /// The backend transformers 5's `AutoImageProcessor` gives this config: torchvision's for a
+    /// class named without the `Pil` suffix (its default when torchvision is installed), where
+    /// the filter is bicubic, the one whose torchvision resize is reproduced here; Pillow's
+    /// otherwise. CLIP and SigLIP keep Pillow's (their fixtures' reference); page retrievers
+    /// (ColPali) take this, as a user loading the folder with transformers does.
+    pub fn torchvision_unless_pil(mut self) -> Self {
+        let pil = self.processor_type.as_deref().is_some_and(|t| t.ends_with("Pil"));
+        if !pil && self.resample == 3 {
+            self.backend = CropBackend::Torchvision;
+        }
+        self
     }
 
     /// Refuses what `preprocess` cannot reproduce exactly, and configs whose output size depends on the image

@@ -28,7 +28,7 @@ mod decode;
 pub mod patches;
 mod resample;
 
-pub use config::{HeightWidth, ImageProcessorConfig, Size};
+pub use config::{CropBackend, HeightWidth, ImageProcessorConfig, Size};
 pub use decode::decode_data_url;
 use decode::{decode, to_rgb};
 use resample::{copy_region, resize, Filter};
@@ -93,8 +93,21 @@ impl ChannelTables {
             let (mean, std) =
                 (config.image_mean.get(c).copied().unwrap_or(0.0) as f32, config.image_std.get(c).copied().unwrap_or(1.0) as f32);
             for (v, out) in table.iter_mut().enumerate() {
-                let x = if config.do_rescale { (v as f64 * config.rescale_factor) as f32 } else { v as f32 };
-                *out = if config.do_normalize { (x - mean) / std } else { x };
+                *out = match (config.backend, config.do_rescale, config.do_normalize) {
+                    (config::CropBackend::Torchvision, true, true) => {
+                        let to_bytes = (1.0 / config.rescale_factor) as f32;
+                        (v as f32 - mean * to_bytes) / (std * to_bytes)
+                    }
+                    (config::CropBackend::Torchvision, true, false) => v as f32 * config.rescale_factor as f32,
+                    _ => {
+                        let x = if config.do_rescale { (v as f64 * config.rescale_factor) as f32 } else { v as f32 };
+                        if config.do_normalize {
+                            (x - mean) / std
+                        } else {
+                            x
+                        }
+                    }
+                };
             }
         }
         ChannelTables(tables)
@@ -178,6 +191,9 @@ pub fn preprocess_with(
     let filter = Filter::from_pil(config.resample).ok_or_else(|| ImageError::Config("resample".into()))?;
     let region = if (rw, rh) == (w, h) {
         copy_region(&rgb, w, xs.clone(), ys.clone())
+    } else if config.backend == config::CropBackend::Torchvision {
+        // torchvision resizes the whole image, then crops.
+        copy_region(&resample::resize_torch(&rgb, (w, h), (rw, rh)), rw, xs.clone(), ys.clone())
     } else {
         resize(&rgb, (w, h), (rw, rh), filter, xs.clone(), ys.clone())
     };

@@ -4,7 +4,7 @@
 //! builds it. Decoding runs on the
 //! input workers; [`Preprocessor::prepare_wave`] sends the prompts that hold media here.
 
-use super::{check_length, ImageProcessing, InputOptions, Preprocessor, SoftTokenFrame};
+use super::{check_length, ImageProcessing, InputOptions, PageFrame, Preprocessor, SoftTokenFrame};
 use crate::input::image::patches::preprocess_patches;
 use crate::input::tokenizer::{EncodeOptions, TextInput, TruncationSide};
 use crate::input::video::VideoFrames;
@@ -71,9 +71,68 @@ impl Preprocessor {
             ImageProcessing::SoftTokens(frame) => {
                 return self.soft_token_media(prompts, Some((frame, limits)), numbering, options).await;
             }
+            ImageProcessing::Page(frame) => {
+                let inputs = self.page_images(prompts, frame, limits, (first, in_request)).await?;
+                crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+                return Ok(inputs);
+            }
         };
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
         Ok(inputs)
+    }
+
+    /// A page retriever's images (ColPali): each decoded and resized to the tower's square on
+    /// one input worker, then its text as the processor builds it (`prefix placeholder×n
+    /// suffix`), tokenized without the tokenizer's special tokens (the frame writes them).
+    /// An image is a document of its own: the processor takes text or images, never both in
+    /// one input.
+    async fn page_images(
+        &self,
+        prompts: Vec<Prompt>,
+        frame: &PageFrame,
+        limits: crate::input::image::ImageLimits,
+        (first, in_request): (usize, usize),
+    ) -> Result<Vec<ModelInput>, InputError> {
+        if prompts.iter().any(|p| {
+            !matches!(p, Prompt::Image(_)) && !matches!(p, Prompt::Interleaved(parts) if matches!(parts.as_slice(), [Part::Image(_)]))
+        }) {
+            return Err(InputError::Media {
+                message: "one input holds several parts (text and an image, or several images): this model embeds one text (a query) or one image (a page) per input; send them as separate inputs".into(),
+                param: None,
+            });
+        }
+        let (processor, tables) = (Arc::clone(&frame.processor), Arc::clone(&frame.tables));
+        let crops = self
+            .workers
+            .execute(move || {
+                each_medium(&prompts, image_bytes, (first, in_request, "image"), InputError::Image, |bytes| {
+                    crate::input::image::preprocess_with(bytes, &processor, &limits, &tables)
+                })
+            })
+            .await??;
+        let text = format!("{}{}{}", frame.prefix, frame.placeholder.repeat(frame.tokens), frame.suffix);
+        let encode =
+            EncodeOptions { add_special_tokens: false, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
+        let tokens = self.workers.encode(vec![TextInput::Single(text)], encode).await?.pop().ok_or(InputError::Stopped)??;
+        check_length(tokens.len(), self.max_model_len, false)?;
+        if tokens.ids.iter().filter(|&&t| t == frame.placeholder_id).count() != frame.tokens {
+            return Err(InputError::Media {
+                message: format!("the image prompt does not tokenize into {} `{}` tokens", frame.tokens, frame.placeholder),
+                param: None,
+            });
+        }
+        Ok(crops
+            .into_iter()
+            .map(|crop| {
+                ModelInput::ImageSequence(ImageSequence {
+                    tokens: tokens.clone(),
+                    crops: vec![crop],
+                    patches: Vec::new(),
+                    audio: Vec::new(),
+                    video_frames: Vec::new(),
+                })
+            })
+            .collect())
     }
 
     /// The inputs of a soft-token model: each image cut into patches and each audio decoded
@@ -216,7 +275,13 @@ impl Preprocessor {
                     return Err(placeholder_typed("video", &side.placeholder));
                 }
             }
-            inputs.push(ModelInput::ImageSequence(ImageSequence { tokens, patches: images, audio: sounds, video_frames }));
+            inputs.push(ModelInput::ImageSequence(ImageSequence {
+                tokens,
+                crops: Vec::new(),
+                patches: images,
+                audio: sounds,
+                video_frames,
+            }));
         }
         Ok(inputs)
     }
@@ -262,7 +327,7 @@ struct Media {
 }
 
 /// A placeholder token found in a medium's input text beyond what its media made.
-fn placeholder_typed(medium: &str, placeholder: &str) -> InputError {
+pub(super) fn placeholder_typed(medium: &str, placeholder: &str) -> InputError {
     InputError::Media {
         message: format!("the input's text holds the {medium} placeholder token `{placeholder}`; it may only come from {medium} inputs"),
         param: None,

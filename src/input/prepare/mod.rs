@@ -36,6 +36,33 @@ pub enum ImageProcessing {
     /// EmbeddingGemma 2: cut into patches, and framed in the text (boxed: the frame with its
     /// video side is several times the crop's size).
     SoftTokens(Box<SoftTokenFrame>),
+    /// ColPali: resized to the tower's square, and read as `placeholder×n` in a text of its
+    /// own ([`PageFrame`]).
+    Page(Box<PageFrame>),
+}
+
+/// How a page retriever's image becomes its input (ColPali's `process_images`): the crop
+/// CLIP and SigLIP make, and the text `prefix placeholder×tokens suffix` whose placeholders the
+/// tower's soft tokens replace.
+pub struct PageFrame {
+    pub processor: Arc<ImageProcessorConfig>,
+    /// The processor's normalization, made once ([`super::image::ChannelTables`]).
+    pub tables: Arc<super::image::ChannelTables>,
+    pub prefix: String,
+    pub suffix: String,
+    pub placeholder: String,
+    pub placeholder_id: u32,
+    /// The soft tokens an image becomes.
+    pub tokens: usize,
+}
+
+/// The literal text a retrieval processor puts around every text input (ColPali's
+/// `process_queries`: `<bos>Question: ` before, its pad token ×10 and `\n` after); framed texts
+/// are tokenized without the tokenizer's own special tokens, which the frame writes.
+#[derive(Debug, Clone)]
+pub struct QueryFrame {
+    pub prefix: String,
+    pub suffix: String,
 }
 
 /// How a soft-token model's image sits in its text: `begin placeholder×n end` (the tokens'
@@ -148,6 +175,8 @@ pub struct Preprocessor {
     max_model_len: usize,
     /// `(length, pad id)` for models trained on padded texts (SigLIP).
     pad_text_to: Option<(usize, u32)>,
+    /// What a retrieval processor puts around every text (ColPali's queries).
+    query_frame: Option<QueryFrame>,
     /// The served name, the metrics' `model` label.
     served_name: String,
 }
@@ -162,14 +191,25 @@ pub struct PreprocessorParts {
     pub vocab_size: usize,
     pub max_model_len: usize,
     pub pad_text_to: Option<(usize, u32)>,
+    pub query_frame: Option<QueryFrame>,
     pub served_name: String,
 }
 
 impl Preprocessor {
     /// Starts the worker threads.
     pub fn start(parts: PreprocessorParts) -> std::io::Result<Self> {
-        let PreprocessorParts { tokenizer, workers, chat_template, images, audio, vocab_size, max_model_len, pad_text_to, served_name } =
-            parts;
+        let PreprocessorParts {
+            tokenizer,
+            workers,
+            chat_template,
+            images,
+            audio,
+            vocab_size,
+            max_model_len,
+            pad_text_to,
+            query_frame,
+            served_name,
+        } = parts;
         Ok(Self {
             workers: InputWorkers::new(Arc::new(tokenizer), workers)?,
             chat_template: Arc::new(chat_template),
@@ -178,6 +218,7 @@ impl Preprocessor {
             vocab_size,
             max_model_len,
             pad_text_to,
+            query_frame,
             served_name,
         })
     }
@@ -209,7 +250,7 @@ impl Preprocessor {
     fn video_side(&self) -> Option<&VideoSide> {
         match &self.images.as_ref()?.processing {
             ImageProcessing::SoftTokens(frame) => frame.video.as_ref(),
-            ImageProcessing::Crop { .. } => None,
+            ImageProcessing::Crop { .. } | ImageProcessing::Page(_) => None,
         }
     }
 
@@ -217,6 +258,26 @@ impl Preprocessor {
     /// for text models.
     pub fn tokens_per_image(&self) -> usize {
         self.images.as_ref().map_or(0, |side| side.tokens_per_image)
+    }
+
+    /// A page retriever's image placeholder typed in a text (or given as a token id) would
+    /// stand for an image that is not there: refused, as the soft-token models refuse one
+    /// typed beside their media.
+    fn check_no_page_placeholder(&self, input: &TokenizedInput) -> Result<(), InputError> {
+        match self.images.as_ref().map(|side| &side.processing) {
+            Some(ImageProcessing::Page(frame)) if input.ids.contains(&frame.placeholder_id) => {
+                Err(media_inputs::placeholder_typed("image", &frame.placeholder))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The soft tokens (and tower patches) of a page retriever's image; 0 for other models.
+    fn page_tokens(&self) -> usize {
+        match self.images.as_ref().map(|side| &side.processing) {
+            Some(ImageProcessing::Page(frame)) => frame.tokens,
+            _ => 0,
+        }
     }
 
     /// What an input costs in a batch's token budget.
@@ -227,6 +288,7 @@ impl Preprocessor {
             // The text sequence, and the towers' passes over the patches and the audio.
             ModelInput::ImageSequence(media) => {
                 media.tokens.len()
+                    + media.crops.len() * self.page_tokens()
                     + media.patches.iter().chain(&media.video_frames).map(|p| p.positions.len()).sum::<usize>()
                     + self.audio.as_ref().map_or(0, |side| media.audio.iter().map(|a| side.soft_tokens(a)).sum())
             }
@@ -386,11 +448,27 @@ impl Preprocessor {
     /// One text tokenized as [`Self::prepare`] tokenizes it (prompt prefix, special tokens,
     /// truncation), without the length checks: `/tokenize` reports what the model would see.
     pub async fn tokenize(&self, text: String, options: &InputOptions) -> Result<TokenizedInput, InputError> {
-        let text = match options.prompt.as_deref() {
-            Some(prompt) => format!("{prompt}{text}"),
-            None => text,
-        };
-        self.workers.encode(vec![TextInput::Single(text)], options.encode).await?.pop().ok_or(InputError::Stopped)?
+        let text = self.framed(options.prompt.as_deref(), &text);
+        self.workers.encode(vec![TextInput::Single(text)], self.text_encoding(options)).await?.pop().ok_or(InputError::Stopped)?
+    }
+
+    /// A text as the model reads it: behind the request's prompt, inside the retrieval
+    /// processor's frame where there is one.
+    fn framed(&self, prompt: Option<&str>, text: &str) -> String {
+        let prompt = prompt.unwrap_or("");
+        match &self.query_frame {
+            Some(frame) => format!("{}{prompt}{text}{}", frame.prefix, frame.suffix),
+            None => format!("{prompt}{text}"),
+        }
+    }
+
+    /// How single texts are encoded: the request's options, without the tokenizer's special
+    /// tokens inside a retrieval frame (the frame writes them, as the processor does).
+    fn text_encoding(&self, options: &InputOptions) -> EncodeOptions {
+        match self.query_frame {
+            Some(_) => EncodeOptions { add_special_tokens: false, ..options.encode },
+            None => options.encode,
+        }
     }
 
     /// Each conversation rendered by the chat template into one text, on the input workers (a
@@ -500,10 +578,7 @@ impl Preprocessor {
         let limits = options.encode.pair_limits;
         let with_prompt = |text: &str| -> Result<String, InputError> {
             let text = self.bounded(text, options)?;
-            Ok(match options.prompt.as_deref() {
-                Some(prompt) => format!("{prompt}{text}"),
-                None => text.into_owned(),
-            })
+            Ok(self.framed(options.prompt.as_deref(), &text))
         };
         let texts: Vec<TextInput> = prompts
             .iter()
@@ -516,8 +591,8 @@ impl Preprocessor {
                 Prompt::Tokens(_) | Prompt::Image(_) | Prompt::Interleaved(_) => None,
             })
             .collect::<Result<_, _>>()?;
-        let mut encoded =
-            if texts.is_empty() { Vec::new().into_iter() } else { self.workers.encode(texts, options.encode).await?.into_iter() };
+        let encoding = if prompts.iter().any(|p| matches!(p, Prompt::Pair(..))) { options.encode } else { self.text_encoding(options) };
+        let mut encoded = if texts.is_empty() { Vec::new().into_iter() } else { self.workers.encode(texts, encoding).await?.into_iter() };
         let mut inputs = Vec::with_capacity(prompts.len());
         for prompt in prompts {
             let from_text = !matches!(prompt, Prompt::Tokens(_));
@@ -534,6 +609,7 @@ impl Preprocessor {
             };
             let input = self.padded(input, options)?;
             check_length(input.len(), options.max_len, from_text)?;
+            self.check_no_page_placeholder(&input)?;
             inputs.push(input);
         }
         Ok(inputs)

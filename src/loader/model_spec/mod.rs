@@ -174,8 +174,9 @@ impl ModelSpec {
     }
 }
 
-/// The model's tasks in preference order: an image-text model embeds, BGE-M3 serves all four
-/// of its outputs, anything else as its architecture and files say ([`tasks_for`]).
+/// The model's tasks in preference order: an image-text model embeds (a page retriever gives
+/// every token's vector and scores by MaxSim), BGE-M3 serves all four of its outputs, anything
+/// else as its architecture and files say ([`tasks_for`]).
 fn decide_tasks(input: &SpecInputs) -> Result<Vec<Task>, LoadError> {
     let SpecInputs { options, architecture_name: name, sentence, .. } = input;
     let embeds_only = matches!(options.convert, Convert::Auto | Convert::Embed);
@@ -190,6 +191,9 @@ fn decide_tasks(input: &SpecInputs) -> Result<Vec<Task>, LoadError> {
             return Err(LoadError::Unsupported(format!(
                 "`{name}` embeds texts and images; it is served with --convert auto or embed only"
             )));
+        }
+        if input.architecture.multi_vector() {
+            return Ok(vec![Task::TokenEmbed, Task::Score]);
         }
         return Ok(vec![Task::Embed]);
     }
@@ -206,7 +210,7 @@ fn decide_tasks(input: &SpecInputs) -> Result<Vec<Task>, LoadError> {
     let hints = TaskHints {
         num_labels: num_labels(input),
         pooling: options.pooler.pooling_type.or(sentence.pooling),
-        multi_vector: sentence.multi_vector,
+        multi_vector: sentence.multi_vector || input.architecture.multi_vector(),
         sentence_pooling: sentence.pooling_module,
         masked_lm_embeds: input.architecture.masked_lm_embeds(),
     };

@@ -1,0 +1,229 @@
+//! ColPali against transformers 5.24 (generator: tests/fixtures/make_page_retrievers.py):
+//! the processor's pixel values and input ids, the model's vectors (one per token, padding rows
+//! dropped) for text queries and page images, alone and batched, and the processor's
+//! `score_retrieval` MaxSim scores, through the model layer and through the real router as
+//! vLLM (`/pooling` token_embed, `/score`, `/rerank` with `{"content": [...]}`) clients send them.
+
+use crate::common::*;
+use base64::Engine as _;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use poolserve::input::image::{preprocess, ImageLimits};
+use poolserve::loader::options::ModelOptions;
+use poolserve::models::batch::{Batch, SoftTokens, TokenizedInput};
+use poolserve::models::Architecture;
+use serde_json::{json, Value};
+
+const MODEL: &str = "colpali-tiny";
+/// Rows per vector.
+const DIM: usize = 16;
+
+fn image_bytes(file: &str) -> Vec<u8> {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(file)).unwrap()
+}
+
+fn image_part(file: &str) -> Value {
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(image_bytes(file)));
+    json!({"type": "image_url", "image_url": {"url": url}})
+}
+
+/// The bar for a page image's vectors: PNGs decode as Pillow decodes them, so the f32 bar
+/// holds; the JPEG goes through zune-jpeg, whose chroma upsampling rounds differently from
+/// libjpeg-turbo's by a few levels (as for CLIP and SigLIP, `image_models.rs`), which this tiny
+/// random model (weights of σ 0.2) amplifies. The tower on transformers' own pixel values is
+/// held to the f32 bar for every image, JPEG included ([`model_matches_transformers_on_its_pixel_values`]).
+fn image_bar(file: &str) -> f64 {
+    if file.ends_with(".jpg") {
+        0.99
+    } else {
+        0.9999
+    }
+}
+
+/// Every row of `ours` (a `[rows][DIM]` matrix, or flat) against the reference's rows: the
+/// same count, each at cosine ≥ `bar`.
+fn assert_rows(ours: &[f32], reference: &[f32], bar: f64, what: &str) {
+    assert_eq!(ours.len(), reference.len(), "{what}: {} values, reference {}", ours.len(), reference.len());
+    let worst = ours.chunks(DIM).zip(reference.chunks(DIM)).map(|(a, b)| cosine(a, b)).fold(1.0f64, f64::min);
+    eprintln!("{what}: worst row cosine {worst:.9}");
+    assert!(worst >= bar, "{what}: a row at cosine {worst} (bar {bar})");
+}
+
+fn matrix(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().flat_map(floats).collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn page_crops_match_the_processor() {
+    let expected = expected(MODEL);
+    // What a user's transformers loads from the folder: the torchvision class.
+    assert_eq!(expected["image_processor"], "SiglipImageProcessor");
+    let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(MODEL).to_str().unwrap())).expect("loads");
+    let Some(poolserve::loader::VisionInput::Page { processor, .. }) = loaded.vision else { panic!("no page side") };
+    for image in expected["images"].as_array().unwrap() {
+        let file = image["file"].as_str().unwrap();
+        let ours = preprocess(&image_bytes(file), &processor, &ImageLimits::default()).expect("preprocesses");
+        let diff = max_abs_diff(&ours.normalized(), &floats(&image["pixel_values"]));
+        eprintln!("{file}: pixel values max abs diff {diff}");
+        // PNG: exact (torchvision's resize and fused rescale); JPEG: the decoder's few levels.
+        let tolerance = if file.ends_with(".png") { 1e-6 } else { 5e-2 };
+        assert!(diff <= tolerance, "{file}: pixel values differ by {diff} (tolerance {tolerance})");
+    }
+}
+
+/// The tower on transformers' pixel values and the language model on the processor's ids, in
+/// one padding-free batch of every image: each image's vectors as transformers computes them.
+#[test]
+fn model_matches_transformers_on_its_pixel_values() {
+    let expected = expected(MODEL);
+    let folder = fixture_model(MODEL);
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the fixture is not modified while the test maps it.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
+    let architecture = &poolserve::models::colpali::COLPALI;
+    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
+    let tower = architecture.crop_token_tower(&config, vb).unwrap().expect("a page tower");
+    let images = expected["images"].as_array().unwrap();
+    let pixels: Vec<f32> = images.iter().flat_map(|i| floats(&i["pixel_values"])).collect();
+    let soft = tower.forward(&pixels, images.len()).unwrap();
+    let inputs: Vec<TokenizedInput> = images
+        .iter()
+        .map(|i| {
+            let ids = ids(&i["input_ids"]);
+            TokenizedInput { type_ids: vec![0; ids.len()], ids }
+        })
+        .collect();
+    let mut batch = Batch::from_inputs(&inputs);
+    let positions: Vec<usize> = batch.input_ids.iter().enumerate().filter(|(_, &id)| id == tower.placeholder()).map(|(i, _)| i).collect();
+    assert_eq!(positions.len(), soft.dim(0).unwrap(), "one soft token per placeholder");
+    batch.soft_tokens = Some(SoftTokens::new(positions, soft).unwrap());
+    let hidden = backbone.forward(&batch).unwrap();
+    for ((start, len), image) in batch.spans().zip(images) {
+        let rows = hidden.narrow(0, start, len).unwrap();
+        let norms = rows.sqr().unwrap().sum_keepdim(1).unwrap().sqrt().unwrap();
+        let rows: Tensor = rows.broadcast_div(&norms).unwrap();
+        let ours = rows.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_rows(&ours, &floats(&image["vectors"]), 0.9999, &format!("model on transformers' pixels {}", image["file"]));
+    }
+}
+
+/// `/pooling` token_embed for a list of texts or of image messages: each input's rows.
+async fn pooled(router: &axum::Router, body: Value) -> Vec<Vec<f32>> {
+    let reply = post(router, "/pooling", body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply.body["data"].as_array().unwrap().iter().map(|d| matrix(&d["data"])).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_and_pages_embed_and_score_over_http_as_transformers_does() {
+    let expected = expected(MODEL);
+    let engine = engine(&fixture_model(MODEL), |_| {});
+    assert_eq!(engine.spec().tasks, vec![poolserve::pooling::Task::TokenEmbed, poolserve::pooling::Task::Score]);
+    let router = router(engine, 16 << 20);
+    let queries = expected["queries"].as_array().unwrap();
+    let images = expected["images"].as_array().unwrap();
+
+    // Queries: the processor's frame ("<bos>Question: ", ten pads and "\n"), token for token.
+    for q in queries {
+        let reply = post(&router, "/tokenize", json!({"prompt": q["text"]})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(ids(&reply.body["tokens"]), ids(&q["input_ids"]), "query {} tokens", q["text"]);
+        let ours = pooled(&router, json!({"input": q["text"], "task": "token_embed"})).await;
+        assert_rows(&ours[0], &floats(&q["vectors"]), 0.9999, &format!("query {} alone", q["text"]));
+    }
+    let texts: Vec<&Value> = queries.iter().map(|q| &q["text"]).collect();
+    let batched = pooled(&router, json!({"input": texts, "task": "token_embed"})).await;
+    for (ours, q) in batched.iter().zip(queries) {
+        assert_rows(ours, &floats(&q["batched"]), 0.9999, &format!("query {} batched", q["text"]));
+    }
+
+    // Pages, alone and all in one request.
+    let message = |file: &str| json!({"role": "user", "content": [image_part(file)]});
+    for image in images {
+        let file = image["file"].as_str().unwrap();
+        let ours = pooled(&router, json!({"messages": [message(file)], "task": "token_embed"})).await;
+        assert_rows(&ours[0], &floats(&image["vectors"]), image_bar(file), &format!("page {file} alone"));
+    }
+    let messages: Vec<Value> = images.iter().map(|i| message(i["file"].as_str().unwrap())).collect();
+    let batched = pooled(&router, json!({"messages": messages, "task": "token_embed"})).await;
+    for (ours, image) in batched.iter().zip(images) {
+        let file = image["file"].as_str().unwrap();
+        assert_rows(ours, &floats(&image["batched"]), image_bar(file), &format!("page {file} batched"));
+    }
+
+    // MaxSim of each query against every page, as `score_retrieval`; the JPEG page's score
+    // carries its decoder difference, so the bar is on the PNG pages.
+    let parts: Vec<Value> = images.iter().map(|i| image_part(i["file"].as_str().unwrap())).collect();
+    for (qi, q) in queries.iter().enumerate() {
+        let reply = post(&router, "/score", json!({"data_1": q["text"], "data_2": {"content": parts}})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        for (j, image) in images.iter().enumerate() {
+            let (ours, want) = (reply.body["data"][j]["score"].as_f64().unwrap(), expected["scores"][qi][j].as_f64().unwrap());
+            let file = image["file"].as_str().unwrap();
+            let tolerance = if file.ends_with(".png") { 1e-4 } else { 0.2 };
+            assert!((ours - want).abs() <= tolerance, "query {qi} × {file}: score {ours}, transformers {want}");
+        }
+        // Usage: each page's sequence and its tower's patches, and the query's sequence.
+        let pages: usize = images.iter().map(|i| i["input_ids"].as_array().unwrap().len() + 16).sum();
+        assert_eq!(reply.body["usage"]["prompt_tokens"], json!(pages + q["input_ids"].as_array().unwrap().len()));
+    }
+    // /rerank: the same scores, ranked.
+    let reply = post(&router, "/rerank", json!({"query": queries[0]["text"], "documents": {"content": parts}})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for result in reply.body["results"].as_array().unwrap() {
+        let j = result["index"].as_u64().unwrap() as usize;
+        if images[j]["file"].as_str().unwrap().ends_with(".png") {
+            let want = expected["scores"][0][j].as_f64().unwrap();
+            assert!((result["relevance_score"].as_f64().unwrap() - want).abs() <= 1e-4, "rerank {j}");
+        }
+    }
+    // Text documents score as queries do (the processor reads every text as one).
+    let reply = post(&router, "/score", json!({"text_1": queries[0]["text"], "text_2": [queries[1]["text"]]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_vectors_come_as_base64_half_floats() {
+    let expected = expected(MODEL);
+    let router = router(engine(&fixture_model(MODEL), |_| {}), 16 << 20);
+    let image = &expected["images"][0];
+    let message = json!({"role": "user", "content": [image_part(image["file"].as_str().unwrap())]});
+    let reply = post(
+        &router,
+        "/pooling",
+        json!({"messages": [message], "task": "token_embed", "encoding_format": "base64", "embed_dtype": "float16"}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let bytes = base64::engine::general_purpose::STANDARD.decode(reply.body["data"][0]["data"].as_str().unwrap()).unwrap();
+    let halves: Vec<f32> = bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+    // Half the bytes of float32, rows one after another.
+    assert_eq!(halves.len(), image["rows"].as_u64().unwrap() as usize * DIM);
+    assert_rows(&halves, &floats(&image["vectors"]), 0.999, "float16 page");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_and_misplaced_inputs_are_refused() {
+    let router = router(engine(&fixture_model(MODEL), |_| {}), 16 << 20);
+    // A text and an image in one input: the processor takes one or the other.
+    let mixed = json!({"role": "user", "content": [{"type": "text", "text": "a page"}, image_part("gradient_97x61.png")]});
+    let reply = post(&router, "/pooling", json!({"messages": [mixed], "task": "token_embed"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(
+        reply.body["error"]["message"].as_str().unwrap().contains("one text (a query) or one image (a page) per input"),
+        "{}",
+        reply.body
+    );
+    // The image placeholder typed in a query is a token like any other, but it is not an image:
+    // the frame's ids still come from the text alone and no soft token takes its place.
+    let reply = post(&router, "/pooling", json!({"input": "<image> what", "task": "token_embed"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    // An undecodable page.
+    let broken = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
+    let reply = post(&router, "/pooling", json!({"messages": [broken], "task": "token_embed"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+}
