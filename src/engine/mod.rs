@@ -15,8 +15,8 @@ use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
 use crate::input::{
-    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, PageFrame, Preprocessor, Prompt, QueryFrame,
-    SoftTokenFrame, VideoSide,
+    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, PageFrame, Preprocessor, Prompt, SoftTokenFrame,
+    TextFrame, VideoSide,
 };
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
@@ -191,6 +191,7 @@ impl Engine {
                         end,
                         placeholder_id: ids.placeholder,
                         video,
+                        page: retrieval.as_ref().map(|p| TextFrame { prefix: p.image_prefix.clone(), suffix: p.image_suffix.clone() }),
                     })),
                     limits: image_limits,
                     tokens_per_image,
@@ -229,7 +230,7 @@ impl Engine {
             }
             None => (None, None, None, None),
         };
-        let query_frame = retrieval.map(|p| QueryFrame { prefix: p.query_prefix, suffix: p.query_suffix });
+        let query_frame = retrieval.map(|p| TextFrame { prefix: p.query_prefix, suffix: p.query_suffix });
         let (audio_side, soft_audio) = match audio {
             Some(AudioInput { tower, features }) => {
                 let ids = tower.audio_tokens();

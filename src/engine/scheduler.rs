@@ -14,8 +14,8 @@ use super::EngineError;
 use crate::engine::params::ResolvedParams;
 use crate::input::ModelInput;
 use crate::metrics;
-use crate::models::batch::SoftTokens;
 use crate::models::batch::{Batch, TokenizedInput};
+use crate::models::batch::{ImageGrid, SoftTokens};
 use crate::models::gemma4_vision::ImagePatches;
 use crate::models::ops::lora::LoraWeights;
 use crate::models::{AudioTokenTower, Backbone, CropTokenTower, SoftTokenTower, VisionTower};
@@ -380,7 +380,7 @@ impl ModelThread {
             }
             Ok((positions, rows))
         };
-        let mut parts = Vec::new();
+        let (mut parts, mut grids) = (Vec::new(), Vec::new());
         if !images.is_empty() || !frames.is_empty() {
             // Images and video frames in one pass of the tower, then split at the images' rows.
             let tower = self.soft_vision.as_ref().ok_or_else(|| EngineError::Model("this model takes no images".into()))?;
@@ -392,7 +392,11 @@ impl ModelThread {
                 return Err(EngineError::Model(format!("{total} soft tokens for {image_rows} image placeholders")));
             }
             if !images.is_empty() {
-                parts.push(placed(tower.image_tokens().placeholder, rows.narrow(0, 0, image_rows).map_err(model_failure)?)?);
+                let (positions, rows) = placed(tower.image_tokens().placeholder, rows.narrow(0, 0, image_rows).map_err(model_failure)?)?;
+                if tower.places_soft_tokens() {
+                    grids = image_grids(&images, kernel, &positions)?;
+                }
+                parts.push((positions, rows));
             }
             if !frames.is_empty() {
                 let video = tower.video_token().ok_or_else(|| EngineError::Model("this model takes no video".into()))?;
@@ -410,11 +414,11 @@ impl ModelThread {
             let rows = tower.forward(&audio).map_err(model_failure)?;
             parts.push(placed(tower.audio_tokens().placeholder, rows)?);
         }
-        match parts.len() {
-            0 => Ok(None),
+        let soft = match parts.len() {
+            0 => return Ok(None),
             1 => {
                 let (positions, rows) = parts.swap_remove(0);
-                SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
+                SoftTokens::new(positions, rows).map_err(model_failure)?
             }
             _ => {
                 // Several media: the rows in position order.
@@ -425,10 +429,28 @@ impl ModelThread {
                 let index = Tensor::from_vec(order.clone(), order.len(), rows.device()).map_err(model_failure)?;
                 let rows = rows.index_select(&index, 0).map_err(model_failure)?;
                 let positions = order.iter().map(|&i| positions[i as usize]).collect();
-                SoftTokens::new(positions, rows).map(Some).map_err(model_failure)
+                SoftTokens::new(positions, rows).map_err(model_failure)?
             }
-        }
+        };
+        let mut soft = soft;
+        soft.grids = grids;
+        Ok(Some(soft))
     }
+}
+
+/// Each image's soft tokens as a grid ([`ImageGrid`]): its patch grid over the kernel, from
+/// where its first placeholder stands in the batch (`positions`: every image's placeholders,
+/// in image order).
+fn image_grids(images: &[ImagePatches], kernel: usize, positions: &[usize]) -> Result<Vec<ImageGrid>, EngineError> {
+    let (mut grids, mut offset) = (Vec::with_capacity(images.len()), 0);
+    for image in images {
+        let side = |pick: fn(&(u32, u32)) -> u32| image.positions.iter().map(pick).max().map_or(0, |m| m as usize + 1) / kernel.max(1);
+        let (rows, cols) = (side(|p| p.1), side(|p| p.0));
+        let first = *positions.get(offset).ok_or_else(|| EngineError::Model("an image without placeholders".into()))?;
+        grids.push(ImageGrid { first, rows, cols });
+        offset += rows * cols;
+    }
+    Ok(grids)
 }
 
 /// The host rows of contiguous f32 hidden states, borrowed (no copy of the whole batch).

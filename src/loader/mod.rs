@@ -489,6 +489,9 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
         Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| invalid(format!("image_processor.{name} is not a count: {v}"))),
     };
     let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str);
+    if type_name.is_some_and(|t| t.starts_with("Qwen2VLImageProcessor")) {
+        return qwen2_vl_processor(processor, (patch_size, kernel)).map_err(invalid);
+    }
     let backend = image::patches::Backend::of_image_processor(type_name)
         .ok_or_else(|| invalid(format!("image_processor_type `{}` is not a Gemma 4 image processor", type_name.unwrap_or_default())))?;
     if field("resample", 3)? != 3 {
@@ -500,6 +503,8 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
         pooling_kernel_size: field("pooling_kernel_size", kernel)?,
         max_soft_tokens: field("max_soft_tokens", 280)?,
         backend,
+        sizing: image::patches::Sizing::SoftTokenBudget,
+        normalize: None,
     };
     config.check().map_err(|e| invalid(e.to_string()))?;
     if (config.patch_size, config.pooling_kernel_size) != (patch_size, kernel) {
@@ -508,6 +513,63 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
             config.patch_size, config.pooling_kernel_size, config.pooling_kernel_size
         )));
     }
+    Ok(config)
+}
+
+/// `Qwen2VLImageProcessor`'s settings (transformers 5's, the torchvision class; its `Pil`
+/// twin resizes with Pillow and is refused): `smart_resize` into `size.shortest_edge ..=
+/// size.longest_edge` pixels (older configs: `min_pixels` / `max_pixels`), bicubic, the
+/// fused rescale and normalization, patches merged `merge_size`² into a soft token.
+fn qwen2_vl_processor(processor: &serde_json::Value, (patch_size, merge): (usize, usize)) -> Result<image::patches::PatchConfig, String> {
+    let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str).unwrap_or_default();
+    if type_name.ends_with("Pil") {
+        return Err(format!("image_processor_type `{type_name}`: only the torchvision Qwen2VLImageProcessor is implemented"));
+    }
+    let count = |v: Option<&serde_json::Value>, name: &str, default: usize| match v {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| format!("image_processor.{name} is not a count: {v}")),
+    };
+    let flag = |name: &str| processor.get(name).and_then(serde_json::Value::as_bool).unwrap_or(true);
+    let size = processor.get("size");
+    let min_pixels =
+        count(size.and_then(|s| s.get("shortest_edge")).or_else(|| processor.get("min_pixels")), "size.shortest_edge", 56 * 56)?;
+    let max_pixels =
+        count(size.and_then(|s| s.get("longest_edge")).or_else(|| processor.get("max_pixels")), "size.longest_edge", 28 * 28 * 1280)?;
+    if count(processor.get("resample"), "resample", 3)? != 3 || !flag("do_resize") || !flag("do_rescale") || !flag("do_normalize") {
+        return Err("image_processor: only bicubic resizing, rescaling and normalizing (Qwen2-VL's defaults) are implemented".into());
+    }
+    if processor.get("rescale_factor").and_then(serde_json::Value::as_f64).is_some_and(|f| (f - 1.0 / 255.0).abs() > 1e-12) {
+        return Err("image_processor.rescale_factor: only 1/255 is implemented".into());
+    }
+    let channels = |name: &str, default: [f32; 3]| -> Result<[f32; 3], String> {
+        match processor.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(default),
+            Some(v) => {
+                serde_json::from_value::<[f32; 3]>(v.clone()).map_err(|_| format!("image_processor.{name} is not three numbers: {v}"))
+            }
+        }
+    };
+    let normalize = image::patches::Normalize {
+        // OpenAI CLIP's, Qwen2VLImageProcessor's defaults (as f32).
+        mean: channels("image_mean", [0.481_454_7, 0.457_827_5, 0.408_210_7])?,
+        std: channels("image_std", [0.268_629_5, 0.261_302_6, 0.275_777_1])?,
+    };
+    if normalize.std.iter().any(|&s| s == 0.0 || !s.is_finite()) || normalize.mean.iter().any(|m| !m.is_finite()) {
+        return Err("image_processor: image_std must be finite and non-zero".into());
+    }
+    let (p, m) = (count(processor.get("patch_size"), "patch_size", patch_size)?, count(processor.get("merge_size"), "merge_size", merge)?);
+    if (p, m) != (patch_size, merge) || count(processor.get("temporal_patch_size"), "temporal_patch_size", 2)? != 2 {
+        return Err(format!("the image processor makes {p}px patches merged {m}×{m}; the vision tower takes {patch_size}px merged {merge}×{merge} over 2 frames"));
+    }
+    let config = image::patches::PatchConfig {
+        patch_size: p,
+        pooling_kernel_size: m,
+        max_soft_tokens: max_pixels / (p * p * m * m),
+        backend: image::patches::Backend::Torchvision,
+        sizing: image::patches::Sizing::SmartResize { min_pixels, max_pixels },
+        normalize: Some(normalize),
+    };
+    config.check().map_err(|e| e.to_string())?;
     Ok(config)
 }
 

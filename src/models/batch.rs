@@ -47,6 +47,18 @@ pub struct Batch {
 pub struct SoftTokens {
     positions: Vec<usize>,
     rows: Tensor,
+    /// Where each image's soft tokens lie as a grid (Qwen2-VL's M-RoPE places them by row and
+    /// column); empty for models that do not need it.
+    pub grids: Vec<ImageGrid>,
+}
+
+/// One image's soft tokens in the batch: `rows × cols` consecutive tokens, row-major, the first
+/// at flat position `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageGrid {
+    pub first: usize,
+    pub rows: usize,
+    pub cols: usize,
 }
 
 impl SoftTokens {
@@ -61,7 +73,7 @@ impl SoftTokens {
                 positions.len()
             );
         }
-        Ok(Self { positions, rows })
+        Ok(Self { positions, rows, grids: Vec::new() })
     }
 
     /// The rows whose tokens lie in `start..end`, with positions made relative to `start`.
@@ -74,6 +86,12 @@ impl SoftTokens {
         Ok(Some(SoftTokens {
             positions: self.positions[first..last].iter().map(|p| p - start).collect(),
             rows: self.rows.narrow(0, first, last - first)?,
+            grids: self
+                .grids
+                .iter()
+                .filter(|g| (start..end).contains(&g.first))
+                .map(|g| ImageGrid { first: g.first - start, ..*g })
+                .collect(),
         }))
     }
 

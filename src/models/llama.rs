@@ -12,7 +12,9 @@
 
 use super::batch::Batch;
 use super::head_weights::{on_host, ClassifierWeights, HeadInput};
-use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary};
+use super::ops::{
+    host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary, RotaryTable,
+};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -323,12 +325,21 @@ impl Decoder {
     }
 }
 
-impl Backbone for Decoder {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+impl Decoder {
+    /// The rotary frequencies, for a model that places its tokens itself (Qwen2-VL's M-RoPE).
+    pub fn rotary(&self) -> &Rotary {
+        &self.rotary
+    }
+
+    /// [`Backbone::forward`] with the rotary table given: each token's angles, in batch order.
+    /// Soft tokens ([`Batch::soft_tokens`]) replace their placeholders' embeddings.
+    pub fn forward_with(&self, batch: &Batch, table: &RotaryTable) -> Result<Tensor> {
         let device = self.embed_tokens.device();
         let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), device)?;
         let mut hidden = self.embed_tokens.index_select(&ids, 0)?;
-        let table = self.rotary.table_for_sequences(&batch.cu_seqlens);
+        if let Some(soft) = &batch.soft_tokens {
+            hidden = soft.replace(&hidden)?;
+        }
         let attention = Attention {
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
@@ -347,6 +358,12 @@ impl Backbone for Decoder {
             hidden = layer.down.forward_add(&inner, &hidden)?;
         }
         self.norm.forward(&hidden)
+    }
+}
+
+impl Backbone for Decoder {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        self.forward_with(batch, &self.rotary.table_for_sequences(&batch.cu_seqlens))
     }
 
     fn sizes(&self) -> BackboneSizes {

@@ -12,6 +12,7 @@ pub mod bert;
 pub mod bge_m3;
 pub mod clip;
 pub mod colpali;
+pub mod colqwen2;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
@@ -30,6 +31,7 @@ pub mod mpnet;
 pub mod nomic_bert;
 pub mod ops;
 pub mod qwen;
+pub mod qwen2_vl;
 pub mod siglip;
 pub mod weights;
 
@@ -64,6 +66,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &clip::CLIP,
     &siglip::SIGLIP,
     &colpali::COLPALI,
+    &colqwen2::COLQWEN2,
 ];
 
 /// The architecture serving a config.json: one that claims its fields, else the one of its
@@ -82,7 +85,7 @@ pub fn detect(config: &Value, architecture: &str, model_type: &str) -> Option<&'
 pub fn supported_architectures() -> String {
     let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name()).collect();
     format!(
-        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, CLIPModel / SiglipModel image-text embedders, and ColPali page retrievers)",
+        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, CLIPModel / SiglipModel image-text embedders, and ColPali / ColQwen2 page retrievers)",
         names.join(", ")
     )
 }
@@ -154,6 +157,11 @@ pub trait SoftTokenTower: Send + Sync {
     /// for towers that also read video frames; `None` otherwise.
     fn video_token(&self) -> Option<u32> {
         None
+    }
+    /// Whether the backbone places an image's soft tokens by row and column (Qwen2-VL's
+    /// M-RoPE): the engine then gives it each image's grid ([`batch::ImageGrid`]).
+    fn places_soft_tokens(&self) -> bool {
+        false
     }
 }
 

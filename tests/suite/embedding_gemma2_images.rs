@@ -11,14 +11,21 @@ use crate::common::families::router_for;
 use crate::common::*;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use poolserve::input::image::patches::{preprocess_patches, Backend, PatchConfig};
+use poolserve::input::image::patches::{preprocess_patches, Backend, PatchConfig, Sizing};
 use poolserve::input::image::ImageLimits;
 use poolserve::models::batch::{Batch, SoftTokens, TokenizedInput};
 use poolserve::models::gemma4_vision::{Gemma4Vision, ImagePatches};
 use poolserve::models::Architecture;
 use serde_json::Value;
 
-const CONFIG: PatchConfig = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70, backend: Backend::Torchvision };
+const CONFIG: PatchConfig = PatchConfig {
+    patch_size: 4,
+    pooling_kernel_size: 2,
+    max_soft_tokens: 70,
+    backend: Backend::Torchvision,
+    sizing: Sizing::SoftTokenBudget,
+    normalize: None,
+};
 
 fn image_bytes(file: &str) -> Vec<u8> {
     std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(file)).unwrap()

@@ -1,8 +1,10 @@
-//! ColPali against transformers 5.24 (generator: tests/fixtures/make_page_retrievers.py):
-//! the processor's pixel values and input ids, the model's vectors (one per token, padding rows
-//! dropped) for text queries and page images, alone and batched, and the processor's
-//! `score_retrieval` MaxSim scores, through the model layer and through the real router as
-//! vLLM (`/pooling` token_embed, `/score`, `/rerank` with `{"content": [...]}`) clients send them.
+//! ColPali and ColQwen2 against transformers 5.24 (generator:
+//! tests/fixtures/make_page_retrievers.py): the processors' pixel values and input ids, the
+//! models' vectors (one per token, padding rows dropped) for text queries and page images,
+//! alone and batched, and the processors' `score_retrieval` MaxSim scores, through the model
+//! layer and through the real router as vLLM (`/pooling` token_embed, `/score`, `/rerank` with
+//! `{"content": [...]}`) clients send them. ColQwen2's reference runs with M-RoPE positions
+//! (see `models/colqwen2.rs`).
 
 use crate::common::*;
 use base64::Engine as _;
@@ -10,11 +12,12 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use poolserve::input::image::{preprocess, ImageLimits};
 use poolserve::loader::options::ModelOptions;
-use poolserve::models::batch::{Batch, SoftTokens, TokenizedInput};
+use poolserve::models::batch::{Batch, ImageGrid, SoftTokens, TokenizedInput};
+use poolserve::models::gemma4_vision::ImagePatches;
 use poolserve::models::Architecture;
 use serde_json::{json, Value};
 
-const MODEL: &str = "colpali-tiny";
+const MODELS: [&str; 2] = ["colpali-tiny", "colqwen2-tiny"];
 /// Rows per vector.
 const DIM: usize = 16;
 
@@ -58,7 +61,8 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 #[test]
-fn page_crops_match_the_processor() {
+fn colpali_crops_match_the_processor() {
+    const MODEL: &str = "colpali-tiny";
     let expected = expected(MODEL);
     // What a user's transformers loads from the folder: the torchvision class.
     assert_eq!(expected["image_processor"], "SiglipImageProcessor");
@@ -75,10 +79,64 @@ fn page_crops_match_the_processor() {
     }
 }
 
+/// ColQwen2's patches against `Qwen2VLImageProcessor`'s `pixel_values`: its rows are the
+/// patches in 2×2-block order, each `(channel, frame, y, x)` with the picture repeated over two
+/// frames; ours are row-major, each `(y, x, channel)`.
+#[test]
+fn colqwen2_patches_match_the_processor() {
+    const MODEL: &str = "colqwen2-tiny";
+    let expected = expected(MODEL);
+    assert_eq!(expected["image_processor"], "Qwen2VLImageProcessor");
+    let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(MODEL).to_str().unwrap())).expect("loads");
+    let Some(poolserve::loader::VisionInput::SoftTokens { patches: config, .. }) = loaded.vision else { panic!("no patch side") };
+    for image in expected["images"].as_array().unwrap() {
+        let file = image["file"].as_str().unwrap();
+        let ours = poolserve::input::image::patches::preprocess_patches(&image_bytes(file), &config, &ImageLimits::default()).unwrap();
+        let grid = ids(&image["grid_thw"]);
+        let (rows, cols) = (grid[1] as usize, grid[2] as usize);
+        assert_eq!(ours.positions.len(), rows * cols, "{file}: patch count");
+        let reference = hf_patches_row_major(&floats(&image["pixel_values"]), rows, cols);
+        let diff = max_abs_diff(&ours.rescaled(), &reference);
+        eprintln!("{file}: pixel values max abs diff {diff}");
+        let tolerance = if file.ends_with(".png") { 1e-6 } else { 0.1 };
+        assert!(diff <= tolerance, "{file}: pixel values differ by {diff} (tolerance {tolerance})");
+    }
+}
+
+/// Qwen2-VL's `pixel_values` rows (2×2-block order, `(c, t, y, x)`, 14-pixel patches) as our
+/// row-major `(y, x, c)` patches (the first frame; both are the same picture).
+fn hf_patches_row_major(rows_in: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let (p, m) = (14, 2);
+    let patch_len = 3 * 2 * p * p;
+    let mut out = vec![0f32; rows * cols * p * p * 3];
+    let mut k = 0;
+    for by in 0..rows / m {
+        for bx in 0..cols / m {
+            for dy in 0..m {
+                for dx in 0..m {
+                    let (gy, gx) = (by * m + dy, bx * m + dx);
+                    let src = &rows_in[k * patch_len..(k + 1) * patch_len];
+                    let dst = (gy * cols + gx) * p * p * 3;
+                    for c in 0..3 {
+                        for y in 0..p {
+                            for x in 0..p {
+                                out[dst + (y * p + x) * 3 + c] = src[(c * 2) * p * p + y * p + x];
+                            }
+                        }
+                    }
+                    k += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The tower on transformers' pixel values and the language model on the processor's ids, in
 /// one padding-free batch of every image: each image's vectors as transformers computes them.
 #[test]
-fn model_matches_transformers_on_its_pixel_values() {
+fn colpali_matches_transformers_on_its_pixel_values() {
+    const MODEL: &str = "colpali-tiny";
     let expected = expected(MODEL);
     let folder = fixture_model(MODEL);
     let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
@@ -111,6 +169,65 @@ fn model_matches_transformers_on_its_pixel_values() {
     }
 }
 
+/// ColQwen2's tower on transformers' pixel values and Qwen2-VL's language model with M-RoPE on
+/// the processor's ids, every image in one padding-free batch.
+#[test]
+fn colqwen2_matches_transformers_on_its_pixel_values() {
+    const MODEL: &str = "colqwen2-tiny";
+    let expected = expected(MODEL);
+    let folder = fixture_model(MODEL);
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the fixture is not modified while the test maps it.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
+    let architecture = &poolserve::models::colqwen2::COLQWEN2;
+    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
+    let tower = architecture.soft_token_tower(&config, vb).unwrap().expect("a patch tower");
+    let images = expected["images"].as_array().unwrap();
+    let patches: Vec<ImagePatches> = images
+        .iter()
+        .map(|i| {
+            let grid = ids(&i["grid_thw"]);
+            let (rows, cols) = (grid[1] as usize, grid[2] as usize);
+            let positions = (0..rows * cols).map(|k| ((k % cols) as u32, (k / cols) as u32)).collect();
+            ImagePatches { pixels: hf_patches_row_major(&floats(&i["pixel_values"]), rows, cols), positions }
+        })
+        .collect();
+    let soft = tower.forward(&patches.iter().collect::<Vec<_>>()).unwrap();
+    let inputs: Vec<TokenizedInput> = images
+        .iter()
+        .map(|i| {
+            let ids = ids(&i["input_ids"]);
+            TokenizedInput { type_ids: vec![0; ids.len()], ids }
+        })
+        .collect();
+    let mut batch = Batch::from_inputs(&inputs);
+    let placeholder = tower.image_tokens().placeholder;
+    let positions: Vec<usize> = batch.input_ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(i, _)| i).collect();
+    assert_eq!(positions.len(), soft.dim(0).unwrap(), "one soft token per placeholder");
+    let mut grids = Vec::new();
+    let mut offset = 0;
+    for image in images {
+        let grid = ids(&image["grid_thw"]);
+        let (rows, cols) = (grid[1] as usize / 2, grid[2] as usize / 2);
+        grids.push(ImageGrid { first: positions[offset], rows, cols });
+        offset += rows * cols;
+    }
+    let mut soft = SoftTokens::new(positions, soft).unwrap();
+    soft.grids = grids;
+    batch.soft_tokens = Some(soft);
+    let hidden = backbone.forward(&batch).unwrap();
+    for ((start, len), image) in batch.spans().zip(images) {
+        let rows = hidden.narrow(0, start, len).unwrap();
+        let norms = rows.sqr().unwrap().sum_keepdim(1).unwrap().sqrt().unwrap();
+        let ours = rows.broadcast_div(&norms).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let file = &image["file"];
+        assert_rows(&ours, &floats(&image["vectors"]), 0.9999, &format!("ColQwen2 on transformers' pixels {file}"));
+        // transformers' ColQwen2ForRetrieval without M-RoPE positions is another model.
+        let flat = cosine(&ours, &floats(&image["vectors_1d"]));
+        eprintln!("  against 1-D positions (ColQwen2ForRetrieval as called): cosine {flat:.4}");
+    }
+}
+
 /// `/pooling` token_embed for a list of texts or of image messages: each input's rows.
 async fn pooled(router: &axum::Router, body: Value) -> Vec<Vec<f32>> {
     let reply = post(router, "/pooling", body).await;
@@ -120,8 +237,15 @@ async fn pooled(router: &axum::Router, body: Value) -> Vec<Vec<f32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_and_pages_embed_and_score_over_http_as_transformers_does() {
-    let expected = expected(MODEL);
-    let engine = engine(&fixture_model(MODEL), |_| {});
+    for model in MODELS {
+        queries_and_pages_over_http(model).await;
+    }
+}
+
+async fn queries_and_pages_over_http(model: &str) {
+    eprintln!("{model}:");
+    let expected = expected(model);
+    let engine = engine(&fixture_model(model), |_| {});
     assert_eq!(engine.spec().tasks, vec![poolserve::pooling::Task::TokenEmbed, poolserve::pooling::Task::Score]);
     let router = router(engine, 16 << 20);
     let queries = expected["queries"].as_array().unwrap();
@@ -168,7 +292,11 @@ async fn queries_and_pages_embed_and_score_over_http_as_transformers_does() {
             assert!((ours - want).abs() <= tolerance, "query {qi} × {file}: score {ours}, transformers {want}");
         }
         // Usage: each page's sequence and its tower's patches, and the query's sequence.
-        let pages: usize = images.iter().map(|i| i["input_ids"].as_array().unwrap().len() + 16).sum();
+        let patches = |i: &Value| match i.get("grid_thw") {
+            Some(grid) => ids(grid).iter().product::<u32>() as usize,
+            None => 16,
+        };
+        let pages: usize = images.iter().map(|i| i["input_ids"].as_array().unwrap().len() + patches(i)).sum();
         assert_eq!(reply.body["usage"]["prompt_tokens"], json!(pages + q["input_ids"].as_array().unwrap().len()));
     }
     // /rerank: the same scores, ranked.
@@ -188,6 +316,7 @@ async fn queries_and_pages_embed_and_score_over_http_as_transformers_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_vectors_come_as_base64_half_floats() {
+    const MODEL: &str = "colqwen2-tiny";
     let expected = expected(MODEL);
     let router = router(engine(&fixture_model(MODEL), |_| {}), 16 << 20);
     let image = &expected["images"][0];
@@ -208,7 +337,13 @@ async fn page_vectors_come_as_base64_half_floats() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_and_misplaced_inputs_are_refused() {
-    let router = router(engine(&fixture_model(MODEL), |_| {}), 16 << 20);
+    for model in MODELS {
+        refusals(model).await;
+    }
+}
+
+async fn refusals(model: &str) {
+    let router = router(engine(&fixture_model(model), |_| {}), 16 << 20);
     // A text and an image in one input: the processor takes one or the other.
     let mixed = json!({"role": "user", "content": [{"type": "text", "text": "a page"}, image_part("gradient_97x61.png")]});
     let reply = post(&router, "/pooling", json!({"messages": [mixed], "task": "token_embed"})).await;
@@ -218,10 +353,10 @@ async fn mixed_and_misplaced_inputs_are_refused() {
         "{}",
         reply.body
     );
-    // The image placeholder typed in a query is a token like any other, but it is not an image:
-    // the frame's ids still come from the text alone and no soft token takes its place.
-    let reply = post(&router, "/pooling", json!({"input": "<image> what", "task": "token_embed"})).await;
-    assert_eq!(reply.status, 400, "{}", reply.body);
+    // The image placeholder typed in a query would stand for an image that is not there.
+    let placeholder = if model == "colpali-tiny" { "<image>" } else { "<|image_pad|>" };
+    let reply = post(&router, "/pooling", json!({"input": format!("{placeholder} what"), "task": "token_embed"})).await;
+    assert_eq!(reply.status, 400, "{model}: {}", reply.body);
     // An undecodable page.
     let broken = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
     let reply = post(&router, "/pooling", json!({"messages": [broken], "task": "token_embed"})).await;

@@ -19,17 +19,49 @@ use super::{ImageError, ImageInfo, ImageLimits};
 pub const SUPPORTED_SOFT_TOKENS: [usize; 5] = [70, 140, 280, 560, 1120];
 
 /// What the processor's config sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PatchConfig {
     pub patch_size: usize,
+    /// Patches pooled (Gemma 4) or merged (Qwen2-VL) into one soft token, per side.
     pub pooling_kernel_size: usize,
     pub max_soft_tokens: usize,
     /// The processor class the patches reproduce (its resize and rescale).
     pub backend: Backend,
+    /// How the image's size is chosen.
+    pub sizing: Sizing,
+    /// The processor's normalization, where it normalizes (Qwen2-VL; Gemma 4 only rescales).
+    pub normalize: Option<Normalize>,
+}
+
+/// How a patch processor sizes an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// Gemma 4's: the largest aspect-preserving size whose patches fit `max_soft_tokens`.
+    SoftTokenBudget,
+    /// Qwen2-VL's `smart_resize`: sides rounded to multiples of `patch_size ×
+    /// pooling_kernel_size`, then scaled into `min_pixels..=max_pixels`.
+    SmartResize { min_pixels: usize, max_pixels: usize },
+}
+
+/// `image_mean` and `image_std`, applied as torchvision's processors fuse them with the
+/// rescale: `(v − mean·255) / (std·255)` in f32 on the byte value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalize {
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
 }
 
 impl PatchConfig {
     pub fn check(&self) -> Result<(), ImageError> {
+        if let Sizing::SmartResize { min_pixels, max_pixels } = self.sizing {
+            let factor = self.patch_size * self.pooling_kernel_size;
+            if factor == 0 || min_pixels > max_pixels || max_pixels < factor * factor || max_pixels > 1 << 28 {
+                return Err(ImageError::Config(format!(
+                    "size: shortest_edge {min_pixels} and longest_edge {max_pixels} pixels do not fit {factor}px blocks"
+                )));
+            }
+            return Ok(());
+        }
         if !SUPPORTED_SOFT_TOKENS.contains(&self.max_soft_tokens) {
             return Err(ImageError::Config(format!(
                 "max_soft_tokens must be one of {SUPPORTED_SOFT_TOKENS:?}, got {}",
@@ -57,8 +89,18 @@ impl PatchConfig {
         self.max_soft_tokens * self.patches_per_token()
     }
 
-    /// `get_aspect_ratio_preserving_size`: the `(height, width)` an image is resized to.
+    /// The `(height, width)` an image is resized to: Gemma 4's
+    /// `get_aspect_ratio_preserving_size`, or Qwen2-VL's `smart_resize`.
     pub fn target_size(&self, height: usize, width: usize) -> Result<(usize, usize), ImageError> {
+        match self.sizing {
+            Sizing::SoftTokenBudget => self.budget_size(height, width),
+            Sizing::SmartResize { min_pixels, max_pixels } => {
+                smart_resize(height, width, self.patch_size * self.pooling_kernel_size, min_pixels, max_pixels)
+            }
+        }
+    }
+
+    fn budget_size(&self, height: usize, width: usize) -> Result<(usize, usize), ImageError> {
         let target_px = (self.max_patches() * self.patch_size * self.patch_size) as f64;
         let factor = (target_px / (height * width) as f64).sqrt();
         let side = self.pooling_kernel_size * self.patch_size;
@@ -86,6 +128,27 @@ impl PatchConfig {
     }
 }
 
+/// Qwen2-VL's `smart_resize`: each side rounded to a multiple of `factor` (Python's `round`,
+/// ties to even), then, when the area leaves `min_pixels..=max_pixels`, both sides scaled by
+/// the area's square root (down with `floor`, up with `ceil`).
+fn smart_resize(height: usize, width: usize, factor: usize, min_pixels: usize, max_pixels: usize) -> Result<(usize, usize), ImageError> {
+    let (h, w, f) = (height as f64, width as f64, factor as f64);
+    if height == 0 || width == 0 || h.max(w) / h.min(w) > 200.0 {
+        return Err(ImageError::Config(format!("absolute aspect ratio must be smaller than 200, got {width}x{height}")));
+    }
+    let (mut hb, mut wb) = ((h / f).round_ties_even() * f, (w / f).round_ties_even() * f);
+    if hb * wb > max_pixels as f64 {
+        let beta = (h * w / max_pixels as f64).sqrt();
+        hb = f.max((h / beta / f).floor() * f);
+        wb = f.max((w / beta / f).floor() * f);
+    } else if hb * wb < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (h * w)).sqrt();
+        hb = (h * beta / f).ceil() * f;
+        wb = (w * beta / f).ceil() * f;
+    }
+    Ok((hb as usize, wb as usize))
+}
+
 /// One image's (or video frame's) patches, as the vision tower takes them.
 #[derive(Debug, Clone)]
 pub struct Patches {
@@ -96,6 +159,8 @@ pub struct Patches {
     pub source: ImageInfo,
     /// Which processor made them, which says how a byte becomes a value.
     pub backend: Backend,
+    /// The processor's normalization, where it has one.
+    pub normalize: Option<Normalize>,
 }
 
 /// The transformers processor a picture's patches reproduce. Pillow and torchvision resize
@@ -126,8 +191,12 @@ impl Backend {
 }
 
 impl Patches {
-    /// The pixel values, rescaled as transformers rescales them.
+    /// The pixel values, rescaled (and normalized) as transformers makes them.
     pub fn rescaled(&self) -> Vec<f32> {
+        if let Some(Normalize { mean, std }) = self.normalize {
+            let (mean, std) = (mean.map(|m| m * 255.0), std.map(|s| s * 255.0));
+            return self.data.iter().enumerate().map(|(i, &v)| (v as f32 - mean[i % 3]) / std[i % 3]).collect();
+        }
         match self.backend {
             Backend::Pil => self.data.iter().map(|&v| (v as f64 * (1.0 / 255.0)) as f32).collect(),
             Backend::Torchvision => self.data.iter().map(|&v| v as f32 * (1.0 / 255.0) as f32).collect(),
@@ -168,7 +237,7 @@ pub fn patches_from_rgb(rgb: &[u8], w: usize, h: usize, config: &PatchConfig, so
             positions.push((gx as u32, gy as u32));
         }
     }
-    Ok(Patches { data, positions, source, backend })
+    Ok(Patches { data, positions, source, backend, normalize: config.normalize })
 }
 
 #[cfg(test)]
@@ -178,12 +247,33 @@ mod tests {
     #[test]
     fn target_sizes_follow_the_processor() {
         // Gemma 4's defaults: patch 16, kernel 3, 280 soft tokens (2,520 patches).
-        let config = PatchConfig { patch_size: 16, pooling_kernel_size: 3, max_soft_tokens: 280, backend: Backend::Pil };
+        let config = PatchConfig {
+            patch_size: 16,
+            pooling_kernel_size: 3,
+            max_soft_tokens: 280,
+            backend: Backend::Pil,
+            sizing: Sizing::SoftTokenBudget,
+            normalize: None,
+        };
         // Values from transformers' get_aspect_ratio_preserving_size.
         assert_eq!(config.target_size(768, 1024).unwrap(), (672, 912));
         assert_eq!(config.target_size(1000, 1000).unwrap(), (768, 768));
         // A strip too thin for one row of pooled patches keeps one and is capped.
         assert_eq!(config.target_size(10, 100_000).unwrap(), (48, 13440));
         assert!(PatchConfig { max_soft_tokens: 100, ..config }.check().is_err());
+    }
+
+    #[test]
+    fn smart_resize_follows_qwen2_vl() {
+        // Values from transformers' smart_resize (factor 28).
+        let (min, max) = (56 * 56, 28 * 28 * 16);
+        assert_eq!(smart_resize(61, 97, 28, min, max).unwrap(), (56, 84));
+        assert_eq!(smart_resize(130, 50, 28, min, max).unwrap(), (140, 56));
+        assert_eq!(smart_resize(25, 19, 28, min, max).unwrap(), (84, 56));
+        // Over the budget: scaled down by the area, floored.
+        assert_eq!(smart_resize(1000, 1000, 28, min, max).unwrap(), (112, 112));
+        // Python's round: 70 / 28 = 2.5 rounds to 2, 98 / 28 = 3.5 to 4.
+        assert_eq!(smart_resize(70, 98, 28, 0, 1 << 20).unwrap(), (56, 112));
+        assert!(smart_resize(1, 300, 28, min, max).is_err());
     }
 }

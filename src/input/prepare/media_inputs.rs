@@ -93,13 +93,8 @@ impl Preprocessor {
         limits: crate::input::image::ImageLimits,
         (first, in_request): (usize, usize),
     ) -> Result<Vec<ModelInput>, InputError> {
-        if prompts.iter().any(|p| {
-            !matches!(p, Prompt::Image(_)) && !matches!(p, Prompt::Interleaved(parts) if matches!(parts.as_slice(), [Part::Image(_)]))
-        }) {
-            return Err(InputError::Media {
-                message: "one input holds several parts (text and an image, or several images): this model embeds one text (a query) or one image (a page) per input; send them as separate inputs".into(),
-                param: None,
-            });
+        if !prompts.iter().all(lone_image) {
+            return Err(one_page_per_input());
         }
         let (processor, tables) = (Arc::clone(&frame.processor), Arc::clone(&frame.tables));
         let crops = self
@@ -222,6 +217,10 @@ impl Preprocessor {
             Ok(crate::input::video::video_text(v, &side.config, [&frame.begin, &side.placeholder, &frame.end]))
         };
         let (mut next_image, mut next_audio, mut next_video) = (patches.iter(), audio.iter(), videos.iter());
+        let page = frame.and_then(|f| f.page.as_ref());
+        if page.is_some() && prompts.iter().any(|p| !lone_image(p)) {
+            return Err(one_page_per_input());
+        }
         let mut texts = Vec::with_capacity(prompts.len());
         for prompt in &prompts {
             let text = match prompt {
@@ -242,10 +241,19 @@ impl Preprocessor {
                 }
                 _ => next_image.next().ok_or(InputError::Stopped).and_then(image_text)?,
             };
+            let text = match page {
+                Some(page) => format!("{}{text}{}", page.prefix, page.suffix),
+                None => text,
+            };
             texts.push(TextInput::Single(text));
         }
-        let encode =
-            EncodeOptions { add_special_tokens: true, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
+        // A page's prompt writes its special tokens itself, as the processor does.
+        let encode = EncodeOptions {
+            add_special_tokens: page.is_none(),
+            truncate_to: None,
+            side: TruncationSide::Right,
+            pair_limits: Default::default(),
+        };
         let tokens = self.workers.encode(texts, encode).await?;
         let (mut patches, mut audio, mut videos) = (patches.into_iter(), audio.into_iter(), videos.into_iter());
         let mut inputs = Vec::with_capacity(prompts.len());
@@ -324,6 +332,24 @@ struct Media {
     patches: Vec<crate::input::image::patches::Patches>,
     audio: Vec<crate::input::audio::LogMel>,
     videos: Vec<VideoFrames>,
+}
+
+/// An input that is one image and nothing else: a page retriever's document.
+fn lone_image(prompt: &Prompt) -> bool {
+    match prompt {
+        Prompt::Image(_) => true,
+        Prompt::Interleaved(parts) => matches!(parts.as_slice(), [Part::Image(_)]),
+        _ => false,
+    }
+}
+
+/// A page retriever's processor takes texts (queries) or images (pages), never both in one
+/// input.
+fn one_page_per_input() -> InputError {
+    InputError::Media {
+        message: "one input holds several parts (text and an image, or several images): this model embeds one text (a query) or one image (a page) per input; send them as separate inputs".into(),
+        param: None,
+    }
 }
 
 /// A placeholder token found in a medium's input text beyond what its media made.

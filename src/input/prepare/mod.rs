@@ -60,7 +60,7 @@ pub struct PageFrame {
 /// `process_queries`: `<bos>Question: ` before, its pad token ×10 and `\n` after); framed texts
 /// are tokenized without the tokenizer's own special tokens, which the frame writes.
 #[derive(Debug, Clone)]
-pub struct QueryFrame {
+pub struct TextFrame {
     pub prefix: String,
     pub suffix: String,
 }
@@ -75,6 +75,9 @@ pub struct SoftTokenFrame {
     pub placeholder_id: u32,
     /// Videos, for a model whose processor samples their frames (EmbeddingGemma 2).
     pub video: Option<VideoSide>,
+    /// A page retriever's image prompt (ColQwen2): each image is a document of its own,
+    /// `prefix begin placeholder×n end suffix`.
+    pub page: Option<TextFrame>,
 }
 
 /// How a soft-token model's video becomes frames, each framed in the text like an image but
@@ -176,7 +179,7 @@ pub struct Preprocessor {
     /// `(length, pad id)` for models trained on padded texts (SigLIP).
     pad_text_to: Option<(usize, u32)>,
     /// What a retrieval processor puts around every text (ColPali's queries).
-    query_frame: Option<QueryFrame>,
+    query_frame: Option<TextFrame>,
     /// The served name, the metrics' `model` label.
     served_name: String,
 }
@@ -191,7 +194,7 @@ pub struct PreprocessorParts {
     pub vocab_size: usize,
     pub max_model_len: usize,
     pub pad_text_to: Option<(usize, u32)>,
-    pub query_frame: Option<QueryFrame>,
+    pub query_frame: Option<TextFrame>,
     pub served_name: String,
 }
 
@@ -264,11 +267,14 @@ impl Preprocessor {
     /// stand for an image that is not there: refused, as the soft-token models refuse one
     /// typed beside their media.
     fn check_no_page_placeholder(&self, input: &TokenizedInput) -> Result<(), InputError> {
-        match self.images.as_ref().map(|side| &side.processing) {
-            Some(ImageProcessing::Page(frame)) if input.ids.contains(&frame.placeholder_id) => {
-                Err(media_inputs::placeholder_typed("image", &frame.placeholder))
-            }
-            _ => Ok(()),
+        let (placeholder, id) = match self.images.as_ref().map(|side| &side.processing) {
+            Some(ImageProcessing::Page(frame)) => (&frame.placeholder, frame.placeholder_id),
+            Some(ImageProcessing::SoftTokens(frame)) if frame.page.is_some() => (&frame.placeholder, frame.placeholder_id),
+            _ => return Ok(()),
+        };
+        match input.ids.contains(&id) {
+            true => Err(media_inputs::placeholder_typed("image", placeholder)),
+            false => Ok(()),
         }
     }
 

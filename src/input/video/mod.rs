@@ -30,7 +30,7 @@ pub mod decode;
 pub mod mp4;
 pub mod sps;
 
-use crate::input::image::patches::{patches_from_rgb, Backend, PatchConfig, Patches};
+use crate::input::image::patches::{patches_from_rgb, Backend, PatchConfig, Patches, Sizing};
 use crate::input::image::ImageInfo;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -115,6 +115,8 @@ impl VideoConfig {
             pooling_kernel_size: count("pooling_kernel_size", patch_geometry.1)?,
             max_soft_tokens: count("max_soft_tokens", 70)?,
             backend: Backend::TorchvisionFused,
+            sizing: Sizing::SoftTokenBudget,
+            normalize: None,
         };
         patches.check().map_err(|e| e.to_string())?;
         if (patches.patch_size, patches.pooling_kernel_size) != patch_geometry {
@@ -248,7 +250,14 @@ mod tests {
     use super::*;
 
     fn config(fps: Option<f64>, max_frames: usize, overflow: Overflow) -> VideoConfig {
-        let patches = PatchConfig { patch_size: 4, pooling_kernel_size: 2, max_soft_tokens: 70, backend: Backend::TorchvisionFused };
+        let patches = PatchConfig {
+            patch_size: 4,
+            pooling_kernel_size: 2,
+            max_soft_tokens: 70,
+            backend: Backend::TorchvisionFused,
+            sizing: Sizing::SoftTokenBudget,
+            normalize: None,
+        };
         VideoConfig { patches, fps, max_frames, overflow, add_timestamps: false }
     }
 

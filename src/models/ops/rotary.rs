@@ -193,6 +193,47 @@ impl Rotary {
         self.finish(cos, sin)
     }
 
+    /// Multimodal RoPE (Qwen2-VL's M-RoPE): each token has a (temporal, height, width)
+    /// position, and frequency pair `k` turns by the position on axis `axis_of(k)` (Qwen2-VL:
+    /// consecutive sections of `mrope_section`, one per axis). A text token's three positions
+    /// are equal, which is plain RoPE.
+    pub fn table_axes(&self, positions: &[[u32; 3]], axis_of: impl Fn(usize) -> usize) -> RotaryTable {
+        let half = self.inv_freq.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * half), Vec::with_capacity(positions.len() * half));
+        for p in positions {
+            for (k, &f) in self.inv_freq.iter().enumerate() {
+                let angle = (p[axis_of(k).min(2)] as f32 * f) as f64;
+                cos.push(angle.cos() as f32 * self.attention_factor);
+                sin.push(angle.sin() as f32 * self.attention_factor);
+            }
+        }
+        self.finish(cos, sin)
+    }
+
+    /// Axial 2-D RoPE over image patches (Qwen2-VL's vision tower): these frequencies (made for
+    /// `head_dim / 2`) turn the first half of a head's pairs by the patch's row and the second
+    /// half by its column, with the same frequencies.
+    pub fn table_2d(&self, positions: &[(u32, u32)]) -> RotaryTable {
+        let quarter = self.inv_freq.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * 2 * quarter), Vec::with_capacity(positions.len() * 2 * quarter));
+        for &(row, col) in positions {
+            for p in [row, col] {
+                for &f in &self.inv_freq {
+                    let angle = (p as f32 * f) as f64;
+                    cos.push(angle.cos() as f32 * self.attention_factor);
+                    sin.push(angle.sin() as f32 * self.attention_factor);
+                }
+            }
+        }
+        RotaryTable {
+            cos,
+            sin,
+            half: 2 * quarter,
+            #[cfg(feature = "cuda")]
+            on_device: std::sync::OnceLock::new(),
+        }
+    }
+
     fn push_angles(&self, inv_freq: &[f32], positions: impl Iterator<Item = u32>, cos: &mut Vec<f32>, sin: &mut Vec<f32>) {
         for p in positions {
             for &f in inv_freq {

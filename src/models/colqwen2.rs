@@ -1,0 +1,154 @@
+//! ColQwen2 (`ColQwen2ForRetrieval`, transformers 5.24's `modeling_colqwen2.py`): a page
+//! retriever on Qwen2-VL ([`super::qwen2_vl`]), serving one vector per token (`token_embed`)
+//! scored by MaxSim.
+//!
+//! - **Images** at their own resolution (the processor's `smart_resize` to multiples of 28
+//!   within `min_pixels..max_pixels`), one soft token per 2×2 block of patches, in place of
+//!   `<|image_pad|>`;
+//! - **language model:** Qwen2 with M-RoPE, image tokens placed by row and column. This is how
+//!   the checkpoints were trained (colpali-engine's `ColQwen2` runs `Qwen2VLModel.forward` with
+//!   the image grid) and how vLLM runs Qwen2-VL. transformers 5.24's `ColQwen2ForRetrieval`
+//!   calls its backbone without `input_ids`, so it falls back to 1-D positions for every token;
+//!   its fixture keeps that output too (`vectors_1d`) to show the difference;
+//! - **head:** `embedding_proj_layer` (with its bias) to `embedding_dim` on every token, then
+//!   the token_embed head's L2 normalization;
+//! - **prompts** ([`RetrievalPrompts`]), as `ColQwen2Processor` builds them: a text is a query,
+//!   `{query_prefix}{text}` + the pad token ×10 + `\n`; an image is `visual_prompt_prefix` with
+//!   its `<|image_pad|>` expanded to the image's soft tokens (`<|im_start|>user\n<|vision_start|>
+//!   …<|vision_end|>Describe the image.<|im_end|><|endoftext|>` by default), both from the
+//!   folder's `processor_config.json`.
+
+use super::llama::decoder_root;
+use super::ops::Linear;
+use super::qwen2_vl::{Qwen2VlText, Qwen2VlVision};
+use super::weights::linear;
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
+use crate::models::batch::Batch;
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub struct ColQwen2;
+
+pub static COLQWEN2: ColQwen2 = ColQwen2;
+
+/// The query augmentation buffer: `ColQwen2Processor` appends its pad token this many times.
+const QUERY_AUGMENTATION_TOKENS: usize = 10;
+const IMAGE_PAD: &str = "<|image_pad|>";
+const VISION_START: &str = "<|vision_start|>";
+const VISION_END: &str = "<|vision_end|>";
+
+#[derive(Debug, Deserialize)]
+struct ColQwen2Config {
+    vlm_config: Value,
+    #[serde(default = "default_embedding_dim")]
+    embedding_dim: usize,
+}
+
+fn default_embedding_dim() -> usize {
+    128
+}
+
+/// The first of `prefixes` holding `tensor`: transformers 5 saves the language model as
+/// `vlm.language_model`, transformers 4.5x as `vlm.model.language_model`.
+fn root<'a>(vb: &VarBuilder<'a>, prefixes: &[&str], tensor: &str) -> std::result::Result<VarBuilder<'a>, ModelError> {
+    prefixes
+        .iter()
+        .map(|p| vb.pp(*p))
+        .find(|v| v.contains_tensor(tensor))
+        .ok_or_else(|| ModelError::Config(format!("no `{tensor}` under any of {prefixes:?}")))
+}
+
+impl Architecture for ColQwen2 {
+    fn name(&self) -> &'static str {
+        "ColQwen2"
+    }
+
+    fn architecture_stems(&self) -> &'static [&'static str] {
+        &["ColQwen2"]
+    }
+
+    fn model_types(&self) -> &'static [&'static str] {
+        &["colqwen2"]
+    }
+
+    fn default_pooling(&self) -> SequencePooling {
+        SequencePooling::Last
+    }
+
+    fn multi_vector(&self) -> bool {
+        true
+    }
+
+    fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
+        let config: ColQwen2Config = parse_config(raw)?;
+        let text_config = config.vlm_config.get("text_config").filter(|t| t.is_object()).unwrap_or(&config.vlm_config);
+        let text = root(&vb, &["vlm.language_model", "vlm.model.language_model", "vlm.model", "vlm"], "embed_tokens.weight")
+            .or_else(|_| root(&vb, &["vlm.language_model", "vlm"], "model.embed_tokens.weight").map(decoder_root))?;
+        let model = Qwen2VlText::load(text_config, text)?;
+        let projection = linear(&vb.pp("embedding_proj_layer"), config.embedding_dim, model.sizes().hidden)?;
+        let sizes = BackboneSizes { hidden: config.embedding_dim, ..model.sizes() };
+        Ok(Box::new(ColQwen2Text { model, projection, sizes }))
+    }
+
+    fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
+        let config: ColQwen2Config = parse_config(raw)?;
+        let visual = root(&vb, &["vlm.visual", "vlm.model.visual"], "patch_embed.proj.weight")?;
+        Ok(Some(Box::new(Qwen2VlVision::load(&config.vlm_config, visual)?)))
+    }
+
+    fn retrieval_prompts(
+        &self,
+        processor: &Value,
+        special: &dyn Fn(&str) -> Option<String>,
+    ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
+        let field = |name: &str, default: &str| match processor.get(name) {
+            None | Some(Value::Null) => Ok(default.to_string()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(ModelError::Config(format!("processor_config.json: {name} is not a string: {other}"))),
+        };
+        let pad = special("pad_token").unwrap_or_else(|| "<|endoftext|>".into());
+        let visual = field(
+            "visual_prompt_prefix",
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>",
+        )?;
+        // The image's frame (`<|vision_start|>`, its soft tokens, `<|vision_end|>`) is the
+        // tower's; the prompt is what stands around it.
+        let framed = format!("{VISION_START}{IMAGE_PAD}{VISION_END}");
+        let (image_prefix, image_suffix) = visual
+            .split_once(&framed)
+            .ok_or_else(|| ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{framed}` for the image")))?;
+        Ok(Some(RetrievalPrompts {
+            query_prefix: field("query_prefix", "Query: ")?,
+            query_suffix: format!("{}\n", pad.repeat(QUERY_AUGMENTATION_TOKENS)),
+            image_prefix: image_prefix.to_string(),
+            image_suffix: image_suffix.to_string(),
+        }))
+    }
+}
+
+/// The language model and the projection to the retrieval width.
+struct ColQwen2Text {
+    model: Qwen2VlText,
+    projection: Linear,
+    sizes: BackboneSizes,
+}
+
+impl Backbone for ColQwen2Text {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        self.projection.forward(&self.model.forward(batch)?)
+    }
+
+    fn sizes(&self) -> BackboneSizes {
+        self.sizes
+    }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.model.int8_linears()
+    }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.model.attention_input_linears()
+    }
+}
