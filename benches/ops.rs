@@ -97,4 +97,13 @@ fn main() {
     time("out linear 1024->512 + res", 2.0 * (t * q * h) as f64, || drop(o.forward_add(&attended, &x)));
     time("gate+up linear 512->4096", 2.0 * (t * h * 2 * i) as f64, || drop(gate_up.forward_unbiased(&x)));
     time("down linear 2048->512 + res", 2.0 * (t * i * h) as f64, || drop(down.forward_add(&inter, &x)));
+
+    // `--dtype bfloat16` at Gemma-2B's shapes (ColPali's language model: hidden 2048, GeGLU
+    // 16384), one page of 1,036 tokens: the products that take most of a page's time.
+    let (t, h, i) = (1036usize, 2048usize, 16384usize);
+    let (gate_up, down) = (bf16(2 * i, h), bf16(h, i));
+    let (x, inter) = (tensor(t, h), tensor(t, i));
+    println!("bf16 linears at one ColPali page (1036 tokens), Gemma-2B shapes");
+    time("gate+up linear 2048->32768", 2.0 * (t * h * 2 * i) as f64, || drop(gate_up.forward_unbiased(&x)));
+    time("down linear 16384->2048 + res", 2.0 * (t * i * h) as f64, || drop(down.forward_add(&inter, &x)));
 }

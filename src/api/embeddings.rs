@@ -54,6 +54,11 @@ pub struct EmbeddingRequest {
     /// in the response. Default: the base weights, as the published `encode` without a task.
     #[serde(default)]
     pub task: Option<String>,
+    /// Infinity's `modality`: `"image"` or `"audio"` reads `input` as data URIs or URLs of that
+    /// medium (as Infinity's `/embeddings_image` and `/embeddings_audio` do); `"text"` (the
+    /// default) as texts.
+    #[serde(default)]
+    pub modality: Option<String>,
     /// vLLM's late chunking (`{"chunk_size": n}`), for models whose pooling task is token_embed.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -107,6 +112,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
+    let request = super::infinity::read_modality(request)?;
     AppState::require_input(&request.input, request.messages.as_ref())?;
     // A token_embed model answers here with vLLM's token-embedding request (its own checks).
     let (engine, permit, token_embed) = state.begin(request.model.as_deref(), |engine| {
@@ -217,7 +223,9 @@ fn token_embedding_checks(request: &EmbeddingRequest) -> Result<Option<u64>, Api
             param: Some("dimensions"),
         });
     }
-    if request.messages.is_some() {
+    // vLLM's token-embedding request has no `messages`; Infinity's `modality` sends media in
+    // them (`super::infinity::read_modality`).
+    if request.messages.is_some() && request.modality.is_none() {
         return Err(ApiError::BadRequest {
             message: literal::validation_error("missing", "body.input", "Field required", None, None),
             param: Some("input"),
@@ -246,7 +254,11 @@ async fn token_embeddings(
         });
     }
     let mut params = request.params.verify(Task::TokenEmbed, spec)?.with_prompt_name(request.prompt_name.as_deref(), spec)?;
-    let prompts = state.prompts(&request.input)?;
+    let prompts = match &request.messages {
+        // Infinity's media inputs (`modality`), one message each.
+        Some(messages) => chat::inputs(state, engine, &request.input, Some(messages), &request.chat, false).await?.prompts,
+        None => state.prompts(&request.input)?,
+    };
     let mut texts = Vec::new();
     if let Some(size) = chunk_size {
         texts = late_chunking_texts(&prompts, &params, &request.params, spec.lowercase)?;

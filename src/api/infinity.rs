@@ -2,7 +2,9 @@
 //! one data URI or URL, or a list of them (`model`, `encoding_format`, `user` as on
 //! `/v1/embeddings`), and the answer is `/v1/embeddings`' list. Each input is sent on as one
 //! message holding that image or audio, so the media rules (allowed hosts, data URLs, the
-//! pixel and duration limits) are `/v1/embeddings`' own.
+//! pixel and duration limits) are `/v1/embeddings`' own. `/embeddings` with Infinity's
+//! `modality` field reads its `input` the same way ([`read_modality`]); a page retriever
+//! (ColPali, ColQwen2) answers a matrix per input there, as Infinity does.
 
 use super::embeddings::{self, EmbeddingData, EmbeddingRequest};
 use super::error::{ApiError, ErrorResponses};
@@ -57,14 +59,31 @@ pub async fn audio(
     embed(state, headers, request, |url| json!({"type": "audio_url", "audio_url": {"url": url}})).await
 }
 
-/// The request as `/v1/embeddings` `messages`, one per input.
-async fn embed(
-    state: State<AppState>,
-    headers: HeaderMap,
-    request: MediaEmbeddingRequest,
-    part: impl Fn(&str) -> Value,
-) -> Result<axum::response::Response, ApiError> {
-    let urls: Vec<&str> = match &request.input {
+/// An `/embeddings` request with Infinity's `modality` (`"image"`, `"audio"`): its `input`
+/// (data URIs or URLs) as one message per item, as [`image`] and [`audio`] send them on.
+pub(super) fn read_modality(mut request: EmbeddingRequest) -> Result<EmbeddingRequest, ApiError> {
+    let part: fn(&str) -> Value = match request.modality.as_deref() {
+        None | Some("text") => return Ok(request),
+        Some("image") => |url| json!({"type": "image_url", "image_url": {"url": url}}),
+        Some("audio") => |url| json!({"type": "audio_url", "audio_url": {"url": url}}),
+        Some(other) => {
+            return Err(ApiError::BadRequest {
+                message: format!("modality must be \"text\", \"image\" or \"audio\", got {other:?}"),
+                param: Some("modality"),
+            })
+        }
+    };
+    if request.messages.is_some() {
+        return Err(ApiError::BadRequest { message: "modality reads `input`; send `messages` without it".into(), param: Some("modality") });
+    }
+    request.messages = Some(Value::Array(media_messages(&request.input, part)?));
+    request.input = Value::Null;
+    Ok(request)
+}
+
+/// One message per data URI or URL of `input` (one, or a non-empty list).
+fn media_messages(input: &Value, part: impl Fn(&str) -> Value) -> Result<Vec<Value>, ApiError> {
+    let urls: Vec<&str> = match input {
         Value::String(url) => vec![url.as_str()],
         Value::Array(items) if !items.is_empty() => items
             .iter()
@@ -72,7 +91,17 @@ async fn embed(
             .collect::<Result<_, _>>()?,
         _ => return Err(ApiError::bad_request("`input` must be a data URI or URL, or a non-empty list of them")),
     };
-    let messages: Vec<Value> = urls.into_iter().map(|url| json!({"role": "user", "content": [part(url)]})).collect();
+    Ok(urls.into_iter().map(|url| json!({"role": "user", "content": [part(url)]})).collect())
+}
+
+/// The request as `/v1/embeddings` `messages`, one per input.
+async fn embed(
+    state: State<AppState>,
+    headers: HeaderMap,
+    request: MediaEmbeddingRequest,
+    part: impl Fn(&str) -> Value,
+) -> Result<axum::response::Response, ApiError> {
+    let messages = media_messages(&request.input, part)?;
     // Infinity's clients send its placeholder model name when none is chosen.
     let model = request.model.filter(|m| m != "default/not-specified");
     let mut body = json!({"messages": messages, "model": model, "user": request.user});

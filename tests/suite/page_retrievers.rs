@@ -279,6 +279,17 @@ async fn queries_and_pages_over_http(model: &str) {
         assert_rows(ours, &floats(&image["batched"]), image_bar(file), &format!("page {file} batched"));
     }
 
+    // Infinity's form: `/embeddings` with `modality: "image"`, a matrix per page.
+    let urls: Vec<Value> = images.iter().map(|i| image_part(i["file"].as_str().unwrap())["image_url"]["url"].clone()).collect();
+    let reply = post(&router, "/embeddings", json!({"input": urls, "modality": "image"})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for (item, image) in reply.body["data"].as_array().unwrap().iter().zip(images) {
+        let file = image["file"].as_str().unwrap();
+        assert_rows(&matrix(&item["embedding"]), &floats(&image["vectors"]), image_bar(file), &format!("Infinity page {file}"));
+    }
+    let reply = post(&router, "/embeddings", json!({"input": urls, "modality": "video"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+
     // MaxSim of each query against every page, as `score_retrieval`; the JPEG page's score
     // carries its decoder difference, so the bar is on the PNG pages.
     let parts: Vec<Value> = images.iter().map(|i| image_part(i["file"].as_str().unwrap())).collect();
@@ -333,6 +344,16 @@ async fn page_vectors_come_as_base64_half_floats() {
     // Half the bytes of float32, rows one after another.
     assert_eq!(halves.len(), image["rows"].as_u64().unwrap() as usize * DIM);
     assert_rows(&halves, &floats(&image["vectors"]), 0.999, "float16 page");
+    // float8: a byte a value.
+    let reply = post(
+        &router,
+        "/pooling",
+        json!({"messages": [message], "task": "token_embed", "encoding_format": "base64", "embed_dtype": "fp8_e4m3"}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let bytes = base64::engine::general_purpose::STANDARD.decode(reply.body["data"][0]["data"].as_str().unwrap()).unwrap();
+    assert_eq!(bytes.len(), image["rows"].as_u64().unwrap() as usize * DIM);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,9 +23,10 @@
 //! were measured neutral on the bf16 forward (±3%, Zen 5), so they were not kept. Activations are read in place, row-major (bf16 pairs are
 //! converted once per product), so the only other per-call work is the output.
 //!
-//! Blocking: inputs in blocks of [`KC`] panel rows and rows in blocks of [`MC`], so that a block
-//! of activations (at most 120 × 512 × 4 bytes) stays in L2 while every panel slice passes over
-//! it, and a panel slice (KC × 64 bytes, 16 KiB) stays in L1 while every row tile reuses it.
+//! Blocking: inputs in blocks of [`KC`] panel rows, rows in blocks of [`MC`] and panels in
+//! blocks of [`NC`], so that a block of activations (at most 120 × 512 × 4 bytes) stays in L2
+//! while every panel slice passes over it, a panel slice (KC × 64 bytes, 16 KiB) stays in L1
+//! while every row tile reuses it, and the block of outputs stays in L2 across the input blocks.
 //! Threads split tall products by rows and short ones by panels (each thread then streams only
 //! its share of the weights, which dominate the traffic there).
 
@@ -44,6 +45,13 @@ pub const PANEL: usize = 16;
 const KC: usize = 256;
 /// Rows per block (a multiple of both kernels' tile heights).
 const MC: usize = 120;
+/// Panels per block (a multiple of the widest tile's panels): the block of outputs a row block
+/// accumulates over the input blocks, at most 120 × 512 × 4 bytes (240 KiB), stays in L2. Without
+/// it a wide product streamed its whole row block of outputs (15.7 MiB for Gemma-2B's 32,768
+/// gate and up columns) through memory once per input block: that product went from 492 to
+/// 634 GFLOP/s in bf16 (the down projection from 670 to 782), Zen 5, `benches/ops.rs`; 16 and 64
+/// panels measured the same as 32.
+const NC: usize = 32;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 17;
 /// From this many rows on, threads split a product by rows rather than by panels.
@@ -357,38 +365,41 @@ impl Job<'_> {
         let (weights, a, dst) = (self.w.panel_base() as *const K::B, self.a as *const K::A, self.dst);
         for m0 in self.rows.clone().step_by(MC) {
             let m1 = (m0 + MC).min(self.rows.end);
-            for s0 in (0..steps).step_by(KC) {
-                let kc = KC.min(steps - s0);
-                let accumulate = self.read_dst || s0 > 0;
-                for p in self.panels.clone().step_by(K::PANELS) {
-                    // SAFETY: panel `p` < panels and `s0` < steps: inside the packed weights.
-                    let b = unsafe { weights.add(p * steps + s0) };
-                    // The tile's panels: `K::PANELS`, or the share's last one alone.
-                    let cols = (K::PANELS.min(self.panels.end - p) * PANEL).min(n - p * PANEL);
-                    let mut r0 = m0;
-                    while r0 < m1 {
-                        // SAFETY: `r0` < rows.end <= m and `p·PANEL` < n: inside `a` and `dst`.
-                        let (a, c) = unsafe { (a.add(r0 * lda + s0 * K::A_PER_STEP), dst.add(r0 * n + p * PANEL)) };
-                        let tile = Tile { a, lda, b, panel_stride: steps, steps: kc, out: Out { c, ldc: n, cols, accumulate } };
-                        let left = (m1 - r0).min(MR);
-                        // SAFETY: `left` rows from r0 lie inside the block.
-                        unsafe {
-                            match left {
-                                1 => K::tile::<1>(&tile),
-                                2 => K::tile::<2>(&tile),
-                                3 => K::tile::<3>(&tile),
-                                4 => K::tile::<4>(&tile),
-                                5 => K::tile::<5>(&tile),
-                                6 => K::tile::<6>(&tile),
-                                7 => K::tile::<7>(&tile),
-                                8 => K::tile::<8>(&tile),
-                                9 => K::tile::<9>(&tile),
-                                10 => K::tile::<10>(&tile),
-                                11 => K::tile::<11>(&tile),
-                                _ => K::tile::<12>(&tile),
+            for p0 in self.panels.clone().step_by(NC) {
+                let p1 = (p0 + NC).min(self.panels.end);
+                for s0 in (0..steps).step_by(KC) {
+                    let kc = KC.min(steps - s0);
+                    let accumulate = self.read_dst || s0 > 0;
+                    for p in (p0..p1).step_by(K::PANELS) {
+                        // SAFETY: panel `p` < panels and `s0` < steps: inside the packed weights.
+                        let b = unsafe { weights.add(p * steps + s0) };
+                        // The tile's panels: `K::PANELS`, or the share's last one alone.
+                        let cols = (K::PANELS.min(self.panels.end - p) * PANEL).min(n - p * PANEL);
+                        let mut r0 = m0;
+                        while r0 < m1 {
+                            // SAFETY: `r0` < rows.end <= m and `p·PANEL` < n: inside `a` and `dst`.
+                            let (a, c) = unsafe { (a.add(r0 * lda + s0 * K::A_PER_STEP), dst.add(r0 * n + p * PANEL)) };
+                            let tile = Tile { a, lda, b, panel_stride: steps, steps: kc, out: Out { c, ldc: n, cols, accumulate } };
+                            let left = (m1 - r0).min(MR);
+                            // SAFETY: `left` rows from r0 lie inside the block.
+                            unsafe {
+                                match left {
+                                    1 => K::tile::<1>(&tile),
+                                    2 => K::tile::<2>(&tile),
+                                    3 => K::tile::<3>(&tile),
+                                    4 => K::tile::<4>(&tile),
+                                    5 => K::tile::<5>(&tile),
+                                    6 => K::tile::<6>(&tile),
+                                    7 => K::tile::<7>(&tile),
+                                    8 => K::tile::<8>(&tile),
+                                    9 => K::tile::<9>(&tile),
+                                    10 => K::tile::<10>(&tile),
+                                    11 => K::tile::<11>(&tile),
+                                    _ => K::tile::<12>(&tile),
+                                }
                             }
+                            r0 += left;
                         }
-                        r0 += left;
                     }
                 }
             }
@@ -550,8 +561,8 @@ mod tests {
                 }
             }
             // Ragged shapes: rows that fill no tile or block, columns no panel, odd inputs,
-            // inputs spanning several KC blocks.
-            for &(m, k, n) in &[(1, 5, 3), (13, 37, 50), (16, 384, 384), (125, 600, 17), (250, 64, 130), (7, 1201, 33)] {
+            // inputs spanning several KC blocks, panels spanning several NC blocks (69 panels).
+            for &(m, k, n) in &[(1, 5, 3), (13, 37, 50), (16, 384, 384), (125, 600, 17), (250, 64, 130), (7, 1201, 33), (130, 1100, 1100)] {
                 let x = pseudo_random(m * k, 2);
                 let w = pseudo_random(k * n, 3);
                 let prior = pseudo_random(m * n, 4);
