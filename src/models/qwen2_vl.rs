@@ -194,7 +194,7 @@ impl Qwen2VlVision {
 
 impl SoftTokenTower for Qwen2VlVision {
     fn forward(&self, images: &[&ImagePatches]) -> Result<Tensor> {
-        let device = self.patch_embed.device_and_dtype().0;
+        let (device, dtype) = self.patch_embed.device_and_dtype();
         let (mut pixels, mut places, mut cu_seqlens) = (Vec::new(), Vec::new(), vec![0usize]);
         let patch_len = self.patch_size * self.patch_size * 3;
         for image in images {
@@ -206,7 +206,7 @@ impl SoftTokenTower for Qwen2VlVision {
             cu_seqlens.push(places.len());
         }
         let n = places.len();
-        let mut hidden = self.patch_embed.forward(&Tensor::from_vec(pixels, (n, patch_len), &device)?)?;
+        let mut hidden = self.patch_embed.forward(&Tensor::from_vec(pixels, (n, patch_len), &device)?.to_dtype(dtype)?)?;
         let table = self.rotary.table_2d(&places);
         let head_dim = self.embed_dim / self.heads;
         let attention = Attention {
