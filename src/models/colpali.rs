@@ -19,10 +19,10 @@ use super::clip::TowerConfig;
 use super::gemma::Gemma;
 use super::llama::decoder_root;
 use super::ops::Linear;
+use super::retrieval::{default_embedding_dim, processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::siglip::SiglipVisionEncoder;
 use super::weights::linear;
-use super::{parse_config, Architecture, Backbone, BackboneSizes, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
-use crate::models::batch::Batch;
+use super::{parse_config, Architecture, Backbone, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -32,18 +32,11 @@ pub struct ColPali;
 
 pub static COLPALI: ColPali = ColPali;
 
-/// The query augmentation buffer: `ColPaliProcessor` appends its pad token this many times.
-const QUERY_AUGMENTATION_TOKENS: usize = 10;
-
 #[derive(Debug, Deserialize)]
 struct ColPaliConfig {
     vlm_config: VlmConfig,
     #[serde(default = "default_embedding_dim")]
     embedding_dim: usize,
-}
-
-fn default_embedding_dim() -> usize {
-    128
 }
 
 /// `PaliGemmaConfig`'s fields the model reads (its defaults where absent).
@@ -58,17 +51,6 @@ struct VlmConfig {
 
 fn default_image_token() -> u32 {
     256_000
-}
-
-/// The first of `prefixes` under which `tensor` exists: checkpoints saved by transformers 4
-/// nest the towers one level deeper (`vision_tower.vision_model`) than transformers 5 does,
-/// and some put them under `vlm.model`.
-fn root<'a>(vb: &VarBuilder<'a>, prefixes: &[&str], tensor: &str) -> std::result::Result<VarBuilder<'a>, ModelError> {
-    prefixes
-        .iter()
-        .map(|p| vb.pp(*p))
-        .find(|v| v.contains_tensor(tensor))
-        .ok_or_else(|| ModelError::Config(format!("no `{tensor}` under any of {prefixes:?}")))
 }
 
 impl Architecture for ColPali {
@@ -99,10 +81,7 @@ impl Architecture for ColPali {
         let text = root(&vb, &["vlm.language_model", "vlm.model.language_model"], "model.embed_tokens.weight")
             .or_else(|_| root(&vb, &["vlm.language_model", "vlm.model.language_model"], "embed_tokens.weight"))?;
         let gemma = Gemma::load_prefix_lm(&config.vlm_config.text_config, decoder_root(text))?;
-        let width = gemma.sizes().hidden;
-        let projection = linear(&vb.pp("embedding_proj_layer"), config.embedding_dim, width)?;
-        let sizes = BackboneSizes { hidden: config.embedding_dim, ..gemma.sizes() };
-        Ok(Box::new(ColPaliText { gemma, projection, sizes }))
+        Ok(Box::new(Projected::load(gemma, &vb, config.embedding_dim)?))
     }
 
     fn crop_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn CropTokenTower>>, ModelError> {
@@ -130,11 +109,7 @@ impl Architecture for ColPali {
         processor: &Value,
         special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
-        let field = |name: &str, default: &str| match processor.get(name) {
-            None | Some(Value::Null) => Ok(default.to_string()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(ModelError::Config(format!("processor_config.json: {name} is not a string: {other}"))),
-        };
+        let field = |name: &str, default: &str| processor_field(processor, name, default);
         let bos = special("bos_token").unwrap_or_else(|| "<bos>".into());
         let pad = special("pad_token").unwrap_or_else(|| "<pad>".into());
         Ok(Some(RetrievalPrompts {
@@ -143,31 +118,6 @@ impl Architecture for ColPali {
             image_prefix: String::new(),
             image_suffix: format!("{bos}{}\n", field("visual_prompt_prefix", "Describe the image.")?),
         }))
-    }
-}
-
-/// The language model and the projection to the retrieval width.
-struct ColPaliText {
-    gemma: Gemma,
-    projection: Linear,
-    sizes: BackboneSizes,
-}
-
-impl Backbone for ColPaliText {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        self.projection.forward(&self.gemma.forward(batch)?)
-    }
-
-    fn sizes(&self) -> BackboneSizes {
-        self.sizes
-    }
-
-    fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.gemma.int8_linears()
-    }
-
-    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.gemma.attention_input_linears()
     }
 }
 

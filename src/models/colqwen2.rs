@@ -19,12 +19,9 @@
 //!   folder's `processor_config.json`.
 
 use super::llama::decoder_root;
-use super::ops::Linear;
 use super::qwen2_vl::{Qwen2VlText, Qwen2VlVision};
-use super::weights::linear;
-use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
-use crate::models::batch::Batch;
-use candle_core::{Result, Tensor};
+use super::retrieval::{default_embedding_dim, processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::{parse_config, Architecture, Backbone, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -33,8 +30,6 @@ pub struct ColQwen2;
 
 pub static COLQWEN2: ColQwen2 = ColQwen2;
 
-/// The query augmentation buffer: `ColQwen2Processor` appends its pad token this many times.
-const QUERY_AUGMENTATION_TOKENS: usize = 10;
 const IMAGE_PAD: &str = "<|image_pad|>";
 const VISION_START: &str = "<|vision_start|>";
 const VISION_END: &str = "<|vision_end|>";
@@ -44,20 +39,6 @@ struct ColQwen2Config {
     vlm_config: Value,
     #[serde(default = "default_embedding_dim")]
     embedding_dim: usize,
-}
-
-fn default_embedding_dim() -> usize {
-    128
-}
-
-/// The first of `prefixes` holding `tensor`: transformers 5 saves the language model as
-/// `vlm.language_model`, transformers 4.5x as `vlm.model.language_model`.
-fn root<'a>(vb: &VarBuilder<'a>, prefixes: &[&str], tensor: &str) -> std::result::Result<VarBuilder<'a>, ModelError> {
-    prefixes
-        .iter()
-        .map(|p| vb.pp(*p))
-        .find(|v| v.contains_tensor(tensor))
-        .ok_or_else(|| ModelError::Config(format!("no `{tensor}` under any of {prefixes:?}")))
 }
 
 impl Architecture for ColQwen2 {
@@ -86,10 +67,7 @@ impl Architecture for ColQwen2 {
         let text_config = config.vlm_config.get("text_config").filter(|t| t.is_object()).unwrap_or(&config.vlm_config);
         let text = root(&vb, &["vlm.language_model", "vlm.model.language_model", "vlm.model", "vlm"], "embed_tokens.weight")
             .or_else(|_| root(&vb, &["vlm.language_model", "vlm"], "model.embed_tokens.weight").map(decoder_root))?;
-        let model = Qwen2VlText::load(text_config, text)?;
-        let projection = linear(&vb.pp("embedding_proj_layer"), config.embedding_dim, model.sizes().hidden)?;
-        let sizes = BackboneSizes { hidden: config.embedding_dim, ..model.sizes() };
-        Ok(Box::new(ColQwen2Text { model, projection, sizes }))
+        Ok(Box::new(Projected::load(Qwen2VlText::load(text_config, text)?, &vb, config.embedding_dim)?))
     }
 
     fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
@@ -103,11 +81,7 @@ impl Architecture for ColQwen2 {
         processor: &Value,
         special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
-        let field = |name: &str, default: &str| match processor.get(name) {
-            None | Some(Value::Null) => Ok(default.to_string()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(ModelError::Config(format!("processor_config.json: {name} is not a string: {other}"))),
-        };
+        let field = |name: &str, default: &str| processor_field(processor, name, default);
         let pad = special("pad_token").unwrap_or_else(|| "<|endoftext|>".into());
         let visual = field(
             "visual_prompt_prefix",
@@ -125,30 +99,5 @@ impl Architecture for ColQwen2 {
             image_prefix: image_prefix.to_string(),
             image_suffix: image_suffix.to_string(),
         }))
-    }
-}
-
-/// The language model and the projection to the retrieval width.
-struct ColQwen2Text {
-    model: Qwen2VlText,
-    projection: Linear,
-    sizes: BackboneSizes,
-}
-
-impl Backbone for ColQwen2Text {
-    fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        self.projection.forward(&self.model.forward(batch)?)
-    }
-
-    fn sizes(&self) -> BackboneSizes {
-        self.sizes
-    }
-
-    fn int8_linears(&mut self) -> Vec<&mut Linear> {
-        self.model.int8_linears()
-    }
-
-    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
-        self.model.attention_input_linears()
     }
 }

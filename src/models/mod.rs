@@ -32,6 +32,7 @@ pub mod nomic_bert;
 pub mod ops;
 pub mod qwen;
 pub mod qwen2_vl;
+pub mod retrieval;
 pub mod siglip;
 pub mod weights;
 
@@ -280,34 +281,37 @@ pub fn forward_chunked(backbone: &dyn Backbone, batch: &Batch, chunk_tokens: usi
 /// Runs `images` images through `tower` in cache-sized groups (about `chunk_tokens` tokens
 /// each, as [`forward_chunked`] does for texts); embeddings in image order.
 pub fn forward_images_chunked(tower: &dyn VisionTower, pixels: &[f32], images: usize, chunk_tokens: usize) -> candle_core::Result<Tensor> {
-    let per_group = (chunk_tokens / tower.tokens_per_image().max(1)).max(1);
-    if images <= per_group {
-        return tower.forward(pixels, images);
-    }
-    let per_image = pixels.len() / images.max(1);
-    let parts = pixels
-        .chunks(per_group * per_image)
-        .map(|group| tower.forward(group, group.len() / per_image))
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    Tensor::cat(&parts, 0)
+    in_groups(pixels, images, tower.tokens_per_image(), chunk_tokens, |p, n| tower.forward(p, n))
 }
 
-/// Runs `images` crops through a [`CropTokenTower`] in cache-sized groups (as
-/// [`forward_images_chunked`]); their soft tokens in image order.
+/// Runs `images` crops through a [`CropTokenTower`] in cache-sized groups, as
+/// [`forward_images_chunked`]; their soft tokens in image order.
 pub fn forward_crops_chunked(
     tower: &dyn CropTokenTower,
     pixels: &[f32],
     images: usize,
     chunk_tokens: usize,
 ) -> candle_core::Result<Tensor> {
-    let per_group = (chunk_tokens / tower.tokens_per_image().max(1)).max(1);
+    in_groups(pixels, images, tower.tokens_per_image(), chunk_tokens, |p, n| tower.forward(p, n))
+}
+
+/// `forward` over groups of the `images` images laid end to end in `pixels`, about
+/// `chunk_tokens` tower tokens a group; the outputs concatenated in image order.
+fn in_groups(
+    pixels: &[f32],
+    images: usize,
+    tokens_per_image: usize,
+    chunk_tokens: usize,
+    forward: impl Fn(&[f32], usize) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    let per_group = (chunk_tokens / tokens_per_image.max(1)).max(1);
     if images <= per_group {
-        return tower.forward(pixels, images);
+        return forward(pixels, images);
     }
     let per_image = pixels.len() / images.max(1);
     let parts = pixels
         .chunks(per_group * per_image)
-        .map(|group| tower.forward(group, group.len() / per_image))
+        .map(|group| forward(group, group.len() / per_image))
         .collect::<candle_core::Result<Vec<_>>>()?;
     Tensor::cat(&parts, 0)
 }

@@ -14,7 +14,7 @@ use poolserve::input::image::{preprocess, ImageLimits};
 use poolserve::loader::options::ModelOptions;
 use poolserve::models::batch::{Batch, ImageGrid, SoftTokens, TokenizedInput};
 use poolserve::models::gemma4_vision::ImagePatches;
-use poolserve::models::Architecture;
+use poolserve::models::{Architecture, Backbone};
 use serde_json::{json, Value};
 
 const MODELS: [&str; 2] = ["colpali-tiny", "colqwen2-tiny"];
@@ -132,67 +132,25 @@ fn hf_patches_row_major(rows_in: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The tower on transformers' pixel values and the language model on the processor's ids, in
-/// one padding-free batch of every image: each image's vectors as transformers computes them.
-#[test]
-fn colpali_matches_transformers_on_its_pixel_values() {
-    const MODEL: &str = "colpali-tiny";
-    let expected = expected(MODEL);
-    let folder = fixture_model(MODEL);
+/// A fixture's config and its mapped weights.
+fn weights(model: &str) -> (Value, VarBuilder<'static>) {
+    let folder = fixture_model(model);
     let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
     // SAFETY: the fixture is not modified while the test maps it.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
-    let architecture = &poolserve::models::colpali::COLPALI;
-    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
-    let tower = architecture.crop_token_tower(&config, vb).unwrap().expect("a page tower");
-    let images = expected["images"].as_array().unwrap();
-    let pixels: Vec<f32> = images.iter().flat_map(|i| floats(&i["pixel_values"])).collect();
-    let soft = tower.forward(&pixels, images.len()).unwrap();
-    let inputs: Vec<TokenizedInput> = images
-        .iter()
-        .map(|i| {
-            let ids = ids(&i["input_ids"]);
-            TokenizedInput { type_ids: vec![0; ids.len()], ids }
-        })
-        .collect();
-    let mut batch = Batch::from_inputs(&inputs);
-    let positions: Vec<usize> = batch.input_ids.iter().enumerate().filter(|(_, &id)| id == tower.placeholder()).map(|(i, _)| i).collect();
-    assert_eq!(positions.len(), soft.dim(0).unwrap(), "one soft token per placeholder");
-    batch.soft_tokens = Some(SoftTokens::new(positions, soft).unwrap());
-    let hidden = backbone.forward(&batch).unwrap();
-    for ((start, len), image) in batch.spans().zip(images) {
-        let rows = hidden.narrow(0, start, len).unwrap();
-        let norms = rows.sqr().unwrap().sum_keepdim(1).unwrap().sqrt().unwrap();
-        let rows: Tensor = rows.broadcast_div(&norms).unwrap();
-        let ours = rows.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_rows(&ours, &floats(&image["vectors"]), 0.9999, &format!("model on transformers' pixels {}", image["file"]));
-    }
+    (config, vb)
 }
 
-/// ColQwen2's tower on transformers' pixel values and Qwen2-VL's language model with M-RoPE on
-/// the processor's ids, every image in one padding-free batch.
-#[test]
-fn colqwen2_matches_transformers_on_its_pixel_values() {
-    const MODEL: &str = "colqwen2-tiny";
-    let expected = expected(MODEL);
-    let folder = fixture_model(MODEL);
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
-    // SAFETY: the fixture is not modified while the test maps it.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
-    let architecture = &poolserve::models::colqwen2::COLQWEN2;
-    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
-    let tower = architecture.soft_token_tower(&config, vb).unwrap().expect("a patch tower");
-    let images = expected["images"].as_array().unwrap();
-    let patches: Vec<ImagePatches> = images
-        .iter()
-        .map(|i| {
-            let grid = ids(&i["grid_thw"]);
-            let (rows, cols) = (grid[1] as usize, grid[2] as usize);
-            let positions = (0..rows * cols).map(|k| ((k % cols) as u32, (k / cols) as u32)).collect();
-            ImagePatches { pixels: hf_patches_row_major(&floats(&i["pixel_values"]), rows, cols), positions }
-        })
-        .collect();
-    let soft = tower.forward(&patches.iter().collect::<Vec<_>>()).unwrap();
+/// The language model on the processor's ids of every image in one padding-free batch, the
+/// tower's `soft` rows in place of `placeholder` (and each image's token grid, for a model
+/// that places them): every row of every image at cosine ≥ 0.9999 to transformers'.
+fn assert_pages(
+    backbone: &dyn Backbone,
+    images: &[Value],
+    placeholder: u32,
+    soft: Tensor,
+    grid: impl Fn(&Value) -> Option<(usize, usize)>,
+) {
     let inputs: Vec<TokenizedInput> = images
         .iter()
         .map(|i| {
@@ -201,14 +159,10 @@ fn colqwen2_matches_transformers_on_its_pixel_values() {
         })
         .collect();
     let mut batch = Batch::from_inputs(&inputs);
-    let placeholder = tower.image_tokens().placeholder;
     let positions: Vec<usize> = batch.input_ids.iter().enumerate().filter(|(_, &id)| id == placeholder).map(|(i, _)| i).collect();
     assert_eq!(positions.len(), soft.dim(0).unwrap(), "one soft token per placeholder");
-    let mut grids = Vec::new();
-    let mut offset = 0;
-    for image in images {
-        let grid = ids(&image["grid_thw"]);
-        let (rows, cols) = (grid[1] as usize / 2, grid[2] as usize / 2);
+    let (mut grids, mut offset) = (Vec::new(), 0);
+    for (rows, cols) in images.iter().filter_map(grid) {
         grids.push(ImageGrid { first: positions[offset], rows, cols });
         offset += rows * cols;
     }
@@ -220,12 +174,53 @@ fn colqwen2_matches_transformers_on_its_pixel_values() {
         let rows = hidden.narrow(0, start, len).unwrap();
         let norms = rows.sqr().unwrap().sum_keepdim(1).unwrap().sqrt().unwrap();
         let ours = rows.broadcast_div(&norms).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let file = &image["file"];
-        assert_rows(&ours, &floats(&image["vectors"]), 0.9999, &format!("ColQwen2 on transformers' pixels {file}"));
-        // transformers' ColQwen2ForRetrieval without M-RoPE positions is another model.
-        let flat = cosine(&ours, &floats(&image["vectors_1d"]));
-        eprintln!("  against 1-D positions (ColQwen2ForRetrieval as called): cosine {flat:.4}");
+        assert_rows(&ours, &floats(&image["vectors"]), 0.9999, &format!("model on transformers' pixels {}", image["file"]));
+        if let Some(flat) = image.get("vectors_1d") {
+            // transformers' ColQwen2ForRetrieval without M-RoPE positions is another model.
+            eprintln!("  against 1-D positions (ColQwen2ForRetrieval as called): cosine {:.4}", cosine(&ours, &floats(flat)));
+        }
     }
+}
+
+/// ColPali's tower on transformers' pixel values and its language model on the processor's ids.
+#[test]
+fn colpali_matches_transformers_on_its_pixel_values() {
+    let expected = expected("colpali-tiny");
+    let (config, vb) = weights("colpali-tiny");
+    let architecture = &poolserve::models::colpali::COLPALI;
+    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
+    let tower = architecture.crop_token_tower(&config, vb).unwrap().expect("a page tower");
+    let images = expected["images"].as_array().unwrap();
+    let pixels: Vec<f32> = images.iter().flat_map(|i| floats(&i["pixel_values"])).collect();
+    let soft = tower.forward(&pixels, images.len()).unwrap();
+    assert_pages(backbone.as_ref(), images, tower.placeholder(), soft, |_| None);
+}
+
+/// ColQwen2's tower on transformers' pixel values and Qwen2-VL's language model with M-RoPE on
+/// the processor's ids.
+#[test]
+fn colqwen2_matches_transformers_on_its_pixel_values() {
+    let expected = expected("colqwen2-tiny");
+    let (config, vb) = weights("colqwen2-tiny");
+    let architecture = &poolserve::models::colqwen2::COLQWEN2;
+    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
+    let tower = architecture.soft_token_tower(&config, vb).unwrap().expect("a patch tower");
+    let images = expected["images"].as_array().unwrap();
+    let grid = |i: &Value| {
+        let grid = ids(&i["grid_thw"]);
+        (grid[1] as usize, grid[2] as usize)
+    };
+    let patches: Vec<ImagePatches> = images
+        .iter()
+        .map(|i| {
+            let (rows, cols) = grid(i);
+            let positions = (0..rows * cols).map(|k| ((k % cols) as u32, (k / cols) as u32)).collect();
+            ImagePatches { pixels: hf_patches_row_major(&floats(&i["pixel_values"]), rows, cols), positions }
+        })
+        .collect();
+    let soft = tower.forward(&patches.iter().collect::<Vec<_>>()).unwrap();
+    // One soft token per 2×2 block of patches.
+    assert_pages(backbone.as_ref(), images, tower.image_tokens().placeholder, soft, |i| Some((grid(i).0 / 2, grid(i).1 / 2)));
 }
 
 /// `/pooling` token_embed for a list of texts or of image messages: each input's rows.

@@ -1,0 +1,75 @@
+//! What the page retrievers (ColPali, ColQwen2) share: their `embedding_proj_layer` over the
+//! language model's final states ([`Projected`]), the fields of their processors'
+//! `processor_config.json`, and finding a tower's weights under the prefixes that transformers 4
+//! and 5 save them with.
+
+use super::batch::Batch;
+use super::ops::Linear;
+use super::weights::linear;
+use super::{Backbone, BackboneSizes, ModelError};
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+
+/// The processors' query augmentation buffer: their pad token, this many times, after a query.
+pub(super) const QUERY_AUGMENTATION_TOKENS: usize = 10;
+
+/// `embedding_dim` when the config has none (`ColPaliConfig`'s and `ColQwen2Config`'s default).
+pub(super) fn default_embedding_dim() -> usize {
+    128
+}
+
+/// The first of `prefixes` holding `tensor`: transformers 5 saves the language model as
+/// `vlm.language_model`, transformers 4.5x as `vlm.model.language_model`, and the vision tower
+/// one level deeper or shallower.
+pub(super) fn root<'a>(vb: &VarBuilder<'a>, prefixes: &[&str], tensor: &str) -> std::result::Result<VarBuilder<'a>, ModelError> {
+    prefixes
+        .iter()
+        .map(|p| vb.pp(*p))
+        .find(|v| v.contains_tensor(tensor))
+        .ok_or_else(|| ModelError::Config(format!("no `{tensor}` under any of {prefixes:?}")))
+}
+
+/// A string field of `processor_config.json`, or the processor class's default.
+pub(super) fn processor_field(processor: &Value, name: &str, default: &str) -> std::result::Result<String, ModelError> {
+    match processor.get(name) {
+        None | Some(Value::Null) => Ok(default.to_string()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(ModelError::Config(format!("processor_config.json: {name} is not a string: {other}"))),
+    }
+}
+
+/// A language model and `embedding_proj_layer` (with its bias) on every token: the retrieval
+/// vectors before the token_embed head's L2 normalization.
+pub(super) struct Projected<B> {
+    model: B,
+    projection: Linear,
+    sizes: BackboneSizes,
+}
+
+impl<B: Backbone> Projected<B> {
+    /// `model` and the projection to `embedding_dim` under `vb` (`embedding_proj_layer`).
+    pub(super) fn load(model: B, vb: &VarBuilder, embedding_dim: usize) -> std::result::Result<Self, ModelError> {
+        let projection = linear(&vb.pp("embedding_proj_layer"), embedding_dim, model.sizes().hidden)?;
+        let sizes = BackboneSizes { hidden: embedding_dim, ..model.sizes() };
+        Ok(Self { model, projection, sizes })
+    }
+}
+
+impl<B: Backbone> Backbone for Projected<B> {
+    fn forward(&self, batch: &Batch) -> Result<Tensor> {
+        self.projection.forward(&self.model.forward(batch)?)
+    }
+
+    fn sizes(&self) -> BackboneSizes {
+        self.sizes
+    }
+
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.model.int8_linears()
+    }
+
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.model.attention_input_linears()
+    }
+}
