@@ -23,6 +23,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingRequest {
@@ -112,7 +113,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<EmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
-    let request = super::infinity::read_modality(request)?;
+    let request = read_modality(request)?;
     AppState::require_input(&request.input, request.messages.as_ref())?;
     // A token_embed model answers here with vLLM's token-embedding request (its own checks).
     let (engine, permit, token_embed) = state.begin(request.model.as_deref(), |engine| {
@@ -205,6 +206,41 @@ fn ascii_json(text: &str) -> String {
     out
 }
 
+/// An `/embeddings` request with Infinity's `modality` (`"image"`, `"audio"`): its `input`
+/// (data URIs or URLs) as one message per item, as Infinity's `/embeddings_image` and `/embeddings_audio` send them on.
+pub(super) fn read_modality(mut request: EmbeddingRequest) -> Result<EmbeddingRequest, ApiError> {
+    let part: fn(&str) -> Value = match request.modality.as_deref() {
+        None | Some("text") => return Ok(request),
+        Some("image") => |url| json!({"type": "image_url", "image_url": {"url": url}}),
+        Some("audio") => |url| json!({"type": "audio_url", "audio_url": {"url": url}}),
+        Some(other) => {
+            return Err(ApiError::BadRequest {
+                message: format!("modality must be \"text\", \"image\" or \"audio\", got {other:?}"),
+                param: Some("modality"),
+            })
+        }
+    };
+    if request.messages.is_some() {
+        return Err(ApiError::BadRequest { message: "modality reads `input`; send `messages` without it".into(), param: Some("modality") });
+    }
+    request.messages = Some(Value::Array(media_messages(&request.input, part)?));
+    request.input = Value::Null;
+    Ok(request)
+}
+
+/// One message per data URI or URL of `input` (one, or a non-empty list).
+pub(super) fn media_messages(input: &Value, part: impl Fn(&str) -> Value) -> Result<Vec<Value>, ApiError> {
+    let urls: Vec<&str> = match input {
+        Value::String(url) => vec![url.as_str()],
+        Value::Array(items) if !items.is_empty() => items
+            .iter()
+            .map(|item| item.as_str().ok_or_else(|| ApiError::bad_request("`input` must be a data URI or URL, or a list of them")))
+            .collect::<Result<_, _>>()?,
+        _ => return Err(ApiError::bad_request("`input` must be a data URI or URL, or a non-empty list of them")),
+    };
+    Ok(urls.into_iter().map(|url| json!({"role": "user", "content": [part(url)]})).collect())
+}
+
 /// vLLM's token-embedding request on `/v1/embeddings` (its `TokenEmbeddingRequest`): float
 /// matrices only, no `dimensions`, text or token inputs, optional late chunking (its chunk
 /// size returned).
@@ -224,7 +260,7 @@ fn token_embedding_checks(request: &EmbeddingRequest) -> Result<Option<u64>, Api
         });
     }
     // vLLM's token-embedding request has no `messages`; Infinity's `modality` sends media in
-    // them (`super::infinity::read_modality`).
+    // them ([`read_modality`]).
     if request.messages.is_some() && request.modality.is_none() {
         return Err(ApiError::BadRequest {
             message: literal::validation_error("missing", "body.input", "Field required", None, None),

@@ -3,10 +3,10 @@
 //! `/v1/embeddings`), and the answer is `/v1/embeddings`' list. Each input is sent on as one
 //! message holding that image or audio, so the media rules (allowed hosts, data URLs, the
 //! pixel and duration limits) are `/v1/embeddings`' own. `/embeddings` with Infinity's
-//! `modality` field reads its `input` the same way ([`read_modality`]); a page retriever
+//! `modality` field reads its `input` the same way (`embeddings::read_modality`); a page retriever
 //! (ColPali, ColQwen2) answers a matrix per input there, as Infinity does.
 
-use super::embeddings::{self, EmbeddingData, EmbeddingRequest};
+use super::embeddings::{self, media_messages, EmbeddingData, EmbeddingRequest};
 use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{AppState, ListResponse};
@@ -57,41 +57,6 @@ pub async fn audio(
     ApiJson(request): ApiJson<MediaEmbeddingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
     embed(state, headers, request, |url| json!({"type": "audio_url", "audio_url": {"url": url}})).await
-}
-
-/// An `/embeddings` request with Infinity's `modality` (`"image"`, `"audio"`): its `input`
-/// (data URIs or URLs) as one message per item, as [`image`] and [`audio`] send them on.
-pub(super) fn read_modality(mut request: EmbeddingRequest) -> Result<EmbeddingRequest, ApiError> {
-    let part: fn(&str) -> Value = match request.modality.as_deref() {
-        None | Some("text") => return Ok(request),
-        Some("image") => |url| json!({"type": "image_url", "image_url": {"url": url}}),
-        Some("audio") => |url| json!({"type": "audio_url", "audio_url": {"url": url}}),
-        Some(other) => {
-            return Err(ApiError::BadRequest {
-                message: format!("modality must be \"text\", \"image\" or \"audio\", got {other:?}"),
-                param: Some("modality"),
-            })
-        }
-    };
-    if request.messages.is_some() {
-        return Err(ApiError::BadRequest { message: "modality reads `input`; send `messages` without it".into(), param: Some("modality") });
-    }
-    request.messages = Some(Value::Array(media_messages(&request.input, part)?));
-    request.input = Value::Null;
-    Ok(request)
-}
-
-/// One message per data URI or URL of `input` (one, or a non-empty list).
-fn media_messages(input: &Value, part: impl Fn(&str) -> Value) -> Result<Vec<Value>, ApiError> {
-    let urls: Vec<&str> = match input {
-        Value::String(url) => vec![url.as_str()],
-        Value::Array(items) if !items.is_empty() => items
-            .iter()
-            .map(|item| item.as_str().ok_or_else(|| ApiError::bad_request("`input` must be a data URI or URL, or a list of them")))
-            .collect::<Result<_, _>>()?,
-        _ => return Err(ApiError::bad_request("`input` must be a data URI or URL, or a non-empty list of them")),
-    };
-    Ok(urls.into_iter().map(|url| json!({"role": "user", "content": [part(url)]})).collect())
 }
 
 /// The request as `/v1/embeddings` `messages`, one per input.
