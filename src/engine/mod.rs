@@ -192,6 +192,7 @@ impl Engine {
                         placeholder_id: ids.placeholder,
                         video,
                         page: retrieval.as_ref().map(|p| TextFrame { prefix: p.image_prefix.clone(), suffix: p.image_suffix.clone() }),
+                        mixed: retrieval.as_ref().is_some_and(|p| p.mixed),
                     })),
                     limits: image_limits,
                     tokens_per_image,

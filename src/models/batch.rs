@@ -95,6 +95,32 @@ impl SoftTokens {
         }))
     }
 
+    /// Columns `start..start + len` of every row, at the same positions (Qwen3-VL's tower gives
+    /// each soft token its input embedding and its DeepStack features side by side).
+    pub fn columns(&self, start: usize, len: usize) -> Result<SoftTokens> {
+        Ok(SoftTokens {
+            positions: self.positions.clone(),
+            rows: self.rows.narrow(1, start, len)?.contiguous()?,
+            grids: self.grids.clone(),
+        })
+    }
+
+    /// The width of the rows.
+    pub fn width(&self) -> Result<usize> {
+        self.rows.dim(1)
+    }
+
+    /// `hidden` (`[tokens, hidden]`) with these rows added at their positions (DeepStack's
+    /// visual features joining the residual stream).
+    pub fn add_to(&self, hidden: &Tensor) -> Result<Tensor> {
+        let (tokens, device) = (hidden.dim(0)?, hidden.device());
+        if self.positions.last().is_some_and(|&p| p >= tokens) {
+            candle_core::bail!("{} soft tokens at positions up to {:?} for {tokens} tokens", self.positions.len(), self.positions.last());
+        }
+        let index = Tensor::from_vec(self.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), self.positions.len(), device)?;
+        hidden.index_add(&index, &self.rows.to_dtype(hidden.dtype())?, 0)
+    }
+
     /// `embeddings` (`[tokens, hidden]`) with the rows at `positions` replaced by these.
     pub fn replace(&self, embeddings: &Tensor) -> Result<Tensor> {
         let (tokens, device) = (embeddings.dim(0)?, embeddings.device());

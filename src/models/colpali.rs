@@ -117,6 +117,7 @@ impl Architecture for ColPali {
             query_suffix: format!("{}\n", pad.repeat(QUERY_AUGMENTATION_TOKENS)),
             image_prefix: String::new(),
             image_suffix: format!("{bos}{}\n", field("visual_prompt_prefix", "Describe the image.")?),
+            mixed: false,
         }))
     }
 }

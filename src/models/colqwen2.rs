@@ -98,6 +98,7 @@ impl Architecture for ColQwen2 {
             query_suffix: format!("{}\n", pad.repeat(QUERY_AUGMENTATION_TOKENS)),
             image_prefix: image_prefix.to_string(),
             image_suffix: image_suffix.to_string(),
+            mixed: false,
         }))
     }
 }

@@ -10,7 +10,7 @@
 //! e5-mistral's), classify with `*ForSequenceClassification`'s `score` on the rightmost
 //! non-padding token, and, converted with `classifier_from_token`, read rows of the LM head.
 
-use super::batch::Batch;
+use super::batch::{Batch, SoftTokens};
 use super::head_weights::{on_host, ClassifierWeights, HeadInput};
 use super::ops::{
     host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary, RotaryTable,
@@ -334,10 +334,16 @@ impl Decoder {
     /// [`Backbone::forward`] with the rotary table given: each token's angles, in batch order.
     /// Soft tokens ([`Batch::soft_tokens`]) replace their placeholders' embeddings.
     pub fn forward_with(&self, batch: &Batch, table: &RotaryTable) -> Result<Tensor> {
+        self.forward_stacked(batch, table, batch.soft_tokens.as_ref(), &[])
+    }
+
+    /// [`Self::forward_with`] with the soft tokens given apart from the batch (`soft`), and
+    /// `stacked[i]` added to the residual stream after layer `i` (Qwen3-VL's DeepStack).
+    pub fn forward_stacked(&self, batch: &Batch, table: &RotaryTable, soft: Option<&SoftTokens>, stacked: &[SoftTokens]) -> Result<Tensor> {
         let device = self.embed_tokens.device();
         let ids = Tensor::from_slice(&batch.input_ids, batch.num_tokens(), device)?;
         let mut hidden = self.embed_tokens.index_select(&ids, 0)?;
-        if let Some(soft) = &batch.soft_tokens {
+        if let Some(soft) = soft {
             hidden = soft.replace(&hidden)?;
         }
         let attention = Attention {
@@ -350,12 +356,15 @@ impl Decoder {
             disentangled: None,
             softcap: None,
         };
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
             let qkv = layer.qkv.forward(&layer.input_norm.forward(&hidden)?)?;
             let qkv = table.apply(&qkv, self.num_heads, self.num_kv_heads, layer.qk_norm.as_ref())?;
             hidden = layer.o_proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
             let inner = self.gated.forward(&layer.gate_up.forward(&layer.post_norm.forward(&hidden)?)?)?;
             hidden = layer.down.forward_add(&inner, &hidden)?;
+            if let Some(features) = stacked.get(i) {
+                hidden = features.add_to(&hidden)?;
+            }
         }
         self.norm.forward(&hidden)
     }

@@ -32,6 +32,7 @@ pub mod nomic_bert;
 pub mod ops;
 pub mod qwen;
 pub mod qwen2_vl;
+pub mod qwen3_vl;
 pub mod retrieval;
 pub mod siglip;
 pub mod weights;
@@ -68,6 +69,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &siglip::SIGLIP,
     &colpali::COLPALI,
     &colqwen2::COLQWEN2,
+    &qwen3_vl::QWEN3_VL,
 ];
 
 /// The architecture serving a config.json: one that claims its fields, else the one of its
@@ -194,6 +196,10 @@ pub struct RetrievalPrompts {
     pub query_suffix: String,
     pub image_prefix: String,
     pub image_suffix: String,
+    /// Whether a text and images may share one input (Qwen3-VL-Embedding's user turn): their
+    /// parts are written one after another inside the frame. Otherwise an input is a text or
+    /// one image (ColPali's processor takes one or the other).
+    pub mixed: bool,
 }
 
 /// What the engine needs from an audio tower whose output stands in for placeholder tokens of

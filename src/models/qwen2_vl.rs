@@ -137,12 +137,6 @@ impl Qwen2VlVision {
             .collect::<Result<Vec<_>>>()?;
         let merged = e * config.spatial_merge_size * config.spatial_merge_size;
         let merger = vb.pp("merger");
-        let token = |name: &str, default: u32| -> std::result::Result<u32, ModelError> {
-            match vlm.get(name) {
-                None | Some(Value::Null) => Ok(default),
-                Some(v) => v.as_u64().map(|v| v as u32).ok_or_else(|| ModelError::Config(format!("{name} is not a token id: {v}"))),
-            }
-        };
         let theta = vlm.pointer("/vision_config/rope_parameters/rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0);
         Ok(Self {
             patch_embed: Linear::new(patch_embed, None)?,
@@ -157,39 +151,49 @@ impl Qwen2VlVision {
             embed_dim: e,
             patch_size: p,
             merge: config.spatial_merge_size,
-            // Qwen2VLConfig's defaults.
-            tokens: ImageTokens {
-                begin: token("vision_start_token_id", 151_652)?,
-                placeholder: token("image_token_id", 151_655)?,
-                end: token("vision_end_token_id", 151_653)?,
-            },
+            tokens: image_tokens(vlm)?,
         })
     }
+}
 
-    /// Each image's patches in the merger's order: 2×2 blocks row-major, the block's patches
-    /// row-major inside it (the processor's `patchify` order), with each patch's (row, column).
-    fn block_order(&self, image: &ImagePatches) -> Result<BlockOrder> {
-        let cols = image.positions.iter().map(|&(x, _)| x as usize + 1).max().unwrap_or(0);
-        let rows = image.positions.len() / cols.max(1);
-        let m = self.merge;
-        let row_major = image.positions.iter().enumerate().all(|(i, &(x, y))| (x as usize, y as usize) == (i % cols, i / cols));
-        if !row_major || rows * cols != image.positions.len() || !rows.is_multiple_of(m) || !cols.is_multiple_of(m) {
-            candle_core::bail!("an image's {} patches are not a {m}-aligned row-major grid", image.positions.len());
-        }
-        let (mut order, mut places) = (Vec::with_capacity(rows * cols), Vec::with_capacity(rows * cols));
-        for by in 0..rows / m {
-            for bx in 0..cols / m {
-                for dy in 0..m {
-                    for dx in 0..m {
-                        let (y, x) = (by * m + dy, bx * m + dx);
-                        order.push(y * cols + x);
-                        places.push((y as u32, x as u32));
-                    }
+/// Each image's patches in the merger's order: 2×2 blocks row-major, the block's patches
+/// row-major inside it (the processor's `patchify` order), with each patch's (row, column).
+pub(super) fn merge_blocks(image: &ImagePatches, m: usize) -> Result<BlockOrder> {
+    let cols = image.positions.iter().map(|&(x, _)| x as usize + 1).max().unwrap_or(0);
+    let rows = image.positions.len() / cols.max(1);
+    let row_major = image.positions.iter().enumerate().all(|(i, &(x, y))| (x as usize, y as usize) == (i % cols, i / cols));
+    if !row_major || rows * cols != image.positions.len() || !rows.is_multiple_of(m) || !cols.is_multiple_of(m) {
+        candle_core::bail!("an image's {} patches are not a {m}-aligned row-major grid", image.positions.len());
+    }
+    let (mut order, mut places) = (Vec::with_capacity(rows * cols), Vec::with_capacity(rows * cols));
+    for by in 0..rows / m {
+        for bx in 0..cols / m {
+            for dy in 0..m {
+                for dx in 0..m {
+                    let (y, x) = (by * m + dy, bx * m + dx);
+                    order.push(y * cols + x);
+                    places.push((y as u32, x as u32));
                 }
             }
         }
-        Ok((order, places))
     }
+    Ok((order, places))
+}
+
+/// The tokens that frame an image in a Qwen-VL text (`vision_start_token_id`, `image_token_id`,
+/// `vision_end_token_id` of the config; Qwen2VLConfig's defaults where absent).
+pub(super) fn image_tokens(vlm: &Value) -> std::result::Result<ImageTokens, ModelError> {
+    let token = |name: &str, default: u32| -> std::result::Result<u32, ModelError> {
+        match vlm.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v.as_u64().map(|v| v as u32).ok_or_else(|| ModelError::Config(format!("{name} is not a token id: {v}"))),
+        }
+    };
+    Ok(ImageTokens {
+        begin: token("vision_start_token_id", 151_652)?,
+        placeholder: token("image_token_id", 151_655)?,
+        end: token("vision_end_token_id", 151_653)?,
+    })
 }
 
 impl SoftTokenTower for Qwen2VlVision {
@@ -198,7 +202,7 @@ impl SoftTokenTower for Qwen2VlVision {
         let (mut pixels, mut places, mut cu_seqlens) = (Vec::new(), Vec::new(), vec![0usize]);
         let patch_len = self.patch_size * self.patch_size * 3;
         for image in images {
-            let (order, image_places) = self.block_order(image)?;
+            let (order, image_places) = merge_blocks(image, self.merge)?;
             for i in order {
                 pixels.extend_from_slice(&image.pixels[i * patch_len..(i + 1) * patch_len]);
             }
@@ -260,60 +264,66 @@ impl Qwen2VlText {
     pub fn load(text: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
         let config: DecoderConfig = parse_config(text)?;
         let head_dim = config.head_dim.unwrap_or(config.hidden_size / config.num_attention_heads.max(1));
-        let section: Vec<usize> =
-            match text.pointer("/rope_parameters/mrope_section").or_else(|| text.pointer("/rope_scaling/mrope_section")) {
-                Some(v) => serde_json::from_value(v.clone()).map_err(|e| ModelError::Config(format!("mrope_section: {e}")))?,
-                None => vec![16, 24, 24],
-            };
-        if section.len() != 3 || section.iter().sum::<usize>() != head_dim / 2 {
-            return Err(ModelError::Config(format!("mrope_section {section:?} must be three parts of head_dim / 2 = {}", head_dim / 2)));
-        }
+        let section = mrope_section(text, head_dim, [16, 24, 24])?;
         if text.pointer("/rope_parameters/mrope_interleaved").and_then(Value::as_bool) == Some(true) {
-            return Err(ModelError::Config("interleaved M-RoPE (Qwen3-VL) is not supported yet".into()));
+            return Err(ModelError::Config("interleaved M-RoPE is Qwen3-VL's (model_type qwen3_vl), not Qwen2-VL's".into()));
         }
         let axes = section.iter().enumerate().flat_map(|(axis, &n)| std::iter::repeat_n(axis, n)).collect();
         let layout = DecoderLayout { qkv_bias: true, mlp_bias: false, qk_norm: false, sliding_window: None };
         Ok(Self { decoder: Decoder::load(text, layout, vb)?, axes })
     }
+}
 
-    /// Every token's (temporal, row, column) position: text counts on from the sequence's
-    /// start, an image's grid starts where it stands and the text after it resumes past its
-    /// larger side, as `get_rope_index` places them.
-    fn positions(batch: &Batch) -> Vec<[u32; 3]> {
-        let grids: &[ImageGrid] = batch.soft_tokens.as_ref().map_or(&[], |s| &s.grids);
-        let mut positions = Vec::with_capacity(batch.num_tokens());
-        let mut next_grid = grids.iter().peekable();
-        for (start, len) in batch.spans() {
-            let (mut token, mut at) = (start, 0u32);
-            while token < start + len {
-                match next_grid.peek() {
-                    Some(grid) if grid.first == token => {
-                        for r in 0..grid.rows {
-                            for c in 0..grid.cols {
-                                positions.push([at, at + r as u32, at + c as u32]);
-                            }
+/// `mrope_section` of a text config (`rope_parameters`, or `rope_scaling` before transformers
+/// 5): how many of a head's frequency pairs turn by the temporal, row and column axes.
+pub(super) fn mrope_section(text: &Value, head_dim: usize, default: [usize; 3]) -> std::result::Result<[usize; 3], ModelError> {
+    let section: [usize; 3] = match text.pointer("/rope_parameters/mrope_section").or_else(|| text.pointer("/rope_scaling/mrope_section")) {
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| ModelError::Config(format!("mrope_section: {e}")))?,
+        None => default,
+    };
+    if section.iter().sum::<usize>() != head_dim / 2 {
+        return Err(ModelError::Config(format!("mrope_section {section:?} must be three parts of head_dim / 2 = {}", head_dim / 2)));
+    }
+    Ok(section)
+}
+
+/// Every token's (temporal, row, column) position: text counts on from the sequence's
+/// start, an image's grid starts where it stands and the text after it resumes past its
+/// larger side, as `get_rope_index` places them.
+pub(super) fn mrope_positions(batch: &Batch) -> Vec<[u32; 3]> {
+    let grids: &[ImageGrid] = batch.soft_tokens.as_ref().map_or(&[], |s| &s.grids);
+    let mut positions = Vec::with_capacity(batch.num_tokens());
+    let mut next_grid = grids.iter().peekable();
+    for (start, len) in batch.spans() {
+        let (mut token, mut at) = (start, 0u32);
+        while token < start + len {
+            match next_grid.peek() {
+                Some(grid) if grid.first == token => {
+                    for r in 0..grid.rows {
+                        for c in 0..grid.cols {
+                            positions.push([at, at + r as u32, at + c as u32]);
                         }
-                        token += grid.rows * grid.cols;
-                        at += grid.rows.max(grid.cols) as u32;
-                        next_grid.next();
                     }
-                    _ => {
-                        positions.push([at; 3]);
-                        token += 1;
-                        at += 1;
-                    }
+                    token += grid.rows * grid.cols;
+                    at += grid.rows.max(grid.cols) as u32;
+                    next_grid.next();
+                }
+                _ => {
+                    positions.push([at; 3]);
+                    token += 1;
+                    at += 1;
                 }
             }
         }
-        positions.truncate(batch.num_tokens());
-        positions
     }
+    positions.truncate(batch.num_tokens());
+    positions
 }
 
 impl Backbone for Qwen2VlText {
     fn forward(&self, batch: &Batch) -> Result<Tensor> {
         let axes = &self.axes;
-        let table = self.decoder.rotary().table_axes(&Self::positions(batch), |k| axes.get(k).copied().unwrap_or(0));
+        let table = self.decoder.rotary().table_axes(&mrope_positions(batch), |k| axes.get(k).copied().unwrap_or(0));
         self.decoder.forward_with(batch, &table)
     }
 
@@ -343,7 +353,7 @@ mod tests {
         let mut soft = SoftTokens::new((2..8).collect(), Tensor::zeros((6, 4), DType::F32, &candle_core::Device::Cpu).unwrap()).unwrap();
         soft.grids = vec![ImageGrid { first: 2, rows: 2, cols: 3 }];
         batch.soft_tokens = Some(soft);
-        let p = Qwen2VlText::positions(&batch);
+        let p = mrope_positions(&batch);
         assert_eq!(&p[..2], &[[0; 3], [1; 3]]);
         assert_eq!(&p[2..8], &[[2, 2, 2], [2, 2, 3], [2, 2, 4], [2, 3, 2], [2, 3, 3], [2, 3, 4]]);
         assert_eq!(p[8], [5; 3], "text resumes at 2 + max(2, 3)");

@@ -28,6 +28,7 @@ mod minilm;
 mod multi_model;
 mod page_retrievers;
 mod parity;
+mod qwen3_vl;
 mod real_token_models;
 mod reward_models;
 mod sentence_folders;

@@ -218,9 +218,13 @@ impl Preprocessor {
         };
         let (mut next_image, mut next_audio, mut next_video) = (patches.iter(), audio.iter(), videos.iter());
         let page = frame.and_then(|f| f.page.as_ref());
-        if page.is_some() && prompts.iter().any(|p| !lone_image(p)) {
+        let mixed = frame.is_some_and(|f| f.mixed);
+        if page.is_some() && !mixed && prompts.iter().any(|p| !lone_image(p)) {
             return Err(one_page_per_input());
         }
+        // A chat turn's parts follow one another (the chat template writes them so);
+        // EmbeddingGemma 2's processor puts a newline between them.
+        let separator = if page.is_some() && mixed { "" } else { "\n" };
         let mut texts = Vec::with_capacity(prompts.len());
         for prompt in &prompts {
             let text = match prompt {
@@ -234,7 +238,7 @@ impl Preprocessor {
                             Part::Video(_) => next_video.next().ok_or(InputError::Stopped).and_then(video_text),
                         })
                         .collect::<Result<Vec<_>, _>>()?
-                        .join("\n");
+                        .join(separator);
                     let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)] | [Part::Video(_)]);
                     let prompt = if alone { "" } else { options.prompt.as_deref().unwrap_or("") };
                     format!("{prompt}{joined}")

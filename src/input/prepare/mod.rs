@@ -75,9 +75,12 @@ pub struct SoftTokenFrame {
     pub placeholder_id: u32,
     /// Videos, for a model whose processor samples their frames (EmbeddingGemma 2).
     pub video: Option<VideoSide>,
-    /// A page retriever's image prompt (ColQwen2): each image is a document of its own,
-    /// `prefix begin placeholder×n end suffix`.
+    /// A retrieval model's input prompt around the media: ColQwen2's page, each image a
+    /// document of its own (`prefix begin placeholder×n end suffix`), or, when `mixed`,
+    /// Qwen3-VL-Embedding's user turn around its texts and images one after another.
     pub page: Option<TextFrame>,
+    /// Whether an input may hold a text and images together (inside `page`).
+    pub mixed: bool,
 }
 
 /// How a soft-token model's video becomes frames, each framed in the text like an image but

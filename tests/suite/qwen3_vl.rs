@@ -1,0 +1,104 @@
+//! Qwen3-VL served as Qwen3-VL-Embedding, against transformers 5.24 (generator:
+//! tests/fixtures/make_qwen3_vl.py): the embedder's chat-framed prompts token for token, and
+//! the last token's normalized state for texts, images and an image with text, alone and
+//! batched, through the real router as OpenAI, vLLM (`messages`) and Cohere clients send them.
+
+use crate::common::*;
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+const MODEL: &str = "qwen3-vl-embedding-tiny";
+
+fn image_url(file: &str) -> String {
+    let bytes = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(file)).unwrap();
+    let kind = if file.ends_with(".jpg") { "jpeg" } else { "png" };
+    format!("data:image/{kind};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// An input's content as a chat message carries it: the image first, then the text (the
+/// embedder's order).
+fn content(input: &Value) -> Value {
+    let mut parts = Vec::new();
+    if let Some(file) = input["image"].as_str() {
+        parts.push(json!({"type": "image_url", "image_url": {"url": image_url(file)}}));
+    }
+    if let Some(text) = input["text"].as_str() {
+        parts.push(json!({"type": "text", "text": text}));
+    }
+    json!(parts)
+}
+
+/// The f32 bar, but for the JPEG: zune-jpeg's chroma upsampling differs from libjpeg-turbo's
+/// by a level or two, which these random weights amplify (as for ColQwen2's pages).
+fn bar(input: &Value) -> f64 {
+    match input["image"].as_str() {
+        Some(file) if file.ends_with(".jpg") => 0.99,
+        _ => 0.9999,
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn texts_images_and_both_embed_as_the_published_embedder_does() {
+    let expected = expected(MODEL);
+    let engine = engine(&fixture_model(MODEL), |_| {});
+    assert!(engine.spec().tasks.contains(&poolserve::pooling::Task::Embed), "{:?}", engine.spec().tasks);
+    let router = router(engine, 16 << 20);
+    let inputs = expected["inputs"].as_array().unwrap();
+
+    // Texts: the chat frame, token for token, and the vector, through the OpenAI route.
+    for input in inputs.iter().filter(|i| i.get("image").is_none()) {
+        let reply = post(&router, "/tokenize", json!({"prompt": input["text"]})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(ids(&reply.body["tokens"]), ids(&input["input_ids"]), "{} tokens", input["text"]);
+        let reply = post(&router, "/v1/embeddings", json!({"input": input["text"]})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&input["vector"]));
+        eprintln!("text {}: cosine {c:.9}", input["text"]);
+        assert!(c >= 0.9999, "text {}: cosine {c}", input["text"]);
+    }
+
+    // Every input alone, then all in one request, as vLLM's chat-style embedding request.
+    for input in inputs {
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [{"role": "user", "content": content(input)}]})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&input["vector"]));
+        eprintln!("{} / {}: alone cosine {c:.9}", input["image"], input["text"]);
+        assert!(c >= bar(input), "{} / {}: cosine {c}", input["image"], input["text"]);
+        if input.get("image").is_some() {
+            // Usage: the prompt's tokens and the tower's patches.
+            let grid = ids(&input["grid_thw"]).iter().product::<u32>() as usize;
+            assert_eq!(reply.body["usage"]["prompt_tokens"], json!(input["input_ids"].as_array().unwrap().len() + grid));
+        }
+    }
+    let messages: Vec<Value> = inputs.iter().map(|i| json!({"role": "user", "content": content(i)})).collect();
+    let reply = post(&router, "/v1/embeddings", json!({"messages": messages})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for (item, input) in reply.body["data"].as_array().unwrap().iter().zip(inputs) {
+        let c = cosine(&floats(&item["embedding"]), &floats(&input["batched"]));
+        eprintln!("{} / {}: batched cosine {c:.9}", input["image"], input["text"]);
+        assert!(c >= bar(input), "{} / {} batched: cosine {c}", input["image"], input["text"]);
+    }
+
+    // Cohere's /v2/embed with an image: the same vector.
+    let png = inputs.iter().find(|i| i["image"] == "gradient_97x61.png" && i.get("text").is_none()).unwrap();
+    let body = json!({"input_type": "image", "images": [image_url("gradient_97x61.png")], "embedding_types": ["float"]});
+    let reply = post(&router, "/v2/embed", body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let c = cosine(&floats(&reply.body["embeddings"]["float"][0]), &floats(&png["vector"]));
+    assert!(c >= 0.9999, "Cohere image: cosine {c}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_image_placeholder_is_refused() {
+    let router = router(engine(&fixture_model(MODEL), |_| {}), 16 << 20);
+    let reply = post(&router, "/v1/embeddings", json!({"input": "look <|image_pad|> here"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(reply.body.to_string().contains("<|image_pad|>"), "{}", reply.body);
+    let message = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [message]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+}
