@@ -198,6 +198,22 @@ def check_page_retriever(server, expected):
     return results
 
 
+def check_chat_framed_images(server, expected):
+    """Qwen3-VL-Embedding: each input (texts, the PNG images, an image with text) alone as a
+    chat-style message, then all of them in one request. The JPEG is left out (its decoder)."""
+    cases = [c for c in expected["inputs"] if not c.get("image", "").endswith(".jpg")]
+
+    def content(case):
+        return ([image_part(case["image"])] if "image" in case else []) + ([{"type": "text", "text": case["text"]}] if "text" in case else [])
+    results = []
+    for case in cases:
+        embedding = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": content(case)}]})["data"][0]["embedding"]
+        results.append(("cosine", cosine(embedding, case["vector"])))
+    reply = server.post("/v1/embeddings", {"messages": [{"role": "user", "content": content(c)} for c in cases]})
+    results += [("cosine", cosine(d["embedding"], c["batched"])) for d, c in zip(reply["data"], cases)]
+    return results
+
+
 def check_image_text(server, expected):
     """CLIP / SigLIP: texts through `input`, images as data-URL messages (image embeddings get
     the image-embedding cosine floor, 0.999, via the text floor's check)."""
@@ -380,6 +396,7 @@ CHECKS = {
     "qwen3-causal-reranker": (["--hf-overrides", QWEN3_RERANKER], [check_pairs]),
     "qwen3-embed-last": (lora_flags("qwen3-embed-last"), [check_embeddings, lambda s, e: check_lora(s, e, "qwen3-embed-last")]),
     "qwen3-seqcls": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
+    "qwen3-vl-embedding-tiny": ([], [check_chat_framed_images]),
     "siglip-tiny": ([], [check_image_text]),
     "xlmr-embed-cls": ([], [check_embeddings]),
     "xlmr-reranker": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
