@@ -214,6 +214,18 @@ def check_chat_framed_images(server, expected):
     return results
 
 
+def check_image_pairs(server, expected):
+    """Qwen3-VL-Reranker: each (query, document) pair, a text or a PNG image on either side, on
+    /score (vLLM's `{"content": [...]}` sides)."""
+    def side(s):
+        return {"content": [image_part(s["image"])]} if "image" in s else s["text"]
+    results = []
+    for pair in expected["pairs"]:
+        score = server.post("/score", {"data_1": side(pair["query"]), "data_2": side(pair["document"])})["data"][0]["score"]
+        results.append(("diff", abs(score - pair["score"])))
+    return results
+
+
 def check_image_text(server, expected):
     """CLIP / SigLIP: texts through `input`, images as data-URL messages (image embeddings get
     the image-embedding cosine floor, 0.999, via the text floor's check)."""
@@ -330,6 +342,8 @@ def check_rewards(server, expected, key="token_rewards"):
 
 
 PRM_STEP = ["--pooler-config", json.dumps({"pooling_type": "STEP", "step_tag_id": 1000, "returned_token_ids": [0, 1]})]
+QWEN3_VL_RERANKER = json.dumps({"architectures": ["Qwen3VLForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+                                "is_original_qwen3_reranker": True})
 QWEN3_RERANKER = json.dumps({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": True})
 SPLADE = ["--pooler-config", json.dumps({"pooling_type": "SPLADE"})]
 GEMMA_RERANKER = json.dumps({"architectures": ["GemmaForSequenceClassification"], "classifier_from_token": ["Yes"], "method": "no_post_processing"})
@@ -397,6 +411,7 @@ CHECKS = {
     "qwen3-embed-last": (lora_flags("qwen3-embed-last"), [check_embeddings, lambda s, e: check_lora(s, e, "qwen3-embed-last")]),
     "qwen3-seqcls": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
     "qwen3-vl-embedding-tiny": ([], [check_chat_framed_images]),
+    "qwen3-vl-reranker-tiny": (["--hf-overrides", QWEN3_VL_RERANKER], [check_image_pairs]),
     "siglip-tiny": ([], [check_image_text]),
     "xlmr-embed-cls": ([], [check_embeddings]),
     "xlmr-reranker": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),

@@ -111,7 +111,9 @@ pub async fn create(
                 .map(|p| (p.get("type").and_then(Value::as_str) == Some("text")).then(|| p["text"].as_str().map(str::to_string)).flatten())
                 .collect();
             let prompts = super::score::side_prompts(&request.documents, &state.options().media).await?;
-            let (scores, tokens) = engine.score_embedded(vec![Prompt::Text(request.query.clone())], prompts, &params).await?;
+            let (scores, tokens) = engine
+                .score_prompts(vec![Prompt::Text(request.query.clone())], prompts, &params, request.pair.instruction.as_deref())
+                .await?;
             (scores, tokens, texts)
         }
         None => {

@@ -219,7 +219,7 @@ pub async fn create(
         state.check_batch_size(count(first)?.max(count(second)?))?;
         let media = &state.options().media;
         let (queries, documents) = (side_prompts(first, media).await?, side_prompts(second, media).await?);
-        let (scores, tokens) = engine.score_embedded(queries, documents, &params).await?;
+        let (scores, tokens) = engine.score_prompts(queries, documents, &params, request.pair.instruction.as_deref()).await?;
         let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
         return Ok(Json(ListResponse::new("score", &headers, request.request_id.as_deref(), engine, data, tokens)));
     }

@@ -570,9 +570,10 @@ impl Engine {
             if prompts.iter().any(|p| p.video_count() > 0) && !self.inner.input.takes_video() {
                 return Err(InputError::VideoUnsupported.into());
             }
-            // A page retriever's images give a vector per token, as its texts do.
-            let per_token = params.task == Task::TokenEmbed && self.inner.spec.supports(Task::TokenEmbed);
-            if params.task != Task::Embed && !per_token {
+            // A page retriever's images give a vector per token, as its texts do; a
+            // vision-language classifier (Qwen3-VL-Reranker) classifies and scores them.
+            let served = matches!(params.task, Task::TokenEmbed | Task::Classify | Task::Score) && self.inner.spec.supports(params.task);
+            if params.task != Task::Embed && !served {
                 return Err(EngineError::Params(ParamsError {
                     message: "images, audio and video can only be embedded (task `embed`)".into(),
                     param: None,

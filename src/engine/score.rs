@@ -10,7 +10,7 @@
 
 use super::{Engine, EngineError};
 use crate::engine::params::ResolvedParams;
-use crate::input::{InputError, Prompt};
+use crate::input::{InputError, Part, Prompt};
 use crate::pooling::m3::{self, MultiOutput, MultiVectors};
 use crate::pooling::Task;
 
@@ -125,11 +125,11 @@ impl Engine {
             }
             Some(ScoreMode::BiEncoder) => {
                 let as_prompts = |texts: &[String]| texts.iter().cloned().map(Prompt::Text).collect();
-                self.score_embedded(as_prompts(queries), as_prompts(documents), params).await
+                self.score_prompts(as_prompts(queries), as_prompts(documents), params, None).await
             }
             Some(ScoreMode::LateInteraction) => {
                 let as_prompts = |texts: &[String]| texts.iter().cloned().map(Prompt::Text).collect();
-                self.score_embedded(as_prompts(queries), as_prompts(documents), params).await
+                self.score_prompts(as_prompts(queries), as_prompts(documents), params, None).await
             }
             None => Err(EngineError::Model("this model cannot score pairs".into())),
         }
@@ -176,20 +176,25 @@ impl Engine {
         Ok((scores, tokens))
     }
 
-    /// Scores of embedded sides, texts or (for image-text models and page retrievers) images,
-    /// pairs as [`pair_up`] makes them: a bi-encoder's cosine of the two embeddings, or a
-    /// multi-vector model's MaxSim of their token vectors.
-    pub async fn score_embedded(
+    /// Scores of sides that may hold images, pairs as [`pair_up`] makes them: a bi-encoder's
+    /// cosine of the two embeddings, a multi-vector model's MaxSim of their token vectors, or
+    /// a prompt-based cross-encoder's score of the pair written into its template
+    /// (Qwen3-VL-Reranker; `instruction` replaces the template's task description).
+    pub async fn score_prompts(
         &self,
         queries: Vec<Prompt>,
         documents: Vec<Prompt>,
         params: &ResolvedParams,
+        instruction: Option<&str>,
     ) -> Result<(Vec<f32>, usize), EngineError> {
         let mode = self.score_mode();
+        let pairs = pair_up(queries.len(), documents.len())?;
+        if mode == Some(ScoreMode::CrossEncoder) {
+            return self.score_templated_pairs(&queries, &documents, pairs, params, instruction).await;
+        }
         if mode != Some(ScoreMode::BiEncoder) && mode != Some(ScoreMode::LateInteraction) {
             return Err(InputError::ImagesUnsupported.into());
         }
-        let pairs = pair_up(queries.len(), documents.len())?;
         let query_count = queries.len();
         let prompts = queries.into_iter().chain(documents).collect();
         if mode == Some(ScoreMode::LateInteraction) {
@@ -208,6 +213,53 @@ impl Engine {
         let embed = ResolvedParams { task: Task::Embed, dimensions: None, activation: true, ..params.clone() };
         let (vectors, tokens): (Vec<Vec<f32>>, _) = self.encode_as(prompts, &embed).await?;
         let scores = pairs.iter().map(|&(i, j)| cosine(&vectors[i], &vectors[query_count + j])).collect();
+        Ok((scores, tokens))
+    }
+
+    /// A cross-encoder's scores of pairs whose sides may be images: each pair one input, its
+    /// query's and its document's parts where the rerank template puts them (a pair of texts
+    /// is the template rendered, as [`Self::score`] writes it). Only models that read images
+    /// inside their text and score with a template (Qwen3-VL-Reranker) take them.
+    async fn score_templated_pairs(
+        &self,
+        queries: &[Prompt],
+        documents: &[Prompt],
+        pairs: Vec<(usize, usize)>,
+        params: &ResolvedParams,
+        instruction: Option<&str>,
+    ) -> Result<(Vec<f32>, usize), EngineError> {
+        let template = self.spec().rerank_template.as_ref().ok_or(InputError::ImagesUnsupported)?;
+        let [before, between, after] = template
+            .around(instruction)
+            .ok_or_else(|| EngineError::Model("the rerank template puts the document before the query".into()))?;
+        let parts = |prompt: &Prompt| -> Result<Vec<Part>, EngineError> {
+            match prompt {
+                Prompt::Text(text) => Ok(vec![Part::Text(text.clone())]),
+                Prompt::Image(bytes) => Ok(vec![Part::Image(bytes.clone())]),
+                Prompt::Interleaved(parts) => Ok(parts.clone()),
+                Prompt::Tokens(_) | Prompt::Pair(..) => {
+                    Err(EngineError::Model("token ids cannot be written into a rerank template".into()))
+                }
+            }
+        };
+        let prompts = pairs
+            .iter()
+            .map(|&(i, j)| match (&queries[i], &documents[j]) {
+                (Prompt::Text(query), Prompt::Text(document)) => Ok(Prompt::Text(template.render(query, document, instruction))),
+                (query, document) => {
+                    let mut pair = vec![Part::Text(before.clone())];
+                    pair.extend(parts(query)?);
+                    pair.push(Part::Text(between.clone()));
+                    pair.extend(parts(document)?);
+                    pair.push(Part::Text(after.clone()));
+                    Ok(Prompt::Interleaved(pair))
+                }
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        // The template is the whole input: no embedding prompt, nothing the tokenizer adds.
+        let params = ResolvedParams { prompt: None, add_special_tokens: false, ..params.clone() };
+        let (outputs, tokens): (Vec<Vec<f32>>, _) = self.encode_as(prompts, &params).await?;
+        let scores = outputs.into_iter().map(single_value).collect::<Result<_, _>>()?;
         Ok((scores, tokens))
     }
 }

@@ -232,7 +232,8 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
             },
         },
     };
-    let retrieval = architecture.retrieval_prompts(&processor_json(&source)?, &|name| tokenizer::special_token(&tokenizer_config, name))?;
+    let retrieval =
+        architecture.retrieval_prompts(&config, &processor_json(&source)?, &|name| tokenizer::special_token(&tokenizer_config, name))?;
     let audio = match with_cpu_weight_format(cpu_weight_format, || architecture.audio_tower(&config, vb.clone()))? {
         Some(tower) => Some(AudioInput { features: audio_features(&source, tower.as_ref())?, tower }),
         None => None,

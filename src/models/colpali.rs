@@ -106,6 +106,7 @@ impl Architecture for ColPali {
 
     fn retrieval_prompts(
         &self,
+        _config: &Value,
         processor: &Value,
         special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {

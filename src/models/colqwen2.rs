@@ -78,6 +78,7 @@ impl Architecture for ColQwen2 {
 
     fn retrieval_prompts(
         &self,
+        _config: &Value,
         processor: &Value,
         special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {

@@ -129,6 +129,18 @@ impl RerankTemplate {
         }
     }
 
+    /// Qwen3-VL-Reranker's prompt, as vLLM's `qwen3_vl_reranker.jinja` renders a query and a
+    /// document (each a text or an image, `<|vision_start|><|image_pad|>…<|vision_end|>`).
+    pub fn qwen3_vl() -> Self {
+        RerankTemplate {
+            format: "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. \
+                     Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\
+                     <Query>:{query}\n<Document>:{document}<|im_end|>\n<|im_start|>assistant\n"
+                .into(),
+            instruction: "Given a search query, retrieve relevant candidates that answer the query.".into(),
+        }
+    }
+
     /// BAAI/bge-reranker-v2-gemma's prompt (FlagEmbedding's `FlagLLMReranker`, and vLLM's test
     /// of it): `<bos>A: {query}\nB: {document}\n{prompt}`, read at the "Yes" token.
     pub fn bge_reranker_gemma() -> Self {
@@ -161,6 +173,17 @@ impl RerankTemplate {
         }
         out.push_str(rest);
         out
+    }
+
+    /// The prompt's text before the query, between the query and the document, and after the
+    /// document (the instruction written in), for a pair whose sides are not plain texts
+    /// (images); `None` if the format puts the document first.
+    pub fn around(&self, instruction: Option<&str>) -> Option<[String; 3]> {
+        let (before, rest) = self.format.split_once("{query}")?;
+        let (between, after) = rest.split_once("{document}")?;
+        let piece =
+            |format: &str| RerankTemplate { format: format.into(), instruction: self.instruction.clone() }.render("", "", instruction);
+        Some([piece(before), piece(between), piece(after)])
     }
 }
 

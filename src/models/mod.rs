@@ -420,10 +420,12 @@ pub trait Architecture: Sync {
         false
     }
     /// How the model's processor frames queries and images ([`RetrievalPrompts`]), from its
-    /// `processor_config.json` (`Value::Null` when the folder has none) and the tokenizer's
-    /// special tokens by their `tokenizer_config.json` names (`special("bos_token")`).
+    /// config (after `--hf-overrides`), its `processor_config.json` (`Value::Null` when the
+    /// folder has none) and the tokenizer's special tokens by their `tokenizer_config.json`
+    /// names (`special("bos_token")`).
     fn retrieval_prompts(
         &self,
+        _config: &Value,
         _processor: &Value,
         _special: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Option<RetrievalPrompts>, ModelError> {

@@ -24,7 +24,8 @@
 
 use super::batch::Batch;
 use super::gemma4_vision::ImagePatches;
-use super::llama::{Decoder, DecoderConfig, DecoderLayout};
+use super::head_weights::{ClassifierWeights, RerankTemplate};
+use super::llama::{last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
 use super::qwen2_vl::{image_tokens, merge_blocks, mrope_positions, mrope_section};
 use super::retrieval::root;
@@ -72,11 +73,24 @@ impl Architecture for Qwen3Vl {
         Ok(Some(Box::new(Qwen3VlVision::load(raw, visual)?)))
     }
 
+    /// Qwen3-VL-Reranker's pairs are written by its rerank template ([`Self::rerank_template`]),
+    /// their parts one after another, with nothing around them.
     fn retrieval_prompts(
         &self,
+        config: &Value,
         _processor: &Value,
         _special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
+        if is_reranker(config) {
+            let none = String::new;
+            return Ok(Some(RetrievalPrompts {
+                query_prefix: none(),
+                query_suffix: none(),
+                image_prefix: none(),
+                image_suffix: none(),
+                mixed: true,
+            }));
+        }
         let prefix = format!("<|im_start|>system\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>user\n");
         let suffix = "<|im_end|>\n<|im_start|>assistant\n".to_string();
         Ok(Some(RetrievalPrompts {
@@ -87,6 +101,43 @@ impl Architecture for Qwen3Vl {
             mixed: true,
         }))
     }
+
+    /// Qwen3-VL-Reranker converted as vLLM converts it (`--hf-overrides '{"architectures":
+    /// ["Qwen3VLForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+    /// "is_original_qwen3_reranker": true}'`): the LM head's `yes − no` row on the last token.
+    fn classifier(
+        &self,
+        raw: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
+        // The text model's sizes, with the conversion's fields of the top level.
+        let mut config = raw.get("text_config").cloned().unwrap_or(Value::Null);
+        if let (Some(text), Some(top)) = (config.as_object_mut(), raw.as_object()) {
+            for key in ["is_original_qwen3_reranker", "method", "classifier_from_token"] {
+                if let Some(value) = top.get(key) {
+                    text.insert(key.into(), value.clone());
+                }
+            }
+        }
+        // An untied LM head is `lm_head.weight`; a tied one is the text model's embeddings.
+        let vb = match vb.contains_tensor("lm_head.weight") {
+            true => vb,
+            false => root(&vb, &["model.language_model", "language_model", "model"], "embed_tokens.weight")?,
+        };
+        last_token_classifier(&config, vb, num_labels, from_tokens)
+    }
+
+    fn rerank_template(&self, _config: &Value, num_labels: usize) -> Option<RerankTemplate> {
+        (num_labels == 1).then(RerankTemplate::qwen3_vl)
+    }
+}
+
+/// A config converted into a classifier (Qwen3-VL-Reranker's `--hf-overrides`).
+fn is_reranker(config: &Value) -> bool {
+    config.get("classifier_from_token").is_some()
+        || config.pointer("/architectures/0").and_then(Value::as_str).is_some_and(|a| a.ends_with("ForSequenceClassification"))
 }
 
 /// `Qwen3VLVisionConfig`'s fields (its defaults where absent).

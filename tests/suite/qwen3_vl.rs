@@ -1,7 +1,11 @@
-//! Qwen3-VL served as Qwen3-VL-Embedding, against transformers 5.24 (generator:
-//! tests/fixtures/make_qwen3_vl.py): the embedder's chat-framed prompts token for token, and
-//! the last token's normalized state for texts, images and an image with text, alone and
-//! batched, through the real router as OpenAI, vLLM (`messages`) and Cohere clients send them.
+//! Qwen3-VL against transformers 5.24 (generator: tests/fixtures/make_qwen3_vl.py), through
+//! the real router:
+//! - as Qwen3-VL-Embedding: the embedder's chat-framed prompts token for token, and the last
+//!   token's normalized state for texts, images and an image with text, alone and batched, as
+//!   OpenAI, vLLM (`messages`) and Cohere clients send them;
+//! - as Qwen3-VL-Reranker (vLLM's `--hf-overrides` conversion): pairs of texts and images
+//!   written into vLLM's `qwen3_vl_reranker.jinja` prompt, scored `sigmoid(yes − no)` on
+//!   `/score` and `/rerank` (documents of content parts).
 
 use crate::common::*;
 use base64::Engine as _;
@@ -101,4 +105,68 @@ async fn a_typed_image_placeholder_is_refused() {
     let message = json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]});
     let reply = post(&router, "/v1/embeddings", json!({"messages": [message]})).await;
     assert_eq!(reply.status, 400, "{}", reply.body);
+}
+
+/// Qwen3-VL-Reranker converted as vLLM's docs serve it.
+fn reranker_router() -> axum::Router {
+    let engine = engine(&fixture_model("qwen3-vl-reranker-tiny"), |c| {
+        let overrides = json!({"architectures": ["Qwen3VLForSequenceClassification"], "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
+        c.models[0].hf_overrides = overrides.as_object().unwrap().clone();
+    });
+    router(engine, 16 << 20)
+}
+
+/// A side as vLLM's score API takes it: a text, or `{"content": [an image part]}`.
+fn side(value: &Value) -> Value {
+    match value["image"].as_str() {
+        Some(file) => json!({"content": [{"type": "image_url", "image_url": {"url": image_url(file)}}]}),
+        None => value["text"].clone(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reranker_scores_texts_and_images_in_its_template() {
+    let expected = expected("qwen3-vl-reranker-tiny");
+    let router = reranker_router();
+    let pairs = expected["pairs"].as_array().unwrap();
+    for pair in pairs {
+        let reply = post(&router, "/score", json!({"data_1": side(&pair["query"]), "data_2": side(&pair["document"])})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let (ours, want) = (reply.body["data"][0]["score"].as_f64().unwrap(), pair["score"].as_f64().unwrap());
+        eprintln!("{} × {}: {ours:.7} (transformers {want:.7})", pair["query"], pair["document"]);
+        assert!((ours - want).abs() <= 1e-4, "{} × {}: {ours} vs {want}", pair["query"], pair["document"]);
+        // Usage: the prompt's tokens and the tower's patches of its images.
+        let patches: usize = [&pair["query"], &pair["document"]]
+            .iter()
+            .filter_map(|s| s["image"].as_str())
+            .map(|f| if f.starts_with("gradient") { 24 } else { 16 })
+            .sum();
+        assert_eq!(reply.body["usage"]["prompt_tokens"], json!(pair["input_ids"].as_array().unwrap().len() + patches));
+    }
+    // vLLM's /rerank with documents of content parts: a text and two images, one request.
+    let query = &pairs[0]["query"]["text"];
+    let documents: Vec<Value> = pairs[..3]
+        .iter()
+        .map(|p| match p["document"]["image"].as_str() {
+            Some(file) => json!({"type": "image_url", "image_url": {"url": image_url(file)}}),
+            None => json!({"type": "text", "text": p["document"]["text"]}),
+        })
+        .collect();
+    let reply = post(&router, "/rerank", json!({"query": query, "documents": {"content": documents}})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for result in reply.body["results"].as_array().unwrap() {
+        let i = result["index"].as_u64().unwrap() as usize;
+        let (ours, want) = (result["relevance_score"].as_f64().unwrap(), pairs[i]["score"].as_f64().unwrap());
+        assert!((ours - want).abs() <= 1e-4, "rerank document {i}: {ours} vs {want}");
+    }
+    // A text pair through the plain route: the template rendered, as for Qwen3-Reranker.
+    let reply = post(&router, "/rerank", json!({"query": query, "documents": [pairs[0]["document"]["text"]]})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let ours = reply.body["results"][0]["relevance_score"].as_f64().unwrap();
+    assert!((ours - pairs[0]["score"].as_f64().unwrap()).abs() <= 1e-4, "text rerank: {ours}");
+    // The instruction goes into the template for image documents too.
+    let custom =
+        post(&router, "/score", json!({"data_1": query, "data_2": side(&pairs[1]["document"]), "instruction": "Find charts"})).await;
+    assert_eq!(custom.status, 200, "{}", custom.body);
+    assert!((custom.body["data"][0]["score"].as_f64().unwrap() - pairs[1]["score"].as_f64().unwrap()).abs() > 1e-6, "instruction ignored");
 }

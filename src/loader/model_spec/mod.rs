@@ -186,7 +186,14 @@ fn decide_tasks(input: &SpecInputs) -> Result<Vec<Task>, LoadError> {
                 "`{name}`: chunked processing does not apply to image-text models (their texts are read at one token)"
             )));
         }
-        // An image-text model's one job: embeddings of texts and images in one space.
+        // A vision-language model converted into a classifier (Qwen3-VL-Reranker's
+        // `--hf-overrides`) classifies its inputs, images included, and (with one label)
+        // scores pairs written into its template.
+        if is_sequence_classifier(name) && matches!(options.convert, Convert::Auto | Convert::Classify) {
+            let one_label = num_labels(input) == 1;
+            return Ok(if one_label { vec![Task::Classify, Task::Score] } else { vec![Task::Classify] });
+        }
+        // Otherwise an image-text model's one job: embeddings of texts and images in one space.
         if !embeds_only {
             return Err(LoadError::Unsupported(format!(
                 "`{name}` embeds texts and images; it is served with --convert auto or embed only"
