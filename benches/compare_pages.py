@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Page-image encoding, poolserve against transformers on the CPU: one page (a 1240×1754 PNG,
-an A4 scan at 150 dpi) through ColQwen2 and ColPali at their published widths and image sizes,
+an A4 scan at 150 dpi) through ColQwen2, ColPali and Qwen3-VL-Embedding at their published widths and image sizes,
 with fewer layers (random weights: speed does not depend on them), each side end to end: the
 image file decoded, preprocessed and run through the tower and the language model to its
 vectors. poolserve over HTTP (`/pooling` token_embed, a data URL), transformers as its
-documentation runs it (`processor.process_images`, then the model).
+documentation runs it (`processor.process_images`, then the model; Qwen3-VL-Embedding: its chat
+prompt through the processor, then the model's last token, over `/v1/embeddings` on our side).
 
     python3 benches/compare_pages.py [--models DIR] [--rounds 3] [--dtype float32|bfloat16]
 
@@ -14,6 +15,10 @@ The shapes (layers cut, widths kept):
             768·28·28 (the page becomes 2,944 patches, 736 soft tokens)
   ColPali:  SigLIP-so400m at 448 px (1152 wide, 16 heads, 1,024 patches) with 4 of 27 layers,
             Gemma-2B (2048 wide, 8 heads of 256 over 1, MLP 16384) with 4 of 18 layers
+  Qwen3-VL-Embedding-2B: its vision tower (1024 wide, 16 heads, MLP 4096, 3 DeepStack mergers) with 4
+            of 24 blocks, its language model (2048 wide, 16 heads of 128 over 8, MLP 6144) with 4 of
+            28 layers; the embedder's max_pixels 1800·32·32 (the page becomes 7,140 patches, 1,785
+            soft tokens)
 Rounds alternate the two engines; each round's number is the median of 3 pages after a warm-up.
 """
 import argparse
@@ -89,6 +94,21 @@ def make(models):
         proc["image_processor"]["image_seq_length"] = 1024
         json.dump(proc, open(os.path.join(name, "processor_config.json"), "w"), indent=2)
     made["colpali"] = name
+    name = os.path.join(models, "qwen3vl-bench")
+    if not os.path.exists(os.path.join(name, "model.safetensors")):
+        shutil.copytree(os.path.join(FIXTURES, "qwen3-vl-embedding-tiny"), name, dirs_exist_ok=True)
+        config = transformers.Qwen3VLConfig.from_pretrained(name)
+        v, t = config.vision_config, config.text_config
+        v.depth, v.hidden_size, v.intermediate_size, v.num_heads, v.out_hidden_size = 4, 1024, 4096, 16, 2048
+        v.num_position_embeddings, v.deepstack_visual_indexes = 2304, [0, 1, 2]
+        t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads = 2048, 6144, 4, 16, 8
+        t.head_dim, t.max_position_embeddings = 128, 32768
+        t.rope_parameters["mrope_section"] = [24, 20, 20]
+        transformers.Qwen3VLForConditionalGeneration(config).save_pretrained(name)
+        proc = json.load(open(os.path.join(name, "processor_config.json")))
+        proc["image_processor"]["size"] = {"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32}
+        json.dump(proc, open(os.path.join(name, "processor_config.json"), "w"), indent=2)
+    made["qwen3vl"] = name
     png = os.path.join(models, "page.png")
     if not os.path.exists(png):
         page(png)
@@ -112,28 +132,42 @@ def main():
     ap.add_argument("--models", default="/work/bench-models")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--only", choices=["colqwen2", "colpali"])
+    ap.add_argument("--only", choices=["colqwen2", "colpali", "qwen3vl"])
     args = ap.parse_args()
     made, png = make(args.models)
     binary = os.path.join(ROOT, "target", "release", "poolserve")
     subprocess.run(["cargo", "build", "--release", "--locked"], cwd=ROOT, check=True)
     url = "data:image/png;base64," + base64.b64encode(open(png, "rb").read()).decode()
     body = json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}], "task": "token_embed"}).encode()
+    embed_body = json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}).encode()
     torch_dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
     for family, folder in made.items():
         if args.only and family != args.only:
             continue
-        model_class = transformers.ColQwen2ForRetrieval if family == "colqwen2" else transformers.ColPaliForRetrieval
+        model_class = {"colqwen2": transformers.ColQwen2ForRetrieval, "colpali": transformers.ColPaliForRetrieval,
+                       "qwen3vl": transformers.Qwen3VLForConditionalGeneration}[family]
         model = model_class.from_pretrained(folder, dtype=torch_dtype).eval()
         processor = transformers.AutoProcessor.from_pretrained(folder)
         server = start(binary, folder, args.dtype, 18599)
 
         def ours():
+            if family == "qwen3vl":
+                req = urllib.request.Request("http://127.0.0.1:18599/v1/embeddings", data=embed_body, headers={"Content-Type": "application/json"})
+                return json.loads(urllib.request.urlopen(req, timeout=600).read())["usage"]["prompt_tokens"]
             req = urllib.request.Request("http://127.0.0.1:18599/pooling", data=body, headers={"Content-Type": "application/json"})
             rows = json.loads(urllib.request.urlopen(req, timeout=600).read())["data"][0]["data"]
             return len(rows)
 
         def theirs():
+            if family == "qwen3vl":
+                conversation = [{"role": "system", "content": [{"type": "text", "text": "Represent the user's input."}]},
+                                {"role": "user", "content": [{"type": "image"}]}]
+                prompt = processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+                batch = processor(text=[prompt], images=[Image.open(png)], return_tensors="pt")
+                with torch.no_grad():
+                    states = model.model(**{k: v for k, v in batch.items() if k != "token_type_ids"}).last_hidden_state
+                torch.nn.functional.normalize(states[:, -1].float(), dim=-1)
+                return batch["input_ids"].shape[1] + int(batch["image_grid_thw"].prod())
             batch = processor.process_images([Image.open(png)])
             with torch.no_grad():
                 out = model(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "token_type_ids")})
@@ -148,12 +182,13 @@ def main():
                 times.append(time.perf_counter() - t0)
             return statistics.median(times), n
 
+        unit = "tokens + patches" if family == "qwen3vl" else "vectors"
         ratios = []
         try:
             for r in range(args.rounds):
                 (t, nt), (o, no) = timed(theirs), timed(ours)
                 ratios.append(t / o)
-                print(f"{family} {args.dtype} round {r + 1}: transformers {t * 1e3:.0f} ms ({nt} vectors), poolserve {o * 1e3:.0f} ms ({no} vectors): {t / o:.2f}x", flush=True)
+                print(f"{family} {args.dtype} round {r + 1}: transformers {t * 1e3:.0f} ms ({nt} {unit}), poolserve {o * 1e3:.0f} ms ({no} {unit}): {t / o:.2f}x", flush=True)
         finally:
             server.kill()
         print(f"{family} {args.dtype}: median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds", flush=True)

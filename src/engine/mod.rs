@@ -191,7 +191,11 @@ impl Engine {
                         end,
                         placeholder_id: ids.placeholder,
                         video,
-                        page: retrieval.as_ref().map(|p| TextFrame { prefix: p.image_prefix.clone(), suffix: p.image_suffix.clone() }),
+                        page: retrieval.as_ref().map(|p| TextFrame {
+                            prefix: p.image_prefix.clone(),
+                            suffix: p.image_suffix.clone(),
+                            trim: false,
+                        }),
                         mixed: retrieval.as_ref().is_some_and(|p| p.mixed),
                     })),
                     limits: image_limits,
@@ -231,7 +235,7 @@ impl Engine {
             }
             None => (None, None, None, None),
         };
-        let query_frame = retrieval.map(|p| TextFrame { prefix: p.query_prefix, suffix: p.query_suffix });
+        let query_frame = retrieval.map(|p| TextFrame { prefix: p.query_prefix, suffix: p.query_suffix, trim: p.strips_queries });
         let (audio_side, soft_audio) = match audio {
             Some(AudioInput { tower, features }) => {
                 let ids = tower.audio_tokens();

@@ -491,7 +491,13 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
     };
     let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str);
     if type_name.is_some_and(|t| t.starts_with("Qwen2VLImageProcessor")) {
-        return qwen2_vl_processor(processor, (patch_size, kernel)).map_err(invalid);
+        let mut config = qwen2_vl_processor(processor, (patch_size, kernel)).map_err(invalid)?;
+        // ColQwen3's `process_images` converts each image with Pillow before its image
+        // processor sees it: transparency dropped rather than composited.
+        if json.get("processor_class").and_then(serde_json::Value::as_str) == Some("ColQwen3Processor") {
+            config.alpha = image::patches::Alpha::Dropped;
+        }
+        return Ok(config);
     }
     let backend = image::patches::Backend::of_image_processor(type_name)
         .ok_or_else(|| invalid(format!("image_processor_type `{}` is not a Gemma 4 image processor", type_name.unwrap_or_default())))?;
@@ -506,6 +512,7 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
         backend,
         sizing: image::patches::Sizing::SoftTokenBudget,
         normalize: None,
+        alpha: image::patches::Alpha::OverWhite,
     };
     config.check().map_err(|e| invalid(e.to_string()))?;
     if (config.patch_size, config.pooling_kernel_size) != (patch_size, kernel) {
@@ -569,6 +576,7 @@ fn qwen2_vl_processor(processor: &serde_json::Value, (patch_size, merge): (usize
         backend: image::patches::Backend::Torchvision,
         sizing: image::patches::Sizing::SmartResize { min_pixels, max_pixels },
         normalize: Some(normalize),
+        alpha: image::patches::Alpha::OverWhite,
     };
     config.check().map_err(|e| e.to_string())?;
     Ok(config)

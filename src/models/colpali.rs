@@ -119,6 +119,7 @@ impl Architecture for ColPali {
             image_prefix: String::new(),
             image_suffix: format!("{bos}{}\n", field("visual_prompt_prefix", "Describe the image.")?),
             mixed: false,
+            strips_queries: false,
         }))
     }
 }

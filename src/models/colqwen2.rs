@@ -100,6 +100,7 @@ impl Architecture for ColQwen2 {
             image_prefix: image_prefix.to_string(),
             image_suffix: image_suffix.to_string(),
             mixed: false,
+            strips_queries: false,
         }))
     }
 }

@@ -13,6 +13,7 @@ pub mod bge_m3;
 pub mod clip;
 pub mod colpali;
 pub mod colqwen2;
+pub mod colqwen3;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
@@ -69,6 +70,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &siglip::SIGLIP,
     &colpali::COLPALI,
     &colqwen2::COLQWEN2,
+    &colqwen3::COLQWEN3,
     &qwen3_vl::QWEN3_VL,
 ];
 
@@ -200,6 +202,9 @@ pub struct RetrievalPrompts {
     /// parts are written one after another inside the frame. Otherwise an input is a text or
     /// one image (ColPali's processor takes one or the other).
     pub mixed: bool,
+    /// Whether a text loses its leading and trailing whitespace before the frame (ColQwen3's
+    /// processor strips its queries).
+    pub strips_queries: bool,
 }
 
 /// What the engine needs from an audio tower whose output stands in for placeholder tokens of

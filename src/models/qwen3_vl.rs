@@ -89,6 +89,7 @@ impl Architecture for Qwen3Vl {
                 image_prefix: none(),
                 image_suffix: none(),
                 mixed: true,
+                strips_queries: false,
             }));
         }
         let prefix = format!("<|im_start|>system\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>user\n");
@@ -99,6 +100,7 @@ impl Architecture for Qwen3Vl {
             image_prefix: prefix,
             image_suffix: suffix,
             mixed: true,
+            strips_queries: false,
         }))
     }
 

@@ -11,7 +11,7 @@ use crate::common::families::router_for;
 use crate::common::*;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use poolserve::input::image::patches::{preprocess_patches, Backend, PatchConfig, Sizing};
+use poolserve::input::image::patches::{preprocess_patches, Alpha, Backend, PatchConfig, Sizing};
 use poolserve::input::image::ImageLimits;
 use poolserve::models::batch::{Batch, SoftTokens, TokenizedInput};
 use poolserve::models::gemma4_vision::{Gemma4Vision, ImagePatches};
@@ -25,6 +25,7 @@ const CONFIG: PatchConfig = PatchConfig {
     backend: Backend::Torchvision,
     sizing: Sizing::SoftTokenBudget,
     normalize: None,
+    alpha: Alpha::OverWhite,
 };
 
 fn image_bytes(file: &str) -> Vec<u8> {

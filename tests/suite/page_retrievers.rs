@@ -1,5 +1,6 @@
 //! ColPali and ColQwen2 against transformers 5.24 (generator:
-//! tests/fixtures/make_page_retrievers.py): the processors' pixel values and input ids, the
+//! tests/fixtures/make_page_retrievers.py), and ColQwen3 against its published forward on
+//! transformers 5.24's Qwen3-VL (generator: tests/fixtures/make_qwen3_vl.py): the processors' pixel values and input ids, the
 //! models' vectors (one per token, padding rows dropped) for text queries and page images,
 //! alone and batched, and the processors' `score_retrieval` MaxSim scores, through the model
 //! layer and through the real router as vLLM (`/pooling` token_embed, `/score`, `/rerank` with
@@ -17,7 +18,7 @@ use poolserve::models::gemma4_vision::ImagePatches;
 use poolserve::models::{Architecture, Backbone};
 use serde_json::{json, Value};
 
-const MODELS: [&str; 2] = ["colpali-tiny", "colqwen2-tiny"];
+const MODELS: [&str; 3] = ["colpali-tiny", "colqwen2-tiny", "colqwen3-tiny"];
 /// Rows per vector.
 const DIM: usize = 16;
 

@@ -109,6 +109,19 @@ pub(super) fn to_rgb(img: DynamicImage) -> Vec<u8> {
     }
 }
 
+/// Pillow's `Image.convert("RGB")`: the alpha channel dropped, the colours kept (gray
+/// replicated, 16-bit reduced as [`to_rgb`] reduces it).
+pub(super) fn without_alpha(img: DynamicImage) -> Vec<u8> {
+    let hi = |v: u16| (v >> 8) as u8;
+    match img {
+        DynamicImage::ImageRgba8(b) => b.as_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
+        DynamicImage::ImageLumaA8(b) => b.as_raw().chunks_exact(2).flat_map(|p| [p[0]; 3]).collect(),
+        DynamicImage::ImageRgba16(b) => b.as_raw().chunks_exact(4).flat_map(|p| [hi(p[0]), hi(p[1]), hi(p[2])]).collect(),
+        DynamicImage::ImageLumaA16(b) => b.as_raw().chunks_exact(2).flat_map(|p| [hi(p[0]); 3]).collect(),
+        opaque => to_rgb(opaque),
+    }
+}
+
 /// The bytes of a `data:[<image type>];base64,<data>` URL (the API's and the batch
 /// commands' inline images). Only base64 image data is taken.
 pub fn decode_data_url(url: &str) -> Result<Vec<u8>, ImageError> {

@@ -11,7 +11,7 @@
 //! `(x, y)` grid position. Padding to the budget, which the processor adds for a dense batch,
 //! is left out: the tower runs each image's real patches as one sequence.
 
-use super::decode::{decode, to_rgb};
+use super::decode::{decode, to_rgb, without_alpha};
 use super::resample::{copy_region, resize, resize_torch, Filter};
 use super::{ImageError, ImageInfo, ImageLimits};
 
@@ -31,6 +31,18 @@ pub struct PatchConfig {
     pub sizing: Sizing,
     /// The processor's normalization, where it normalizes (Qwen2-VL; Gemma 4 only rescales).
     pub normalize: Option<Normalize>,
+    /// What becomes of the image's transparency.
+    pub alpha: Alpha,
+}
+
+/// How a transparent image becomes RGB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpha {
+    /// Composited over white: transformers' `convert_to_rgb`, which the image processors run.
+    OverWhite,
+    /// Dropped, the colours kept as they are: Pillow's `Image.convert("RGB")`, which some
+    /// processors call before their image processor (ColQwen3's `process_images`).
+    Dropped,
 }
 
 /// How a patch processor sizes an image.
@@ -210,7 +222,10 @@ pub fn preprocess_patches(bytes: &[u8], config: &PatchConfig, limits: &ImageLimi
     config.check()?;
     let (img, source) = decode(bytes, limits)?;
     let (w, h) = (img.width() as usize, img.height() as usize);
-    let rgb = to_rgb(img);
+    let rgb = match config.alpha {
+        Alpha::OverWhite => to_rgb(img),
+        Alpha::Dropped => without_alpha(img),
+    };
     patches_from_rgb(&rgb, w, h, config, source)
 }
 
@@ -254,6 +269,7 @@ mod tests {
             backend: Backend::Pil,
             sizing: Sizing::SoftTokenBudget,
             normalize: None,
+            alpha: Alpha::OverWhite,
         };
         // Values from transformers' get_aspect_ratio_preserving_size.
         assert_eq!(config.target_size(768, 1024).unwrap(), (672, 912));

@@ -63,6 +63,8 @@ pub struct PageFrame {
 pub struct TextFrame {
     pub prefix: String,
     pub suffix: String,
+    /// The text's leading and trailing whitespace dropped first (ColQwen3's queries).
+    pub trim: bool,
 }
 
 /// How a soft-token model's image sits in its text: `begin placeholder×n end` (the tokens'
@@ -466,7 +468,7 @@ impl Preprocessor {
     fn framed(&self, prompt: Option<&str>, text: &str) -> String {
         let prompt = prompt.unwrap_or("");
         match &self.query_frame {
-            Some(frame) => format!("{}{prompt}{text}{}", frame.prefix, frame.suffix),
+            Some(frame) => format!("{}{prompt}{}{}", frame.prefix, if frame.trim { text.trim() } else { text }, frame.suffix),
             None => format!("{prompt}{text}"),
         }
     }

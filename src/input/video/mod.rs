@@ -30,7 +30,7 @@ pub mod decode;
 pub mod mp4;
 pub mod sps;
 
-use crate::input::image::patches::{patches_from_rgb, Backend, PatchConfig, Patches, Sizing};
+use crate::input::image::patches::{patches_from_rgb, Alpha, Backend, PatchConfig, Patches, Sizing};
 use crate::input::image::ImageInfo;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -117,6 +117,7 @@ impl VideoConfig {
             backend: Backend::TorchvisionFused,
             sizing: Sizing::SoftTokenBudget,
             normalize: None,
+            alpha: Alpha::OverWhite,
         };
         patches.check().map_err(|e| e.to_string())?;
         if (patches.patch_size, patches.pooling_kernel_size) != patch_geometry {
@@ -257,6 +258,7 @@ mod tests {
             backend: Backend::TorchvisionFused,
             sizing: Sizing::SoftTokenBudget,
             normalize: None,
+            alpha: Alpha::OverWhite,
         };
         VideoConfig { patches, fps, max_frames, overflow, add_timestamps: false }
     }
