@@ -215,14 +215,31 @@ impl Engine {
                 // An image's cost: its soft tokens and the prompt around them in the text, and
                 // the tower's pass over as many patches.
                 let tokens = tower.tokens_per_image();
+                // Every page's text is the same: tokenized here, once, without the tokenizer's
+                // special tokens (the processor's prompt writes them).
+                let text = format!("{}{}{}", prompts.image_prefix, placeholder.repeat(tokens), prompts.image_suffix);
+                let encode = crate::input::tokenizer::EncodeOptions {
+                    add_special_tokens: false,
+                    truncate_to: None,
+                    side: crate::input::tokenizer::TruncationSide::Right,
+                    pair_limits: Default::default(),
+                };
+                let prompt = tokenizer
+                    .encode(&text, encode)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the page prompt: {e}")))?;
+                if prompt.ids.iter().filter(|&&t| t == placeholder_id).count() != tokens {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("the page prompt does not tokenize into {tokens} `{placeholder}` tokens"),
+                    ));
+                }
                 let tokens_per_image = 2 * tokens + 16;
                 let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
                 let side = ImageSide {
                     processing: ImageProcessing::Page(Box::new(PageFrame {
                         tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
                         processor: Arc::new(processor),
-                        prefix: prompts.image_prefix.clone(),
-                        suffix: prompts.image_suffix.clone(),
+                        prompt,
                         placeholder,
                         placeholder_id,
                         tokens,

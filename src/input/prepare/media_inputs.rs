@@ -82,8 +82,8 @@ impl Preprocessor {
     }
 
     /// A page retriever's images (ColPali): each decoded and resized to the tower's square on
-    /// one input worker, then its text as the processor builds it (`prefix placeholder×n
-    /// suffix`), tokenized without the tokenizer's special tokens (the frame writes them).
+    /// one input worker, each with the page text the processor builds (`prefix placeholder×n
+    /// suffix`, tokenized at load: [`PageFrame::prompt`]).
     /// An image is a document of its own: the processor takes text or images, never both in
     /// one input.
     async fn page_images(
@@ -105,17 +105,8 @@ impl Preprocessor {
                 })
             })
             .await??;
-        let text = format!("{}{}{}", frame.prefix, frame.placeholder.repeat(frame.tokens), frame.suffix);
-        let encode =
-            EncodeOptions { add_special_tokens: false, truncate_to: None, side: TruncationSide::Right, pair_limits: Default::default() };
-        let tokens = self.workers.encode(vec![TextInput::Single(text)], encode).await?.pop().ok_or(InputError::Stopped)??;
+        let tokens = &frame.prompt;
         check_length(tokens.len(), self.max_model_len, false)?;
-        if tokens.ids.iter().filter(|&&t| t == frame.placeholder_id).count() != frame.tokens {
-            return Err(InputError::Media {
-                message: format!("the image prompt does not tokenize into {} `{}` tokens", frame.tokens, frame.placeholder),
-                param: None,
-            });
-        }
         Ok(crops
             .into_iter()
             .map(|crop| {

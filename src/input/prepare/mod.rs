@@ -43,13 +43,14 @@ pub enum ImageProcessing {
 
 /// How a page retriever's image becomes its input (ColPali's `process_images`): the crop
 /// CLIP and SigLIP make, and the text `prefix placeholder×tokens suffix` whose placeholders the
-/// tower's soft tokens replace.
+/// tower's soft tokens replace. Every page has the same text: it is tokenized once, at load.
 pub struct PageFrame {
     pub processor: Arc<ImageProcessorConfig>,
     /// The processor's normalization, made once ([`super::image::ChannelTables`]).
     pub tables: Arc<super::image::ChannelTables>,
-    pub prefix: String,
-    pub suffix: String,
+    /// The page's text, tokenized without the tokenizer's special tokens (the prompt writes
+    /// them), holding `tokens` placeholders.
+    pub prompt: TokenizedInput,
     pub placeholder: String,
     pub placeholder_id: u32,
     /// The soft tokens an image becomes.
