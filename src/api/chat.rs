@@ -122,7 +122,7 @@ pub async fn inputs(
         let needs = match kind {
             "input_audio" | "audio_url" => "a model with an audio tower (EmbeddingGemma 2's multimodal folder)",
             "video_url" => "a model that reads video frames (EmbeddingGemma 2's multimodal folder)",
-            _ => "an image-text model (CLIP, SigLIP, EmbeddingGemma 2)",
+            _ => "an image-text model (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL)",
         };
         return Err(ApiError::BadRequest {
             message: format!("content parts of type `{kind}` need {needs}; this model reads text only"),

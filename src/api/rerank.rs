@@ -95,12 +95,13 @@ pub async fn create(
     let params = score_params(engine, &request.params, &request.pair)?;
     let (scores, tokens, mut documents) = match request.documents.get("content").and_then(Value::as_array) {
         // vLLM's multimodal documents, `{"content": [parts]}`: each part a document (a text,
-        // an image or an audio), embedded and scored by cosine against the query's embedding.
+        // an image or an audio), scored against the query as the model scores pairs (cosine of
+        // embeddings, MaxSim of token vectors, or a prompt-based reranker's pair).
         Some(parts) => {
             if !engine.spec().images {
                 return Err(ApiError::BadRequest {
                     message:
-                        "Documents of content parts need an image-text model (CLIP, SigLIP, EmbeddingGemma 2) or a page retriever (ColPali)"
+                        "Documents of content parts need an image-text model (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL), a page retriever (ColPali, ColQwen) or Qwen3-VL-Reranker"
                             .into(),
                     param: Some("documents"),
                 });

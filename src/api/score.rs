@@ -209,7 +209,7 @@ pub async fn create(
         // A side of content parts (vLLM's multimodal form): texts and images, embedded.
         if !engine.spec().images {
             return Err(ApiError::bad_request(
-                "Sides of content parts (`{\"content\": [...]}`) need an image-text model (CLIP, SigLIP, EmbeddingGemma 2) or a page retriever (ColPali); this model does not take images",
+                "Sides of content parts (`{\"content\": [...]}`) need an image-text model (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL), a page retriever (ColPali, ColQwen) or Qwen3-VL-Reranker; this model does not take images",
             ));
         }
         let count = |side: &Value| match side.get("content").and_then(Value::as_array) {

@@ -596,7 +596,10 @@ impl Engine {
             let served = matches!(params.task, Task::TokenEmbed | Task::Classify | Task::Score) && self.inner.spec.supports(params.task);
             if params.task != Task::Embed && !served {
                 return Err(EngineError::Params(ParamsError {
-                    message: "images, audio and video can only be embedded (task `embed`)".into(),
+                    message: format!(
+                        "images, audio and video can only be embedded (task `embed`); this model does not serve task `{}` on them",
+                        params.task.as_str()
+                    ),
                     param: None,
                 }));
             }

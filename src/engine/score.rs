@@ -229,17 +229,16 @@ impl Engine {
         instruction: Option<&str>,
     ) -> Result<(Vec<f32>, usize), EngineError> {
         let template = self.spec().rerank_template.as_ref().ok_or(InputError::ImagesUnsupported)?;
+        let refused = |message: &str| EngineError::Input(InputError::Media { message: message.into(), param: None });
         let [before, between, after] = template
             .around(instruction)
-            .ok_or_else(|| EngineError::Model("the rerank template puts the document before the query".into()))?;
+            .ok_or_else(|| refused("this model's rerank template puts the document before the query; it scores text pairs only"))?;
         let parts = |prompt: &Prompt| -> Result<Vec<Part>, EngineError> {
             match prompt {
                 Prompt::Text(text) => Ok(vec![Part::Text(text.clone())]),
                 Prompt::Image(bytes) => Ok(vec![Part::Image(bytes.clone())]),
                 Prompt::Interleaved(parts) => Ok(parts.clone()),
-                Prompt::Tokens(_) | Prompt::Pair(..) => {
-                    Err(EngineError::Model("token ids cannot be written into a rerank template".into()))
-                }
+                Prompt::Tokens(_) | Prompt::Pair(..) => Err(refused("token ids cannot be written into the rerank template beside images")),
             }
         };
         let prompts = pairs

@@ -113,24 +113,25 @@ impl SoftTokens {
     /// `hidden` (`[tokens, hidden]`) with these rows added at their positions (DeepStack's
     /// visual features joining the residual stream).
     pub fn add_to(&self, hidden: &Tensor) -> Result<Tensor> {
-        let (tokens, device) = (hidden.dim(0)?, hidden.device());
+        hidden.index_add(&self.index_into(hidden)?, &self.rows.to_dtype(hidden.dtype())?, 0)
+    }
+
+    /// The positions as an index into `states` (`[tokens, width]`), checked to lie inside it.
+    fn index_into(&self, states: &Tensor) -> Result<Tensor> {
+        let tokens = states.dim(0)?;
         if self.positions.last().is_some_and(|&p| p >= tokens) {
             candle_core::bail!("{} soft tokens at positions up to {:?} for {tokens} tokens", self.positions.len(), self.positions.last());
         }
-        let index = Tensor::from_vec(self.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), self.positions.len(), device)?;
-        hidden.index_add(&index, &self.rows.to_dtype(hidden.dtype())?, 0)
+        Tensor::from_vec(self.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), self.positions.len(), states.device())
     }
 
     /// `embeddings` (`[tokens, hidden]`) with the rows at `positions` replaced by these.
     pub fn replace(&self, embeddings: &Tensor) -> Result<Tensor> {
-        let (tokens, device) = (embeddings.dim(0)?, embeddings.device());
-        if self.positions.last().is_some_and(|&p| p >= tokens) {
-            candle_core::bail!("{} soft tokens at positions up to {:?} for {tokens} tokens", self.positions.len(), self.positions.last());
-        }
+        let index = self.index_into(embeddings)?;
+        let tokens = embeddings.dim(0)?;
         let mut keep = vec![1f32; tokens];
         self.positions.iter().for_each(|&p| keep[p] = 0.0);
-        let keep = Tensor::from_vec(keep, (tokens, 1), device)?.to_dtype(embeddings.dtype())?;
-        let index = Tensor::from_vec(self.positions.iter().map(|&p| p as u32).collect::<Vec<_>>(), self.positions.len(), device)?;
+        let keep = Tensor::from_vec(keep, (tokens, 1), embeddings.device())?.to_dtype(embeddings.dtype())?;
         let placed = embeddings.zeros_like()?.index_add(&index, &self.rows.to_dtype(embeddings.dtype())?, 0)?;
         embeddings.broadcast_mul(&keep)? + placed
     }

@@ -15,7 +15,7 @@
 //!   Describe the image.<|im_end|><|endoftext|>` (`visual_prompt_prefix` +
 //!   `visual_prompt_suffix` of `processor_config.json` where the folder sets them).
 
-use super::qwen3_vl::{Qwen3VlText, Qwen3VlVision};
+use super::qwen3_vl::{deepstack_features, Qwen3VlText, Qwen3VlVision};
 use super::retrieval::{processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::{parse_config, Architecture, Backbone, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
 use candle_nn::VarBuilder;
@@ -31,7 +31,6 @@ const VISION_FRAME: &str = "<|vision_start|><|image_pad|><|vision_end|>";
 #[derive(Debug, Deserialize)]
 struct ColQwen3Config {
     text_config: Value,
-    vision_config: Value,
     #[serde(default = "default_embed_dim")]
     embed_dim: usize,
 }
@@ -64,7 +63,7 @@ impl Architecture for ColQwen3 {
 
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
         let config: ColQwen3Config = parse_config(raw)?;
-        let deepstack = config.vision_config.get("deepstack_visual_indexes").and_then(Value::as_array).map_or(3, Vec::len);
+        let deepstack = deepstack_features(raw)?;
         let text = root(&vb, &["vlm.model.language_model", "model.language_model", "language_model", "vlm.model"], "embed_tokens.weight")?;
         Ok(Box::new(Projected::load(Qwen3VlText::load(&config.text_config, deepstack, text)?, &vb, config.embed_dim)?))
     }

@@ -17,7 +17,7 @@
 use super::batch::{Batch, ImageGrid};
 use super::gemma4_vision::ImagePatches;
 use super::llama::{Decoder, DecoderConfig, DecoderLayout};
-use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
+use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary, RotaryTable};
 use super::weights::{layer_norm, linear};
 use super::{parse_config, Backbone, BackboneSizes, ImageTokens, ModelError, SoftTokenTower};
 use candle_core::{DType, Result, Tensor};
@@ -76,16 +76,52 @@ fn default_temporal() -> usize {
 /// Patch indices in the merger's order, and each one's (row, column).
 type BlockOrder = (Vec<usize>, Vec<(u32, u32)>);
 
-/// Vision blocks' LayerNorms and the merger's (`eps=1e-6` in the modeling code).
-const VISION_EPS: f64 = 1e-6;
+/// Vision blocks' LayerNorms and the mergers' (`eps=1e-6` in both towers' modeling code).
+pub(super) const VISION_EPS: f64 = 1e-6;
 
-struct VisionBlock {
+/// A pre-LayerNorm vision block of the Qwen-VL towers: attention whose queries and keys turn
+/// by each patch's row and column, then an MLP (Qwen2-VL's `mlp.fc1`/`mlp.fc2`, Qwen3-VL's
+/// `mlp.linear_fc1`/`mlp.linear_fc2`).
+pub(super) struct VisionBlock {
     norm1: LayerNorm,
     qkv: Linear,
     proj: Linear,
     norm2: LayerNorm,
     fc1: Linear,
     fc2: Linear,
+}
+
+impl VisionBlock {
+    /// Block `b`'s weights: `e` wide, its MLP `inner` wide under `mlp.{fc1}` and `mlp.{fc2}`.
+    pub(super) fn load(b: &VarBuilder, e: usize, inner: usize, [fc1, fc2]: [&str; 2]) -> Result<Self> {
+        Ok(Self {
+            norm1: layer_norm(&b.pp("norm1"), e, VISION_EPS)?,
+            qkv: linear(&b.pp("attn.qkv"), 3 * e, e)?,
+            proj: linear(&b.pp("attn.proj"), e, e)?,
+            norm2: layer_norm(&b.pp("norm2"), e, VISION_EPS)?,
+            fc1: linear(&b.pp(format!("mlp.{fc1}")), inner, e)?,
+            fc2: linear(&b.pp(format!("mlp.{fc2}")), e, inner)?,
+        })
+    }
+
+    /// `hidden` (`[patches, e]`) through the block: `table` the patches' 2-D rotary angles,
+    /// `attention` over each image's patches, `heads` of them.
+    pub(super) fn forward(
+        &self,
+        hidden: Tensor,
+        table: &RotaryTable,
+        attention: &Attention,
+        heads: usize,
+        activation: Activation,
+    ) -> Result<Tensor> {
+        // The norms work in place: on copies, as the residual goes on with `hidden`.
+        let qkv = self.qkv.forward(&self.norm1.forward(hidden.copy()?)?)?;
+        let qkv = table.apply(&qkv, heads, heads, None)?;
+        let hidden = self.proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
+        let normed = self.norm2.forward(hidden.copy()?)?;
+        let inner = activation.forward_biased(self.fc1.forward_unbiased(&normed)?, self.fc1.bias())?;
+        self.fc2.forward_add(&inner, &hidden)
+    }
 }
 
 /// The vision tower and the token ids that frame an image in the text.
@@ -123,17 +159,7 @@ impl Qwen2VlVision {
         let patch_embed = conv.sum(2)?.permute((0, 2, 3, 1))?.reshape((e, p * p * 3))?;
         let inner = (e as f64 * config.mlp_ratio) as usize;
         let blocks = (0..config.depth)
-            .map(|i| {
-                let b = vb.pp(format!("blocks.{i}"));
-                Ok(VisionBlock {
-                    norm1: layer_norm(&b.pp("norm1"), e, VISION_EPS)?,
-                    qkv: linear(&b.pp("attn.qkv"), 3 * e, e)?,
-                    proj: linear(&b.pp("attn.proj"), e, e)?,
-                    norm2: layer_norm(&b.pp("norm2"), e, VISION_EPS)?,
-                    fc1: linear(&b.pp("mlp.fc1"), inner, e)?,
-                    fc2: linear(&b.pp("mlp.fc2"), e, inner)?,
-                })
-            })
+            .map(|i| VisionBlock::load(&vb.pp(format!("blocks.{i}")), e, inner, ["fc1", "fc2"]))
             .collect::<Result<Vec<_>>>()?;
         let merged = e * config.spatial_merge_size * config.spatial_merge_size;
         let merger = vb.pp("merger");
@@ -224,12 +250,7 @@ impl SoftTokenTower for Qwen2VlVision {
             softcap: None,
         };
         for block in &self.blocks {
-            let qkv = block.qkv.forward(&block.norm1.forward(hidden.copy()?)?)?;
-            let qkv = table.apply(&qkv, self.heads, self.heads, None)?;
-            hidden = block.proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
-            let normed = block.norm2.forward(hidden.copy()?)?;
-            let inner = self.activation.forward_biased(block.fc1.forward_unbiased(&normed)?, block.fc1.bias())?;
-            hidden = block.fc2.forward_add(&inner, &hidden)?;
+            hidden = block.forward(hidden, &table, &attention, self.heads, self.activation)?;
         }
         let blocks = n / (self.merge * self.merge);
         let merged = self.merge_norm.forward(hidden)?.reshape((blocks, self.embed_dim * self.merge * self.merge))?;

@@ -27,7 +27,7 @@ use super::gemma4_vision::ImagePatches;
 use super::head_weights::{ClassifierWeights, RerankTemplate};
 use super::llama::{last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
-use super::qwen2_vl::{image_tokens, merge_blocks, mrope_positions, mrope_section};
+use super::qwen2_vl::{image_tokens, merge_blocks, mrope_positions, mrope_section, VisionBlock, VISION_EPS};
 use super::retrieval::root;
 use super::weights::{layer_norm, linear};
 use super::{
@@ -64,8 +64,7 @@ impl Architecture for Qwen3Vl {
 
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
         let text = root(&vb, &["model.language_model", "language_model", "model"], "embed_tokens.weight")?;
-        let deepstack = vision_config(raw)?.deepstack_visual_indexes.len();
-        Ok(Box::new(Qwen3VlText::load(raw.get("text_config").unwrap_or(&Value::Null), deepstack, text)?))
+        Ok(Box::new(Qwen3VlText::load(raw.get("text_config").unwrap_or(&Value::Null), deepstack_features(raw)?, text)?))
     }
 
     fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
@@ -123,10 +122,12 @@ impl Architecture for Qwen3Vl {
                 }
             }
         }
-        // An untied LM head is `lm_head.weight`; a tied one is the text model's embeddings.
-        let vb = match vb.contains_tensor("lm_head.weight") {
-            true => vb,
-            false => root(&vb, &["model.language_model", "language_model", "model"], "embed_tokens.weight")?,
+        // A converted LM head: `lm_head.weight` when untied, else the text model's embeddings
+        // (under `model.language_model`, where the decoder's reader looks at the root). A
+        // `*ForSequenceClassification` checkpoint's `score` is at the top.
+        let vb = match from_tokens.is_some() && !vb.contains_tensor("lm_head.weight") {
+            true => root(&vb, &["model.language_model", "language_model", "model"], "embed_tokens.weight")?,
+            false => vb,
         };
         last_token_classifier(&config, vb, num_labels, from_tokens)
     }
@@ -136,10 +137,11 @@ impl Architecture for Qwen3Vl {
     }
 }
 
-/// A config converted into a classifier (Qwen3-VL-Reranker's `--hf-overrides`).
+/// A config served as a classifier (Qwen3-VL-Reranker's `--hf-overrides` name
+/// `Qwen3VLForSequenceClassification`), by the name test the loader decides its tasks with
+/// (`loader::model_spec::is_sequence_classifier`, a layer above this one).
 fn is_reranker(config: &Value) -> bool {
-    config.get("classifier_from_token").is_some()
-        || config.pointer("/architectures/0").and_then(Value::as_str).is_some_and(|a| a.ends_with("ForSequenceClassification"))
+    config.pointer("/architectures/0").and_then(Value::as_str).is_some_and(|a| a.ends_with("ForSequenceClassification"))
 }
 
 /// `Qwen3VLVisionConfig`'s fields (its defaults where absent).
@@ -208,16 +210,10 @@ fn vision_config(raw: &Value) -> std::result::Result<VisionConfig, ModelError> {
     parse_config(raw.get("vision_config").unwrap_or(&Value::Null))
 }
 
-/// Vision blocks' and mergers' LayerNorms (`eps=1e-6` in the modeling code).
-const VISION_EPS: f64 = 1e-6;
-
-struct VisionBlock {
-    norm1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
-    norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+/// How many DeepStack features the tower of a config with a top-level `vision_config` gives
+/// each soft token (the language model adds them after as many layers).
+pub(super) fn deepstack_features(raw: &Value) -> std::result::Result<usize, ModelError> {
+    Ok(vision_config(raw)?.deepstack_visual_indexes.len())
 }
 
 /// A patch merger: LayerNorm (per patch, or over the 2×2 block's concatenation after the
@@ -240,13 +236,13 @@ impl Merger {
         })
     }
 
-    /// `patches` (`[n, e]`, 2×2 blocks consecutive) into one row per block.
-    fn forward(&self, patches: &Tensor, blocks: usize) -> Result<Tensor> {
-        // The norm works in place: on a copy, as the tower goes on with `patches`.
+    /// `patches` (`[n, e]`, 2×2 blocks consecutive; normalized in place) into one row per
+    /// block.
+    fn forward(&self, patches: Tensor, blocks: usize) -> Result<Tensor> {
         let merged = if self.post_shuffle {
-            self.norm.forward(patches.copy()?.reshape((blocks, ()))?)?
+            self.norm.forward(patches.reshape((blocks, ()))?)?
         } else {
-            self.norm.forward(patches.copy()?)?.reshape((blocks, ()))?
+            self.norm.forward(patches)?.reshape((blocks, ()))?
         };
         let inner = Activation::Gelu.forward_biased(self.fc1.forward_unbiased(&merged)?, self.fc1.bias())?;
         self.fc2.forward(&inner)
@@ -290,6 +286,15 @@ impl Qwen3VlVision {
         if let Some(&bad) = config.deepstack_visual_indexes.iter().find(|&&i| i >= config.depth) {
             return Err(ModelError::Config(format!("vision_config: deepstack index {bad} past the tower's {} blocks", config.depth)));
         }
+        let mut indexes = config.deepstack_visual_indexes.clone();
+        indexes.sort_unstable();
+        indexes.dedup();
+        if indexes != config.deepstack_visual_indexes {
+            return Err(ModelError::Config(format!(
+                "vision_config: deepstack_visual_indexes {:?} must ascend without repeats",
+                config.deepstack_visual_indexes
+            )));
+        }
         let activation = Activation::from_config(&config.hidden_act)
             .ok_or_else(|| ModelError::Config(format!("vision hidden_act `{}` is not supported", config.hidden_act)))?;
         let (p, t, m) = (config.patch_size, config.temporal_patch_size, config.spatial_merge_size);
@@ -299,17 +304,7 @@ impl Qwen3VlVision {
         let conv = vb.pp("patch_embed.proj");
         let weight = conv.get((e, 3, t, p, p), "weight")?.sum(2)?.permute((0, 2, 3, 1))?.reshape((e, p * p * 3))?;
         let blocks = (0..config.depth)
-            .map(|i| {
-                let b = vb.pp(format!("blocks.{i}"));
-                Ok(VisionBlock {
-                    norm1: layer_norm(&b.pp("norm1"), e, VISION_EPS)?,
-                    qkv: linear(&b.pp("attn.qkv"), 3 * e, e)?,
-                    proj: linear(&b.pp("attn.proj"), e, e)?,
-                    norm2: layer_norm(&b.pp("norm2"), e, VISION_EPS)?,
-                    fc1: linear(&b.pp("mlp.linear_fc1"), config.intermediate_size, e)?,
-                    fc2: linear(&b.pp("mlp.linear_fc2"), e, config.intermediate_size)?,
-                })
-            })
+            .map(|i| VisionBlock::load(&vb.pp(format!("blocks.{i}")), e, config.intermediate_size, ["linear_fc1", "linear_fc2"]))
             .collect::<Result<Vec<_>>>()?;
         let out = config.out_hidden_size;
         let deepstack = config
@@ -396,17 +391,13 @@ impl SoftTokenTower for Qwen3VlVision {
         let blocks = n / (self.merge * self.merge);
         let mut features = Vec::with_capacity(self.deepstack.len());
         for (i, block) in self.blocks.iter().enumerate() {
-            let qkv = block.qkv.forward(&block.norm1.forward(hidden.copy()?)?)?;
-            let qkv = table.apply(&qkv, self.heads, self.heads, None)?;
-            hidden = block.proj.forward_add(&attention.forward(&qkv, None)?, &hidden)?;
-            let normed = block.norm2.forward(hidden.copy()?)?;
-            let inner = self.activation.forward_biased(block.fc1.forward_unbiased(&normed)?, block.fc1.bias())?;
-            hidden = block.fc2.forward_add(&inner, &hidden)?;
-            for (_, merger) in self.deepstack.iter().filter(|(at, _)| *at == i) {
-                features.push(merger.forward(&hidden, blocks)?);
+            hidden = block.forward(hidden, &table, &attention, self.heads, self.activation)?;
+            if let Some((_, merger)) = self.deepstack.iter().find(|(at, _)| *at == i) {
+                // The mergers' norms work in place: on a copy, as the blocks go on.
+                features.push(merger.forward(hidden.copy()?, blocks)?);
             }
         }
-        let mut columns = vec![self.merger.forward(&hidden, blocks)?];
+        let mut columns = vec![self.merger.forward(hidden, blocks)?];
         columns.extend(features);
         Tensor::cat(&columns, 1)?.to_dtype(DType::F32)
     }

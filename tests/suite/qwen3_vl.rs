@@ -164,9 +164,33 @@ async fn the_reranker_scores_texts_and_images_in_its_template() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     let ours = reply.body["results"][0]["relevance_score"].as_f64().unwrap();
     assert!((ours - pairs[0]["score"].as_f64().unwrap()).abs() <= 1e-4, "text rerank: {ours}");
-    // The instruction goes into the template for image documents too.
-    let custom =
-        post(&router, "/score", json!({"data_1": query, "data_2": side(&pairs[1]["document"]), "instruction": "Find charts"})).await;
+    // A request's instruction goes into the template for image documents too.
+    let instructed = &expected["instructed"];
+    let body =
+        json!({"data_1": instructed["query"]["text"], "data_2": side(&instructed["document"]), "instruction": instructed["instruction"]});
+    let custom = post(&router, "/score", body).await;
     assert_eq!(custom.status, 200, "{}", custom.body);
-    assert!((custom.body["data"][0]["score"].as_f64().unwrap() - pairs[1]["score"].as_f64().unwrap()).abs() > 1e-6, "instruction ignored");
+    let (ours, want) = (custom.body["data"][0]["score"].as_f64().unwrap(), instructed["score"].as_f64().unwrap());
+    assert!((ours - want).abs() <= 1e-4, "instructed: {ours} vs {want}");
+    // Token ids cannot stand beside an image in the template: a 400, not a failure.
+    let reply = post(&router, "/score", json!({"data_1": [1, 2, 3], "data_2": side(&pairs[1]["document"])})).await;
+    assert!(reply.status == 400 || reply.status == 422, "{}", reply.body);
+}
+
+/// The embedder's folder converted into a reranker: its LM head is tied to the embeddings,
+/// which the converted classifier reads under the language model's prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tied_lm_head_converts_into_a_reranker() {
+    let expected = expected(MODEL);
+    let tied = &expected["tied_reranker"];
+    let engine = engine(&fixture_model(MODEL), |c| {
+        let overrides = json!({"architectures": ["Qwen3VLForSequenceClassification"], "classifier_from_token": tied["classifier_from_token"], "is_original_qwen3_reranker": true});
+        c.models[0].hf_overrides = overrides.as_object().unwrap().clone();
+    });
+    let router = router(engine, 16 << 20);
+    let body = json!({"data_1": tied["query"], "data_2": side(&json!({"image": tied["document"]}))});
+    let reply = post(&router, "/score", body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let (ours, want) = (reply.body["data"][0]["score"].as_f64().unwrap(), tied["score"].as_f64().unwrap());
+    assert!((ours - want).abs() <= 1e-4, "tied head: {ours} vs {want}");
 }

@@ -83,42 +83,40 @@ fn guarded<T>(work: impl FnOnce() -> Result<T, ImageError> + std::panic::UnwindS
 /// transformers' `convert_to_rgb` under Pillow: alpha composited over opaque white with `AlphaComposite.c`'s
 /// integer math, gray replicated, 16-bit reduced the way Pillow's modes do (see the module doc).
 pub(super) fn to_rgb(img: DynamicImage) -> Vec<u8> {
-    fn over_white(px: impl Iterator<Item = [u8; 4]>) -> Vec<u8> {
-        let mut out = Vec::new();
-        for [r, g, b, a] in px {
-            for c in [r, g, b] {
-                let a = a as u32;
-                let t = c as u32 * (a * 128) + 255 * ((255 - a) * 128) + (0x80 << 7);
-                out.push(if a == 0 { 255 } else { ((((t >> 8) + t) >> 8) >> 7) as u8 });
+    rgb_with(img, |[r, g, b, a]| {
+        [r, g, b].map(|c| {
+            let a = a as u32;
+            let t = c as u32 * (a * 128) + 255 * ((255 - a) * 128) + (0x80 << 7);
+            if a == 0 {
+                255
+            } else {
+                ((((t >> 8) + t) >> 8) >> 7) as u8
             }
-        }
-        out
-    }
-    let hi = |v: u16| (v >> 8) as u8;
-    match img {
-        DynamicImage::ImageRgb8(b) => b.into_raw(),
-        DynamicImage::ImageLuma8(b) => b.as_raw().iter().flat_map(|&v| [v; 3]).collect(),
-        DynamicImage::ImageRgba8(b) => over_white(b.as_raw().chunks_exact(4).map(|p| [p[0], p[1], p[2], p[3]])),
-        DynamicImage::ImageLumaA8(b) => over_white(b.as_raw().chunks_exact(2).map(|p| [p[0], p[0], p[0], p[1]])),
-        DynamicImage::ImageRgb16(b) => b.as_raw().iter().map(|&v| hi(v)).collect(),
-        DynamicImage::ImageLuma16(b) => b.as_raw().iter().flat_map(|&v| [v.min(255) as u8; 3]).collect(),
-        DynamicImage::ImageRgba16(b) => over_white(b.as_raw().chunks_exact(4).map(|p| [hi(p[0]), hi(p[1]), hi(p[2]), hi(p[3])])),
-        DynamicImage::ImageLumaA16(b) => over_white(b.as_raw().chunks_exact(2).map(|p| [hi(p[0]), hi(p[0]), hi(p[0]), hi(p[1])])),
-        // Float images come from none of the accepted formats.
-        other => other.to_rgb8().into_raw(),
-    }
+        })
+    })
 }
 
 /// Pillow's `Image.convert("RGB")`: the alpha channel dropped, the colours kept (gray
 /// replicated, 16-bit reduced as [`to_rgb`] reduces it).
 pub(super) fn without_alpha(img: DynamicImage) -> Vec<u8> {
+    rgb_with(img, |[r, g, b, _]| [r, g, b])
+}
+
+/// The image as 8-bit RGB, each pixel with an alpha channel made RGB by `with_alpha`.
+fn rgb_with(img: DynamicImage, with_alpha: impl Fn([u8; 4]) -> [u8; 3]) -> Vec<u8> {
+    let over = |px: &mut dyn Iterator<Item = [u8; 4]>| px.flat_map(&with_alpha).collect::<Vec<u8>>();
     let hi = |v: u16| (v >> 8) as u8;
     match img {
-        DynamicImage::ImageRgba8(b) => b.as_raw().chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect(),
-        DynamicImage::ImageLumaA8(b) => b.as_raw().chunks_exact(2).flat_map(|p| [p[0]; 3]).collect(),
-        DynamicImage::ImageRgba16(b) => b.as_raw().chunks_exact(4).flat_map(|p| [hi(p[0]), hi(p[1]), hi(p[2])]).collect(),
-        DynamicImage::ImageLumaA16(b) => b.as_raw().chunks_exact(2).flat_map(|p| [hi(p[0]); 3]).collect(),
-        opaque => to_rgb(opaque),
+        DynamicImage::ImageRgb8(b) => b.into_raw(),
+        DynamicImage::ImageLuma8(b) => b.as_raw().iter().flat_map(|&v| [v; 3]).collect(),
+        DynamicImage::ImageRgba8(b) => over(&mut b.as_raw().chunks_exact(4).map(|p| [p[0], p[1], p[2], p[3]])),
+        DynamicImage::ImageLumaA8(b) => over(&mut b.as_raw().chunks_exact(2).map(|p| [p[0], p[0], p[0], p[1]])),
+        DynamicImage::ImageRgb16(b) => b.as_raw().iter().map(|&v| hi(v)).collect(),
+        DynamicImage::ImageLuma16(b) => b.as_raw().iter().flat_map(|&v| [v.min(255) as u8; 3]).collect(),
+        DynamicImage::ImageRgba16(b) => over(&mut b.as_raw().chunks_exact(4).map(|p| [hi(p[0]), hi(p[1]), hi(p[2]), hi(p[3])])),
+        DynamicImage::ImageLumaA16(b) => over(&mut b.as_raw().chunks_exact(2).map(|p| [hi(p[0]), hi(p[0]), hi(p[0]), hi(p[1])])),
+        // Float images come from none of the accepted formats.
+        other => other.to_rgb8().into_raw(),
     }
 }
 
