@@ -36,16 +36,22 @@ pub struct ChatFields {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
-/// A request's inputs, and whether they are rendered conversations.
+/// A request's inputs, whether they are rendered conversations, and the instruction its
+/// system messages give a model that takes one.
 pub struct Inputs {
     pub prompts: Vec<Prompt>,
     pub chat: bool,
+    pub instruction: Option<String>,
 }
 
 impl Inputs {
     /// `params` as they apply to these inputs: a rendered conversation gets no
-    /// sentence-transformers prompt and, unless the request says otherwise, no special tokens.
+    /// sentence-transformers prompt and, unless the request says otherwise, no special tokens;
+    /// a system message's instruction stands in for the prompt.
     pub fn params(&self, params: ResolvedParams, add_special_tokens: Option<bool>) -> ResolvedParams {
+        if let Some(instruction) = &self.instruction {
+            return ResolvedParams { prompt: Some(instruction.as_str().into()), ..params };
+        }
         if !self.chat {
             return params;
         }
@@ -99,15 +105,21 @@ pub async fn inputs(
         None => None,
     };
     let Some((source, field)) = conversation_source else {
-        return Ok(Inputs { prompts: state.prompts(input)?, chat: false });
+        return Ok(Inputs { prompts: state.prompts(input)?, chat: false, instruction: None });
     };
     if engine.spec().images {
         // Image-text models: each message is one input (no template).
         if let Some(count) = source.as_array().map(Vec::len) {
             state.check_batch_size(count)?;
         }
-        let prompts = crate::input::media::message_prompts(source, &state.options().media).await?;
-        return Ok(Inputs { prompts, chat: false });
+        // A model whose frame has an instruction (Qwen3-VL-Embedding) reads the system messages
+        // as that instruction, as its chat template writes them; the others embed every message.
+        let (instruction, messages) = match engine.input().takes_instruction() {
+            true => system_instruction(source, field)?,
+            false => (None, source.clone()),
+        };
+        let prompts = crate::input::media::message_prompts(&messages, &state.options().media).await?;
+        return Ok(Inputs { prompts, chat: false, instruction });
     }
     if chat.chat_template.is_some() && !state.options().trust_request_chat_template {
         return Err(ApiError::bad_request(
@@ -135,7 +147,40 @@ pub async fn inputs(
         kwargs: chat.chat_template_kwargs.clone().unwrap_or_default(),
     };
     let texts = engine.input().render_chat(conversations, options, chat.chat_template.clone()).await?;
-    Ok(Inputs { prompts: texts.into_iter().map(Prompt::Text).collect(), chat: true })
+    Ok(Inputs { prompts: texts.into_iter().map(Prompt::Text).collect(), chat: true, instruction: None })
+}
+
+/// The text of a message list's `system` messages (joined with newlines), and the other
+/// messages; `None` when there is no system message.
+fn system_instruction(messages: &Value, field: &'static str) -> Result<(Option<String>, Value), ApiError> {
+    let Some(list) = messages.as_array() else { return Ok((None, messages.clone())) };
+    let (system, rest): (Vec<&Value>, Vec<&Value>) = list.iter().partition(|m| m.get("role").and_then(Value::as_str) == Some("system"));
+    if system.is_empty() {
+        return Ok((None, messages.clone()));
+    }
+    let text_of = |message: &Value| -> Result<String, ApiError> {
+        let refused = || ApiError::BadRequest { message: "a system message's content must be text".into(), param: Some(field) };
+        match message.get("content") {
+            Some(Value::String(text)) => Ok(text.clone()),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|p| match p.get("type").and_then(Value::as_str) {
+                    Some("text" | "input_text") => p.get("text").and_then(Value::as_str).map(str::to_string).ok_or_else(refused),
+                    _ => Err(refused()),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|texts| texts.join("\n")),
+            _ => Err(refused()),
+        }
+    };
+    let instruction = system.into_iter().map(text_of).collect::<Result<Vec<_>, _>>()?.join("\n");
+    if rest.is_empty() {
+        return Err(ApiError::BadRequest {
+            message: format!("`{field}` holds only system messages: nothing to embed"),
+            param: Some(field),
+        });
+    }
+    Ok((Some(instruction), Value::Array(rest.into_iter().cloned().collect())))
 }
 
 #[cfg(test)]

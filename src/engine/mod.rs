@@ -195,6 +195,7 @@ impl Engine {
                             prefix: p.image_prefix.clone(),
                             suffix: p.image_suffix.clone(),
                             trim: false,
+                            instruction: p.instruction.clone(),
                         }),
                         mixed: retrieval.as_ref().is_some_and(|p| p.mixed),
                     })),
@@ -252,7 +253,12 @@ impl Engine {
             }
             None => (None, None, None, None),
         };
-        let query_frame = retrieval.map(|p| TextFrame { prefix: p.query_prefix, suffix: p.query_suffix, trim: p.strips_queries });
+        let query_frame = retrieval.map(|p| TextFrame {
+            prefix: p.query_prefix,
+            suffix: p.query_suffix,
+            trim: p.strips_queries,
+            instruction: p.instruction,
+        });
         let (audio_side, soft_audio) = match audio {
             Some(AudioInput { tower, features }) => {
                 let ids = tower.audio_tokens();

@@ -120,6 +120,7 @@ impl Architecture for ColPali {
             image_suffix: format!("{bos}{}\n", field("visual_prompt_prefix", "Describe the image.")?),
             mixed: false,
             strips_queries: false,
+            instruction: None,
         }))
     }
 }

@@ -101,6 +101,7 @@ impl Architecture for ColQwen2 {
             image_suffix: image_suffix.to_string(),
             mixed: false,
             strips_queries: false,
+            instruction: None,
         }))
     }
 }

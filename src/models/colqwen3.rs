@@ -94,6 +94,7 @@ impl Architecture for ColQwen3 {
             image_suffix: format!("{after}{}", field("visual_prompt_suffix", "<|im_end|><|endoftext|>")?),
             mixed: false,
             strips_queries: true,
+            instruction: None,
         }))
     }
 }

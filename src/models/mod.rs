@@ -205,6 +205,10 @@ pub struct RetrievalPrompts {
     /// Whether a text loses its leading and trailing whitespace before the frame (ColQwen3's
     /// processor strips its queries).
     pub strips_queries: bool,
+    /// The frame's default instruction, where its prefixes hold `{instruction}`
+    /// (Qwen3-VL-Embedding's system turn): a request's prompt replaces it there rather than
+    /// standing before the text.
+    pub instruction: Option<String>,
 }
 
 /// What the engine needs from an audio tower whose output stands in for placeholder tokens of

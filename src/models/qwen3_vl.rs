@@ -89,9 +89,10 @@ impl Architecture for Qwen3Vl {
                 image_suffix: none(),
                 mixed: true,
                 strips_queries: false,
+                instruction: None,
             }));
         }
-        let prefix = format!("<|im_start|>system\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>user\n");
+        let prefix = "<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n".to_string();
         let suffix = "<|im_end|>\n<|im_start|>assistant\n".to_string();
         Ok(Some(RetrievalPrompts {
             query_prefix: prefix.clone(),
@@ -100,6 +101,7 @@ impl Architecture for Qwen3Vl {
             image_suffix: suffix,
             mixed: true,
             strips_queries: false,
+            instruction: Some(DEFAULT_INSTRUCTION.into()),
         }))
     }
 

@@ -87,6 +87,19 @@ async fn texts_images_and_both_embed_as_the_published_embedder_does() {
         assert!(c >= bar(input), "{} / {} batched: cosine {c}", input["image"], input["text"]);
     }
 
+    // A system message is the instruction (the embedder's system turn), for texts and images.
+    for item in expected["instructed"].as_array().unwrap() {
+        let system = json!({"role": "system", "content": item["instruction"]});
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [system, {"role": "user", "content": content(item)}]})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.body["data"].as_array().unwrap().len(), 1, "the system message is not an input");
+        let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&item["vector"]));
+        assert!(c >= bar(item), "instructed {} / {}: cosine {c}", item["image"], item["text"]);
+    }
+    let system = json!({"role": "system", "content": [{"type": "image_url", "image_url": {"url": image_url("gray_19x25.png")}}]});
+    let reply = post(&router, "/v1/embeddings", json!({"messages": [system, {"role": "user", "content": "a"}]})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+
     // Cohere's /v2/embed with an image: the same vector.
     let png = inputs.iter().find(|i| i["image"] == "gradient_97x61.png" && i.get("text").is_none()).unwrap();
     let body = json!({"input_type": "image", "images": [image_url("gradient_97x61.png")], "embedding_types": ["float"]});

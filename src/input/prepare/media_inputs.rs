@@ -231,13 +231,21 @@ impl Preprocessor {
                         .collect::<Result<Vec<_>, _>>()?
                         .join(separator);
                     let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)] | [Part::Video(_)]);
-                    let prompt = if alone { "" } else { options.prompt.as_deref().unwrap_or("") };
+                    // A frame with an instruction takes the prompt there, whatever the input.
+                    let prompt = match page {
+                        Some(page) if page.instruction.is_some() => "",
+                        _ if alone => "",
+                        _ => options.prompt.as_deref().unwrap_or(""),
+                    };
                     format!("{prompt}{joined}")
                 }
                 _ => next_image.next().ok_or(InputError::Stopped).and_then(image_text)?,
             };
             let text = match page {
-                Some(page) => format!("{}{text}{}", page.prefix, page.suffix),
+                Some(page) => {
+                    let (prefix, _) = page.prefix_with(options.prompt.as_deref());
+                    format!("{prefix}{text}{}", page.suffix)
+                }
                 None => text,
             };
             texts.push(TextInput::Single(text));

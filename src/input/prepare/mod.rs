@@ -66,6 +66,19 @@ pub struct TextFrame {
     pub suffix: String,
     /// The text's leading and trailing whitespace dropped first (ColQwen3's queries).
     pub trim: bool,
+    /// The default instruction, where `prefix` holds `{instruction}` ([`Self::prefix_with`]).
+    pub instruction: Option<String>,
+}
+
+impl TextFrame {
+    /// The prefix, with the request's prompt (else the default) as its instruction where it
+    /// has one; and the prompt left to stand before the text when it does not.
+    pub fn prefix_with<'a>(&self, prompt: Option<&'a str>) -> (std::borrow::Cow<'_, str>, &'a str) {
+        match &self.instruction {
+            Some(default) => (self.prefix.replacen("{instruction}", prompt.unwrap_or(default), 1).into(), ""),
+            None => (self.prefix.as_str().into(), prompt.unwrap_or("")),
+        }
+    }
 }
 
 /// How a soft-token model's image sits in its text: `begin placeholder×n end` (the tokens'
@@ -244,6 +257,12 @@ impl Preprocessor {
     /// Whether the model takes images (an image-text model).
     pub fn takes_images(&self) -> bool {
         self.images.is_some()
+    }
+
+    /// Whether the model's prompt frame has an instruction, which a request's prompt (or a
+    /// chat request's system message) replaces (Qwen3-VL-Embedding).
+    pub fn takes_instruction(&self) -> bool {
+        self.query_frame.as_ref().is_some_and(|f| f.instruction.is_some())
     }
 
     /// Whether the model takes audio (it has an audio tower).
@@ -467,10 +486,12 @@ impl Preprocessor {
     /// A text as the model reads it: behind the request's prompt, inside the retrieval
     /// processor's frame where there is one.
     fn framed(&self, prompt: Option<&str>, text: &str) -> String {
-        let prompt = prompt.unwrap_or("");
         match &self.query_frame {
-            Some(frame) => format!("{}{prompt}{}{}", frame.prefix, if frame.trim { text.trim() } else { text }, frame.suffix),
-            None => format!("{prompt}{text}"),
+            Some(frame) => {
+                let (prefix, prompt) = frame.prefix_with(prompt);
+                format!("{prefix}{prompt}{}{}", if frame.trim { text.trim() } else { text }, frame.suffix)
+            }
+            None => format!("{}{text}", prompt.unwrap_or("")),
         }
     }
 
