@@ -221,10 +221,10 @@ multiversion! {
     /// One head of one sequence. `rows` are the sequence's fused QKV rows; `cols` says where
     /// the head's columns are; the output rows start at `out`.
     ///
-    /// Kᵀ (biased) is packed once; then, [`QUERY_BLOCK`] queries at a time, Q (biased,
+    /// Kᵀ (biased) and V are packed once; then, [`QUERY_BLOCK`] queries at a time, Q (biased,
     /// pre-scaled) is packed into zero-padded tiles, scores are computed tile by tile,
     /// softmaxed over the keys the mask allows (the others get weight 0), and multiplied into
-    /// V straight from the QKV rows.
+    /// the packed V.
     #[allow(clippy::too_many_arguments)] // one head's geometry; a struct would be rebuilt per head in the hot loop
     pub(super) fn attention_head(
         rows: &[f32],
@@ -242,7 +242,7 @@ multiversion! {
         let block = QUERY_BLOCK.min(len.div_ceil(WIDE_TILE_Q) * WIDE_TILE_Q);
         // Not cleared: every float a head reads is written first (packed queries with their
         // padding rows, Kᵀ with its padding keys, the scores of the keys that exist).
-        let needed = block * head_dim + head_dim * lk + block * lk;
+        let needed = block * head_dim + head_dim * lk + len * head_dim + block * lk;
         if scratch.len() < needed {
             scratch.resize(needed, 0.0);
         }
@@ -250,8 +250,9 @@ multiversion! {
         #[cfg(test)]
         MAX_SCRATCH_FLOATS.fetch_max(scratch.len(), std::sync::atomic::Ordering::Relaxed);
         let (q, rest) = scratch.split_at_mut(block * head_dim);
-        let (kt, scores) = rest.split_at_mut(head_dim * lk);
-        head.pack_keys(kt);
+        let (kt, rest) = rest.split_at_mut(head_dim * lk);
+        let (values, scores) = rest.split_at_mut(len * head_dim);
+        head.pack_keys_and_values(kt, values);
         for first in (0..len).step_by(block) {
             let n = block.min(len - first);
             let lq = n.div_ceil(tile_q) * tile_q;
@@ -262,7 +263,7 @@ multiversion! {
             }
             // SAFETY: `out` is this head's output rows as the caller hands them over (row 0 of
             // the sequence; this job alone writes this head's columns of them).
-            unsafe { head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], first, n, out) };
+            unsafe { head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], values, first, n, out) };
         }
     }
 }
@@ -295,9 +296,12 @@ impl<'a> Head<'a> {
         }
     }
 
-    /// Kᵀ (biased) into `kt`, `head_dim` rows of `lk`, prefetching the rows ahead.
+    /// Kᵀ (biased) into `kt`, `head_dim` rows of `lk`, and V (unbiased) into `values`, `len`
+    /// rows of `head_dim`, prefetching the rows ahead. V is read once per block of queries:
+    /// straight from the QKV rows, a long sequence's rows (one page or more apart for a wide
+    /// model) missed the TLB on every key, and the products over V took twice those over Kᵀ.
     #[inline(always)]
-    fn pack_keys(&self, kt: &mut [f32]) {
+    fn pack_keys_and_values(&self, kt: &mut [f32], values: &mut [f32]) {
         let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, .. } = self.cols;
         let (rows, lk) = (self.rows, self.lk);
         // A block of keys at a time, dimension by dimension: the block's K rows stay in L1 and
@@ -314,6 +318,9 @@ impl<'a> Head<'a> {
             for (d, &b) in self.k_bias.iter().enumerate() {
                 let line = &mut kt[d * lk + i0..d * lk + i0 + keys];
                 line.iter_mut().enumerate().for_each(|(j, slot)| *slot = block[j * width + d] + b);
+            }
+            for i in i0..i0 + keys {
+                values[i * head_dim..(i + 1) * head_dim].copy_from_slice(&rows[i * width + vc..i * width + vc + head_dim]);
             }
         }
         // The padding keys score 0 (their scores are never weighed, but stay finite).
@@ -373,14 +380,24 @@ impl<'a> Head<'a> {
     /// `out = P·V + v_bias` for queries `first..first + n` (each row of P sums to 1, so V's bias
     /// passes through unchanged), `tile_q` queries × 16 head dims at a time (head_dim is a
     /// multiple of 16 for every model we serve; the remainder loop keeps other sizes correct).
+    /// `values` is V packed, `len` rows of `head_dim`.
     ///
     /// # Safety
     /// `out` addresses the sequence's `len` output rows, `out_width` apart, and nothing else
     /// writes this head's columns of them meanwhile.
     #[inline(always)]
-    unsafe fn weighted_values<const FMA: bool, const WIDE: bool>(&self, scores: &[f32], first: usize, n: usize, out: *mut f32) {
-        let HeadColumns { width, q: qc, v: vc, head_dim, out_width, .. } = self.cols;
-        let (rows, len, lk) = (self.rows, self.len, self.lk);
+    unsafe fn weighted_values<const FMA: bool, const WIDE: bool>(
+        &self,
+        scores: &[f32],
+        values: &[f32],
+        first: usize,
+        n: usize,
+        out: *mut f32,
+    ) {
+        let HeadColumns { q: qc, head_dim, out_width, .. } = self.cols;
+        let (len, lk) = (self.len, self.lk);
+        // The packed rows are `width` apart for the tiles.
+        let (rows, width, vc) = (values, head_dim, 0);
         let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
         let lq = scores.len() / lk;
         let dims_tiled = head_dim / TILE_K * TILE_K;
