@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Page-image encoding, poolserve against transformers on the CPU: one page (a 1240×1754 PNG,
-an A4 scan at 150 dpi) through ColQwen2, ColPali and Qwen3-VL-Embedding at their published widths and image sizes,
+an A4 scan at 150 dpi) through ColQwen2, ColPali, ColModernVBert and Qwen3-VL-Embedding at their published widths and image sizes,
 with fewer layers (random weights: speed does not depend on them), each side end to end: the
 image file decoded, preprocessed and run through the tower and the language model to its
 vectors. poolserve over HTTP (`/pooling` token_embed, a data URL), transformers as its
@@ -15,6 +15,11 @@ The shapes (layers cut, widths kept):
             768·28·28 (the page becomes 2,944 patches, 736 soft tokens)
   ColPali:  SigLIP-so400m at 448 px (1152 wide, 16 heads, 1,024 patches) with 4 of 27 layers,
             Gemma-2B (2048 wide, 8 heads of 256 over 1, MLP 16384) with 4 of 18 layers
+  ColModernVBert: SigLIP-base at 512 px (768 wide, 12 heads, MLP 3072, 1,024 patches a frame) with
+            4 of 12 layers, pixel shuffle ×4, ModernBERT (ettin-encoder-150m: 768 wide, 12 heads,
+            MLP 1152, a global layer every 3, local window 128) with 8 of 22 layers; Idefics3's
+            frames at longest edge 2048 and 512-pixel tiles (the page becomes 4 × 3 tiles + the
+            whole page: 13 frames, 13,312 patches, 832 soft tokens)
   Qwen3-VL-Embedding-2B: its vision tower (1024 wide, 16 heads, MLP 4096, 3 DeepStack mergers) with 4
             of 24 blocks, its language model (2048 wide, 16 heads of 128 over 8, MLP 6144) with 4 of
             28 layers; the embedder's max_pixels 1800·32·32 (the page becomes 7,140 patches, 1,785
@@ -109,6 +114,24 @@ def make(models):
         proc["image_processor"]["size"] = {"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32}
         json.dump(proc, open(os.path.join(name, "processor_config.json"), "w"), indent=2)
     made["qwen3vl"] = name
+    name = os.path.join(models, "colmodernvbert-bench")
+    if not os.path.exists(os.path.join(name, "model.safetensors")):
+        shutil.copytree(os.path.join(FIXTURES, "colmodernvbert-tiny"), name, dirs_exist_ok=True)
+        config = transformers.ColModernVBertConfig.from_pretrained(name)
+        v, t = config.vlm_config.vision_config, config.vlm_config.text_config
+        v.hidden_size, v.intermediate_size, v.num_hidden_layers, v.num_attention_heads, v.image_size, v.patch_size = 768, 3072, 4, 12, 512, 16
+        t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads, t.local_attention = 768, 1152, 8, 12, 128
+        t.layer_types = ["full_attention" if i % 3 == 0 else "sliding_attention" for i in range(8)]
+        t.max_position_embeddings = 8192
+        config.vlm_config.pixel_shuffle_factor = 4
+        config.embedding_dim = 128
+        transformers.ColModernVBertForRetrieval(config).save_pretrained(name)
+        proc = json.load(open(os.path.join(name, "processor_config.json")))
+        proc["image_processor"]["size"] = {"longest_edge": 2048}
+        proc["image_processor"]["max_image_size"] = {"longest_edge": 512}
+        proc["image_seq_len"] = 64
+        json.dump(proc, open(os.path.join(name, "processor_config.json"), "w"), indent=2)
+    made["colmodernvbert"] = name
     png = os.path.join(models, "page.png")
     if not os.path.exists(png):
         page(png)
@@ -132,7 +155,7 @@ def main():
     ap.add_argument("--models", default="/work/bench-models")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--only", choices=["colqwen2", "colpali", "qwen3vl"])
+    ap.add_argument("--only", choices=["colqwen2", "colpali", "qwen3vl", "colmodernvbert"])
     args = ap.parse_args()
     made, png = make(args.models)
     binary = os.path.join(ROOT, "target", "release", "poolserve")
@@ -145,7 +168,8 @@ def main():
         if args.only and family != args.only:
             continue
         model_class = {"colqwen2": transformers.ColQwen2ForRetrieval, "colpali": transformers.ColPaliForRetrieval,
-                       "qwen3vl": transformers.Qwen3VLForConditionalGeneration}[family]
+                       "qwen3vl": transformers.Qwen3VLForConditionalGeneration,
+                       "colmodernvbert": transformers.ColModernVBertForRetrieval}[family]
         model = model_class.from_pretrained(folder, dtype=torch_dtype).eval()
         processor = transformers.AutoProcessor.from_pretrained(folder)
         server = start(binary, folder, args.dtype, 18599)
@@ -170,7 +194,8 @@ def main():
                 return batch["input_ids"].shape[1] + int(batch["image_grid_thw"].prod())
             batch = processor.process_images([Image.open(png)])
             with torch.no_grad():
-                out = model(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "token_type_ids")})
+                out = model(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "token_type_ids")
+                               and not (family == "colmodernvbert" and k == "token_type_ids")})
             return out.embeddings.shape[1]
 
         def timed(fn):

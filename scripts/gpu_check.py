@@ -176,7 +176,7 @@ def check_multi_vector(server, expected):
 
 
 def check_page_retriever(server, expected):
-    """ColPali / ColQwen2 / ColQwen3: each query's and each PNG page's vectors (every row against
+    """ColPali / ColQwen2 / ColQwen3 / ColModernVBert: each query's and each PNG page's vectors (every row against
     transformers'), and a query's MaxSim scores against the PNG pages (per query token). The
     JPEG page is left out: its decoder differs from libjpeg-turbo's (README, Visual document
     retrieval)."""
@@ -370,6 +370,7 @@ CHECKS = {
     "bert-tokcls": ([], [check_token_classify]),
     "bge-m3-tiny": ([], [check_embeddings]),
     "clip-tiny": ([], [check_image_text]),
+    "colmodernvbert-tiny": ([], [check_page_retriever]),
     "colpali-tiny": ([], [check_page_retriever]),
     "colqwen2-tiny": ([], [check_page_retriever]),
     "colqwen3-tiny": ([], [check_page_retriever]),

@@ -15,7 +15,7 @@ use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
 use crate::input::{
-    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, PageFrame, Preprocessor, Prompt, SoftTokenFrame,
+    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, PageFrame, PageText, Preprocessor, Prompt, SoftTokenFrame,
     TextFrame, VideoSide,
 };
 use crate::loader::lora::{Adapter, LoraRegistry};
@@ -196,6 +196,7 @@ impl Engine {
                             suffix: p.image_suffix.clone(),
                             trim: false,
                             instruction: p.instruction.clone(),
+                            special_tokens: p.special_tokens,
                         }),
                         mixed: retrieval.as_ref().is_some_and(|p| p.mixed),
                     })),
@@ -214,42 +215,75 @@ impl Engine {
                     std::io::Error::new(std::io::ErrorKind::InvalidData, "the image token is not in the tokenizer's vocabulary")
                 })?;
                 // An image's cost: its soft tokens and the prompt around them in the text, and
-                // the tower's pass over as many patches.
-                let tokens = tower.tokens_per_image();
-                // Every page's text is the same: tokenized here, once, without the tokenizer's
-                // special tokens (the processor's prompt writes them).
-                let text = format!("{}{}{}", prompts.image_prefix, placeholder.repeat(tokens), prompts.image_suffix);
-                let encode = crate::input::tokenizer::EncodeOptions {
-                    add_special_tokens: false,
-                    truncate_to: None,
-                    side: crate::input::tokenizer::TruncationSide::Right,
-                    pair_limits: Default::default(),
-                };
-                let prompt = tokenizer
-                    .encode(&text, encode)
-                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the page prompt: {e}")))?;
-                if prompt.ids.iter().filter(|&&t| t == placeholder_id).count() != tokens {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("the page prompt does not tokenize into {tokens} `{placeholder}` tokens"),
-                    ));
+                // the tower's pass over as many patches (a crop's; a page of Idefics3's frames
+                // costs that many times over).
+                let (tokens, patches) = (tower.tokens_per_image(), tower.patches_per_image());
+                if let Some(split) = processor.splitting {
+                    // A page whose placeholders alone pass max_model_len can never run.
+                    let max_frames = spec.max_model_len / tokens.max(1);
+                    let most = match processor.size {
+                        crate::input::image::Size::LongestEdge(n) if split.enabled => n.div_ceil(split.tile.max(1)).pow(2) + 1,
+                        _ => 1,
+                    };
+                    let tokens_per_image = most.min(max_frames).max(1) * (tokens + patches) + 16;
+                    let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
+                    let side = ImageSide {
+                        processing: ImageProcessing::Page(Box::new(PageFrame {
+                            tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
+                            processor: Arc::new(processor),
+                            text: PageText::Frames {
+                                prefix: prompts.image_prefix.clone(),
+                                suffix: prompts.image_suffix.clone(),
+                                special_tokens: prompts.special_tokens,
+                                max_frames,
+                            },
+                            placeholder,
+                            placeholder_id,
+                            tokens,
+                            patches,
+                        })),
+                        limits: image_limits,
+                        tokens_per_image,
+                        wave: (images_per_batch / 2).max(1),
+                    };
+                    (Some(side), None, None, Some(tower))
+                } else {
+                    // Every page's text is the same: tokenized here, once, without the tokenizer's
+                    // special tokens (the processor's prompt writes them).
+                    let text = format!("{}{}{}", prompts.image_prefix, placeholder.repeat(tokens), prompts.image_suffix);
+                    let encode = crate::input::tokenizer::EncodeOptions {
+                        add_special_tokens: false,
+                        truncate_to: None,
+                        side: crate::input::tokenizer::TruncationSide::Right,
+                        pair_limits: Default::default(),
+                    };
+                    let prompt = tokenizer
+                        .encode(&text, encode)
+                        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the page prompt: {e}")))?;
+                    if prompt.ids.iter().filter(|&&t| t == placeholder_id).count() != tokens {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("the page prompt does not tokenize into {tokens} `{placeholder}` tokens"),
+                        ));
+                    }
+                    let tokens_per_image = tokens + patches + 16;
+                    let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
+                    let side = ImageSide {
+                        processing: ImageProcessing::Page(Box::new(PageFrame {
+                            tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
+                            processor: Arc::new(processor),
+                            text: PageText::Fixed(prompt),
+                            placeholder,
+                            placeholder_id,
+                            tokens,
+                            patches,
+                        })),
+                        limits: image_limits,
+                        tokens_per_image,
+                        wave: (images_per_batch / 2).max(1),
+                    };
+                    (Some(side), None, None, Some(tower))
                 }
-                let tokens_per_image = 2 * tokens + 16;
-                let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
-                let side = ImageSide {
-                    processing: ImageProcessing::Page(Box::new(PageFrame {
-                        tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
-                        processor: Arc::new(processor),
-                        prompt,
-                        placeholder,
-                        placeholder_id,
-                        tokens,
-                    })),
-                    limits: image_limits,
-                    tokens_per_image,
-                    wave: (images_per_batch / 2).max(1),
-                };
-                (Some(side), None, None, Some(tower))
             }
             None => (None, None, None, None),
         };
@@ -258,6 +292,7 @@ impl Engine {
             suffix: p.query_suffix,
             trim: p.strips_queries,
             instruction: p.instruction,
+            special_tokens: p.special_tokens,
         });
         let (audio_side, soft_audio) = match audio {
             Some(AudioInput { tower, features }) => {

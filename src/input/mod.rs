@@ -28,7 +28,9 @@ pub mod tokenizer;
 pub mod video;
 pub mod workers;
 
-pub use prepare::{AudioSide, ImageProcessing, ImageSide, InputOptions, PageFrame, Preprocessor, SoftTokenFrame, TextFrame, VideoSide};
+pub use prepare::{
+    AudioSide, ImageProcessing, ImageSide, InputOptions, PageFrame, PageText, Preprocessor, SoftTokenFrame, TextFrame, VideoSide,
+};
 
 use crate::models::batch::TokenizedInput;
 

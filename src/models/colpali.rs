@@ -121,6 +121,7 @@ impl Architecture for ColPali {
             mixed: false,
             strips_queries: false,
             instruction: None,
+            special_tokens: false,
         }))
     }
 }

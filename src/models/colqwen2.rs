@@ -102,6 +102,7 @@ impl Architecture for ColQwen2 {
             mixed: false,
             strips_queries: false,
             instruction: None,
+            special_tokens: false,
         }))
     }
 }

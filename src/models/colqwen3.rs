@@ -95,6 +95,7 @@ impl Architecture for ColQwen3 {
             mixed: false,
             strips_queries: true,
             instruction: None,
+            special_tokens: false,
         }))
     }
 }

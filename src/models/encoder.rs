@@ -40,12 +40,17 @@ pub(super) struct Embeddings {
 }
 
 impl Embeddings {
-    /// `word + position + token type` of every token, before the norm.
+    /// `word + position + token type` of every token, before the norm; an image's soft
+    /// tokens ([`Batch::soft_tokens`], ColModernVBert's frames) stand in for their
+    /// placeholders' word embeddings, as transformers' `inputs_embeds` do.
     pub fn sum(&self, batch: &Batch) -> Result<Tensor> {
         let device = self.word.device();
         let n = batch.num_tokens();
         let ids = Tensor::from_slice(&batch.input_ids, n, device)?;
         let mut summed = self.word.index_select(&ids, 0)?;
+        if let Some(soft) = &batch.soft_tokens {
+            summed = soft.replace(&summed)?;
+        }
         if let Some(table) = &self.position {
             let positions = Tensor::from_vec(batch.positions(self.position_offset), n, device)?;
             summed = (summed + table.index_select(&positions, 0)?)?;

@@ -11,6 +11,7 @@ pub mod batch;
 pub mod bert;
 pub mod bge_m3;
 pub mod clip;
+pub mod colmodernvbert;
 pub mod colpali;
 pub mod colqwen2;
 pub mod colqwen3;
@@ -71,6 +72,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &colpali::COLPALI,
     &colqwen2::COLQWEN2,
     &colqwen3::COLQWEN3,
+    &colmodernvbert::COLMODERNVBERT,
     &qwen3_vl::QWEN3_VL,
 ];
 
@@ -181,17 +183,23 @@ pub trait CropTokenTower: Send + Sync {
     fn forward(&self, pixels: &[f32], images: usize) -> candle_core::Result<Tensor>;
     /// Height and width the tower takes.
     fn image_size(&self) -> usize;
-    /// The soft tokens an image becomes (and the patches the tower runs over).
+    /// The soft tokens an image becomes.
     fn tokens_per_image(&self) -> usize;
+    /// The patches the tower runs over for an image: its soft tokens, unless the tower folds
+    /// several patches into one (ColModernVBert's pixel shuffle).
+    fn patches_per_image(&self) -> usize {
+        self.tokens_per_image()
+    }
     /// The placeholder token their rows replace.
     fn placeholder(&self) -> u32;
 }
 
 /// How a visual retrieval model's processor frames its inputs as text, resolved to literal
 /// strings (ColPali's `process_queries` and `process_images`): a text (a query) is
-/// `query_prefix text query_suffix`, an image `image_prefix placeholder×n image_suffix`. The
-/// processor writes the special tokens itself, so these texts are tokenized without the
-/// tokenizer's own.
+/// `query_prefix text query_suffix`, an image `image_prefix placeholder×n image_suffix` (with
+/// Idefics3's frames, ColModernVBert's, the placeholders are the frames' text). Unless
+/// `special_tokens`, the processor writes the special tokens itself and these texts are
+/// tokenized without the tokenizer's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetrievalPrompts {
     pub query_prefix: String,
@@ -209,6 +217,10 @@ pub struct RetrievalPrompts {
     /// (Qwen3-VL-Embedding's system turn): a request's prompt replaces it there rather than
     /// standing before the text.
     pub instruction: Option<String>,
+    /// Whether the tokenizer adds its own special tokens around the framed texts
+    /// (ColModernVBert's processor calls its tokenizer with its defaults: `[CLS] … [SEP]`);
+    /// otherwise the frame writes them (ColPali's `<bos>`).
+    pub special_tokens: bool,
 }
 
 /// What the engine needs from an audio tower whose output stands in for placeholder tokens of
@@ -307,7 +319,7 @@ pub fn forward_crops_chunked(
     images: usize,
     chunk_tokens: usize,
 ) -> candle_core::Result<Tensor> {
-    in_groups(pixels, images, tower.tokens_per_image(), chunk_tokens, |p, n| tower.forward(p, n))
+    in_groups(pixels, images, tower.patches_per_image(), chunk_tokens, |p, n| tower.forward(p, n))
 }
 
 /// `forward` over groups of the `images` images laid end to end in `pixels`, about

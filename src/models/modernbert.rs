@@ -151,7 +151,7 @@ fn root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
 /// ModernBERT's backbone: normalized token embeddings, then the shared encoder with its norms
 /// before each sub-layer, rotary positions with a base per layer type, sliding-window local
 /// layers and a GeGLU feed-forward, then the final norm.
-fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
+pub(super) fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
     let config = parse(raw)?;
     let (h, heads) = (config.hidden_size, config.num_attention_heads);
     if h % heads != 0 || (h / heads) % 2 != 0 {

@@ -90,6 +90,7 @@ impl Architecture for Qwen3Vl {
                 mixed: true,
                 strips_queries: false,
                 instruction: None,
+                special_tokens: false,
             }));
         }
         let prefix = "<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n".to_string();
@@ -102,6 +103,7 @@ impl Architecture for Qwen3Vl {
             mixed: true,
             strips_queries: false,
             instruction: Some(DEFAULT_INSTRUCTION.into()),
+            special_tokens: false,
         }))
     }
 

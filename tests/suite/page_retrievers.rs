@@ -1,5 +1,6 @@
 //! ColPali and ColQwen2 against transformers 5.24 (generator:
-//! tests/fixtures/make_page_retrievers.py), and ColQwen3 against its published forward on
+//! tests/fixtures/make_page_retrievers.py), ColModernVBert against transformers 5.24 with
+//! torchvision 0.29 (generator: tests/fixtures/make_colmodernvbert.py), and ColQwen3 against its published forward on
 //! transformers 5.24's Qwen3-VL (generator: tests/fixtures/make_qwen3_vl.py): the processors' pixel values and input ids, the
 //! models' vectors (one per token, padding rows dropped) for text queries and page images,
 //! alone and batched, and the processors' `score_retrieval` MaxSim scores, through the model
@@ -18,7 +19,7 @@ use poolserve::models::gemma4_vision::ImagePatches;
 use poolserve::models::{Architecture, Backbone};
 use serde_json::{json, Value};
 
-const MODELS: [&str; 3] = ["colpali-tiny", "colqwen2-tiny", "colqwen3-tiny"];
+const MODELS: [&str; 4] = ["colpali-tiny", "colqwen2-tiny", "colqwen3-tiny", "colmodernvbert-tiny"];
 /// Rows per vector.
 const DIM: usize = 16;
 
@@ -59,6 +60,75 @@ fn matrix(v: &Value) -> Vec<f32> {
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Idefics3's frames as ColModernVBert's processor cuts them (torchvision's Lanczos resizes,
+/// the tiles, the whole page last), with splitting and without.
+#[test]
+fn colmodernvbert_frames_match_the_processor() {
+    const MODEL: &str = "colmodernvbert-tiny";
+    let expected = expected(MODEL);
+    assert_eq!(expected["image_processor"], "Idefics3ImageProcessor");
+    let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(MODEL).to_str().unwrap())).expect("loads");
+    let Some(poolserve::loader::VisionInput::Page { processor, .. }) = loaded.vision else { panic!("no page side") };
+    let tables = std::sync::Arc::new(poolserve::input::image::ChannelTables::new(&processor));
+    let mut unsplit = processor.clone();
+    unsplit.splitting = processor.splitting.map(|s| poolserve::input::image::Splitting { enabled: false, ..s });
+    for (image, off) in expected["images"].as_array().unwrap().iter().zip(expected["split_off"].as_array().unwrap()) {
+        let file = image["file"].as_str().unwrap();
+        let limits = ImageLimits::default();
+        let page =
+            poolserve::input::image::frames::preprocess_frames(&image_bytes(file), &processor, &limits, &tables, 64).expect("frames");
+        assert_eq!(
+            [page.rows as u64, page.cols as u64],
+            [image["grid"][0].as_u64().unwrap(), image["grid"][1].as_u64().unwrap()],
+            "{file}"
+        );
+        assert_eq!(page.frames.len() as u64, image["frames"].as_u64().unwrap(), "{file}");
+        let ours: Vec<f32> = page.frames.iter().flat_map(|f| f.normalized()).collect();
+        let diff = max_abs_diff(&ours, &floats(&image["pixel_values"]));
+        let single = poolserve::input::image::frames::preprocess_frames(&image_bytes(file), &unsplit, &limits, &tables, 64).expect("frame");
+        let diff_off = max_abs_diff(&single.frames[0].normalized(), &floats(&off["pixel_values"]));
+        eprintln!("{file}: frames max abs diff {diff}, unsplit {diff_off}");
+        // PNG and WebP: exact; JPEG: the decoder's few levels.
+        let tolerance = if file.ends_with(".jpg") { 5e-2 } else { 1e-6 };
+        assert!(diff <= tolerance && diff_off <= tolerance, "{file}: pixel values differ by {diff} / {diff_off}");
+    }
+    // A page whose frames would pass the model's length is refused before it is resampled.
+    let refused = poolserve::input::image::frames::preprocess_frames(
+        &image_bytes("gradient_97x61.png"),
+        &processor,
+        &ImageLimits::default(),
+        &tables,
+        4,
+    );
+    assert!(refused.unwrap_err().to_string().contains("5 frames"));
+}
+
+/// ColModernVBert's processor without image splitting (`do_image_splitting: false`, each page
+/// one square frame, as vLLM runs it): the vectors of transformers' processor in that mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colmodernvbert_pages_without_splitting() {
+    const MODEL: &str = "colmodernvbert-tiny";
+    let expected = expected(MODEL);
+    let dir = std::env::temp_dir().join(format!("poolserve-colmodernvbert-unsplit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture_model(MODEL)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let path = dir.join("processor_config.json");
+    let mut processor: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    processor["image_processor"]["do_image_splitting"] = json!(false);
+    std::fs::write(&path, processor.to_string()).unwrap();
+    let router = router(engine(&dir, |_| {}), 16 << 20);
+    for page in expected["split_off"].as_array().unwrap() {
+        let file = page["file"].as_str().unwrap();
+        let message = json!({"role": "user", "content": [image_part(file)]});
+        let ours = pooled(&router, json!({"messages": [message], "task": "token_embed"})).await;
+        assert_rows(&ours[0], &floats(&page["vectors"]), image_bar(file), &format!("unsplit page {file}"));
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -299,9 +369,11 @@ async fn queries_and_pages_over_http(model: &str) {
             assert!((ours - want).abs() <= tolerance, "query {qi} × {file}: score {ours}, transformers {want}");
         }
         // Usage: each page's sequence and its tower's patches, and the query's sequence.
-        let patches = |i: &Value| match i.get("grid_thw") {
-            Some(grid) => ids(grid).iter().product::<u32>() as usize,
-            None => 16,
+        let patches = |i: &Value| match (i.get("grid_thw"), i.get("frames")) {
+            (Some(grid), _) => ids(grid).iter().product::<u32>() as usize,
+            // ColModernVBert: 16 patches a frame.
+            (None, Some(frames)) => 16 * frames.as_u64().unwrap() as usize,
+            (None, None) => 16,
         };
         let pages: usize = images.iter().map(|i| i["input_ids"].as_array().unwrap().len() + patches(i)).sum();
         assert_eq!(reply.body["usage"]["prompt_tokens"], json!(pages + q["input_ids"].as_array().unwrap().len()));
@@ -371,7 +443,7 @@ async fn refusals(model: &str) {
         reply.body
     );
     // The image placeholder typed in a query would stand for an image that is not there.
-    let placeholder = if model == "colpali-tiny" { "<image>" } else { "<|image_pad|>" };
+    let placeholder = if matches!(model, "colpali-tiny" | "colmodernvbert-tiny") { "<image>" } else { "<|image_pad|>" };
     let reply = post(&router, "/pooling", json!({"input": format!("{placeholder} what"), "task": "token_embed"})).await;
     assert_eq!(reply.status, 400, "{model}: {}", reply.body);
     // An undecodable page.

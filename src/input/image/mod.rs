@@ -25,10 +25,11 @@
 
 mod config;
 mod decode;
+pub mod frames;
 pub mod patches;
 mod resample;
 
-pub use config::{CropBackend, HeightWidth, ImageProcessorConfig, Size};
+pub use config::{CropBackend, HeightWidth, ImageProcessorConfig, Size, Splitting};
 pub use decode::decode_data_url;
 use decode::{decode, to_rgb};
 use resample::{copy_region, resize, Filter};
@@ -171,6 +172,7 @@ pub fn preprocess_with(
     let (rh, rw) = match (config.do_resize, config.size) {
         (false, _) => (h, w),
         (true, Size::Exact(hw)) => (hw.height, hw.width),
+        (true, Size::LongestEdge(_)) => return Err(ImageError::Config("an Idefics3 processor cuts images into frames".into())),
         (true, Size::ShortestEdge(s)) => {
             let long = (s as f64 * w.max(h) as f64 / w.min(h) as f64) as usize;
             if w <= h {
@@ -193,7 +195,8 @@ pub fn preprocess_with(
         copy_region(&rgb, w, xs.clone(), ys.clone())
     } else if config.backend == config::CropBackend::Torchvision {
         // torchvision resizes the whole image, then crops.
-        copy_region(&resample::resize_torch(&rgb, (w, h), (rw, rh)), rw, xs.clone(), ys.clone())
+        let filter = resample::TorchFilter::from_pil(config.resample).ok_or_else(|| ImageError::Config("resample".into()))?;
+        copy_region(&resample::resize_torch(&rgb, (w, h), (rw, rh), filter), rw, xs.clone(), ys.clone())
     } else {
         resize(&rgb, (w, h), (rw, rh), filter, xs.clone(), ys.clone())
     };

@@ -12,7 +12,7 @@
 //! is left out: the tower runs each image's real patches as one sequence.
 
 use super::decode::{decode, to_rgb, without_alpha};
-use super::resample::{copy_region, resize, resize_torch, Filter};
+use super::resample::{copy_region, resize, resize_torch, Filter, TorchFilter};
 use super::{ImageError, ImageInfo, ImageLimits};
 
 /// The soft-token budgets the processor accepts (`_SUPPORTED_SOFT_TOKENS`).
@@ -237,7 +237,7 @@ pub fn patches_from_rgb(rgb: &[u8], w: usize, h: usize, config: &PatchConfig, so
     let resized = match backend {
         _ if (tw, th) == (w, h) => copy_region(rgb, w, 0..w, 0..h),
         Backend::Pil => resize(rgb, (w, h), (tw, th), Filter::Bicubic, 0..tw, 0..th),
-        Backend::Torchvision | Backend::TorchvisionFused => resize_torch(rgb, (w, h), (tw, th)),
+        Backend::Torchvision | Backend::TorchvisionFused => resize_torch(rgb, (w, h), (tw, th), TorchFilter::Bicubic),
     };
     let p = config.patch_size;
     let (grid_h, grid_w) = (th / p, tw / p);

@@ -1,8 +1,8 @@
 //! Pillow's `Image.resize` (`Resample.c`), reproduced exactly: separable passes, horizontal
 //! first, antialiased supports, 22-bit fixed-point coefficients, uint8 between passes; only the
 //! rows and columns a crop keeps are computed. And torchvision's resize of a uint8 tensor with
-//! antialiased bicubic ([`resize_torch`]), which PyTorch ported from Pillow but with int16
-//! coefficients at a precision chosen per axis: the two round differently on some pixels.
+//! antialiased bicubic or Lanczos ([`resize_torch`]), which PyTorch ported from Pillow but with
+//! int16 coefficients at a precision chosen per axis: the two round differently on some pixels.
 
 use std::ops::Range;
 
@@ -96,12 +96,18 @@ struct Taps {
 }
 
 impl Taps {
-    /// PyTorch's `_compute_index_ranges_int16_weights` for antialiased bicubic: Pillow's
+    /// PyTorch's `_compute_index_ranges_int16_weights` for an antialiased filter: Pillow's
     /// supports and centres, weights normalized in f64, then rounded to int16 at the largest
-    /// precision (at most 22 bits) under which the axis's largest weight still fits.
-    fn torch(in_size: usize, out_size: usize) -> Taps {
+    /// precision (at most 22 bits) under which the axis's largest weight still fits. Bicubic
+    /// has PyTorch's own kernel ([`torch_cubic`]); Lanczos is Pillow's (torch 2.15, checked
+    /// against torchvision 0.29 on random images: identical).
+    fn torch(in_size: usize, out_size: usize, filter: TorchFilter) -> Taps {
+        let (kernel, radius): (fn(f64) -> f64, f64) = match filter {
+            TorchFilter::Bicubic => (torch_cubic, 2.0),
+            TorchFilter::Lanczos => Filter::Lanczos.kernel(),
+        };
         let scale = in_size as f64 / out_size as f64;
-        let support = if scale >= 1.0 { 2.0 * scale } else { 2.0 };
+        let support = if scale >= 1.0 { radius * scale } else { radius };
         let stride = support.ceil() as usize * 2 + 1;
         let inv = if scale >= 1.0 { 1.0 / scale } else { 1.0 };
         let (mut bounds, mut weights) = (Vec::with_capacity(out_size), vec![0f64; out_size * stride]);
@@ -113,7 +119,7 @@ impl Taps {
             let w = &mut weights[i * stride..i * stride + n];
             let mut total = 0.0;
             for (j, wj) in w.iter_mut().enumerate() {
-                *wj = torch_cubic((j as f64 + xmin as f64 - center + 0.5) * inv);
+                *wj = kernel((j as f64 + xmin as f64 - center + 0.5) * inv);
                 total += *wj;
             }
             if total != 0.0 {
@@ -177,11 +183,29 @@ impl Taps {
 // Sums stay inside i32: normalized taps have |sum| < 2, so |acc| < 2 * 255 * 2^22 + 2^21 < 2^31 (Pillow's
 // bound; PyTorch's precision is at most 22 bits too).
 
-/// torchvision's `resize(uint8 tensor, (dh, dw), BICUBIC, antialias=True)` on packed RGB: a
+/// The filters torchvision resizes a uint8 tensor with, as reproduced here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TorchFilter {
+    Bicubic,
+    Lanczos,
+}
+
+impl TorchFilter {
+    /// The PIL filter number's torchvision counterpart, where reproduced (3 bicubic, 1 Lanczos).
+    pub(crate) fn from_pil(n: u32) -> Option<TorchFilter> {
+        match n {
+            3 => Some(TorchFilter::Bicubic),
+            1 => Some(TorchFilter::Lanczos),
+            _ => None,
+        }
+    }
+}
+
+/// torchvision's `resize(uint8 tensor, (dh, dw), filter, antialias=True)` on packed RGB: a
 /// pass along each axis whose size changes, horizontal first, uint8 between them.
-pub(crate) fn resize_torch(src: &[u8], (sw, sh): (usize, usize), (dw, dh): (usize, usize)) -> Vec<u8> {
-    let hor = (dw != sw).then(|| Taps::torch(sw, dw));
-    let vert = (dh != sh).then(|| Taps::torch(sh, dh));
+pub(crate) fn resize_torch(src: &[u8], (sw, sh): (usize, usize), (dw, dh): (usize, usize), filter: TorchFilter) -> Vec<u8> {
+    let hor = (dw != sw).then(|| Taps::torch(sw, dw, filter));
+    let vert = (dh != sh).then(|| Taps::torch(sh, dh, filter));
     let mid = horizontal(src, sw, 0..sh, hor.as_ref(), 0..dw);
     vertical(&mid, dw, 0, vert.as_ref(), dh)
 }

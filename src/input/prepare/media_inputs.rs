@@ -4,11 +4,12 @@
 //! builds it. Decoding runs on the
 //! input workers; [`Preprocessor::prepare_wave`] sends the prompts that hold media here.
 
-use super::{check_length, ImageProcessing, InputOptions, PageFrame, Preprocessor, SoftTokenFrame};
+use super::{check_length, ImageProcessing, InputOptions, PageFrame, PageText, Preprocessor, SoftTokenFrame};
 use crate::input::image::patches::preprocess_patches;
 use crate::input::tokenizer::{EncodeOptions, TextInput, TruncationSide};
 use crate::input::video::VideoFrames;
 use crate::input::{ImageSequence, InputError, ModelInput, Part, Prompt};
+use crate::models::batch::TokenizedInput;
 use std::sync::Arc;
 
 impl Preprocessor {
@@ -97,28 +98,57 @@ impl Preprocessor {
             return Err(one_page_per_input());
         }
         let (processor, tables) = (Arc::clone(&frame.processor), Arc::clone(&frame.tables));
-        let crops = self
-            .workers
-            .execute(move || {
-                each_medium(&prompts, image_bytes, (first, in_request, "image"), InputError::Image, |bytes| {
-                    crate::input::image::preprocess_with(bytes, &processor, &limits, &tables)
-                })
-            })
-            .await??;
-        let tokens = &frame.prompt;
-        check_length(tokens.len(), self.max_model_len, false)?;
-        Ok(crops
-            .into_iter()
-            .map(|crop| {
-                ModelInput::ImageSequence(ImageSequence {
-                    tokens: tokens.clone(),
-                    crops: vec![crop],
-                    patches: Vec::new(),
-                    audio: Vec::new(),
-                    video_frames: Vec::new(),
-                })
-            })
-            .collect())
+        let sequence = |tokens: TokenizedInput, crops| {
+            ModelInput::ImageSequence(ImageSequence { tokens, crops, patches: Vec::new(), audio: Vec::new(), video_frames: Vec::new() })
+        };
+        match &frame.text {
+            PageText::Fixed(tokens) => {
+                let crops = self
+                    .workers
+                    .execute(move || {
+                        each_medium(&prompts, image_bytes, (first, in_request, "image"), InputError::Image, |bytes| {
+                            crate::input::image::preprocess_with(bytes, &processor, &limits, &tables)
+                        })
+                    })
+                    .await??;
+                check_length(tokens.len(), self.max_model_len, false)?;
+                Ok(crops.into_iter().map(|crop| sequence(tokens.clone(), vec![crop])).collect())
+            }
+            PageText::Frames { prefix, suffix, special_tokens, max_frames } => {
+                let max_frames = *max_frames;
+                let pages = self
+                    .workers
+                    .execute(move || {
+                        each_medium(&prompts, image_bytes, (first, in_request, "image"), InputError::Image, |bytes| {
+                            crate::input::image::frames::preprocess_frames(bytes, &processor, &limits, &tables, max_frames)
+                        })
+                    })
+                    .await??;
+                let texts = pages
+                    .iter()
+                    .map(|page| {
+                        let frames = crate::input::image::frames::frames_text(page.rows, page.cols, &frame.placeholder, frame.tokens);
+                        TextInput::Single(format!("{prefix}{frames}{suffix}"))
+                    })
+                    .collect();
+                let encode = EncodeOptions {
+                    add_special_tokens: *special_tokens,
+                    truncate_to: None,
+                    side: TruncationSide::Right,
+                    pair_limits: Default::default(),
+                };
+                let encoded = self.workers.encode(texts, encode).await?;
+                pages
+                    .into_iter()
+                    .zip(encoded)
+                    .map(|(page, tokens)| {
+                        let tokens = tokens?;
+                        check_length(tokens.len(), self.max_model_len, false)?;
+                        Ok(sequence(tokens, page.frames))
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// The inputs of a soft-token model: each image cut into patches and each audio decoded

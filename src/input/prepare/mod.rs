@@ -42,19 +42,32 @@ pub enum ImageProcessing {
 }
 
 /// How a page retriever's image becomes its input (ColPali's `process_images`): the crop
-/// CLIP and SigLIP make, and the text `prefix placeholder×tokens suffix` whose placeholders the
-/// tower's soft tokens replace. Every page has the same text: it is tokenized once, at load.
+/// CLIP and SigLIP make (or Idefics3's frames, ColModernVBert's), and the text around the
+/// placeholders the tower's soft tokens replace ([`PageText`]).
 pub struct PageFrame {
     pub processor: Arc<ImageProcessorConfig>,
     /// The processor's normalization, made once ([`super::image::ChannelTables`]).
     pub tables: Arc<super::image::ChannelTables>,
-    /// The page's text, tokenized without the tokenizer's special tokens (the prompt writes
-    /// them), holding `tokens` placeholders.
-    pub prompt: TokenizedInput,
+    pub text: PageText,
     pub placeholder: String,
     pub placeholder_id: u32,
-    /// The soft tokens an image becomes.
+    /// The soft tokens a crop (a frame) becomes.
     pub tokens: usize,
+    /// The patches the tower runs over for a crop: what it costs beside its soft tokens.
+    pub patches: usize,
+}
+
+/// A page's text.
+pub enum PageText {
+    /// Every page the same, `prefix placeholder×tokens suffix` (ColPali, one crop a page):
+    /// tokenized once, at load, without the tokenizer's special tokens (the prompt writes them).
+    Fixed(TokenizedInput),
+    /// Idefics3's frames (ColModernVBert): `prefix`, the text of the page's frame grid
+    /// ([`super::image::frames::frames_text`]), `suffix`, tokenized per page, with the
+    /// tokenizer's special tokens where `special_tokens` (the processor calls its tokenizer
+    /// with its defaults); a page of more than `max_frames` frames is refused before it is
+    /// resampled.
+    Frames { prefix: String, suffix: String, special_tokens: bool, max_frames: usize },
 }
 
 /// The literal text a retrieval processor puts around every text input (ColPali's
@@ -68,6 +81,10 @@ pub struct TextFrame {
     pub trim: bool,
     /// The default instruction, where `prefix` holds `{instruction}` ([`Self::prefix_with`]).
     pub instruction: Option<String>,
+    /// Whether the tokenizer adds its own special tokens around the framed text
+    /// (ColModernVBert's processor calls its tokenizer with its defaults); otherwise the frame
+    /// writes them.
+    pub special_tokens: bool,
 }
 
 impl TextFrame {
@@ -303,10 +320,11 @@ impl Preprocessor {
         }
     }
 
-    /// The soft tokens (and tower patches) of a page retriever's image; 0 for other models.
+    /// The tower patches of a page retriever's crop (its soft tokens are in the text); 0 for
+    /// other models.
     fn page_tokens(&self) -> usize {
         match self.images.as_ref().map(|side| &side.processing) {
-            Some(ImageProcessing::Page(frame)) => frame.tokens,
+            Some(ImageProcessing::Page(frame)) => frame.patches,
             _ => 0,
         }
     }
@@ -498,9 +516,9 @@ impl Preprocessor {
     /// How single texts are encoded: the request's options, without the tokenizer's special
     /// tokens inside a retrieval frame (the frame writes them, as the processor does).
     fn text_encoding(&self, options: &InputOptions) -> EncodeOptions {
-        match self.query_frame {
-            Some(_) => EncodeOptions { add_special_tokens: false, ..options.encode },
-            None => options.encode,
+        match &self.query_frame {
+            Some(frame) if !frame.special_tokens => EncodeOptions { add_special_tokens: false, ..options.encode },
+            _ => options.encode,
         }
     }
 
