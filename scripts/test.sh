@@ -24,6 +24,9 @@
 #    checks its contents (scripts/test-container-cuda.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A clean clone gains nothing from incremental compilation, whose caches were 1.3 GB of the
+# 3 GB test build: CI once ran out of disk (the CUDA build's `ar`: "No space left on device").
+export CARGO_INCREMENTAL=0
 
 # Where the time goes: `phase NAME` closes the running phase; the table is printed at the end
 # (and kept in target/test-times.txt).
@@ -135,6 +138,9 @@ servers=()
 phase "soak, 3 minutes"
 POOLSERVE_BIN=target/debug/poolserve PYTHON=.venv/bin/python SOAK_OUT=target/soak-test benches/soak.sh 3
 
+# The containers build in folders of their own: the test build's intermediate files (1.6 GB of
+# dependencies and test binaries) are not needed past this point; the debug binary stays.
+rm -rf target/debug/deps target/debug/build target/debug/incremental target/debug/.fingerprint
 phase "container image (CPU)"
 scripts/test-container.sh
 phase "container image (CUDA)"
