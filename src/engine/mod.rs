@@ -89,6 +89,35 @@ pub struct Engine {
     by_task: bool,
 }
 
+/// A page retriever's page text when every page has the same one (ColPali, one crop a page):
+/// `prefix placeholder×tokens suffix`, tokenized once without the tokenizer's special tokens
+/// (the processor's prompt writes them), checked to hold its `tokens` placeholders.
+fn fixed_page_prompt(
+    tokenizer: &crate::input::tokenizer::TextTokenizer,
+    prompts: &crate::models::RetrievalPrompts,
+    placeholder: &str,
+    placeholder_id: u32,
+    tokens: usize,
+) -> std::io::Result<TokenizedInput> {
+    let text = format!("{}{}{}", prompts.image_prefix, placeholder.repeat(tokens), prompts.image_suffix);
+    let encode = EncodeOptions {
+        add_special_tokens: false,
+        truncate_to: None,
+        side: crate::input::tokenizer::TruncationSide::Right,
+        pair_limits: Default::default(),
+    };
+    let prompt = tokenizer
+        .encode(&text, encode)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the page prompt: {e}")))?;
+    if prompt.ids.iter().filter(|&&t| t == placeholder_id).count() != tokens {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the page prompt does not tokenize into {tokens} `{placeholder}` tokens"),
+        ));
+    }
+    Ok(prompt)
+}
+
 /// The strings of a medium's framing tokens (`begin placeholder end`), as the text that the
 /// preprocessor writes around it; a tokenizer without them cannot serve that medium.
 fn framing_strings(
@@ -218,72 +247,41 @@ impl Engine {
                 // the tower's pass over as many patches (a crop's; a page of Idefics3's frames
                 // costs that many times over).
                 let (tokens, patches) = (tower.tokens_per_image(), tower.patches_per_image());
-                if let Some(split) = processor.splitting {
-                    // A page whose placeholders alone pass max_model_len can never run.
-                    let max_frames = spec.max_model_len / tokens.max(1);
-                    let most = match processor.size {
-                        crate::input::image::Size::LongestEdge(n) if split.enabled => n.div_ceil(split.tile.max(1)).pow(2) + 1,
-                        _ => 1,
-                    };
-                    let tokens_per_image = most.min(max_frames).max(1) * (tokens + patches) + 16;
-                    let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
-                    let side = ImageSide {
-                        processing: ImageProcessing::Page(Box::new(PageFrame {
-                            tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
-                            processor: Arc::new(processor),
-                            text: PageText::Frames {
-                                prefix: prompts.image_prefix.clone(),
-                                suffix: prompts.image_suffix.clone(),
-                                special_tokens: prompts.special_tokens,
-                                max_frames,
-                            },
-                            placeholder,
-                            placeholder_id,
-                            tokens,
-                            patches,
-                        })),
-                        limits: image_limits,
-                        tokens_per_image,
-                        wave: (images_per_batch / 2).max(1),
-                    };
-                    (Some(side), None, None, Some(tower))
-                } else {
-                    // Every page's text is the same: tokenized here, once, without the tokenizer's
-                    // special tokens (the processor's prompt writes them).
-                    let text = format!("{}{}{}", prompts.image_prefix, placeholder.repeat(tokens), prompts.image_suffix);
-                    let encode = crate::input::tokenizer::EncodeOptions {
-                        add_special_tokens: false,
-                        truncate_to: None,
-                        side: crate::input::tokenizer::TruncationSide::Right,
-                        pair_limits: Default::default(),
-                    };
-                    let prompt = tokenizer
-                        .encode(&text, encode)
-                        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the page prompt: {e}")))?;
-                    if prompt.ids.iter().filter(|&&t| t == placeholder_id).count() != tokens {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            format!("the page prompt does not tokenize into {tokens} `{placeholder}` tokens"),
-                        ));
+                let (text, frames) = match processor.splitting {
+                    Some(split) => {
+                        // A page whose placeholders alone pass max_model_len can never run.
+                        let max_frames = spec.max_model_len / tokens.max(1);
+                        let most = match processor.size {
+                            crate::input::image::Size::LongestEdge(n) if split.enabled => n.div_ceil(split.tile.max(1)).pow(2) + 1,
+                            _ => 1,
+                        };
+                        let text = PageText::Frames {
+                            prefix: prompts.image_prefix.clone(),
+                            suffix: prompts.image_suffix.clone(),
+                            special_tokens: prompts.special_tokens,
+                            max_frames,
+                        };
+                        (text, most.min(max_frames).max(1))
                     }
-                    let tokens_per_image = tokens + patches + 16;
-                    let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
-                    let side = ImageSide {
-                        processing: ImageProcessing::Page(Box::new(PageFrame {
-                            tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
-                            processor: Arc::new(processor),
-                            text: PageText::Fixed(prompt),
-                            placeholder,
-                            placeholder_id,
-                            tokens,
-                            patches,
-                        })),
-                        limits: image_limits,
-                        tokens_per_image,
-                        wave: (images_per_batch / 2).max(1),
-                    };
-                    (Some(side), None, None, Some(tower))
-                }
+                    None => (PageText::Fixed(fixed_page_prompt(&tokenizer, prompts, &placeholder, placeholder_id, tokens)?), 1),
+                };
+                let tokens_per_image = frames * (tokens + patches) + 16;
+                let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
+                let side = ImageSide {
+                    processing: ImageProcessing::Page(Box::new(PageFrame {
+                        tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
+                        processor: Arc::new(processor),
+                        text,
+                        placeholder,
+                        placeholder_id,
+                        tokens,
+                        patches,
+                    })),
+                    limits: image_limits,
+                    tokens_per_image,
+                    wave: (images_per_batch / 2).max(1),
+                };
+                (Some(side), None, None, Some(tower))
             }
             None => (None, None, None, None),
         };
