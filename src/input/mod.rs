@@ -148,7 +148,7 @@ pub enum InputError {
     /// An image that cannot be used (undecodable, too large, not an image).
     #[error("{0}")]
     Image(String),
-    #[error("This model does not take images: only image-text models (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL) and page retrievers (ColPali, ColQwen) take images")]
+    #[error("This model does not take images: only image-text models (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL) and page retrievers (ColPali, ColQwen, ColModernVBert) take images")]
     ImagesUnsupported,
     /// An audio input that cannot be used (undecodable, too long, too short).
     #[error("{0}")]

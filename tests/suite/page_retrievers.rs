@@ -121,14 +121,21 @@ async fn colmodernvbert_pages_without_splitting() {
     let mut processor: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     processor["image_processor"]["do_image_splitting"] = json!(false);
     std::fs::write(&path, processor.to_string()).unwrap();
-    let router = router(engine(&dir, |_| {}), 16 << 20);
+    let unsplit = router(engine(&dir, |_| {}), 16 << 20);
     for page in expected["split_off"].as_array().unwrap() {
         let file = page["file"].as_str().unwrap();
         let message = json!({"role": "user", "content": [image_part(file)]});
-        let ours = pooled(&router, json!({"messages": [message], "task": "token_embed"})).await;
+        let ours = pooled(&unsplit, json!({"messages": [message], "task": "token_embed"})).await;
         assert_rows(&ours[0], &floats(&page["vectors"]), image_bar(file), &format!("unsplit page {file}"));
     }
     std::fs::remove_dir_all(&dir).ok();
+    // With splitting, a page whose frames cannot fit the model's length is a 400 that says so.
+    let short = router(engine(&fixture_model(MODEL), |c| c.models[0].max_model_len = Some(16)), 16 << 20);
+    let message = json!({"role": "user", "content": [image_part("gradient_97x61.png")]});
+    let reply = post(&short, "/pooling", json!({"messages": [message], "task": "token_embed"})).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let text = reply.body["error"]["message"].as_str().unwrap();
+    assert!(text.contains("makes 5 frames (2 × 2 tiles and the whole image), more than the 4"), "{text}");
 }
 
 #[test]

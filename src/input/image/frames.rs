@@ -126,12 +126,7 @@ pub fn preprocess_frames(
     let (w, h) = (img.width() as usize, img.height() as usize);
     let plan = plan(w, h, config)?;
     if plan.frames() > max_frames {
-        return Err(ImageError::Config(format!(
-            "the image makes {} frames ({} × {} tiles and the whole image), more than the {max_frames} the model's length allows",
-            plan.frames(),
-            plan.rows,
-            plan.cols
-        )));
+        return Err(ImageError::TooManyFrames { frames: plan.frames(), rows: plan.rows, cols: plan.cols, max: max_frames });
     }
     // ColModernVBert's processor converts every page with Pillow's `convert("RGB")` first: an
     // alpha channel is dropped, not composited.

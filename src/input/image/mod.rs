@@ -45,6 +45,9 @@ pub enum ImageError {
     AspectRatio { width: u32, height: u32 },
     #[error("unsupported image format: only PNG, JPEG and WebP are accepted")]
     UnsupportedFormat,
+    /// A page whose frames ([`frames`]) would pass the model's length.
+    #[error("the image makes {frames} frames ({rows} × {cols} tiles and the whole image), more than the {max} that fit this model's maximum context length")]
+    TooManyFrames { frames: usize, rows: usize, cols: usize, max: usize },
     #[error("image processor config: {0}")]
     Config(String),
     /// A field of `preprocessor_config.json` that cannot be used, raised while serde reads the
