@@ -111,6 +111,8 @@ const OPENAI_CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
 const OPENAI_CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 /// Output sizes above this are refused: no vision tower uses them and they would size allocations.
 const MAX_SIDE: usize = 16384;
+/// Idefics3's `MAX_IMAGE_SIZE`: no side of its resized image exceeds it.
+pub const MAX_RESIZED_SIDE: usize = 4096;
 
 impl TryFrom<RawConfig> for ImageProcessorConfig {
     type Error = ImageError;
@@ -224,9 +226,7 @@ impl ImageProcessorConfig {
             Size::ShortestEdge(s) if !side_ok(s) => return bad(format!("size.shortest_edge {s} is out of range")),
             Size::Exact(hw) if !side_ok(hw.height) || !side_ok(hw.width) => return bad(format!("size {hw:?} is out of range")),
             // Idefics3 caps the resized image at 4096 a side.
-            Size::LongestEdge(n) if !(1..=super::frames::MAX_RESIZED_SIDE).contains(&n) => {
-                return bad(format!("size.longest_edge {n} is out of range"))
-            }
+            Size::LongestEdge(n) if !(1..=MAX_RESIZED_SIDE).contains(&n) => return bad(format!("size.longest_edge {n} is out of range")),
             _ => {}
         }
         if let Some(split) = self.splitting {

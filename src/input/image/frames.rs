@@ -15,14 +15,11 @@
 //! Without splitting (`do_image_splitting: false`, how vLLM runs ColModernVBert) the image is
 //! resized to one square frame, grid `0 × 0`.
 
-use super::config::{CropBackend, ImageProcessorConfig, Size};
+use super::config::{CropBackend, ImageProcessorConfig, Size, MAX_RESIZED_SIDE};
 use super::decode::{decode, without_alpha};
 use super::resample::{copy_region, resize, resize_torch, Filter, TorchFilter};
 use super::{ChannelTables, ImageError, ImageLimits, PixelValues};
 use std::sync::Arc;
-
-/// Idefics3's `MAX_IMAGE_SIZE`: no resized side exceeds it.
-pub const MAX_RESIZED_SIDE: usize = 4096;
 
 /// The processor's `fake_image_token`: around each frame's placeholders.
 const FRAME_BOUNDARY: &str = "<fake_token_around_image>";
