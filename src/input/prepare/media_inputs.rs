@@ -82,9 +82,10 @@ impl Preprocessor {
         Ok(inputs)
     }
 
-    /// A page retriever's images (ColPali): each decoded and resized to the tower's square on
-    /// one input worker, each with the page text the processor builds (`prefix placeholder×n
-    /// suffix`, tokenized at load: [`PageFrame::prompt`]).
+    /// A page retriever's images, decoded on one input worker: ColPali's each resized to the
+    /// tower's square, with the page text tokenized at load ([`PageText::Fixed`]);
+    /// ColModernVBert's each cut into Idefics3's frames, with the text of its frame grid
+    /// tokenized here ([`PageText::Frames`]).
     /// An image is a document of its own: the processor takes text or images, never both in
     /// one input.
     async fn page_images(
