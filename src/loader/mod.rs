@@ -492,9 +492,11 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
     let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str);
     if type_name.is_some_and(|t| t.starts_with("Qwen2VLImageProcessor")) {
         let mut config = qwen2_vl_processor(processor, (patch_size, kernel)).map_err(invalid)?;
-        // ColQwen3's `process_images` converts each image with Pillow before its image
-        // processor sees it: transparency dropped rather than composited.
-        if json.get("processor_class").and_then(serde_json::Value::as_str) == Some("ColQwen3Processor") {
+        // ColQwen3's processors convert each image with Pillow before their image processor
+        // sees it (TomoroAI's and colpali-engine's `process_images`, OpenSearch's, NVIDIA's
+        // `forward_documents`): transparency dropped rather than composited.
+        let pillow_rgb = ["ColQwen3Processor", "OpsColQwen3Processor", "Qwen3VLNemotronEmbedProcessor"];
+        if json.get("processor_class").and_then(serde_json::Value::as_str).is_some_and(|c| pillow_rgb.contains(&c)) {
             config.alpha = image::patches::Alpha::Dropped;
         }
         return Ok(config);

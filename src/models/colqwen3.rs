@@ -1,19 +1,34 @@
-//! ColQwen3 (`ColQwen3`, TomoroAI's published `modeling_colqwen3.py` and
-//! `processing_colqwen3.py`, the layout vLLM's `ColQwen3Model` loads for
-//! TomoroAI/tomoro-colqwen3-embed-4b and -8b): a page retriever on Qwen3-VL
-//! ([`super::qwen3_vl`]), one vector per token (`token_embed`) scored by MaxSim.
+//! ColQwen3: page retrievers on Qwen3-VL ([`super::qwen3_vl`]), one vector per token
+//! (`token_embed`) scored by MaxSim, in the four layouts vLLM's `ColQwen3Model` loads
+//! ([`Publisher`]):
 //!
-//! - **Config:** `vision_config` and `text_config` at the top level (not under a `vlm_config`),
-//!   `embed_dim` (320 by default), the image token ids beside them;
-//! - **model:** Qwen3-VL's vision tower (DeepStack included) and language model, with M-RoPE
-//!   for the image tokens (the published code hands `image_grid_thw` to `Qwen3VLModel`), then
-//!   `embedding_proj_layer` (with its bias) to `embed_dim` on every token and the token_embed
-//!   head's L2 normalization;
-//! - **prompts** ([`RetrievalPrompts`]), as `ColQwen3Processor` builds them: a query is
-//!   `{query_prefix}{text, stripped}` + the pad token ×10 (no newline; the prefix is empty by
-//!   default); an image is `<|im_start|>user\n<|vision_start|><|image_pad|>×n<|vision_end|>
-//!   Describe the image.<|im_end|><|endoftext|>` (`visual_prompt_prefix` +
-//!   `visual_prompt_suffix` of `processor_config.json` where the folder sets them).
+//! - **TomoroAI's `ColQwen3`** (tomoro-colqwen3-embed-4b / -8b; its published
+//!   `modeling_colqwen3.py` and `processing_colqwen3.py`): model_type `colqwen3`, weights under
+//!   `vlm.model.*`, `embedding_proj_layer` (with its bias) to `embed_dim` (320 by default);
+//!   a query is `{query_prefix}{text, stripped}` + the pad token ×10; a page
+//!   `<|im_start|>user\n<|vision_start|><|image_pad|>×n<|vision_end|>Describe the
+//!   image.<|im_end|><|endoftext|>` (`visual_prompt_prefix` + `visual_prompt_suffix` of
+//!   `processor_config.json` where the folder sets them);
+//! - **colpali-engine's `ColQwen3`** (0.3.18, as its `save_pretrained` writes it): a
+//!   `qwen3_vl` config naming `ColQwen3`, weights under `model.*`, `custom_text_proj` (with its
+//!   bias) as wide as its weight; a query is `{query_prefix}{text}` + `<|endoftext|>`×10, nothing
+//!   stripped; a page is its `visual_prompt_prefix`, the same frame as TomoroAI's;
+//! - **OpenSearch-AI's `OpsColQwen3Model`** (Ops-Colqwen3-4B / -8B; its `OpsColQwen3` and
+//!   `OpsColQwen3Processor`): weights unprefixed (`visual.*`, `language_model.*`),
+//!   `custom_text_proj` as wide as the hidden size of which the first `dims` (config) are kept;
+//!   a query is its text as it is (the processor's `process_queries` adds nothing); a page ends
+//!   `Describe the image.<|im_end|><|im_start|>assistant\n<|endoftext|>`;
+//! - **NVIDIA's `Qwen3VLNemotronEmbedModel`** (nemotron-colembed-vl-4b-v2 / -8b-v2; its
+//!   `modeling_qwen3_vl_nemotron_embed.py`): no projection; the language model attends
+//!   bidirectionally and skips its final norm; a query is the user turn `Query: {query_prefix}
+//!   {text}` and a page the user turn of the image then `{passage_prefix} `, each with the
+//!   assistant turn opened (its processor runs them through Qwen3-VL's chat template, written
+//!   here as that template renders them; the prefixes `query:` and `passage:` come from
+//!   `processor_config.json`).
+//!
+//! Every layout runs Qwen3-VL's vision tower (DeepStack included) and language model with M-RoPE
+//! for the image tokens, then the token_embed head's L2 normalization. A text document scores
+//! as a query (the processors read every text as one).
 
 use super::qwen3_vl::{deepstack_features, Qwen3VlText, Qwen3VlVision};
 use super::retrieval::{processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
@@ -28,14 +43,41 @@ pub static COLQWEN3: ColQwen3 = ColQwen3;
 
 const VISION_FRAME: &str = "<|vision_start|><|image_pad|><|vision_end|>";
 
+/// Who published the folder: the four layouts differ in weight names, projection and prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publisher {
+    TomoroAi,
+    ColpaliEngine,
+    OpenSearch,
+    Nemotron,
+}
+
+impl Publisher {
+    /// From config.json's `model_type` (the custom configs') and `architectures`.
+    fn of(raw: &Value) -> Self {
+        let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let architecture = raw.pointer("/architectures/0").and_then(Value::as_str).unwrap_or("");
+        match (model_type, architecture) {
+            ("ops_colqwen3", _) | (_, "OpsColQwen3Model") => Self::OpenSearch,
+            ("qwen3_vl_nemotron_embed", _) | (_, "Qwen3VLNemotronEmbedModel") => Self::Nemotron,
+            ("colqwen3", _) => Self::TomoroAi,
+            _ => Self::ColpaliEngine,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct ColQwen3Config {
     text_config: Value,
+    /// TomoroAI's projection width (`ColQwen3Config`'s default 320).
     #[serde(default = "default_embed_dim")]
     embed_dim: usize,
+    /// OpenSearch's: how many of the projection's outputs are kept.
+    #[serde(default)]
+    dims: Option<usize>,
 }
 
-/// `ColQwen3Config`'s default.
+/// TomoroAI's `ColQwen3Config` default.
 fn default_embed_dim() -> usize {
     320
 }
@@ -46,11 +88,11 @@ impl Architecture for ColQwen3 {
     }
 
     fn architecture_stems(&self) -> &'static [&'static str] {
-        &["ColQwen3"]
+        &["ColQwen3", "OpsColQwen3", "Qwen3VLNemotronEmbed"]
     }
 
     fn model_types(&self) -> &'static [&'static str] {
-        &["colqwen3"]
+        &["colqwen3", "ops_colqwen3", "qwen3_vl_nemotron_embed"]
     }
 
     fn default_pooling(&self) -> SequencePooling {
@@ -65,7 +107,13 @@ impl Architecture for ColQwen3 {
         let config: ColQwen3Config = parse_config(raw)?;
         let deepstack = deepstack_features(raw)?;
         let text = root(&vb, &["vlm.model.language_model", "model.language_model", "language_model", "vlm.model"], "embed_tokens.weight")?;
-        Ok(Box::new(Projected::load(Qwen3VlText::load(&config.text_config, deepstack, text)?, &vb, config.embed_dim)?))
+        let text = Qwen3VlText::load(&config.text_config, deepstack, text)?;
+        Ok(match Publisher::of(raw) {
+            Publisher::TomoroAi => Box::new(Projected::load(text, &vb, config.embed_dim)?),
+            Publisher::ColpaliEngine => Box::new(Projected::load_found(text, &vb, &PROJECTIONS, None)?),
+            Publisher::OpenSearch => Box::new(Projected::load_found(text, &vb, &PROJECTIONS, config.dims)?),
+            Publisher::Nemotron => Box::new(text.into_bidirectional_without_final_norm()),
+        })
     }
 
     fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {
@@ -75,27 +123,82 @@ impl Architecture for ColQwen3 {
 
     fn retrieval_prompts(
         &self,
-        _config: &Value,
+        config: &Value,
         processor: &Value,
         special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
         let field = |name: &str, default: &str| processor_field(processor, name, default);
-        let pad = special("pad_token").unwrap_or_else(|| "<|endoftext|>".into());
-        let visual = field("visual_prompt_prefix", "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.")?;
-        // The image's frame (`<|vision_start|>`, its soft tokens, `<|vision_end|>`) is the
-        // tower's; the prompt is what stands around it.
-        let (image_prefix, after) = visual.split_once(VISION_FRAME).ok_or_else(|| {
-            ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{VISION_FRAME}` for the image"))
-        })?;
-        Ok(Some(RetrievalPrompts {
-            query_prefix: field("query_prefix", "")?,
-            query_suffix: pad.repeat(QUERY_AUGMENTATION_TOKENS),
-            image_prefix: image_prefix.to_string(),
-            image_suffix: format!("{after}{}", field("visual_prompt_suffix", "<|im_end|><|endoftext|>")?),
-            mixed: false,
-            strips_queries: true,
-            instruction: None,
-            special_tokens: false,
+        let prompts = |query_prefix: String, query_suffix: String, visual: String, strips_queries: bool| {
+            // The image's frame (`<|vision_start|>`, its soft tokens, `<|vision_end|>`) is the
+            // tower's; the prompt is what stands around it.
+            let (image_prefix, image_suffix) = visual.split_once(VISION_FRAME).ok_or_else(|| {
+                ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{VISION_FRAME}` for the image"))
+            })?;
+            Ok::<_, ModelError>(RetrievalPrompts {
+                query_prefix,
+                query_suffix,
+                image_prefix: image_prefix.to_string(),
+                image_suffix: image_suffix.to_string(),
+                mixed: false,
+                strips_queries,
+                instruction: None,
+                special_tokens: false,
+            })
+        };
+        let endoftext = "<|endoftext|>";
+        Ok(Some(match Publisher::of(config) {
+            Publisher::TomoroAi => {
+                let pad = special("pad_token").unwrap_or_else(|| endoftext.into());
+                let visual = field("visual_prompt_prefix", &format!("<|im_start|>user\n{VISION_FRAME}Describe the image."))?;
+                let suffix = field("visual_prompt_suffix", "<|im_end|><|endoftext|>")?;
+                prompts(field("query_prefix", "")?, pad.repeat(QUERY_AUGMENTATION_TOKENS), visual + &suffix, true)?
+            }
+            Publisher::ColpaliEngine => {
+                let visual =
+                    field("visual_prompt_prefix", &format!("<|im_start|>user\n{VISION_FRAME}Describe the image.<|im_end|>{endoftext}"))?;
+                prompts(field("query_prefix", "")?, endoftext.repeat(QUERY_AUGMENTATION_TOKENS), visual, false)?
+            }
+            Publisher::OpenSearch => {
+                let visual = field(
+                    "visual_prompt_prefix",
+                    &format!("<|im_start|>user\n{VISION_FRAME}Describe the image.<|im_end|><|im_start|>assistant\n{endoftext}"),
+                )?;
+                prompts(String::new(), String::new(), visual, false)?
+            }
+            Publisher::Nemotron => {
+                // `f"{query_prefix} {text}"`, or the text alone when the prefix is empty.
+                let query_prefix = field("query_prefix", "query:")?;
+                let query_prefix = if query_prefix.is_empty() { query_prefix } else { format!("{query_prefix} ") };
+                let passage = field("passage_prefix", "passage:")?;
+                let passage = if passage.is_empty() { passage } else { format!("{passage} ") };
+                let assistant = "<|im_end|>\n<|im_start|>assistant\n";
+                prompts(
+                    format!("<|im_start|>user\nQuery: {query_prefix}"),
+                    assistant.to_string(),
+                    format!("<|im_start|>user\n{VISION_FRAME}{passage}{assistant}"),
+                    false,
+                )?
+            }
         }))
+    }
+}
+
+/// Where the layouts keep their projection: colpali-engine's `save_pretrained` under `model.`,
+/// OpenSearch's at the top.
+const PROJECTIONS: [&str; 2] = ["model.custom_text_proj", "custom_text_proj"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_publisher_comes_from_the_model_type_then_the_architecture() {
+        let of = |model_type: &str, architecture: &str| Publisher::of(&json!({"model_type": model_type, "architectures": [architecture]}));
+        assert_eq!(of("colqwen3", "ColQwen3"), Publisher::TomoroAi);
+        assert_eq!(of("qwen3_vl", "ColQwen3"), Publisher::ColpaliEngine);
+        assert_eq!(of("ops_colqwen3", "OpsColQwen3Model"), Publisher::OpenSearch);
+        assert_eq!(of("qwen3_vl", "OpsColQwen3Model"), Publisher::OpenSearch);
+        assert_eq!(of("qwen3_vl_nemotron_embed", "Qwen3VLNemotronEmbedModel"), Publisher::Nemotron);
     }
 }

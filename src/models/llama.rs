@@ -225,6 +225,9 @@ pub struct Decoder {
     rotary: Rotary,
     gated: GatedActivation,
     mask: AttentionMask,
+    /// Whether the final norm runs (NVIDIA's nemotron-colembed reads the last layer's states
+    /// before it).
+    final_norm: bool,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -315,6 +318,7 @@ impl Decoder {
             rotary,
             gated: GatedActivation { activation, act_on_first: true },
             mask: layout.sliding_window.map_or(AttentionMask::Causal, AttentionMask::CausalWindow),
+            final_norm: true,
             layers,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -326,6 +330,15 @@ impl Decoder {
 }
 
 impl Decoder {
+    /// The decoder read as an encoder, as NVIDIA's nemotron-colembed reads Qwen3-VL's: every
+    /// token attends to its whole sequence (each layer's `is_causal` false, the padding mask
+    /// only), and the last layer's states come out without the final norm.
+    pub fn into_bidirectional_without_final_norm(mut self) -> Self {
+        self.mask = AttentionMask::Bidirectional;
+        self.final_norm = false;
+        self
+    }
+
     /// The rotary frequencies, for a model that places its tokens itself (Qwen2-VL's M-RoPE).
     pub fn rotary(&self) -> &Rotary {
         &self.rotary
@@ -366,7 +379,11 @@ impl Decoder {
                 hidden = features.add_to(&hidden)?;
             }
         }
-        self.norm.forward(&hidden)
+        if self.final_norm {
+            self.norm.forward(&hidden)
+        } else {
+            Ok(hidden)
+        }
     }
 }
 

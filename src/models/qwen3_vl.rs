@@ -457,6 +457,11 @@ impl Qwen3VlText {
         }
         Ok(Self { decoder, axes, deepstack })
     }
+
+    /// [`Decoder::into_bidirectional_without_final_norm`] (nemotron-colembed's language model).
+    pub fn into_bidirectional_without_final_norm(self) -> Self {
+        Self { decoder: self.decoder.into_bidirectional_without_final_norm(), ..self }
+    }
 }
 
 impl Backbone for Qwen3VlText {

@@ -54,6 +54,39 @@ impl<B: Backbone> Projected<B> {
         let sizes = BackboneSizes { hidden: embedding_dim, ..model.sizes() };
         Ok(Self { model, projection, sizes })
     }
+
+    /// `model` and the projection at the first of `names` under `vb` holding a weight, as wide
+    /// as that weight (vLLM's ColQwen3Model infers the width so when the config names none);
+    /// `keep`: only its first outputs (OpenSearch's `dims`: the published forward slices the
+    /// projected vectors before normalizing, which is the weight's first rows). Its bias, where
+    /// the checkpoint has one.
+    pub(super) fn load_found(model: B, vb: &VarBuilder, names: &[&str], keep: Option<usize>) -> std::result::Result<Self, ModelError> {
+        let at = names
+            .iter()
+            .map(|n| vb.pp(*n))
+            .find(|v| v.contains_tensor("weight"))
+            .ok_or_else(|| ModelError::Config(format!("no projection weight under any of {names:?}")))?;
+        let full = at.get_unchecked_dtype("weight", at.dtype())?;
+        let (out, inp) = full.dims2()?;
+        if inp != model.sizes().hidden {
+            return Err(ModelError::Config(format!(
+                "{}.weight takes {inp} inputs; the language model gives {}",
+                at.prefix(),
+                model.sizes().hidden
+            )));
+        }
+        let width = match keep {
+            Some(k) if k == 0 || k > out => {
+                return Err(ModelError::Config(format!("dims {k}: the projection {} has {out} outputs", at.prefix())))
+            }
+            Some(k) => k,
+            None => out,
+        };
+        let bias = if at.contains_tensor("bias") { Some(at.get(out, "bias")?.narrow(0, 0, width)?) } else { None };
+        let projection = Linear::new(full.narrow(0, 0, width)?, bias)?.named(&at.prefix());
+        let sizes = BackboneSizes { hidden: width, ..model.sizes() };
+        Ok(Self { model, projection, sizes })
+    }
 }
 
 impl<B: Backbone> Backbone for Projected<B> {

@@ -19,7 +19,15 @@ use poolserve::models::gemma4_vision::ImagePatches;
 use poolserve::models::{Architecture, Backbone};
 use serde_json::{json, Value};
 
-const MODELS: [&str; 4] = ["colpali-tiny", "colqwen2-tiny", "colqwen3-tiny", "colmodernvbert-tiny"];
+const MODELS: [&str; 7] = [
+    "colpali-tiny",
+    "colqwen2-tiny",
+    "colqwen3-tiny",
+    "colqwen3-engine-tiny",
+    "ops-colqwen3-tiny",
+    "nemotron-colembed-tiny",
+    "colmodernvbert-tiny",
+];
 /// Rows per vector.
 const DIM: usize = 16;
 
