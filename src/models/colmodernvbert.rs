@@ -19,15 +19,26 @@
 //!   `<|begin_of_text|>User:<image>Describe the image.<end_of_utterance>\nAssistant:`) with its
 //!   `<image>` replaced by the frames' text.
 //!
-//! The layout read is the one transformers saves (`vlm_config`; weights under `vlm.` and
-//! `embedding_proj_layer`). vLLM builds no frames (one square frame a page at the start of the
-//! sequence, no prompt); the processor's `do_image_splitting: false` gives the frame, not the
-//! position.
+//! Three layouts load ([`vlm_config`] and the weight prefixes below):
+//! - transformers 5.24's (`vlm_config`; weights under `vlm.` and `embedding_proj_layer`);
+//! - colpali-engine's `ColModernVBert` (0.3.18, as its `save_pretrained` writes it on
+//!   transformers 5: a `modernvbert` config at the top naming `ColModernVBert`; the text model
+//!   and projection under `base_model.model.` — its checkpoint conversion mapping, reversed —
+//!   the vision tower and connector under `model.`; `custom_text_proj`);
+//! - the hub's merged checkpoint vLLM's `ColModernVBertForRetrieval` reads
+//!   (ModernVBERT/colmodernvbert-merged: `vlm_config` with the vision width as `embed_dim`,
+//!   weights under `model.`, the word table split into a `DecoupledEmbedding`'s base and
+//!   `additional_embedding` rows, the connector at `modality_projection.proj`,
+//!   `model.custom_text_proj`).
+//!
+//! The projection's width is its weight's (colpali-engine's class fixes 128 and writes no
+//! `embedding_dim`). vLLM builds no frames (one square frame a page at the start of the sequence,
+//! no prompt); the processor's `do_image_splitting: false` gives the frame, not the position.
 
 use super::clip::TowerConfig;
 use super::modernbert;
 use super::ops::Linear;
-use super::retrieval::{default_embedding_dim, processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::retrieval::{processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::siglip::SiglipVisionEncoder;
 use super::weights::linear_with_bias;
 use super::{parse_config, Architecture, Backbone, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
@@ -45,12 +56,38 @@ const IMAGE_TOKEN: &str = "<image>";
 /// The processor's query augmentation token.
 const END_OF_UTTERANCE: &str = "<end_of_utterance>";
 
-#[derive(Debug, Deserialize)]
-struct ColModernVBertConfig {
-    vlm_config: VlmConfig,
-    #[serde(default = "default_embedding_dim")]
-    embedding_dim: usize,
+/// The `ModernVBertConfig` of any layout, as transformers would read it: transformers' and the
+/// hub's `vlm_config`, or colpali-engine's config itself. The hub's names the vision width
+/// `embed_dim` and keeps the sequence length beside the text config (vLLM's
+/// `ColModernVBertConfig` reads them so); the rest takes ModernBERT's and SigLIP's defaults, as
+/// there.
+fn vlm_config(raw: &Value) -> std::result::Result<VlmConfig, ModelError> {
+    let mut vlm = raw.get("vlm_config").unwrap_or(raw).clone();
+    if let Some(vision) = vlm.get_mut("vision_config").and_then(Value::as_object_mut) {
+        if !vision.contains_key("hidden_size") {
+            if let Some(width) = vision.get("embed_dim").cloned() {
+                vision.insert("hidden_size".into(), width);
+            }
+        }
+    }
+    let positions = vlm.get("max_position_embeddings").cloned();
+    if let (Some(text), Some(positions)) = (vlm.get_mut("text_config").and_then(Value::as_object_mut), positions) {
+        text.entry("max_position_embeddings").or_insert(positions);
+    }
+    parse_config(&vlm)
 }
+
+/// Where each layout keeps its parts (transformers 5, transformers 4.5x, colpali-engine, the hub).
+const TEXT: [&str; 4] = ["vlm.text_model", "vlm.model.text_model", "base_model.model.model.text_model", "model.text_model"];
+const VISION: [&str; 3] = ["vlm.vision_model.vision_model", "vlm.vision_model", "model.vision_model"];
+const CONNECTOR: [&str; 4] = [
+    "vlm.connector.modality_projection",
+    "vlm.model.connector.modality_projection",
+    "model.connector.modality_projection",
+    // The hub's keeps the layer one level deeper.
+    "model.connector.modality_projection.proj",
+];
+const PROJECTION: [&str; 3] = ["embedding_proj_layer", "base_model.model.custom_text_proj", "model.custom_text_proj"];
 
 /// `ModernVBertConfig`'s fields the model reads (its defaults where absent).
 #[derive(Debug, Deserialize)]
@@ -96,30 +133,29 @@ impl Architecture for ColModernVBert {
     }
 
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
-        let config: ColModernVBertConfig = parse_config(raw)?;
-        let text = root(&vb, &["vlm.text_model", "vlm.model.text_model"], "embeddings.tok_embeddings.weight")?;
-        let encoder = modernbert::load(&config.vlm_config.text_config, text)?;
-        Ok(Box::new(Projected::load(encoder, &vb, config.embedding_dim)?))
+        let config = vlm_config(raw)?;
+        let text = root(&vb, &TEXT, "embeddings.tok_embeddings.weight")?;
+        let encoder = modernbert::load(&config.text_config, text)?;
+        Ok(Box::new(Projected::load_found(encoder, &vb, &PROJECTION, None)?))
     }
 
     fn crop_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn CropTokenTower>>, ModelError> {
-        let config: ColModernVBertConfig = parse_config(raw)?;
-        let vision = root(&vb, &["vlm.vision_model.vision_model", "vlm.vision_model"], "embeddings.patch_embedding.weight")?;
-        let encoder = SiglipVisionEncoder::load(&config.vlm_config.vision_config, vision)?;
-        let factor = config.vlm_config.pixel_shuffle_factor;
+        let config = vlm_config(raw)?;
+        let vision = root(&vb, &VISION, "embeddings.patch_embedding.weight")?;
+        let encoder = SiglipVisionEncoder::load(&config.vision_config, vision)?;
+        let factor = config.pixel_shuffle_factor;
         let side = encoder.geometry.image_size / encoder.geometry.patch;
         if factor == 0 || !side.is_multiple_of(factor) {
             return Err(ModelError::Config(format!("pixel_shuffle_factor {factor} does not divide the {side}×{side} patch grid")));
         }
         let text_width = config
-            .vlm_config
             .text_config
             .get("hidden_size")
             .and_then(Value::as_u64)
             .ok_or_else(|| ModelError::Config("vlm_config.text_config.hidden_size is missing".into()))? as usize;
-        let connector = root(&vb, &["vlm.connector", "vlm.model.connector"], "modality_projection.weight")?;
-        let projection = linear_with_bias(&connector.pp("modality_projection"), text_width, encoder.hidden_size * factor * factor, false)?;
-        Ok(Some(Box::new(ModernVBertVision { encoder, projection, factor, placeholder: config.vlm_config.image_token_id })))
+        let connector = root(&vb, &CONNECTOR, "weight")?;
+        let projection = linear_with_bias(&connector, text_width, encoder.hidden_size * factor * factor, false)?;
+        Ok(Some(Box::new(ModernVBertVision { encoder, projection, factor, placeholder: config.image_token_id })))
     }
 
     fn retrieval_prompts(
@@ -135,10 +171,10 @@ impl Architecture for ColModernVBert {
         })?;
         // The processor writes `image_seq_len` placeholders a frame; the tower makes its own
         // count of tokens, and transformers refuses a mismatch.
-        let config: ColModernVBertConfig = parse_config(config)?;
-        let vision = &config.vlm_config.vision_config;
+        let config = vlm_config(config)?;
+        let vision = &config.vision_config;
         let side = vision.image_size.unwrap_or(224) / vision.patch_size.unwrap_or(16).max(1);
-        let tokens = side * side / config.vlm_config.pixel_shuffle_factor.max(1).pow(2);
+        let tokens = side * side / config.pixel_shuffle_factor.max(1).pow(2);
         if let Some(declared) = processor.get("image_seq_len").and_then(Value::as_u64) {
             if declared as usize != tokens {
                 return Err(ModelError::Config(format!(

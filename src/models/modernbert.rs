@@ -183,8 +183,10 @@ pub(super) fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderMo
         });
     }
     let (global_theta, local_theta) = thetas(raw);
+    let word = word_table(&vb.pp("embeddings.tok_embeddings"), config.vocab_size, h)?;
+    let vocab = word.dim(0)?;
     let embeddings = Embeddings {
-        word: vb.get((config.vocab_size, h), "embeddings.tok_embeddings.weight")?,
+        word,
         position: None,
         position_offset: 0,
         token_type: None,
@@ -199,6 +201,21 @@ pub(super) fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderMo
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },
         final_norm: Some(norm(&vb.pp("final_norm"), h, &config)?),
-        sizes: BackboneSizes { hidden: h, vocab: config.vocab_size, max_positions: config.max_position_embeddings },
+        sizes: BackboneSizes { hidden: h, vocab, max_positions: config.max_position_embeddings },
     })
+}
+
+/// The word embeddings: `weight`, then, where the checkpoint splits the table as ModernVBert's
+/// `DecoupledEmbedding` does (the hub's colmodernvbert), `additional_embedding.weight`'s rows
+/// after it, as vLLM joins them (the added tokens' ids follow the base vocabulary).
+fn word_table(vb: &VarBuilder, vocab: usize, h: usize) -> std::result::Result<Tensor, ModelError> {
+    let base = vb.get((vocab, h), "weight")?;
+    if !vb.contains_tensor("additional_embedding.weight") {
+        return Ok(base);
+    }
+    let extra = vb.get_unchecked_dtype("additional_embedding.weight", vb.dtype())?;
+    match extra.dims() {
+        [_, width] if *width == h => Ok(Tensor::cat(&[&base, &extra], 0)?),
+        dims => Err(ModelError::Config(format!("{}.additional_embedding.weight is {dims:?}; rows of {h} expected", vb.prefix()))),
+    }
 }

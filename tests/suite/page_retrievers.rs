@@ -19,7 +19,7 @@ use poolserve::models::gemma4_vision::ImagePatches;
 use poolserve::models::{Architecture, Backbone};
 use serde_json::{json, Value};
 
-const MODELS: [&str; 7] = [
+const MODELS: [&str; 9] = [
     "colpali-tiny",
     "colqwen2-tiny",
     "colqwen3-tiny",
@@ -27,6 +27,8 @@ const MODELS: [&str; 7] = [
     "ops-colqwen3-tiny",
     "nemotron-colembed-tiny",
     "colmodernvbert-tiny",
+    "colmodernvbert-engine-tiny",
+    "colmodernvbert-merged-tiny",
 ];
 /// Rows per vector.
 const DIM: usize = 16;
@@ -458,7 +460,7 @@ async fn refusals(model: &str) {
         reply.body
     );
     // The image placeholder typed in a query would stand for an image that is not there.
-    let placeholder = if matches!(model, "colpali-tiny" | "colmodernvbert-tiny") { "<image>" } else { "<|image_pad|>" };
+    let placeholder = if model.starts_with("colpali") || model.starts_with("colmodernvbert") { "<image>" } else { "<|image_pad|>" };
     let reply = post(&router, "/pooling", json!({"input": format!("{placeholder} what"), "task": "token_embed"})).await;
     assert_eq!(reply.status, 400, "{model}: {}", reply.body);
     // An undecodable page.
