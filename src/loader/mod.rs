@@ -493,9 +493,9 @@ fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> 
     if type_name.is_some_and(|t| t.starts_with("Qwen2VLImageProcessor")) {
         let mut config = qwen2_vl_processor(processor, (patch_size, kernel)).map_err(invalid)?;
         // ColQwen3's processors convert each image with Pillow before their image processor
-        // sees it (TomoroAI's and colpali-engine's `process_images`, OpenSearch's, NVIDIA's
+        // sees it (TomoroAI's and colpali-engine's `process_images`, ColQwen3.5's, OpenSearch's, NVIDIA's
         // `forward_documents`): transparency dropped rather than composited.
-        let pillow_rgb = ["ColQwen3Processor", "OpsColQwen3Processor", "Qwen3VLNemotronEmbedProcessor"];
+        let pillow_rgb = ["ColQwen3Processor", "ColQwen3_5Processor", "OpsColQwen3Processor", "Qwen3VLNemotronEmbedProcessor"];
         if json.get("processor_class").and_then(serde_json::Value::as_str).is_some_and(|c| pillow_rgb.contains(&c)) {
             config.alpha = image::patches::Alpha::Dropped;
         }

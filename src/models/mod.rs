@@ -15,6 +15,7 @@ pub mod colmodernvbert;
 pub mod colpali;
 pub mod colqwen2;
 pub mod colqwen3;
+pub mod colqwen3_5;
 pub mod deberta;
 pub mod distilbert;
 pub mod electra;
@@ -34,6 +35,7 @@ pub mod nomic_bert;
 pub mod ops;
 pub mod qwen;
 pub mod qwen2_vl;
+pub mod qwen3_5;
 pub mod qwen3_vl;
 pub mod retrieval;
 pub mod siglip;
@@ -72,6 +74,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &colpali::COLPALI,
     &colqwen2::COLQWEN2,
     &colqwen3::COLQWEN3,
+    &colqwen3_5::COLQWEN3_5,
     &colmodernvbert::COLMODERNVBERT,
     &qwen3_vl::QWEN3_VL,
 ];

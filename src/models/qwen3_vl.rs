@@ -211,7 +211,13 @@ fn default_deepstack() -> Vec<usize> {
 }
 
 fn vision_config(raw: &Value) -> std::result::Result<VisionConfig, ModelError> {
-    parse_config(raw.get("vision_config").unwrap_or(&Value::Null))
+    let vision = raw.get("vision_config").unwrap_or(&Value::Null);
+    let mut config: VisionConfig = parse_config(vision)?;
+    // Qwen3.5's tower is this one without DeepStack (`Qwen3_5VisionConfig` has no such field).
+    if vision.get("model_type").and_then(Value::as_str) == Some("qwen3_5_vision") && vision.get("deepstack_visual_indexes").is_none() {
+        config.deepstack_visual_indexes.clear();
+    }
+    Ok(config)
 }
 
 /// How many DeepStack features the tower of a config with a top-level `vision_config` gives
@@ -442,13 +448,7 @@ impl Qwen3VlText {
         if interleaved.and_then(Value::as_bool) == Some(false) {
             return Err(ModelError::Config("Qwen3-VL's M-RoPE is interleaved; mrope_interleaved is false".into()));
         }
-        let axes = (0..head_dim / 2)
-            .map(|k| match k % 3 {
-                1 if k < 3 * section[1] => 1,
-                2 if k < 3 * section[2] => 2,
-                _ => 0,
-            })
-            .collect();
+        let axes = interleaved_axes(section, head_dim / 2);
         let layout =
             DecoderLayout { qkv_bias: config.attention_bias.unwrap_or(false), mlp_bias: false, qk_norm: true, sliding_window: None };
         let decoder = Decoder::load(text, layout, vb)?;
@@ -462,6 +462,18 @@ impl Qwen3VlText {
     pub fn into_bidirectional_without_final_norm(self) -> Self {
         Self { decoder: self.decoder.into_bidirectional_without_final_norm(), ..self }
     }
+}
+
+/// The axis (0 temporal, 1 row, 2 column) each of `pairs` frequency pairs turns by under
+/// interleaved M-RoPE: T H W T H W … within three times their `section`, then T.
+pub(super) fn interleaved_axes(section: [usize; 3], pairs: usize) -> Vec<usize> {
+    (0..pairs)
+        .map(|k| match k % 3 {
+            1 if k < 3 * section[1] => 1,
+            2 if k < 3 * section[2] => 2,
+            _ => 0,
+        })
+        .collect()
 }
 
 impl Backbone for Qwen3VlText {

@@ -270,8 +270,9 @@ impl RotaryTable {
             qkv.inplace_op1(&op)?;
             return Ok(qkv.clone());
         }
+        // The CUDA kernel turns whole heads; a partly rotated head takes the host's path.
         #[cfg(feature = "cuda")]
-        if super::cuda::takes(qkv) && qkv.is_contiguous() {
+        if super::cuda::takes(qkv) && qkv.is_contiguous() && qkv.dim(1)? == (num_heads + 2 * num_kv_heads) * 2 * self.half {
             let norm = norm.map(|n| (n.q.as_slice(), n.k.as_slice(), n.eps));
             let (cos, sin) = match self.on_device.get() {
                 Some(tables) => tables.clone(),
@@ -313,9 +314,12 @@ impl InplaceOp1 for RopeOp<'_> {
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> Result<()> {
         let (tokens, width) = dims2(layout)?;
         let half = self.table.half;
-        let head_dim = 2 * half;
-        if width != (self.num_heads + 2 * self.num_kv_heads) * head_dim || self.table.cos.len() != tokens * half {
-            bail!("rotary: {tokens}×{width} QKV does not fit {} + 2×{} heads of {head_dim}", self.num_heads, self.num_kv_heads);
+        // A head may be wider than its rotated part (Qwen3.5's `partial_rotary_factor`): its
+        // first `2·half` dimensions turn, the rest pass as they are.
+        let heads = self.num_heads + 2 * self.num_kv_heads;
+        let head_dim = width / heads.max(1);
+        if head_dim * heads != width || head_dim < 2 * half || self.table.cos.len() != tokens * half {
+            bail!("rotary: {tokens}×{width} QKV does not fit {} + 2×{} heads turned over {}", self.num_heads, self.num_kv_heads, 2 * half);
         }
         let x = contiguous_mut(storage, layout)?;
         x.par_chunks_mut(width).enumerate().for_each(|(t, row)| {
@@ -325,7 +329,7 @@ impl InplaceOp1 for RopeOp<'_> {
                     let weight = if h < self.num_heads { &norm.q } else { &norm.k };
                     RmsNorm::normalize_row(head, weight, norm.eps);
                 }
-                let (a, b) = head.split_at_mut(half);
+                let (a, b) = head[..2 * half].split_at_mut(half);
                 for k in 0..half {
                     let (x1, x2) = (a[k], b[k]);
                     a[k] = x1 * cos[k] - x2 * sin[k];
@@ -353,5 +357,20 @@ mod tests {
         assert!((out[1][0] - (1.0 * c - 3.0 * s)).abs() < 1e-6);
         assert!((out[1][2] - (3.0 * c + 1.0 * s)).abs() < 1e-6);
         assert_eq!(&out[1][8..], &[9.0, 9.0, 9.0, 9.0], "values are not rotated");
+    }
+
+    #[test]
+    fn a_partial_rotation_turns_the_first_dims_of_each_head() {
+        // Heads of 8 dims turned over 4 (2 frequencies): dims 4..8 of q and k pass unchanged.
+        let rotary = Rotary::new(4, 10_000.0);
+        let row: Vec<f32> = (0..24).map(|x| x as f32).collect();
+        let qkv = Tensor::from_vec(row.clone(), (1, 24), &Device::Cpu).unwrap();
+        let out = rotary.table(&[1]).apply(&qkv, 1, 1, None).unwrap().to_vec2::<f32>().unwrap();
+        let (c, s) = (1f32.cos(), 1f32.sin());
+        assert!((out[0][0] - (0.0 * c - 2.0 * s)).abs() < 1e-6);
+        assert!((out[0][2] - (2.0 * c + 0.0 * s)).abs() < 1e-6);
+        assert_eq!(&out[0][4..8], &row[4..8]);
+        assert!((out[0][8] - (8.0 * c - 10.0 * s)).abs() < 1e-5, "the key head turns too");
+        assert_eq!(&out[0][12..], &row[12..]);
     }
 }
