@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Page-image encoding, poolserve against transformers on the CPU: one page (a 1240×1754 PNG,
-an A4 scan at 150 dpi) through ColQwen2, ColPali, ColModernVBert and Qwen3-VL-Embedding at their published widths and image sizes,
+an A4 scan at 150 dpi) through ColQwen2, ColPali, ColModernVBert, Qwen3-VL-Embedding and ColQwen3.5 at their published widths and image sizes,
 with fewer layers (random weights: speed does not depend on them), each side end to end: the
 image file decoded, preprocessed and run through the tower and the language model to its
 vectors. poolserve over HTTP (`/pooling` token_embed, a data URL), transformers as its
@@ -24,6 +24,12 @@ The shapes (layers cut, widths kept):
             of 24 blocks, its language model (2048 wide, 16 heads of 128 over 8, MLP 6144) with 4 of
             28 layers; the embedder's max_pixels 1800·32·32 (the page becomes 7,140 patches, 1,785
             soft tokens)
+  ColQwen3.5 (colqwen3.5-4.5B, on Qwen3.5-4B): its vision tower (1024 wide, 16 heads, MLP 4096, no
+            DeepStack) with 4 of 24 blocks, its hybrid language model (2560 wide; gated attention of
+            16 heads of 256 over 4, a quarter of each head rotated; Gated DeltaNet of 16 key and 32
+            value heads of 128; MLP 9216) with 4 of 32 layers (3 DeltaNet, 1 attention, the model's
+            ratio); the page at Qwen3-VL-Embedding's max_pixels (7,140 patches, 1,785 soft tokens);
+            transformers runs colpali-engine's ColQwen3_5 (its chunked delta rule in PyTorch)
 Rounds alternate the two engines; each round's number is the median of 3 pages after a warm-up.
 """
 import argparse
@@ -132,6 +138,25 @@ def make(models):
         proc["image_seq_len"] = 64
         json.dump(proc, open(os.path.join(name, "processor_config.json"), "w"), indent=2)
     made["colmodernvbert"] = name
+    name = os.path.join(models, "colqwen3_5-bench")
+    if not os.path.exists(os.path.join(name, "model.safetensors")):
+        from colpali_engine.models import ColQwen3_5
+        shutil.copytree(os.path.join(FIXTURES, "colqwen3_5-tiny"), name, dirs_exist_ok=True)
+        config = transformers.Qwen3_5Config.from_pretrained(name)
+        v, t = config.vision_config, config.text_config
+        v.depth, v.hidden_size, v.intermediate_size, v.num_heads, v.out_hidden_size, v.num_position_embeddings = 4, 1024, 4096, 16, 2560, 2304
+        t.hidden_size, t.intermediate_size, t.num_hidden_layers, t.num_attention_heads, t.num_key_value_heads = 2560, 9216, 4, 16, 4
+        t.head_dim, t.max_position_embeddings = 256, 32768
+        t.linear_num_key_heads, t.linear_num_value_heads, t.linear_key_head_dim, t.linear_value_head_dim = 16, 32, 128, 128
+        t.layer_types = ["linear_attention"] * 3 + ["full_attention"]
+        t.rope_parameters.update({"partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "rope_theta": 1e7})
+        model = ColQwen3_5(config)
+        model.custom_text_proj = torch.nn.Linear(2560, 128)
+        model.save_pretrained(name)
+        proc = json.load(open(os.path.join(name, "processor_config.json")))
+        proc["image_processor"]["size"] = {"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32}
+        json.dump(proc, open(os.path.join(name, "processor_config.json"), "w"), indent=2)
+    made["colqwen3_5"] = name
     png = os.path.join(models, "page.png")
     if not os.path.exists(png):
         page(png)
@@ -155,7 +180,7 @@ def main():
     ap.add_argument("--models", default="/work/bench-models")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--only", choices=["colqwen2", "colpali", "qwen3vl", "colmodernvbert"])
+    ap.add_argument("--only", choices=["colqwen2", "colpali", "qwen3vl", "colmodernvbert", "colqwen3_5"])
     args = ap.parse_args()
     made, png = make(args.models)
     binary = os.path.join(ROOT, "target", "release", "poolserve")
@@ -167,11 +192,22 @@ def main():
     for family, folder in made.items():
         if args.only and family != args.only:
             continue
-        model_class = {"colqwen2": transformers.ColQwen2ForRetrieval, "colpali": transformers.ColPaliForRetrieval,
-                       "qwen3vl": transformers.Qwen3VLForConditionalGeneration,
-                       "colmodernvbert": transformers.ColModernVBertForRetrieval}[family]
-        model = model_class.from_pretrained(folder, dtype=torch_dtype).eval()
-        processor = transformers.AutoProcessor.from_pretrained(folder)
+        if family == "colqwen3_5":
+            # colpali-engine's class and processor (its from_pretrained would rebuild a
+            # projection of config.dim; the saved one is loaded by hand).
+            from colpali_engine.models import ColQwen3_5, ColQwen3_5Processor
+            from safetensors.torch import load_file
+            model = ColQwen3_5(transformers.Qwen3_5Config.from_pretrained(folder))
+            model.custom_text_proj = torch.nn.Linear(model.config.text_config.hidden_size, 128)
+            model.load_state_dict(load_file(os.path.join(folder, "model.safetensors")))
+            model = model.to(torch_dtype).eval()
+            processor = ColQwen3_5Processor.from_pretrained(folder)
+        else:
+            model_class = {"colqwen2": transformers.ColQwen2ForRetrieval, "colpali": transformers.ColPaliForRetrieval,
+                           "qwen3vl": transformers.Qwen3VLForConditionalGeneration,
+                           "colmodernvbert": transformers.ColModernVBertForRetrieval}[family]
+            model = model_class.from_pretrained(folder, dtype=torch_dtype).eval()
+            processor = transformers.AutoProcessor.from_pretrained(folder)
         server = start(binary, folder, args.dtype, 18599)
 
         def ours():
@@ -193,6 +229,11 @@ def main():
                 torch.nn.functional.normalize(states[:, -1].float(), dim=-1)
                 return batch["input_ids"].shape[1] + int(batch["image_grid_thw"].prod())
             batch = processor.process_images([Image.open(png)])
+            if family == "colqwen3_5":
+                batch["pixel_values"] = batch["pixel_values"].to(torch_dtype)
+                with torch.no_grad():
+                    out = model(**{k: v for k, v in batch.items() if k != "token_type_ids"})
+                return out.shape[1]
             with torch.no_grad():
                 out = model(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "token_type_ids")
                                and not (family == "colmodernvbert" and k == "token_type_ids")})

@@ -38,7 +38,7 @@
 use super::clip::TowerConfig;
 use super::modernbert;
 use super::ops::Linear;
-use super::retrieval::{processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::retrieval::{processor_field, root, text_width, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::siglip::SiglipVisionEncoder;
 use super::weights::linear_with_bias;
 use super::{parse_config, Architecture, Backbone, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
@@ -148,11 +148,7 @@ impl Architecture for ColModernVBert {
         if factor == 0 || !side.is_multiple_of(factor) {
             return Err(ModelError::Config(format!("pixel_shuffle_factor {factor} does not divide the {side}×{side} patch grid")));
         }
-        let text_width = config
-            .text_config
-            .get("hidden_size")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| ModelError::Config("vlm_config.text_config.hidden_size is missing".into()))? as usize;
+        let text_width = text_width(&config.text_config)?;
         let connector = root(&vb, &CONNECTOR, "weight")?;
         let projection = linear_with_bias(&connector, text_width, encoder.hidden_size * factor * factor, false)?;
         Ok(Some(Box::new(ModernVBertVision { encoder, projection, factor, placeholder: config.image_token_id })))

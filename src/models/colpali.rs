@@ -19,7 +19,7 @@ use super::clip::TowerConfig;
 use super::gemma::Gemma;
 use super::llama::decoder_root;
 use super::ops::Linear;
-use super::retrieval::{default_embedding_dim, processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::retrieval::{default_embedding_dim, processor_field, root, text_width, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::siglip::SiglipVisionEncoder;
 use super::weights::linear;
 use super::{parse_config, Architecture, Backbone, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
@@ -94,12 +94,7 @@ impl Architecture for ColPali {
         )?;
         let encoder = SiglipVisionEncoder::load(&config.vlm_config.vision_config, vision)?;
         let projector = root(&vb, &["vlm.multi_modal_projector", "vlm.model.multi_modal_projector"], "linear.weight")?.pp("linear");
-        let text_width = config
-            .vlm_config
-            .text_config
-            .get("hidden_size")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| ModelError::Config("vlm_config.text_config.hidden_size is missing".into()))? as usize;
+        let text_width = text_width(&config.vlm_config.text_config)?;
         let projector = linear(&projector, text_width, encoder.hidden_size)?;
         Ok(Some(Box::new(ColPaliVision { encoder, projector, placeholder: config.vlm_config.image_token_index })))
     }

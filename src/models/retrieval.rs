@@ -1,4 +1,4 @@
-//! What the page retrievers (ColPali, ColQwen2) share: their `embedding_proj_layer` over the
+//! What the page retrievers (ColPali, ColQwen2, ColQwen3, ColQwen3.5, ColModernVBert) share: their projection over the
 //! language model's final states ([`Projected`]), the fields of their processors'
 //! `processor_config.json`, and finding a tower's weights under the prefixes that transformers 4
 //! and 5 save them with.
@@ -28,6 +28,16 @@ pub(super) fn root<'a>(vb: &VarBuilder<'a>, prefixes: &[&str], tensor: &str) -> 
         .map(|p| vb.pp(*p))
         .find(|v| v.contains_tensor(tensor))
         .ok_or_else(|| ModelError::Config(format!("no `{tensor}` under any of {prefixes:?}")))
+}
+
+/// The language model's width (`text_config.hidden_size`), which a vision tower's projector maps
+/// into.
+pub(super) fn text_width(text_config: &Value) -> std::result::Result<usize, ModelError> {
+    text_config
+        .get("hidden_size")
+        .and_then(Value::as_u64)
+        .map(|w| w as usize)
+        .ok_or_else(|| ModelError::Config("vlm_config.text_config.hidden_size is missing".into()))
 }
 
 /// A string field of `processor_config.json`, or the processor class's default.
