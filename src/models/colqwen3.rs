@@ -69,17 +69,9 @@ impl Publisher {
 #[derive(Debug, Deserialize)]
 struct ColQwen3Config {
     text_config: Value,
-    /// TomoroAI's projection width (`ColQwen3Config`'s default 320).
-    #[serde(default = "default_embed_dim")]
-    embed_dim: usize,
     /// OpenSearch's: how many of the projection's outputs are kept.
     #[serde(default)]
     dims: Option<usize>,
-}
-
-/// TomoroAI's `ColQwen3Config` default.
-fn default_embed_dim() -> usize {
-    320
 }
 
 impl Architecture for ColQwen3 {
@@ -108,11 +100,12 @@ impl Architecture for ColQwen3 {
         let deepstack = deepstack_features(raw)?;
         let text = root(&vb, &["vlm.model.language_model", "model.language_model", "language_model", "vlm.model"], "embed_tokens.weight")?;
         let text = Qwen3VlText::load(&config.text_config, deepstack, text)?;
+        // The projection's width is its weight's (TomoroAI's `embed_dim` says the same; the
+        // others write none), under whichever name the folder uses, as vLLM finds it.
         Ok(match Publisher::of(raw) {
-            Publisher::TomoroAi => Box::new(Projected::load(text, &vb, config.embed_dim)?),
-            Publisher::ColpaliEngine => Box::new(Projected::load_found(text, &vb, &PROJECTIONS, None)?),
-            Publisher::OpenSearch => Box::new(Projected::load_found(text, &vb, &PROJECTIONS, config.dims)?),
             Publisher::Nemotron => Box::new(text.into_bidirectional_without_final_norm()),
+            Publisher::OpenSearch => Box::new(Projected::load_found(text, &vb, &PROJECTIONS, config.dims)?),
+            Publisher::TomoroAi | Publisher::ColpaliEngine => Box::new(Projected::load_found(text, &vb, &PROJECTIONS, None)?),
         })
     }
 
@@ -183,9 +176,9 @@ impl Architecture for ColQwen3 {
     }
 }
 
-/// Where the layouts keep their projection: colpali-engine's `save_pretrained` under `model.`,
-/// OpenSearch's at the top.
-const PROJECTIONS: [&str; 2] = ["model.custom_text_proj", "custom_text_proj"];
+/// Where the layouts keep their projection: TomoroAI's `embedding_proj_layer`, colpali-engine's
+/// `save_pretrained` under `model.`, OpenSearch's at the top.
+const PROJECTIONS: [&str; 3] = ["embedding_proj_layer", "model.custom_text_proj", "custom_text_proj"];
 
 #[cfg(test)]
 mod tests {
