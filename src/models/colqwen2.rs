@@ -20,7 +20,7 @@
 
 use super::llama::decoder_root;
 use super::qwen2_vl::{Qwen2VlText, Qwen2VlVision};
-use super::retrieval::{default_embedding_dim, processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::retrieval::{default_embedding_dim, processor_field, qwen_page_prompts, root, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::{parse_config, Architecture, Backbone, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -29,10 +29,6 @@ use serde_json::Value;
 pub struct ColQwen2;
 
 pub static COLQWEN2: ColQwen2 = ColQwen2;
-
-const IMAGE_PAD: &str = "<|image_pad|>";
-const VISION_START: &str = "<|vision_start|>";
-const VISION_END: &str = "<|vision_end|>";
 
 #[derive(Debug, Deserialize)]
 struct ColQwen2Config {
@@ -88,21 +84,7 @@ impl Architecture for ColQwen2 {
             "visual_prompt_prefix",
             "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|><|endoftext|>",
         )?;
-        // The image's frame (`<|vision_start|>`, its soft tokens, `<|vision_end|>`) is the
-        // tower's; the prompt is what stands around it.
-        let framed = format!("{VISION_START}{IMAGE_PAD}{VISION_END}");
-        let (image_prefix, image_suffix) = visual
-            .split_once(&framed)
-            .ok_or_else(|| ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{framed}` for the image")))?;
-        Ok(Some(RetrievalPrompts {
-            query_prefix: field("query_prefix", "Query: ")?,
-            query_suffix: format!("{}\n", pad.repeat(QUERY_AUGMENTATION_TOKENS)),
-            image_prefix: image_prefix.to_string(),
-            image_suffix: image_suffix.to_string(),
-            mixed: false,
-            strips_queries: false,
-            instruction: None,
-            special_tokens: false,
-        }))
+        let query_suffix = format!("{}\n", pad.repeat(QUERY_AUGMENTATION_TOKENS));
+        Ok(Some(qwen_page_prompts(field("query_prefix", "Query: ")?, query_suffix, &visual, false)?))
     }
 }

@@ -31,7 +31,7 @@
 //! as a query (the processors read every text as one).
 
 use super::qwen3_vl::{deepstack_features, Qwen3VlText, Qwen3VlVision};
-use super::retrieval::{processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::retrieval::{processor_field, qwen_page_prompts, root, Projected, QUERY_AUGMENTATION_TOKENS, QWEN_IMAGE_FRAME};
 use super::{parse_config, Architecture, Backbone, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -40,8 +40,6 @@ use serde_json::Value;
 pub struct ColQwen3;
 
 pub static COLQWEN3: ColQwen3 = ColQwen3;
-
-const VISION_FRAME: &str = "<|vision_start|><|image_pad|><|vision_end|>";
 
 /// Who published the folder: the four layouts differ in weight names, projection and prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,39 +120,27 @@ impl Architecture for ColQwen3 {
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
         let field = |name: &str, default: &str| processor_field(processor, name, default);
         let prompts = |query_prefix: String, query_suffix: String, visual: String, strips_queries: bool| {
-            // The image's frame (`<|vision_start|>`, its soft tokens, `<|vision_end|>`) is the
-            // tower's; the prompt is what stands around it.
-            let (image_prefix, image_suffix) = visual.split_once(VISION_FRAME).ok_or_else(|| {
-                ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{VISION_FRAME}` for the image"))
-            })?;
-            Ok::<_, ModelError>(RetrievalPrompts {
-                query_prefix,
-                query_suffix,
-                image_prefix: image_prefix.to_string(),
-                image_suffix: image_suffix.to_string(),
-                mixed: false,
-                strips_queries,
-                instruction: None,
-                special_tokens: false,
-            })
+            qwen_page_prompts(query_prefix, query_suffix, &visual, strips_queries)
         };
         let endoftext = "<|endoftext|>";
         Ok(Some(match Publisher::of(config) {
             Publisher::TomoroAi => {
                 let pad = special("pad_token").unwrap_or_else(|| endoftext.into());
-                let visual = field("visual_prompt_prefix", &format!("<|im_start|>user\n{VISION_FRAME}Describe the image."))?;
+                let visual = field("visual_prompt_prefix", &format!("<|im_start|>user\n{QWEN_IMAGE_FRAME}Describe the image."))?;
                 let suffix = field("visual_prompt_suffix", "<|im_end|><|endoftext|>")?;
                 prompts(field("query_prefix", "")?, pad.repeat(QUERY_AUGMENTATION_TOKENS), visual + &suffix, true)?
             }
             Publisher::ColpaliEngine => {
-                let visual =
-                    field("visual_prompt_prefix", &format!("<|im_start|>user\n{VISION_FRAME}Describe the image.<|im_end|>{endoftext}"))?;
+                let visual = field(
+                    "visual_prompt_prefix",
+                    &format!("<|im_start|>user\n{QWEN_IMAGE_FRAME}Describe the image.<|im_end|>{endoftext}"),
+                )?;
                 prompts(field("query_prefix", "")?, endoftext.repeat(QUERY_AUGMENTATION_TOKENS), visual, false)?
             }
             Publisher::OpenSearch => {
                 let visual = field(
                     "visual_prompt_prefix",
-                    &format!("<|im_start|>user\n{VISION_FRAME}Describe the image.<|im_end|><|im_start|>assistant\n{endoftext}"),
+                    &format!("<|im_start|>user\n{QWEN_IMAGE_FRAME}Describe the image.<|im_end|><|im_start|>assistant\n{endoftext}"),
                 )?;
                 prompts(String::new(), String::new(), visual, false)?
             }
@@ -168,7 +154,7 @@ impl Architecture for ColQwen3 {
                 prompts(
                     format!("<|im_start|>user\nQuery: {query_prefix}"),
                     assistant.to_string(),
-                    format!("<|im_start|>user\n{VISION_FRAME}{passage}{assistant}"),
+                    format!("<|im_start|>user\n{QWEN_IMAGE_FRAME}{passage}{assistant}"),
                     false,
                 )?
             }

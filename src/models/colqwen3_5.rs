@@ -18,7 +18,7 @@
 
 use super::qwen3_5::Qwen3_5Text;
 use super::qwen3_vl::Qwen3VlVision;
-use super::retrieval::{processor_field, root, Projected, QUERY_AUGMENTATION_TOKENS};
+use super::retrieval::{processor_field, qwen_page_prompts, root, Projected, QUERY_AUGMENTATION_TOKENS, QWEN_IMAGE_FRAME};
 use super::{Architecture, Backbone, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
 use candle_nn::VarBuilder;
 use serde_json::Value;
@@ -27,7 +27,6 @@ pub struct ColQwen3_5;
 
 pub static COLQWEN3_5: ColQwen3_5 = ColQwen3_5;
 
-const VISION_FRAME: &str = "<|vision_start|><|image_pad|><|vision_end|>";
 const END_OF_TEXT: &str = "<|endoftext|>";
 
 impl Architecture for ColQwen3_5 {
@@ -69,20 +68,8 @@ impl Architecture for ColQwen3_5 {
         _special: &dyn Fn(&str) -> Option<String>,
     ) -> std::result::Result<Option<RetrievalPrompts>, ModelError> {
         let field = |name: &str, default: &str| processor_field(processor, name, default);
-        let visual = field("visual_prompt_prefix", &format!("<|im_start|>user\n{VISION_FRAME}Describe the image.<|im_end|>{END_OF_TEXT}"))?;
-        // The image's frame is the tower's; the prompt is what stands around it.
-        let (image_prefix, image_suffix) = visual.split_once(VISION_FRAME).ok_or_else(|| {
-            ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{VISION_FRAME}` for the image"))
-        })?;
-        Ok(Some(RetrievalPrompts {
-            query_prefix: field("query_prefix", "")?,
-            query_suffix: END_OF_TEXT.repeat(QUERY_AUGMENTATION_TOKENS),
-            image_prefix: image_prefix.to_string(),
-            image_suffix: image_suffix.to_string(),
-            mixed: false,
-            strips_queries: false,
-            instruction: None,
-            special_tokens: false,
-        }))
+        let visual =
+            field("visual_prompt_prefix", &format!("<|im_start|>user\n{QWEN_IMAGE_FRAME}Describe the image.<|im_end|>{END_OF_TEXT}"))?;
+        Ok(Some(qwen_page_prompts(field("query_prefix", "")?, END_OF_TEXT.repeat(QUERY_AUGMENTATION_TOKENS), &visual, false)?))
     }
 }

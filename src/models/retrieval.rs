@@ -6,7 +6,7 @@
 use super::batch::Batch;
 use super::ops::Linear;
 use super::weights::linear;
-use super::{Backbone, BackboneSizes, ModelError};
+use super::{Backbone, BackboneSizes, ModelError, RetrievalPrompts};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
@@ -38,6 +38,34 @@ pub(super) fn text_width(text_config: &Value) -> std::result::Result<usize, Mode
         .and_then(Value::as_u64)
         .map(|w| w as usize)
         .ok_or_else(|| ModelError::Config("vlm_config.text_config.hidden_size is missing".into()))
+}
+
+/// An image in a Qwen-VL prompt: the tower's soft tokens fill it.
+pub(super) const QWEN_IMAGE_FRAME: &str = "<|vision_start|><|image_pad|><|vision_end|>";
+
+/// The Qwen-based retrievers' prompts: a query between `query_prefix` and `query_suffix`, a page
+/// being `visual` (the processor's `visual_prompt_prefix`) with the image's frame
+/// (`<|vision_start|><|image_pad|><|vision_end|>`, which the tower's tokens fill) cut out of it.
+pub(super) fn qwen_page_prompts(
+    query_prefix: String,
+    query_suffix: String,
+    visual: &str,
+    strips_queries: bool,
+) -> std::result::Result<RetrievalPrompts, ModelError> {
+    const FRAME: &str = QWEN_IMAGE_FRAME;
+    let (image_prefix, image_suffix) = visual
+        .split_once(FRAME)
+        .ok_or_else(|| ModelError::Config(format!("processor_config.json: visual_prompt_prefix has no `{FRAME}` for the image")))?;
+    Ok(RetrievalPrompts {
+        query_prefix,
+        query_suffix,
+        image_prefix: image_prefix.to_string(),
+        image_suffix: image_suffix.to_string(),
+        mixed: false,
+        strips_queries,
+        instruction: None,
+        special_tokens: false,
+    })
 }
 
 /// A string field of `processor_config.json`, or the processor class's default.
