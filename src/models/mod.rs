@@ -95,7 +95,7 @@ pub fn detect(config: &Value, architecture: &str, model_type: &str) -> Option<&'
 pub fn supported_architectures() -> String {
     let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name()).collect();
     format!(
-        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, CLIPModel / SiglipModel image-text embedders, ColPali / ColQwen2 / ColQwen3 page retrievers, and Qwen3-VL as Qwen3-VL-Embedding or, converted, Qwen3-VL-Reranker)",
+        "{} (base models and their sentence-transformers folders, *ForSequenceClassification, decoders' causal LMs as embedders, CLIPModel / SiglipModel image-text embedders, ColPali / ColQwen2 / ColQwen3 / ColQwen3.5 / ColModernVBert page retrievers, and Qwen3-VL as Qwen3-VL-Embedding or, converted, Qwen3-VL-Reranker)",
         names.join(", ")
     )
 }

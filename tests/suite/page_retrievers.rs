@@ -39,8 +39,18 @@ fn image_bytes(file: &str) -> Vec<u8> {
 }
 
 fn image_part(file: &str) -> Value {
-    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(image_bytes(file)));
+    part_of(&image_bytes(file))
+}
+
+fn part_of(bytes: &[u8]) -> Value {
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes));
     json!({"type": "image_url", "image_url": {"url": url}})
+}
+
+/// A JPEG page as Pillow decodes it, saved losslessly (`make_page_retrievers.py`).
+fn pillow_decoded(file: &str) -> Vec<u8> {
+    let name = file.replace(".jpg", ".pillow.png");
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/decoded").join(name)).unwrap()
 }
 
 /// The bar for a page image's vectors: PNGs decode as Pillow decodes them, so the f32 bar
@@ -48,7 +58,7 @@ fn image_part(file: &str) -> Value {
 /// libjpeg-turbo's by a few levels (as for CLIP and SigLIP, `image_models.rs`), which this tiny
 /// random model (weights of σ 0.2) amplifies. The tower on transformers' own pixel values is
 /// held to the f32 bar for every image, JPEG included ([`model_matches_transformers_on_its_pixel_values`]),
-/// and every model is on the JPEG's pixels as Pillow decodes them (`stripes_50x130.pillow.png`).
+/// and every model is on the JPEG's pixels as Pillow decodes them (`decoded/stripes_50x130.pillow.png`).
 /// ColQwen3.5's tiny hybrid decoder amplifies the decoder's few levels the most (0.986).
 fn image_bar(file: &str) -> f64 {
     if file.ends_with(".jpg") {
@@ -360,8 +370,8 @@ async fn queries_and_pages_over_http(model: &str) {
         if file.ends_with(".jpg") {
             // The JPEG's pixels as Pillow decodes them: the model meets the f32 bar, so what
             // the JPEG itself misses is the decoder's.
-            let decoded = file.replace(".jpg", ".pillow.png");
-            let ours = pooled(&router, json!({"messages": [message(&decoded)], "task": "token_embed"})).await;
+            let decoded = json!({"role": "user", "content": [part_of(&pillow_decoded(file))]});
+            let ours = pooled(&router, json!({"messages": [decoded], "task": "token_embed"})).await;
             assert_rows(&ours[0], &floats(&image["vectors"]), 0.9999, &format!("page {file} as Pillow decodes it"));
         }
     }
