@@ -84,6 +84,13 @@ pub struct ServeArgs {
     /// Text prepended to every text input when a request names no prompt (instead of a named one).
     #[arg(long, env = "POOLSERVE_DEFAULT_PROMPT")]
     pub default_prompt: Option<String>,
+    /// The sentence-transformers Dense module to use instead of the one modules.json lists (TEI's
+    /// flag): a folder of the model, e.g. `2_Dense_256` of stella_en_400M_v5, which ships one
+    /// `2_Dense_<dims>` per output width. Without modules.json it is the Dense applied after
+    /// pooling. A modules.json with several Dense modules is refused with it (TEI ignores it
+    /// there, which would silently keep the other width).
+    #[arg(long, env = "POOLSERVE_DENSE_PATH")]
+    pub dense_path: Option<String>,
     /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
     #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
     pub reranker_instruction: Option<String>,

@@ -151,6 +151,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             dtype: args.dtype,
             quantization: args.quantization,
             reranker_instruction: args.reranker_instruction,
+            dense_path: args.dense_path,
             default_prompt_name: args.default_prompt_name,
             default_prompt: args.default_prompt,
             chat_template: args.chat_template,

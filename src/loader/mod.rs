@@ -190,7 +190,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let mut config: serde_json::Value = read_json(&source.required("config.json")?)?;
     model_spec::apply_overrides(&mut config, &options.hf_overrides);
     let (architecture_name, architecture) = model_spec::architecture_of(&config)?;
-    let sentence = SentenceTransformer::read(&source)?;
+    let sentence = SentenceTransformer::read(&source, options.dense_path.as_deref())?;
     let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
         Some(p) => read_json(&p)?,
         None => serde_json::Value::Null,

@@ -91,6 +91,8 @@ pub struct ModelOptions {
     pub quantization: Option<Quantization>,
     /// Default task description in the Qwen3-Reranker prompt.
     pub reranker_instruction: Option<String>,
+    /// `--dense-path`: the Dense module folder used instead of modules.json's one.
+    pub dense_path: Option<String>,
     /// A prompt of the folder's, used when a request names none.
     pub default_prompt_name: Option<String>,
     /// A literal prompt text, used when a request names none.
@@ -120,6 +122,7 @@ impl ModelOptions {
             dtype: DTypeArg::Auto,
             quantization: None,
             reranker_instruction: None,
+            dense_path: None,
             default_prompt_name: None,
             default_prompt: None,
             chat_template: None,

@@ -140,7 +140,11 @@ fn load_dense(source: &ModelSource, path: &str) -> Result<Dense, LoadError> {
 }
 
 impl SentenceTransformer {
-    pub fn read(source: &ModelSource) -> Result<Self, LoadError> {
+    /// Reads the folder's sentence-transformers files; `dense_path` (`--dense-path`) names the
+    /// Dense module to load instead of the one modules.json lists, as TEI's flag does (stella's
+    /// `2_Dense_<dims>` folders, one per output width), or the Dense after pooling when there is
+    /// no modules.json.
+    pub fn read(source: &ModelSource, dense_path: Option<&str>) -> Result<Self, LoadError> {
         let mut st = SentenceTransformer::default();
         if let Some(path) = source.file("sentence_bert_config.json")? {
             let config: BertConfigFile = read_json(&path)?;
@@ -154,9 +158,24 @@ impl SentenceTransformer {
             st.default_prompt_name = config.default_prompt_name.filter(|name| !name.is_empty());
         }
         let Some(modules_path) = source.file("modules.json")? else {
+            if let Some(path) = dense_path {
+                st.dense.push(load_dense(source, path)?);
+            }
             return Ok(st);
         };
-        let modules: Vec<Module> = read_json(&modules_path)?;
+        let mut modules: Vec<Module> = read_json(&modules_path)?;
+        if let Some(path) = dense_path {
+            let mut dense = modules.iter_mut().filter(|m| m.kind.rsplit('.').next() == Some("Dense"));
+            match (dense.next(), dense.next()) {
+                (Some(only), None) => only.path = path.to_string(),
+                (None, _) => return Err(LoadError::Invalid(format!("--dense-path {path}: modules.json lists no Dense module to replace"))),
+                (Some(_), Some(_)) => {
+                    return Err(LoadError::Invalid(format!(
+                        "--dense-path {path}: modules.json lists several Dense modules; the flag replaces a single one"
+                    )))
+                }
+            }
+        }
         let mut after_transformer = false;
         for module in modules {
             let kind = module.kind.rsplit('.').next().unwrap_or(&module.kind);

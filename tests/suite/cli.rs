@@ -231,6 +231,15 @@ fn broken_model_folders_fail_with_one_line() {
         candle_core::safetensors::save(&tensors, &file).unwrap();
     });
     serve(&dir, "bias");
+    // --dense-path naming a folder the model lacks, or set where modules.json has no Dense.
+    let stella = fixture_model("bert-embed-dense-dims");
+    let args = |model: &Path, dense: &str| {
+        ["serve".to_string(), model.display().to_string(), "--dense-path".into(), dense.into(), "--port".into(), "0".into()]
+    };
+    let line = args(&stella, "2_Dense_99");
+    assert_one_line_error(&line.iter().map(String::as_str).collect::<Vec<_>>(), "2_Dense_99/config.json");
+    let line = args(&fixture_model("bert-embed-mean"), "2_Dense_24");
+    assert_one_line_error(&line.iter().map(String::as_str).collect::<Vec<_>>(), "lists no Dense module");
     std::fs::remove_dir_all(&root).unwrap();
 }
 

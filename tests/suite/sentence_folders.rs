@@ -325,3 +325,24 @@ async fn embeddings_base64_in_vllm_embed_dtypes() {
         "literal_error",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_path_picks_one_of_the_published_dense_widths() {
+    // stella_en_400M_v5's layout: modules.json lists 2_Dense_24; 2_Dense_40 sits beside it.
+    let expected = expected("bert-embed-dense-dims");
+    let texts = texts(&expected);
+    for (flag, folder) in [(None, "2_Dense_24"), (Some("2_Dense_40"), "2_Dense_40"), (Some("2_Dense_24"), "2_Dense_24")] {
+        let engine = engine(&fixture_model("bert-embed-dense-dims"), |c| c.models[0].dense_path = flag.map(String::from));
+        let router = router(engine, 2_000_000);
+        let reply = post(&router, "/v1/embeddings", json!({"input": texts})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        for (i, reference) in expected["dense"][folder].as_array().unwrap().iter().enumerate() {
+            let ours = floats(&reply.body["data"][i]["embedding"]);
+            assert_eq!(ours.len(), reference["embedding"].as_array().unwrap().len(), "{folder} text {i}");
+            // The folder has no Normalize module; the embeddings route normalizes by default.
+            let reference = floats(&reference["embedding"]);
+            let norm = reference.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert_close(&ours, &reference.iter().map(|x| x / norm).collect::<Vec<_>>(), &format!("{folder} text {i}"));
+        }
+    }
+}
