@@ -267,7 +267,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     } else {
         None
     };
-    let embedding_head = EmbeddingHead { dense: sentence.dense };
+    let embedding_head = EmbeddingHead { dense: sentence.dense, int8: architecture.pooled_int8(&config) };
     let chat_template = chat_template_of(options, &source, &tokenizer_config)?;
     Ok(LoadedModel {
         spec,

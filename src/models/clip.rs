@@ -41,7 +41,7 @@ impl Architecture for Clip {
         &["clip"]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

@@ -124,7 +124,7 @@ impl Architecture for ColModernVBert {
 
     /// Not used for its own task (token_embed); `--convert embed`-style pooling of its vectors
     /// reads the first token, as vLLM's sequence pooling for it does.
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::First
     }
 

@@ -68,7 +68,7 @@ impl Architecture for ColPali {
 
     /// Not used for its own task (token_embed); `--convert embed`-style pooling of its
     /// vectors reads the last token, as a decoder's.
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

@@ -50,7 +50,7 @@ impl Architecture for ColQwen2 {
         &["colqwen2"]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

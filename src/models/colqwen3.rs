@@ -85,7 +85,7 @@ impl Architecture for ColQwen3 {
         &["colqwen3", "ops_colqwen3", "qwen3_vl_nemotron_embed"]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

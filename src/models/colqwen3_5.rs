@@ -42,7 +42,7 @@ impl Architecture for ColQwen3_5 {
         &[]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

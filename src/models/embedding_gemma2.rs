@@ -52,7 +52,7 @@ impl Architecture for EmbeddingGemma2 {
 
     /// The published folder mean-pools (its sentence-transformers Pooling module); a bare
     /// folder pools the same way.
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Mean
     }
 

@@ -64,7 +64,7 @@ impl Architecture for GemmaVersion {
         }
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

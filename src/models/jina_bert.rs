@@ -79,7 +79,7 @@ impl Architecture for JinaBert {
         &[]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Mean
     }
 

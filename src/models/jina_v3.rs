@@ -140,7 +140,7 @@ impl Architecture for JinaV3 {
         is_jina_v3(config)
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Mean
     }
 

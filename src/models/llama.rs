@@ -23,12 +23,28 @@ use serde_json::Value;
 
 pub static LLAMA: LlamaFamily = LlamaFamily::Llama;
 pub static MISTRAL: LlamaFamily = LlamaFamily::Mistral;
+pub static LLAMA_BIDIRECTIONAL: LlamaFamily = LlamaFamily::LlamaBidirectional;
 
-/// Llama, or Mistral (Llama with a sliding attention window).
+/// Llama, Mistral (Llama with a sliding attention window), or NVIDIA's LlamaBidirectional
+/// (llama-nemotron-embed, the nv-embedqa / nv-rerankqa models: Llama attending both ways,
+/// pooled as its config's `pooling` says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LlamaFamily {
     Llama,
     Mistral,
+    LlamaBidirectional,
+}
+
+/// How NVIDIA's `LlamaBidirectionalConfig` pools: its `pooling` field (`avg` by default), as
+/// vLLM maps it (`avg` → MEAN, `cls` → CLS, `last` → LAST); anything else (the published
+/// code's `weighted_avg`) is refused as vLLM refuses it.
+fn nemotron_pooling(raw: &Value) -> std::result::Result<SequencePooling, ModelError> {
+    match raw.get("pooling").and_then(Value::as_str).unwrap_or("avg") {
+        "avg" => Ok(SequencePooling::Mean),
+        "cls" => Ok(SequencePooling::First),
+        "last" => Ok(SequencePooling::Last),
+        other => Err(ModelError::Config(format!("pool_type {other:?} not supported (avg, cls or last)"))),
+    }
 }
 
 impl Architecture for LlamaFamily {
@@ -36,6 +52,7 @@ impl Architecture for LlamaFamily {
         match self {
             LlamaFamily::Llama => "Llama",
             LlamaFamily::Mistral => "Mistral",
+            LlamaFamily::LlamaBidirectional => "LlamaBidirectional",
         }
     }
 
@@ -43,6 +60,7 @@ impl Architecture for LlamaFamily {
         match self {
             LlamaFamily::Llama => &["Llama"],
             LlamaFamily::Mistral => &["Mistral"],
+            LlamaFamily::LlamaBidirectional => &["LlamaBidirectional"],
         }
     }
 
@@ -50,11 +68,18 @@ impl Architecture for LlamaFamily {
         match self {
             LlamaFamily::Llama => &["llama"],
             LlamaFamily::Mistral => &["mistral"],
+            LlamaFamily::LlamaBidirectional => &["llama_bidirec"],
         }
     }
 
-    fn default_pooling(&self) -> SequencePooling {
-        SequencePooling::Last
+    /// The last token, but for the configs that attend both ways: NVIDIA's pool as their
+    /// `pooling` says, and a plain Llama/Mistral with `use_bidirectional_attention` averages.
+    fn default_pooling(&self, config: &Value) -> SequencePooling {
+        match self {
+            LlamaFamily::LlamaBidirectional => nemotron_pooling(config).unwrap_or(SequencePooling::Mean),
+            _ if parse_config::<DecoderConfig>(config).is_ok_and(|c| c.bidirectional()) => SequencePooling::Mean,
+            _ => SequencePooling::Last,
+        }
     }
 
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
@@ -65,11 +90,18 @@ impl Architecture for LlamaFamily {
             qk_norm: false,
             // Llama has no window; Mistral's is `sliding_window` (null in v0.2 and later).
             sliding_window: match self {
-                LlamaFamily::Llama => None,
+                LlamaFamily::Llama | LlamaFamily::LlamaBidirectional => None,
                 LlamaFamily::Mistral => config.sliding_window,
             },
         };
-        Ok(Box::new(Decoder::load(raw, layout, vb)?))
+        let decoder = Decoder::load(raw, layout, vb)?;
+        Ok(Box::new(match self {
+            LlamaFamily::LlamaBidirectional => {
+                nemotron_pooling(raw)?;
+                decoder.into_bidirectional()
+            }
+            _ => decoder,
+        }))
     }
 
     fn classifier(
@@ -79,8 +111,30 @@ impl Architecture for LlamaFamily {
         num_labels: usize,
         from_tokens: Option<&[u32]>,
     ) -> std::result::Result<ClassifierWeights, ModelError> {
+        if *self == LlamaFamily::LlamaBidirectional && from_tokens.is_none() {
+            return nemotron_classifier(raw, vb, num_labels);
+        }
         last_token_classifier(raw, vb, num_labels, from_tokens)
     }
+}
+
+/// `LlamaBidirectionalForSequenceClassification` (the nv-rerankqa models): `score` (no bias) on
+/// the sequence pooled as the config's `pooling` says, divided by its `temperature`, as the
+/// published `llama_bidirectional_model.py` computes it. vLLM's adapter leaves `temperature`
+/// out; the published checkpoints keep it at 1, where both agree.
+fn nemotron_classifier(raw: &Value, vb: VarBuilder, num_labels: usize) -> std::result::Result<ClassifierWeights, ModelError> {
+    let h = parse_config::<DecoderConfig>(raw)?.hidden_size;
+    let temperature = raw.get("temperature").and_then(Value::as_f64).unwrap_or(1.0);
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(ModelError::Config(format!("temperature {temperature} must be positive")));
+    }
+    let input = match nemotron_pooling(raw)? {
+        SequencePooling::Mean => HeadInput::Mean,
+        SequencePooling::First => HeadInput::First,
+        SequencePooling::Last => HeadInput::Last,
+    };
+    let weight = (on_host(vb.pp("score").get((num_labels, h), "weight")?)? / temperature)?;
+    Ok(ClassifierWeights { pre: None, classifier: Linear::new(weight, None)?, input, pre_on_tokens: false })
 }
 
 /// The fields of a decoder's `config.json` (Llama, Mistral, Qwen2/3) the forward pass needs.
@@ -108,6 +162,13 @@ pub struct DecoderConfig {
     pub sliding_window: Option<usize>,
     #[serde(default)]
     pub use_sliding_window: bool,
+    /// Every token attends to its whole sequence (TEI's switch for Llama, Mistral and Qwen3:
+    /// voyage-4-nano's and pplx-embed's configs set it).
+    #[serde(default)]
+    pub use_bidirectional_attention: bool,
+    /// `false`: bidirectional (the field vLLM sets on the configs of its bidirectional models).
+    #[serde(default)]
+    pub is_causal: Option<bool>,
 }
 
 fn default_act() -> String {
@@ -118,6 +179,11 @@ fn default_eps() -> f64 {
 }
 
 impl DecoderConfig {
+    /// Whether the config asks for attention over the whole sequence.
+    pub fn bidirectional(&self) -> bool {
+        self.use_bidirectional_attention || self.is_causal == Some(false)
+    }
+
     /// `(query heads, key/value heads, head_dim)`, checked to group evenly.
     pub fn heads(&self) -> std::result::Result<(usize, usize, usize), ModelError> {
         grouped_heads(self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.hidden_size)
@@ -228,6 +294,8 @@ pub struct Decoder {
     /// Whether the final norm runs (NVIDIA's nemotron-colembed reads the last layer's states
     /// before it).
     final_norm: bool,
+    /// A per-token projection after the final norm ([`Decoder::with_projection`]).
+    projection: Option<Linear>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -317,8 +385,13 @@ impl Decoder {
             norm: RmsNorm::new(vb.pp("norm").get(h, "weight")?, config.rms_norm_eps)?,
             rotary,
             gated: GatedActivation { activation, act_on_first: true },
-            mask: layout.sliding_window.map_or(AttentionMask::Causal, AttentionMask::CausalWindow),
+            mask: if config.bidirectional() {
+                AttentionMask::Bidirectional
+            } else {
+                layout.sliding_window.map_or(AttentionMask::Causal, AttentionMask::CausalWindow)
+            },
             final_norm: true,
+            projection: None,
             layers,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -337,6 +410,26 @@ impl Decoder {
         self.mask = AttentionMask::Bidirectional;
         self.final_norm = false;
         self
+    }
+
+    /// The decoder read as an encoder, final norm kept: NVIDIA's LlamaBidirectionalModel,
+    /// GritLM's embedding mode, and the configs that ask for it ([`DecoderConfig::bidirectional`]).
+    pub fn into_bidirectional(mut self) -> Self {
+        self.mask = AttentionMask::Bidirectional;
+        self
+    }
+
+    /// Whether every token attends to its whole sequence.
+    pub fn is_bidirectional(&self) -> bool {
+        self.mask == AttentionMask::Bidirectional
+    }
+
+    /// A linear layer (no bias) on every token after the final norm, which then gives the
+    /// backbone's width: voyage-4-nano's `linear` (hidden → `num_labels`), as vLLM's
+    /// VoyageQwen3BidirectionalEmbedModel and TEI apply it before pooling.
+    pub fn with_projection(mut self, weight: Tensor) -> Result<Self> {
+        self.projection = Some(Linear::new(weight, None)?);
+        Ok(self)
     }
 
     /// The rotary frequencies, for a model that places its tokens itself (Qwen2-VL's M-RoPE).
@@ -380,9 +473,11 @@ impl Decoder {
             }
         }
         if self.final_norm {
-            self.norm.forward(&hidden)
-        } else {
-            Ok(hidden)
+            hidden = self.norm.forward(&hidden)?;
+        }
+        match &self.projection {
+            Some(projection) => projection.forward(&hidden),
+            None => Ok(hidden),
         }
     }
 }
@@ -393,7 +488,8 @@ impl Backbone for Decoder {
     }
 
     fn sizes(&self) -> BackboneSizes {
-        BackboneSizes { hidden: self.config.hidden_size, vocab: self.config.vocab_size, max_positions: self.max_positions }
+        let hidden = self.projection.as_ref().map_or(self.config.hidden_size, Linear::out_features);
+        BackboneSizes { hidden, vocab: self.config.vocab_size, max_positions: self.max_positions }
     }
 
     fn int8_linears(&mut self) -> Vec<&mut Linear> {

@@ -65,6 +65,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &qwen::QWEN3,
     &llama::LLAMA,
     &llama::MISTRAL,
+    &llama::LLAMA_BIDIRECTIONAL,
     &gemma::GEMMA,
     &gemma::GEMMA2,
     &gemma::GEMMA3,
@@ -414,12 +415,17 @@ pub trait Architecture: Sync {
     /// How embeddings pool by default (without `--pooler-config` or a sentence-transformers
     /// Pooling module): encoders read the first token; decoders (causal attention) and the text
     /// towers of CLIP and SigLIP the last; JinaBERT averages, as it is published.
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::First
     }
     /// Whether the architecture's `*ForMaskedLM` checkpoints are its published embedders
     /// (JinaBERT's are) rather than SPLADE candidates.
     fn masked_lm_embeds(&self) -> bool {
+        false
+    }
+    /// Whether the pooled vector becomes int8 values before any normalization:
+    /// `round(127 · tanh(x))`, pplx-embed-v1's output as TEI computes it.
+    fn pooled_int8(&self, _config: &Value) -> bool {
         false
     }
     /// The text backbone (for CLIP and SigLIP, the text tower).

@@ -1,5 +1,13 @@
 //! Qwen2 and Qwen3: Llama's decoder ([`super::llama::Decoder`]) with q/k/v biases (Qwen2) or
 //! per-head q/k RMSNorm (Qwen3); Qwen2.5-Math's reward heads; Qwen3-Reranker's prompt.
+//!
+//! Qwen3 read as an encoder (`use_bidirectional_attention`, as TEI reads it):
+//! - voyage-4-nano: a `qwen3` config with `num_labels` and a root `linear` (hidden →
+//!   `num_labels`, no bias) applied to every token after the final norm, then mean pooling
+//!   (vLLM serves it as `VoyageQwen3BidirectionalEmbedModel`, which attends both ways whatever
+//!   the config says);
+//! - pplx-embed-v1 (`bidirectional_pplx_qwen3`, `PPLXQwen3Model`): mean pooling, then TEI's
+//!   int8 scaling of the pooled vector (`round(127 · tanh(x))`), before any normalization.
 
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier, RerankTemplate};
 use super::llama::{last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
@@ -22,19 +30,29 @@ impl Architecture for QwenVersion {
     fn architecture_stems(&self) -> &'static [&'static str] {
         match self {
             QwenVersion::Qwen2 => &["Qwen2"],
-            QwenVersion::Qwen3 => &["Qwen3"],
+            QwenVersion::Qwen3 => &["Qwen3", VOYAGE_STEM, "PPLXQwen3"],
         }
     }
 
     fn model_types(&self) -> &'static [&'static str] {
         match self {
             QwenVersion::Qwen2 => &["qwen2"],
-            QwenVersion::Qwen3 => &["qwen3"],
+            QwenVersion::Qwen3 => &["qwen3", PPLX_MODEL_TYPE],
         }
     }
 
-    fn default_pooling(&self) -> SequencePooling {
-        SequencePooling::Last
+    /// The last token; a decoder read as an encoder averages (voyage-4-nano's published
+    /// recipe passes MEAN, pplx-embed's Pooling module says it).
+    fn default_pooling(&self, config: &Value) -> SequencePooling {
+        if bidirectional(config) {
+            SequencePooling::Mean
+        } else {
+            SequencePooling::Last
+        }
+    }
+
+    fn pooled_int8(&self, config: &Value) -> bool {
+        config.get("model_type").and_then(Value::as_str) == Some(PPLX_MODEL_TYPE)
     }
 
     fn backbone(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
@@ -51,7 +69,16 @@ impl Architecture for QwenVersion {
             qk_norm: *self == QwenVersion::Qwen3,
             sliding_window: None,
         };
-        Ok(Box::new(Decoder::load(raw, layout, vb)?))
+        let decoder = Decoder::load(raw, layout, vb.clone())?;
+        let decoder = if bidirectional(raw) { decoder.into_bidirectional() } else { decoder };
+        // voyage-4-nano's projection, where TEI looks for it: `num_labels` and a root `linear`.
+        match raw.get("num_labels").and_then(Value::as_u64) {
+            Some(width) if decoder.is_bidirectional() && vb.contains_tensor("linear.weight") => {
+                let weight = vb.get((width as usize, config.hidden_size), "linear.weight")?;
+                Ok(Box::new(decoder.with_projection(weight)?))
+            }
+            _ => Ok(Box::new(decoder)),
+        }
     }
 
     /// A reward model's head on the last token, or the decoders' classifier
@@ -83,6 +110,18 @@ impl Architecture for QwenVersion {
     fn rerank_template(&self, _config: &Value, num_labels: usize) -> Option<RerankTemplate> {
         (*self == QwenVersion::Qwen3 && num_labels == 1).then(RerankTemplate::qwen3)
     }
+}
+
+/// vLLM's name for voyage-4-nano (its published recipe sets it with `--hf-overrides`), by stem.
+const VOYAGE_STEM: &str = "VoyageQwen3BidirectionalEmbed";
+/// pplx-embed-v1's `model_type`.
+const PPLX_MODEL_TYPE: &str = "bidirectional_pplx_qwen3";
+
+/// Whether a Qwen config is read as an encoder: its own switch, or vLLM's Voyage architecture.
+fn bidirectional(raw: &Value) -> bool {
+    let voyage =
+        raw.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).is_some_and(|a| a.trim_end_matches("Model") == VOYAGE_STEM);
+    voyage || parse_config::<DecoderConfig>(raw).is_ok_and(|c| c.bidirectional())
 }
 
 /// Which generation: Qwen2 has q/k/v biases, Qwen3 per-head q/k norms (and biases only if

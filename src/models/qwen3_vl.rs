@@ -58,7 +58,7 @@ impl Architecture for Qwen3Vl {
         &["qwen3_vl"]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

@@ -49,7 +49,7 @@ impl Architecture for Siglip {
         &["siglip"]
     }
 
-    fn default_pooling(&self) -> SequencePooling {
+    fn default_pooling(&self, _config: &Value) -> SequencePooling {
         SequencePooling::Last
     }
 

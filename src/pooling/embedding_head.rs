@@ -47,6 +47,10 @@ pub struct Dense {
 #[derive(Debug, Clone, Default)]
 pub struct EmbeddingHead {
     pub dense: Vec<Dense>,
+    /// `round(127 · tanh(x))` after the Dense layers: pplx-embed-v1's int8 output, as TEI
+    /// computes it ([`crate::models::Architecture::pooled_int8`]). Normalization, when asked
+    /// for, comes after and keeps the direction.
+    pub int8: bool,
 }
 
 impl EmbeddingHead {
@@ -59,7 +63,7 @@ impl EmbeddingHead {
     /// rows and their width.
     pub fn project(&self, rows: Vec<f32>, width: usize) -> Result<(Vec<f32>, usize)> {
         if self.dense.is_empty() || rows.is_empty() {
-            return Ok((rows, self.output_size(width)));
+            return Ok((self.to_int8(rows), self.output_size(width)));
         }
         let n = rows.len() / width;
         let mut x = Tensor::from_vec(rows, (n, width), &Device::Cpu)?;
@@ -67,7 +71,14 @@ impl EmbeddingHead {
             x = layer.activation.apply(layer.linear.forward(&x)?)?;
         }
         let out_width = x.dims()[1];
-        Ok((x.flatten_all()?.to_vec1()?, out_width))
+        Ok((self.to_int8(x.flatten_all()?.to_vec1()?), out_width))
+    }
+
+    fn to_int8(&self, mut rows: Vec<f32>) -> Vec<f32> {
+        if self.int8 {
+            rows.iter_mut().for_each(|x| *x = (127.0 * x.tanh()).round());
+        }
+        rows
     }
 }
 

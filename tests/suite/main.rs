@@ -8,6 +8,7 @@
 mod common;
 
 mod batch;
+mod bidirectional_decoders;
 mod chat_templates;
 mod classify_parity;
 mod cli;

@@ -240,7 +240,7 @@ fn num_labels(input: &SpecInputs) -> usize {
 fn decide_pooling(input: &SpecInputs, tasks: &[Task]) -> Result<PoolingType, LoadError> {
     let pooler = &input.options.pooler;
     let supports = |task| tasks.contains(&task);
-    let default_pooling = match input.architecture.default_pooling() {
+    let default_pooling = match input.architecture.default_pooling(input.config) {
         _ if input.architecture_name == PROCESS_REWARD_MODEL && supports(Task::TokenClassify) => PoolingType::Step,
         SequencePooling::First => PoolingType::Cls,
         SequencePooling::Last => PoolingType::Last,
