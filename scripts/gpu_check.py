@@ -385,6 +385,8 @@ CHECKS = {
     "distilbert-embed-mean-dense": ([], [check_embeddings]),
     "distilbert-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "electra-embed": ([], [check_embeddings]),
+    "ernie-embed": ([], [check_embeddings]),
+    "ernie-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "electra-reranker": ([], [check_pairs]),
     "electra-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "electra-tokcls": ([], [check_token_classify]),

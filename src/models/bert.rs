@@ -4,6 +4,12 @@
 //!
 //! The two share every layer; RoBERTa differs only in where positions start
 //! (`pad_token_id + 1`) and in having a one-row token-type table.
+//!
+//! ERNIE (`ErnieModel`, `ErnieForSequenceClassification`, model_type `ernie`: nghuyong's
+//! ernie-3.0 / ernie-2.0 conversions, which vLLM served until 0.23) is BERT under `ernie.` with
+//! one more table: with `use_task_id`, transformers adds `task_type_embeddings` row 0 (the
+//! default task id) to every token before the LayerNorm. That row is folded into the token-type
+//! table at load, so the forward pass is BERT's.
 
 use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
@@ -22,16 +28,19 @@ use serde_json::Value;
 pub enum BertKind {
     Bert,
     Roberta,
+    Ernie,
 }
 
 pub static BERT: BertKind = BertKind::Bert;
 pub static ROBERTA: BertKind = BertKind::Roberta;
+pub static ERNIE: BertKind = BertKind::Ernie;
 
 impl Architecture for BertKind {
     fn name(&self) -> &'static str {
         match self {
             BertKind::Bert => "BERT",
             BertKind::Roberta => "RoBERTa/XLM-RoBERTa/CamemBERT",
+            BertKind::Ernie => "ERNIE",
         }
     }
 
@@ -39,6 +48,7 @@ impl Architecture for BertKind {
         match self {
             BertKind::Bert => &["Bert"],
             BertKind::Roberta => &["Roberta", "XLMRoberta", "Camembert"],
+            BertKind::Ernie => &["Ernie"],
         }
     }
 
@@ -46,6 +56,7 @@ impl Architecture for BertKind {
         match self {
             BertKind::Bert => &["bert"],
             BertKind::Roberta => &["roberta", "xlm-roberta", "camembert"],
+            BertKind::Ernie => &["ernie"],
         }
     }
 
@@ -65,7 +76,7 @@ impl Architecture for BertKind {
         let h = parse_config::<BertConfig>(config)?.hidden_size;
         match self {
             BertKind::Roberta => roberta_classifier(&vb, h, num_labels),
-            BertKind::Bert => bert_classifier(&vb, h, num_labels),
+            BertKind::Bert | BertKind::Ernie => bert_classifier(&vb, h, num_labels),
         }
     }
 
@@ -119,6 +130,15 @@ pub struct BertConfig {
     pub pad_token_id: Option<u32>,
     #[serde(default)]
     pub position_embedding_type: Option<String>,
+    /// ERNIE: whether `task_type_embeddings` row 0 is added to every token.
+    #[serde(default)]
+    pub use_task_id: bool,
+    #[serde(default = "default_task_types")]
+    pub task_type_vocab_size: usize,
+}
+
+fn default_task_types() -> usize {
+    3
 }
 
 fn default_act() -> String {
@@ -151,14 +171,14 @@ impl BertConfig {
     pub fn position_offset(&self, kind: BertKind) -> u32 {
         match kind {
             BertKind::Roberta => self.pad_token_id.unwrap_or(1) + 1,
-            BertKind::Bert => 0,
+            BertKind::Bert | BertKind::Ernie => 0,
         }
     }
 }
 
 /// Checkpoints store the encoder at the root (`BertModel`) or under the task model's prefix.
 pub(super) fn encoder_root<'a>(vb: VarBuilder<'a>) -> VarBuilder<'a> {
-    for prefix in ["bert", "roberta", "model"] {
+    for prefix in ["bert", "roberta", "ernie", "model"] {
         if vb.contains_tensor(&format!("{prefix}.embeddings.word_embeddings.weight")) {
             return vb.pp(prefix);
         }
@@ -246,7 +266,12 @@ fn load(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Result<Enco
         types: Some(config.type_vocab_size),
         eps: config.layer_norm_eps,
     };
-    let embeddings = bert_embeddings(&emb, tables)?;
+    let mut embeddings = bert_embeddings(&emb, tables)?;
+    if kind == BertKind::Ernie && config.use_task_id {
+        // transformers' default `task_type_ids` are zeros: row 0 joins every token's sum.
+        let task = emb.get((config.task_type_vocab_size, h), "task_type_embeddings.weight")?.get(0)?;
+        embeddings.token_type = embeddings.token_type.map(|table| table.broadcast_add(&task)).transpose()?;
+    }
     let layers = encoder_layers(&vb.pp("encoder"), &config, activation)?;
     Ok(EncoderModel {
         embeddings,
@@ -273,7 +298,7 @@ fn load_mlm_head(raw: &Value, kind: BertKind, vb: VarBuilder) -> std::result::Re
     let (h, vocab) = (config.hidden_size, config.vocab_size);
     let (head, dense, norm, activation) = match kind {
         BertKind::Roberta => (vb.pp("lm_head"), "dense", "layer_norm", Activation::Gelu),
-        BertKind::Bert => (
+        BertKind::Bert | BertKind::Ernie => (
             vb.pp("cls.predictions"),
             "transform.dense",
             "transform.LayerNorm",

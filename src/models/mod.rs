@@ -52,6 +52,7 @@ use serde_json::Value;
 pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &bert::BERT,
     &bert::ROBERTA,
+    &bert::ERNIE,
     &distilbert::DISTILBERT,
     &electra::ELECTRA,
     &deberta::DEBERTA,

@@ -1,6 +1,6 @@
-//! ELECTRA, DeBERTa-v2/v3, NomicBERT and JinaBERT through the real router, against their references in
-//! tests/fixtures/expected (generators: tests/fixtures/make_encoder_families.py for ELECTRA and
-//! DeBERTa-v2/v3, with transformers; tests/fixtures/make_nomic_bert.py for NomicBERT, with
+//! ELECTRA, ERNIE, DeBERTa-v2/v3, NomicBERT and JinaBERT through the real router, against their references in
+//! tests/fixtures/expected (generators: tests/fixtures/make_encoder_families.py for ELECTRA,
+//! ERNIE and DeBERTa-v2/v3, with transformers; tests/fixtures/make_nomic_bert.py for NomicBERT, with
 //! nomic-ai's published modeling code; tests/fixtures/make_jina_bert.py for JinaBERT, with its
 //! published forward pass): embeddings by cosine ≥ 0.9999, probabilities and
 //! scores within 1e-4, every input alone and all in one batch, pairs with token types; a broken
@@ -17,6 +17,19 @@ async fn electra_matches_transformers() {
     check_classifier("electra-seqcls").await;
     check_cross_encoder("electra-reranker").await;
     check_token_classifier("electra-tokcls").await;
+}
+
+/// ERNIE (ernie-3.0's layout: `use_task_id`, four token types, legacy LayerNorm names).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ernie_matches_transformers() {
+    check_embeddings("ernie-embed").await;
+    check_classifier("ernie-seqcls").await;
+    check_token_classifier("ernie-tokcls").await;
+}
+
+#[test]
+fn broken_ernie_folder_is_one_line() {
+    broken_folder_is_one_line("ernie-seqcls", |dir| drop_tensor(dir, "task_type_embeddings"), "task_type_embeddings");
 }
 
 #[test]

@@ -209,6 +209,8 @@ async fn half_precision_stays_within_tolerance() {
             "qwen3-embed-last",
             "qwen2-embed-last",
             "electra-embed",
+            "ernie-embed",
+            "ernie-embed",
             "nomic-embed-mean",
             "deberta-embed",
             "jina-embed",
