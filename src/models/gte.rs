@@ -1,15 +1,28 @@
-//! Alibaba GTE (`GteModel`, hub `NewModel`: gte-base-en-v1.5, gte-multilingual-base): a
-//! post-LayerNorm encoder with rotary positions instead of a position table, fused `qkv_proj`,
-//! and a gated MLP (`up_gate_proj`: rows up, then gate; `down(gelu(gate) · up)`).
+//! Alibaba GTE (`GteModel`, hub `NewModel`: gte-base-en-v1.5, gte-multilingual-base,
+//! snowflake-arctic-embed-m-v2.0): a post-LayerNorm encoder with rotary positions instead of a
+//! position table, fused `qkv_proj`, and a gated MLP (`up_gate_proj`: rows up, then gate;
+//! `down(gelu(gate) · up)`).
+//!
+//! As Alibaba's published code (Alibaba-NLP/new-impl) reads its config:
+//! - `rope_scaling: {"type": "ntk", "factor"}` (gte-multilingual-base: 8; the v1.5 models: 2)
+//!   scales the frequencies at every position ([`RopeScaling::Ntk`]);
+//! - `type_vocab_size: 0` (gte-base-en-v1.5) means no token-type table;
+//! - the switches it has that no published checkpoint turns on (`logn_attention_scale`,
+//!   `layer_norm_type: rms_norm`, a `position_embedding_type` other than rope) are refused, as
+//!   TEI refuses them, rather than served wrong.
+//!
+//! `NewForSequenceClassification` (gte-multilingual-reranker-base): the first token through
+//! `pooler.dense` and tanh, then `classifier`, as BERT's head.
 
 use super::bert::{bert_embeddings, TableSizes};
 use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
-use super::ops::{Activation, GatedActivation, Rotary};
-use super::qwen::rope_theta;
+use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
+use super::ops::{Activation, GatedActivation, RopeScaling, Rotary};
 use super::weights::{layer_norm, linear, linear_with_bias};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
+use serde_json::Value;
 
 #[derive(Debug, Clone, Deserialize)]
 struct GteConfig {
@@ -25,6 +38,48 @@ struct GteConfig {
     layer_norm_eps: f64,
     #[serde(default = "default_types")]
     type_vocab_size: usize,
+    #[serde(default)]
+    logn_attention_scale: bool,
+    #[serde(default)]
+    layer_norm_type: Option<String>,
+    #[serde(default)]
+    position_embedding_type: Option<String>,
+}
+
+impl GteConfig {
+    /// Refuses the switches of the published code that no checkpoint here uses.
+    fn check(&self) -> std::result::Result<(), ModelError> {
+        if self.logn_attention_scale {
+            return Err(ModelError::Config("logn_attention_scale is not supported".into()));
+        }
+        if let Some(kind) = self.layer_norm_type.as_deref().filter(|k| *k != "layer_norm") {
+            return Err(ModelError::Config(format!("layer_norm_type `{kind}` is not supported")));
+        }
+        if let Some(kind) = self.position_embedding_type.as_deref().filter(|k| !matches!(*k, "rope" | "rotary")) {
+            return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported (GTE rotates)")));
+        }
+        Ok(())
+    }
+}
+
+/// The rotary frequencies of a GTE config: `rope_theta` (or transformers 5's
+/// `rope_parameters`), under the published code's fixed NTK scaling when `rope_scaling` asks.
+fn gte_rotary(raw: &Value, head_dim: usize) -> std::result::Result<Rotary, ModelError> {
+    let scaling = raw.get("rope_scaling").or_else(|| raw.get("rope_parameters")).filter(|v| v.is_object());
+    let kind = scaling.and_then(|p| p.get("rope_type").or_else(|| p.get("type"))).and_then(Value::as_str).unwrap_or("default");
+    let theta = scaling.and_then(|p| p.get("rope_theta")).or_else(|| raw.get("rope_theta")).and_then(Value::as_f64).unwrap_or(10_000.0);
+    match kind {
+        "default" => Ok(Rotary::new(head_dim, theta)),
+        "ntk" => {
+            let factor = scaling
+                .and_then(|p| p.get("factor"))
+                .and_then(Value::as_f64)
+                .ok_or_else(|| ModelError::Config("rope_scaling `ntk` needs `factor`".into()))?;
+            let mixed_b = scaling.and_then(|p| p.get("mixed_b")).and_then(Value::as_f64);
+            Ok(Rotary::scaled(head_dim, theta, &RopeScaling::Ntk { factor, mixed_b }))
+        }
+        other => Err(ModelError::Config(format!("rope_type `{other}` is not supported"))),
+    }
 }
 
 fn default_act() -> String {
@@ -37,7 +92,7 @@ fn default_types() -> usize {
     1
 }
 
-/// GTE has no classification or masked-LM heads here (the trait's defaults say so).
+/// GTE, with `NewForSequenceClassification`'s head; no masked-LM head here.
 pub struct GteArchitecture;
 pub static GTE: GteArchitecture = GteArchitecture;
 
@@ -57,19 +112,46 @@ impl Architecture for GteArchitecture {
     fn backbone(&self, config: &serde_json::Value, vb: VarBuilder) -> std::result::Result<Box<dyn Backbone>, ModelError> {
         Ok(Box::new(load(config, vb)?))
     }
+
+    /// `NewForSequenceClassification`: `new.pooler.dense` (tanh) on the first token, then
+    /// `classifier`.
+    fn classifier(
+        &self,
+        config: &Value,
+        vb: VarBuilder,
+        num_labels: usize,
+        _from_tokens: Option<&[u32]>,
+    ) -> std::result::Result<ClassifierWeights, ModelError> {
+        let h = parse_config::<GteConfig>(config)?.hidden_size;
+        Ok(ClassifierWeights {
+            pre: Some(PreClassifier::tanh(host_linear(&gte_root(vb.clone()).pp("pooler.dense"), h, h)?)),
+            classifier: host_linear(&vb.pp("classifier"), num_labels, h)?,
+            input: HeadInput::First,
+            pre_on_tokens: false,
+        })
+    }
+}
+
+/// Task checkpoints keep the encoder under `new.` (transformers 5's own GTE: `gte.`).
+fn gte_root(vb: VarBuilder) -> VarBuilder {
+    ["new", "gte"]
+        .into_iter()
+        .find(|prefix| vb.contains_tensor(&format!("{prefix}.embeddings.word_embeddings.weight")))
+        .map_or(vb.clone(), |prefix| vb.pp(prefix))
 }
 
 /// GTE's backbone: word and token-type embeddings, then the shared post-norm encoder with
 /// rotary positions and the gated MLP.
-fn load(raw: &serde_json::Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
+fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
     let config: GteConfig = parse_config(raw)?;
+    config.check()?;
     let (h, heads) = (config.hidden_size, config.num_attention_heads);
     if h % heads != 0 || (h / heads) % 2 != 0 {
         return Err(ModelError::Config("hidden_size does not split into even-sized heads".into()));
     }
     let activation = Activation::from_config(&config.hidden_act)
         .ok_or_else(|| ModelError::Config(format!("hidden_act `{}` is not supported", config.hidden_act)))?;
-    let vb = if vb.contains_tensor("new.embeddings.word_embeddings.weight") { vb.pp("new") } else { vb };
+    let vb = gte_root(vb);
     let (inter, eps) = (config.intermediate_size, config.layer_norm_eps);
     // `up_gate_proj` holds the up rows first, then the gate's.
     let gate = GatedActivation { activation, act_on_first: false };
@@ -90,9 +172,15 @@ fn load(raw: &serde_json::Value, vb: VarBuilder) -> std::result::Result<EncoderM
         });
     }
     let emb = vb.pp("embeddings");
-    let tables = TableSizes { width: h, vocab: config.vocab_size, positions: None, types: Some(config.type_vocab_size), eps };
+    let tables = TableSizes {
+        width: h,
+        vocab: config.vocab_size,
+        positions: None,
+        types: (config.type_vocab_size > 0).then_some(config.type_vocab_size),
+        eps,
+    };
     let embeddings = bert_embeddings(&emb, tables)?;
-    let rotary = RotaryPositions { global: Rotary::new(h / heads, rope_theta(raw)?), local: None };
+    let rotary = RotaryPositions { global: gte_rotary(raw, h / heads)?, local: None };
     Ok(EncoderModel {
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },

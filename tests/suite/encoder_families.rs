@@ -32,6 +32,31 @@ fn broken_ernie_folder_is_one_line() {
     broken_folder_is_one_line("ernie-seqcls", |dir| drop_tensor(dir, "task_type_embeddings"), "task_type_embeddings");
 }
 
+/// GTE as Alibaba publishes it (tests/fixtures/make_gte.py): gte-multilingual-base's fixed
+/// NTK rope scaling, gte-base-en-v1.5's missing token-type table, and the multilingual
+/// reranker's `NewForSequenceClassification` head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gte_matches_alibabas_published_code() {
+    check_embeddings("gte-multilingual-tiny").await;
+    check_embeddings("gte-en-v15-tiny").await;
+    check_cross_encoder("gte-multilingual-reranker-tiny").await;
+}
+
+#[test]
+fn broken_gte_folders_are_one_line() {
+    let set = |field: &'static str, value: Value| {
+        move |dir: &std::path::Path| {
+            let file = dir.join("config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            config[field] = value;
+            std::fs::write(&file, config.to_string()).unwrap();
+        }
+    };
+    broken_folder_is_one_line("gte-multilingual-tiny", set("logn_attention_scale", json!(true)), "logn_attention_scale");
+    broken_folder_is_one_line("gte-multilingual-tiny", set("rope_scaling", json!({"type": "ntk"})), "needs `factor`");
+    broken_folder_is_one_line("gte-multilingual-reranker-tiny", |d| drop_tensor(d, "pooler.dense"), "pooler.dense");
+}
+
 #[test]
 fn broken_electra_folder_is_one_line() {
     broken_folder_is_one_line("electra-seqcls", |dir| drop_tensor(dir, "embeddings_project.weight"), "embeddings_project.weight");

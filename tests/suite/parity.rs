@@ -206,6 +206,8 @@ async fn half_precision_stays_within_tolerance() {
             "mpnet-embed-mean",
             "modernbert-embed-mean",
             "gte-embed-cls",
+            "gte-en-v15-tiny",
+            "gte-multilingual-tiny",
             "qwen3-embed-last",
             "qwen2-embed-last",
             "electra-embed",

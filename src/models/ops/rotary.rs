@@ -39,6 +39,14 @@ pub enum RopeScaling {
         factor: f64,
         max_positions: usize,
     },
+    /// Alibaba GTE's fixed NTK (`rope_scaling: {"type": "ntk"}` of gte-multilingual-base and
+    /// gte-*-en-v1.5, its published `NTKScalingRotaryEmbedding`): at every position the
+    /// frequencies of `theta · factor`, divided by `factor^(2 / head_dim)`; with `mixed_b`,
+    /// those of `theta` divided by `λ_j = exp(ln(factor) / (d/2)^b · j^b)`, j = 1..d/2.
+    Ntk {
+        factor: f64,
+        mixed_b: Option<f64>,
+    },
     /// YaRN: interpolation blended into extrapolation by a ramp over the dimensions, and cos/sin
     /// scaled by the attention factor.
     Yarn {
@@ -110,6 +118,19 @@ impl Rotary {
                         }
                     })
                     .collect();
+                Self { inv_freq, attention_factor: 1.0, dynamic: None }
+            }
+            // The published class scales only when its table outgrows max_position_embeddings,
+            // which `factor` > 1 always makes it do.
+            RopeScaling::Ntk { factor, .. } if factor <= 1.0 => Self::new(head_dim, theta),
+            RopeScaling::Ntk { factor, mixed_b: None } => {
+                let divisor = factor.powf(2.0 / head_dim as f64) as f32;
+                let inv_freq = default_frequencies(head_dim, theta * factor).iter().map(|f| f / divisor).collect();
+                Self { inv_freq, attention_factor: 1.0, dynamic: None }
+            }
+            RopeScaling::Ntk { factor, mixed_b: Some(b) } => {
+                let a = factor.ln() / (head_dim as f64 / 2.0).powf(b);
+                let inv_freq = base.iter().enumerate().map(|(j, f)| f / (a * ((j + 1) as f64).powf(b)).exp() as f32).collect();
                 Self { inv_freq, attention_factor: 1.0, dynamic: None }
             }
             RopeScaling::Dynamic { factor, max_positions } => {
