@@ -360,6 +360,7 @@ def lora_flags(base):
 # Fixture folder → (extra server flags, checks).
 CHECKS = {
     "bert-colbert": ([], [check_multi_vector]),
+    "hf-colbert-tiny": ([], [check_multi_vector]),
     "bert-embed-cls": (lora_flags("bert-embed-cls"), [check_embeddings, lambda s, e: check_lora(s, e, "bert-embed-cls")]),
     "bert-embed-mean": ([], [check_embeddings]),
     "bert-embed-prompts": ([], [lambda s, e: check_embeddings(s, e, e["cases"]["default"])]),
@@ -409,6 +410,7 @@ CHECKS = {
     "llama-nemotron-rerank-tiny": ([], [check_pairs]),
     "llama-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "mistral-embed-window": ([], [check_embeddings]),
+    "modernbert-colbert-tiny": ([], [check_multi_vector]),
     "modernbert-embed-mean": ([], [check_embeddings]),
     "modernbert-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "mpnet-embed-masked-lm": ([], [check_embeddings]),

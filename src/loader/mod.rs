@@ -19,7 +19,7 @@ use crate::models::bge_m3::{self, M3Weights};
 use crate::models::ops::{with_cpu_weight_format, WeightFormat};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
-use crate::pooling::embedding_head::EmbeddingHead;
+use crate::pooling::embedding_head::{Dense, DenseActivation, EmbeddingHead};
 use crate::pooling::m3::M3Head;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
@@ -190,7 +190,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let mut config: serde_json::Value = read_json(&source.required("config.json")?)?;
     model_spec::apply_overrides(&mut config, &options.hf_overrides);
     let (architecture_name, architecture) = model_spec::architecture_of(&config)?;
-    let sentence = SentenceTransformer::read(&source, options.dense_path.as_deref())?;
+    let mut sentence = SentenceTransformer::read(&source, options.dense_path.as_deref())?;
     let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
         Some(p) => read_json(&p)?,
         None => serde_json::Value::Null,
@@ -207,6 +207,9 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     }
 
     let m3_weights = bge_m3_heads(&source, &architecture_name, backbone.hidden_size())?;
+    if sentence.dense.is_empty() && (sentence.multi_vector || models::is_colbert_name(&architecture_name)) {
+        sentence.dense.extend(colbert_projection(&vb, backbone.hidden_size())?);
+    }
     let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
         Some(tower) => {
             if tower.embedding_size() != backbone.hidden_size() {
@@ -284,6 +287,22 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         chat_template,
         lora,
     })
+}
+
+/// The projection a ColBERT checkpoint keeps beside its backbone (Stanford's `HF_ColBERT`,
+/// jina-colbert-v2: `linear.weight`; vLLM also looks for `colbert_linear.weight`), as vLLM
+/// finds it when no sentence-transformers Dense module holds one: no bias, its width from the
+/// weight.
+fn colbert_projection(vb: &VarBuilder, hidden: usize) -> Result<Option<Dense>, LoadError> {
+    let Some(name) = ["linear.weight", "colbert_linear.weight"].into_iter().find(|n| vb.contains_tensor(n)) else {
+        return Ok(None);
+    };
+    let weight = vb.get_unchecked_dtype(name, candle_core::DType::F32)?.to_device(&Device::Cpu)?;
+    match weight.dims() {
+        [_, inputs] if *inputs == hidden => {}
+        dims => return Err(LoadError::Invalid(format!("{name} has shape {dims:?}; the backbone gives {hidden} values per token"))),
+    }
+    Ok(Some(Dense { linear: models::ops::Linear::new(weight, None)?, activation: DenseActivation::Identity }))
 }
 
 /// The weights, as the architectures read them, and the format the CPU kernels pack dense

@@ -39,6 +39,9 @@ struct SpladeConfig {
 #[serde(default)]
 struct StConfig {
     model_type: Option<String>,
+    /// PyLate's fields (its folders name no `model_type`; PyLate reads them as ColBERT).
+    query_prefix: Option<String>,
+    query_length: Option<usize>,
     prompts: std::collections::BTreeMap<String, String>,
     default_prompt_name: Option<String>,
 }
@@ -73,6 +76,10 @@ struct DenseConfig {
     bias: bool,
     #[serde(default = "identity", alias = "activation")]
     activation_function: String,
+    /// PyLate's Dense may add its input back (through its own `residual` layer when the widths
+    /// differ); no published ColBERT uses it.
+    #[serde(default)]
+    use_residual: bool,
 }
 
 fn yes() -> bool {
@@ -117,6 +124,9 @@ fn pooling_type(config: &PoolingConfig, path: &str) -> Result<PoolingType, LoadE
 
 fn load_dense(source: &ModelSource, path: &str) -> Result<Dense, LoadError> {
     let config: DenseConfig = read_json(&source.required(&format!("{path}/config.json"))?)?;
+    if config.use_residual {
+        return Err(LoadError::Unsupported(format!("{path}: a Dense module with use_residual")));
+    }
     let activation = DenseActivation::from_torch_name(&config.activation_function)
         .ok_or_else(|| LoadError::Unsupported(format!("{path}: Dense activation `{}`", config.activation_function)))?;
     let weights_path = source
@@ -153,7 +163,10 @@ impl SentenceTransformer {
         }
         if let Some(path) = source.file("config_sentence_transformers.json")? {
             let config: StConfig = read_json(&path)?;
-            st.multi_vector = config.model_type.as_deref() == Some("MultiVectorEncoder");
+            // sentence-transformers' MultiVectorEncoder, and PyLate's ColBERT folders (PyLate
+            // reads a folder without `model_type` as ColBERT; its own fields say it is one).
+            let pylate = config.query_prefix.is_some() || config.query_length.is_some();
+            st.multi_vector = matches!(config.model_type.as_deref(), Some("MultiVectorEncoder" | "ColBERT")) || pylate;
             st.prompts = config.prompts;
             st.default_prompt_name = config.default_prompt_name.filter(|name| !name.is_empty());
         }

@@ -85,12 +85,25 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
 /// `architectures[0]` (by its stem), else of its `model_type`.
 pub fn detect(config: &Value, architecture: &str, model_type: &str) -> Option<&'static dyn Architecture> {
     let stem = architecture.split("For").next().unwrap_or(architecture).trim_end_matches("Model");
+    // vLLM's ColBERT names wrap their backbone's (`ColBERTModernBertModel`); `HF_ColBERT`
+    // (Stanford's colbert-ir checkpoints) is BERT.
+    let stem = if architecture == HF_COLBERT { "Bert" } else { stem.strip_prefix("ColBERT").unwrap_or(stem) };
     ARCHITECTURES
         .iter()
         .find(|a| a.claims(config))
         .or_else(|| ARCHITECTURES.iter().find(|a| a.architecture_stems().contains(&stem)))
         .or_else(|| ARCHITECTURES.iter().find(|a| a.model_types().contains(&model_type)))
         .copied()
+}
+
+/// The `architectures` entry of Stanford's ColBERT checkpoints (answerai-colbert-small-v1, …).
+pub const HF_COLBERT: &str = "HF_ColBERT";
+
+/// Whether `architectures[0]` names one of vLLM's ColBERT models (`HF_ColBERT`, and the
+/// `ColBERT*Model` names its docs have users set with `--hf-overrides`): a multi-vector
+/// retriever whatever its folder says.
+pub fn is_colbert_name(architecture: &str) -> bool {
+    architecture == HF_COLBERT || (architecture.starts_with("ColBERT") && architecture.len() > "ColBERT".len())
 }
 
 /// What the table serves, for the "unsupported architecture" message.

@@ -144,3 +144,61 @@ async fn multi_vector_models_rerank_by_maxsim() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert!(reply.body["data"][0]["embedding"][0].is_array(), "{}", reply.body);
 }
+
+/// The ColBERT layouts vLLM serves (tests/fixtures/make_colbert.py, vLLM's reference: every
+/// token projected and normalized, MaxSim): PyLate's ModernBERT folder (its Dense module named
+/// `pylate.models.Dense.Dense`, its fields in config_sentence_transformers.json) and Stanford's
+/// `HF_ColBERT` with `linear.weight` beside the backbone. Each loads with no flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colbert_layouts_embed_every_token_and_score_by_maxsim() {
+    for name in ["modernbert-colbert-tiny", "hf-colbert-tiny"] {
+        let reference = expected(name);
+        let router = router_for_fixture(name);
+        for case in reference["texts"].as_array().unwrap() {
+            let reply = post(&router, "/pooling", json!({"input": case["text"], "task": "token_embed"})).await;
+            assert_eq!(reply.status, StatusCode::OK, "{name}: {}", reply.body);
+            let rows = reply.body["data"][0]["data"].as_array().unwrap();
+            let want = case["token_vectors"].as_array().unwrap();
+            assert_eq!(rows.len(), want.len(), "{name}: one vector per token, special tokens included");
+            for (t, (row, w)) in rows.iter().zip(want).enumerate() {
+                let c = cosine(&floats(row), &floats(w));
+                assert!(c >= 0.9999 && (floats(row).len() == floats(w).len()), "{name} token {t}: cosine {c}");
+            }
+        }
+        for pair in reference["pairs"].as_array().unwrap() {
+            let reply = post(&router, "/score", json!({"text_1": pair["query"], "text_2": pair["document"]})).await;
+            assert_eq!(reply.status, StatusCode::OK, "{name}: {}", reply.body);
+            let score = reply.body["data"][0]["score"].as_f64().unwrap();
+            let want = pair["maxsim"].as_f64().unwrap();
+            assert!((score - want).abs() <= 1e-4 * want.abs().max(1.0), "{name}: {score} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn broken_colbert_folders_are_one_line() {
+    use crate::common::families::broken_folder_is_one_line;
+    broken_folder_is_one_line(
+        "modernbert-colbert-tiny",
+        |dir| {
+            let file = dir.join("1_Dense/config.json");
+            let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            config["use_residual"] = json!(true);
+            std::fs::write(&file, config.to_string()).unwrap();
+        },
+        "use_residual",
+    );
+    broken_folder_is_one_line(
+        "hf-colbert-tiny",
+        |dir| {
+            let file = dir.join("model.safetensors");
+            let mut tensors = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+            tensors.insert(
+                "linear.weight".into(),
+                candle_core::Tensor::zeros((12, 31), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap(),
+            );
+            candle_core::safetensors::save(&tensors, &file).unwrap();
+        },
+        "linear.weight has shape [12, 31]",
+    );
+}

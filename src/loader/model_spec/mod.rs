@@ -217,7 +217,7 @@ fn decide_tasks(input: &SpecInputs) -> Result<Vec<Task>, LoadError> {
     let hints = TaskHints {
         num_labels: num_labels(input),
         pooling: options.pooler.pooling_type.or(sentence.pooling),
-        multi_vector: sentence.multi_vector || input.architecture.multi_vector(),
+        multi_vector: sentence.multi_vector || input.architecture.multi_vector() || crate::models::is_colbert_name(name),
         sentence_pooling: sentence.pooling_module,
         masked_lm_embeds: input.architecture.masked_lm_embeds(),
     };
