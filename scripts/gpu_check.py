@@ -402,6 +402,7 @@ CHECKS = {
     "gte-en-v15-tiny": ([], [check_embeddings]),
     "gte-multilingual-reranker-tiny": ([], [check_pairs]),
     "gte-multilingual-tiny": ([], [check_embeddings]),
+    "jina-code-embed": ([], [check_embeddings]),
     "jina-embed": ([], [check_embeddings]),
     "jina-reranker": ([], [check_pairs]),
     "jina-v3-tiny": ([], [check_tasks]),

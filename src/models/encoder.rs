@@ -9,6 +9,7 @@
 //! | BERT, RoBERTa, DistilBERT, ELECTRA | after each sub-layer | a table in the embeddings | plain |
 //! | MPNet | after | a table, and relative buckets on the scores | plain |
 //! | JinaBERT | after | ALiBi on the scores | gated (GEGLU, or ReGLU) |
+//! | JinaBERT qk-post-norm | after, on Q and K too, and the block input added twice | ALiBi | gated |
 //! | GTE, NomicBERT | after | rotary | gated |
 //! | jina-embeddings-v3 | after | rotary | plain |
 //! | ModernBERT | before each sub-layer, and a final norm | rotary, global and sliding-window layers with a base each | gated (GeGLU) |
@@ -121,6 +122,20 @@ pub(super) enum Norms {
     /// Before each sub-layer: `x + attn(norm1(x))`, then `h + ffn(norm2(h))`. ModernBERT's first
     /// block has no `norm1`: its input is the normalized embedding already.
     Pre { attention_norm: Option<LayerNorm>, feed_forward_norm: LayerNorm },
+    /// jina-bert-v2-qk-post-norm (jina-embeddings-v2-base-code): `q_norm` and `k_norm` on the
+    /// projected queries and keys (over the full width, before the heads split), then
+    /// `a = attention_norm(x + attn(x))`, `h = block_norm(x + a)` (the block input added once
+    /// more), and `feed_forward_norm(h + ffn(h))`.
+    PostQk(Box<QkPostNorms>),
+}
+
+/// The five norms of a [`Norms::PostQk`] block (boxed: the other layouts have two).
+pub(super) struct QkPostNorms {
+    pub q_norm: LayerNorm,
+    pub k_norm: LayerNorm,
+    pub attention_norm: LayerNorm,
+    pub block_norm: LayerNorm,
+    pub feed_forward_norm: LayerNorm,
 }
 
 /// One encoder block.
@@ -145,6 +160,17 @@ impl EncoderLayer {
             _ => hidden.clone(),
         };
         let heads = attention.num_heads;
+        if let Norms::PostQk(norms) = &self.norms {
+            let QkPostNorms { q_norm, k_norm, .. } = norms.as_ref();
+            // The norms need the biased Q and K, so the product adds the bias; no family with
+            // them rotates.
+            let qkv = self.qkv.forward(&input)?;
+            let width = qkv.dim(1)? / 3;
+            let q = q_norm.forward(qkv.narrow(1, 0, width)?.contiguous()?)?;
+            let k = k_norm.forward(qkv.narrow(1, width, width)?.contiguous()?)?;
+            let qkv = Tensor::cat(&[q, k, qkv.narrow(1, 2 * width, width)?], 1)?;
+            return self.after_attention(&attention.forward(&qkv, None)?, &hidden);
+        }
         let context = match rotary {
             // The Q/K bias must be in before they are rotated, so the product adds it.
             Some(table) => attention.forward(&table.apply(&self.qkv.forward(&input)?, heads, attention.num_kv_heads, None)?, None)?,
@@ -162,6 +188,13 @@ impl EncoderLayer {
                 let attended = attention_norm.forward_add(&self.attention_out, context, hidden)?;
                 let inner = self.feed_forward.forward(&self.up, &attended)?;
                 feed_forward_norm.forward_add(&self.down, &inner, &attended)
+            }
+            Norms::PostQk(norms) => {
+                let QkPostNorms { attention_norm, block_norm, feed_forward_norm, .. } = norms.as_ref();
+                let attended = attention_norm.forward_add(&self.attention_out, context, hidden)?;
+                let block = block_norm.forward((hidden + &attended)?)?;
+                let inner = self.feed_forward.forward(&self.up, &block)?;
+                feed_forward_norm.forward_add(&self.down, &inner, &block)
             }
             Norms::Pre { feed_forward_norm, .. } => {
                 let attended = self.attention_out.forward_add(context, hidden)?;

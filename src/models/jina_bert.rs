@@ -12,7 +12,7 @@
 //! and K, `up_gated_layer`) is refused at load with its name.
 
 use super::bert::{bert_classifier, bert_embeddings, encoder_root, TableSizes};
-use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, QkPostNorms, RelativeBias};
 use super::head_weights::ClassifierWeights;
 use super::ops::{Activation, GatedActivation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear, linear_with_bias};
@@ -145,11 +145,6 @@ fn alibi_slopes(heads: usize) -> Vec<f32> {
 /// post-norm encoder with ALiBi on the scores and the gated feed-forward.
 fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
     let config: JinaBertConfig = parse_config(raw)?;
-    if raw.get("_name_or_path").and_then(Value::as_str) == Some("jinaai/jina-bert-v2-qk-post-norm") {
-        return Err(ModelError::Config(
-            "JinaBERT's qk-post-norm variant (jinaai/jina-bert-v2-qk-post-norm, jina-embeddings-v2-base-code) is not supported".into(),
-        ));
-    }
     match config.position_embedding_type.as_deref() {
         Some("alibi") => {}
         other => {
@@ -164,18 +159,32 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
         return Err(ModelError::Config("hidden_size is not a multiple of num_attention_heads".into()));
     }
     let vb = encoder_root(vb);
-    if vb.contains_tensor("encoder.layer.0.attention.self.layer_norm_q.weight") {
-        return Err(ModelError::Config(
-            "JinaBERT's qk-post-norm variant (LayerNorm on Q and K, jina-embeddings-v2-base-code) is not supported".into(),
-        ));
-    }
+    let qk_post_norm = vb.contains_tensor("encoder.layer.0.attention.self.layer_norm_q.weight");
     let (h, inner, eps) = (config.hidden_size, config.intermediate_size, config.layer_norm_eps);
-    // `gated_layers` is `[2·I, h]` without a bias, the activated half first.
-    let gate = GatedActivation { activation, act_on_first: true };
+    // `gated_layers` is `[2·I, h]` without a bias, the activated half first;
+    // `up_gated_layer` (qk-post-norm) the same with the activated half second.
+    let gate = GatedActivation { activation, act_on_first: !qk_post_norm };
     let layers = (0..config.num_hidden_layers)
         .map(|i| {
             let lv = vb.pp(format!("encoder.layer.{i}"));
             let sa = lv.pp("attention.self");
+            if qk_post_norm {
+                return Ok(EncoderLayer {
+                    qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
+                    attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
+                    up: linear_with_bias(&lv.pp("mlp.up_gated_layer"), 2 * inner, h, false)?,
+                    feed_forward: FeedForward::Gated(gate),
+                    down: linear(&lv.pp("mlp.down_layer"), h, inner)?,
+                    norms: Norms::PostQk(Box::new(QkPostNorms {
+                        q_norm: layer_norm(&sa.pp("layer_norm_q"), h, eps)?,
+                        k_norm: layer_norm(&sa.pp("layer_norm_k"), h, eps)?,
+                        attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
+                        block_norm: layer_norm(&lv.pp("layer_norm_1"), h, eps)?,
+                        feed_forward_norm: layer_norm(&lv.pp("layer_norm_2"), h, eps)?,
+                    })),
+                    local: false,
+                });
+            }
             Ok(EncoderLayer {
                 qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
                 attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,

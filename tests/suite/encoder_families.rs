@@ -215,6 +215,8 @@ fn broken_deberta_folder_is_one_line() {
 async fn jina_bert_matches_the_published_code() {
     check_embeddings("jina-embed").await;
     check_cross_encoder("jina-reranker").await;
+    // jina-embeddings-v2-base-code's qk-post-norm variant.
+    check_embeddings("jina-code-embed").await;
     let longest = expected("jina-embed")["texts"].as_array().unwrap().iter().map(|t| t["input_ids"].as_array().unwrap().len()).max();
     assert!(longest > Some(512), "the fixture holds an input longer than BERT's position table");
 }
@@ -222,6 +224,7 @@ async fn jina_bert_matches_the_published_code() {
 #[test]
 fn broken_jina_bert_folder_is_one_line() {
     broken_folder_is_one_line("jina-embed", |dir| drop_tensor(dir, "layer.1.mlp.gated_layers"), "encoder.layer.1.mlp.gated_layers.weight");
+    broken_folder_is_one_line("jina-code-embed", |dir| drop_tensor(dir, "layer.1.layer_norm_1"), "encoder.layer.1.layer_norm_1.weight");
     broken_folder_is_one_line(
         "jina-reranker",
         |dir| {

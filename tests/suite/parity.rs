@@ -216,6 +216,8 @@ async fn half_precision_stays_within_tolerance() {
             "nomic-embed-mean",
             "deberta-embed",
             "jina-embed",
+            "jina-code-embed",
+            "jina-code-embed",
             "llama-embed-last",
             "mistral-embed-window",
             "gemma2-embed-last",
