@@ -419,6 +419,7 @@ CHECKS = {
     "mpnet-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "nemotron-colembed-tiny": ([], [check_page_retriever]),
     "nomic-embed-mean": ([], [check_embeddings]),
+    "nomic-moe-tiny": ([], [check_embeddings]),
     "nomic-embed-t5": ([], [check_embeddings]),
     "ops-colqwen3-tiny": ([], [check_page_retriever]),
     "pplx-embed-tiny": ([], [check_embeddings]),

@@ -11,7 +11,7 @@
 //! default task id) to every token before the LayerNorm. That row is folded into the token-type
 //! table at load, so the forward pass is BERT's.
 
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
 use super::ops::{Activation, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear, norm_params};
@@ -239,9 +239,11 @@ pub(super) fn bert_layer(lv: &VarBuilder, qkv: Linear, sizes: LayerSizes, activa
     Ok(EncoderLayer {
         qkv,
         attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-        up: linear(&lv.pp("intermediate.dense"), intermediate, h)?,
-        feed_forward: FeedForward::Plain(activation),
-        down: linear(&lv.pp("output.dense"), h, intermediate)?,
+        ffn: Ffn::Dense {
+            up: linear(&lv.pp("intermediate.dense"), intermediate, h)?,
+            feed_forward: FeedForward::Plain(activation),
+            down: linear(&lv.pp("output.dense"), h, intermediate)?,
+        },
         norms: Norms::Post {
             attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
             feed_forward_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,

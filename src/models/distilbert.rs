@@ -2,7 +2,7 @@
 //! segment embeddings, on the shared encoder ([`super::encoder`]).
 
 use super::bert::{bert_embeddings, TableSizes};
-use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
 use super::ops::{Activation, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear};
@@ -112,9 +112,11 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
         layers.push(EncoderLayer {
             qkv: fused_qkv(at.pp("q_lin"), at.pp("k_lin"), at.pp("v_lin"), h)?,
             attention_out: linear(&at.pp("out_lin"), h, h)?,
-            up: linear(&lv.pp("ffn.lin1"), config.hidden_dim, h)?,
-            feed_forward: FeedForward::Plain(activation),
-            down: linear(&lv.pp("ffn.lin2"), h, config.hidden_dim)?,
+            ffn: Ffn::Dense {
+                up: linear(&lv.pp("ffn.lin1"), config.hidden_dim, h)?,
+                feed_forward: FeedForward::Plain(activation),
+                down: linear(&lv.pp("ffn.lin2"), h, config.hidden_dim)?,
+            },
             norms: Norms::Post {
                 attention_norm: layer_norm(&lv.pp("sa_layer_norm"), h, EPS)?,
                 feed_forward_norm: layer_norm(&lv.pp("output_layer_norm"), h, EPS)?,

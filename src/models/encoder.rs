@@ -20,6 +20,7 @@
 //! the tables) and its heads.
 
 use super::batch::Batch;
+use super::ops::moe::Experts;
 use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias, Rotary, RotaryTable};
 use super::{Backbone, BackboneSizes};
 use candle_core::{Result, Tensor};
@@ -115,6 +116,40 @@ impl FeedForward {
     }
 }
 
+/// A block's feed-forward sub-layer.
+pub(super) enum Ffn {
+    /// `up` is its up projection, or for a gated one the fused `[gate; up]` (or `[up; gate]`)
+    /// pair [`FeedForward::Gated`] splits.
+    Dense { up: Linear, feed_forward: FeedForward, down: Linear },
+    /// A mixture of experts (NomicBERT MoE's layers).
+    Experts(Box<Experts>),
+}
+
+impl Ffn {
+    /// `x + ffn(x)`: the down projection accumulates onto the residual.
+    fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        match self {
+            Ffn::Dense { up, feed_forward, down } => down.forward_add(&feed_forward.forward(up, x)?, residual),
+            Ffn::Experts(experts) => experts.forward(x)? + residual,
+        }
+    }
+
+    /// `norm(x + ffn(x))`, the down projection and the residual folded into the norm's pass.
+    fn forward_add_norm(&self, norm: &LayerNorm, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Ffn::Dense { up, feed_forward, down } => norm.forward_add(down, &feed_forward.forward(up, x)?, x),
+            Ffn::Experts(experts) => norm.forward((experts.forward(x)? + x)?),
+        }
+    }
+
+    fn linears(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Ffn::Dense { up, down, .. } => vec![up, down],
+            Ffn::Experts(experts) => experts.linears().collect(),
+        }
+    }
+}
+
 /// Where a block's LayerNorms stand.
 pub(super) enum Norms {
     /// After each sub-layer's residual: `norm1(x + attn(x))`, then `norm2(h + ffn(h))`.
@@ -143,11 +178,7 @@ pub(super) struct EncoderLayer {
     /// Q, K and V as one product (the query heads, then the key heads, then the value heads).
     pub qkv: Linear,
     pub attention_out: Linear,
-    /// The feed-forward's first product: its up projection, or for a gated one the fused
-    /// `[gate; up]` (or `[up; gate]`) pair [`FeedForward::Gated`] splits.
-    pub up: Linear,
-    pub feed_forward: FeedForward,
-    pub down: Linear,
+    pub ffn: Ffn,
     pub norms: Norms,
     /// A sliding-window layer with the local rotary base (ModernBERT); global otherwise.
     pub local: bool,
@@ -186,27 +217,24 @@ impl EncoderLayer {
         match &self.norms {
             Norms::Post { attention_norm, feed_forward_norm } => {
                 let attended = attention_norm.forward_add(&self.attention_out, context, hidden)?;
-                let inner = self.feed_forward.forward(&self.up, &attended)?;
-                feed_forward_norm.forward_add(&self.down, &inner, &attended)
+                self.ffn.forward_add_norm(feed_forward_norm, &attended)
             }
             Norms::PostQk(norms) => {
                 let QkPostNorms { attention_norm, block_norm, feed_forward_norm, .. } = norms.as_ref();
                 let attended = attention_norm.forward_add(&self.attention_out, context, hidden)?;
                 let block = block_norm.forward((hidden + &attended)?)?;
-                let inner = self.feed_forward.forward(&self.up, &block)?;
-                feed_forward_norm.forward_add(&self.down, &inner, &block)
+                self.ffn.forward_add_norm(feed_forward_norm, &block)
             }
             Norms::Pre { feed_forward_norm, .. } => {
                 let attended = self.attention_out.forward_add(context, hidden)?;
-                let inner = self.feed_forward.forward(&self.up, &feed_forward_norm.forward(attended.copy()?)?)?;
-                self.down.forward_add(&inner, &attended)
+                self.ffn.forward_add(&feed_forward_norm.forward(attended.copy()?)?, &attended)
             }
         }
     }
 
     /// [`Backbone::int8_linears`] of a stack of blocks: what follows attention.
     pub fn int8_linears(layers: &mut [EncoderLayer]) -> Vec<&mut Linear> {
-        layers.iter_mut().flat_map(|l| [&mut l.attention_out, &mut l.up, &mut l.down]).collect()
+        layers.iter_mut().flat_map(|l| std::iter::once(&mut l.attention_out).chain(l.ffn.linears())).collect()
     }
 
     /// [`Backbone::attention_input_linears`] of a stack of blocks.

@@ -15,7 +15,7 @@
 //! `pooler.dense` and tanh, then `classifier`, as BERT's head.
 
 use super::bert::{bert_embeddings, TableSizes};
-use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, GatedActivation, RopeScaling, Rotary};
 use super::weights::{layer_norm, linear, linear_with_bias};
@@ -161,9 +161,11 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
         layers.push(EncoderLayer {
             qkv: linear(&lv.pp("attention.qkv_proj"), 3 * h, h)?,
             attention_out: linear(&lv.pp("attention.o_proj"), h, h)?,
-            up: linear_with_bias(&lv.pp("mlp.up_gate_proj"), 2 * inter, h, false)?,
-            feed_forward: FeedForward::Gated(gate),
-            down: linear(&lv.pp("mlp.down_proj"), h, inter)?,
+            ffn: Ffn::Dense {
+                up: linear_with_bias(&lv.pp("mlp.up_gate_proj"), 2 * inter, h, false)?,
+                feed_forward: FeedForward::Gated(gate),
+                down: linear(&lv.pp("mlp.down_proj"), h, inter)?,
+            },
             norms: Norms::Post {
                 attention_norm: layer_norm(&lv.pp("attn_ln"), h, eps)?,
                 feed_forward_norm: layer_norm(&lv.pp("mlp_ln"), h, eps)?,

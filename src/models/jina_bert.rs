@@ -12,7 +12,7 @@
 //! and K, `up_gated_layer`) is refused at load with its name.
 
 use super::bert::{bert_classifier, bert_embeddings, encoder_root, TableSizes};
-use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, QkPostNorms, RelativeBias};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, QkPostNorms, RelativeBias};
 use super::head_weights::ClassifierWeights;
 use super::ops::{Activation, GatedActivation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear, linear_with_bias};
@@ -172,9 +172,11 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
                 return Ok(EncoderLayer {
                     qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
                     attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-                    up: linear_with_bias(&lv.pp("mlp.up_gated_layer"), 2 * inner, h, false)?,
-                    feed_forward: FeedForward::Gated(gate),
-                    down: linear(&lv.pp("mlp.down_layer"), h, inner)?,
+                    ffn: Ffn::Dense {
+                        up: linear_with_bias(&lv.pp("mlp.up_gated_layer"), 2 * inner, h, false)?,
+                        feed_forward: FeedForward::Gated(gate),
+                        down: linear(&lv.pp("mlp.down_layer"), h, inner)?,
+                    },
                     norms: Norms::PostQk(Box::new(QkPostNorms {
                         q_norm: layer_norm(&sa.pp("layer_norm_q"), h, eps)?,
                         k_norm: layer_norm(&sa.pp("layer_norm_k"), h, eps)?,
@@ -188,9 +190,11 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
             Ok(EncoderLayer {
                 qkv: fused_qkv(sa.pp("query"), sa.pp("key"), sa.pp("value"), h)?,
                 attention_out: linear(&lv.pp("attention.output.dense"), h, h)?,
-                up: linear_with_bias(&lv.pp("mlp.gated_layers"), 2 * inner, h, false)?,
-                feed_forward: FeedForward::Gated(gate),
-                down: linear(&lv.pp("mlp.wo"), h, inner)?,
+                ffn: Ffn::Dense {
+                    up: linear_with_bias(&lv.pp("mlp.gated_layers"), 2 * inner, h, false)?,
+                    feed_forward: FeedForward::Gated(gate),
+                    down: linear(&lv.pp("mlp.wo"), h, inner)?,
+                },
                 norms: Norms::Post {
                     attention_norm: layer_norm(&lv.pp("attention.output.LayerNorm"), h, eps)?,
                     feed_forward_norm: layer_norm(&lv.pp("mlp.layernorm"), h, eps)?,

@@ -16,7 +16,7 @@
 //! does when no `task` is given.
 
 use super::batch::Batch;
-use super::encoder::{Embed, Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
+use super::encoder::{Embed, Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
 use super::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TableLora, TaskAdapter};
 use super::ops::{Activation, Linear, Rotary};
 use super::weights::layer_norm;
@@ -223,9 +223,11 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel<TaskEmb
         layers.push(EncoderLayer {
             qkv: linear(&lv.pp("mixer.Wqkv"), 3 * h, h)?,
             attention_out: linear(&lv.pp("mixer.out_proj"), h, h)?,
-            up: linear(&lv.pp("mlp.fc1"), inner, h)?,
-            feed_forward: FeedForward::Plain(activation),
-            down: linear(&lv.pp("mlp.fc2"), h, inner)?,
+            ffn: Ffn::Dense {
+                up: linear(&lv.pp("mlp.fc1"), inner, h)?,
+                feed_forward: FeedForward::Plain(activation),
+                down: linear(&lv.pp("mlp.fc2"), h, inner)?,
+            },
             norms: Norms::Post {
                 attention_norm: layer_norm(&lv.pp("norm1"), h, eps)?,
                 feed_forward_norm: layer_norm(&lv.pp("norm2"), h, eps)?,

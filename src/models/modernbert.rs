@@ -2,7 +2,7 @@
 //! (sliding-window) attention layers with their own RoPE theta, a GeGLU MLP, and no biases by
 //! default. Local layers see `|i − j| ≤ local_attention / 2`.
 
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier};
 use super::ops::{Activation, GatedActivation, LayerNorm, Linear, Rotary};
 use super::weights::linear_with_bias;
@@ -175,9 +175,11 @@ pub(super) fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderMo
         layers.push(EncoderLayer {
             qkv: linear_with_bias(&lv.pp("attn.Wqkv"), 3 * h, h, config.attention_bias)?,
             attention_out: linear_with_bias(&lv.pp("attn.Wo"), h, h, config.attention_bias)?,
-            up: linear_with_bias(&lv.pp("mlp.Wi"), 2 * inter, h, config.mlp_bias)?,
-            feed_forward: FeedForward::Gated(gate),
-            down: linear_with_bias(&lv.pp("mlp.Wo"), h, inter, config.mlp_bias)?,
+            ffn: Ffn::Dense {
+                up: linear_with_bias(&lv.pp("mlp.Wi"), 2 * inter, h, config.mlp_bias)?,
+                feed_forward: FeedForward::Gated(gate),
+                down: linear_with_bias(&lv.pp("mlp.Wo"), h, inter, config.mlp_bias)?,
+            },
             norms: Norms::Pre { attention_norm: attn_norm, feed_forward_norm: norm(&lv.pp("mlp_norm"), h, &config)? },
             local: !global,
         });

@@ -3,7 +3,7 @@
 //! layers, added to every attention score.
 
 use super::bert::{bert_embeddings, roberta_classifier, TableSizes};
-use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RelativeBias};
+use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RelativeBias};
 use super::head_weights::ClassifierWeights;
 use super::ops::{Activation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear};
@@ -141,9 +141,11 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
         layers.push(EncoderLayer {
             qkv: fused_qkv(at.pp("q"), at.pp("k"), at.pp("v"), h)?,
             attention_out: linear(&at.pp("o"), h, h)?,
-            up: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
-            feed_forward: FeedForward::Plain(activation),
-            down: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
+            ffn: Ffn::Dense {
+                up: linear(&lv.pp("intermediate.dense"), config.intermediate_size, h)?,
+                feed_forward: FeedForward::Plain(activation),
+                down: linear(&lv.pp("output.dense"), h, config.intermediate_size)?,
+            },
             norms: Norms::Post {
                 attention_norm: layer_norm(&lv.pp("attention.LayerNorm"), h, eps)?,
                 feed_forward_norm: layer_norm(&lv.pp("output.LayerNorm"), h, eps)?,

@@ -9,8 +9,9 @@
 //! published text checkpoint uses (pre-norm, partial or interleaved rotary, parallel blocks)
 //! are refused at load with the field named.
 
-use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Norms, RotaryPositions};
-use super::ops::{Activation, GatedActivation, Rotary};
+use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
+use super::ops::moe::{Expert, Experts};
+use super::ops::{Activation, GatedActivation, Linear, Rotary};
 use super::weights::{layer_norm, linear_with_bias, stacked_linear};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
@@ -77,6 +78,16 @@ struct NomicBertConfig {
     parallel_block: bool,
     #[serde(default)]
     causal: bool,
+    /// NomicBERT MoE (nomic-embed-text-v2-moe): experts in every `moe_every_n_layers`-th
+    /// layer (those with `i % n == 1`), each token through its `moe_top_k` best.
+    #[serde(default)]
+    num_experts: usize,
+    #[serde(default = "one")]
+    moe_top_k: usize,
+    #[serde(default)]
+    moe_every_n_layers: usize,
+    #[serde(default)]
+    moe_normalize_expert_weights: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -190,8 +201,16 @@ impl NomicBertConfig {
         if self.rotary_emb_interleaved {
             return refuse("rotary_emb_interleaved: true");
         }
-        if !matches!(self.gate(), "swiglu" | "geglu") {
-            return refuse(&format!("activation `{}` (swiglu and geglu are)", self.gate()));
+        if !matches!(self.gate(), "swiglu" | "geglu" | "gelu") {
+            return refuse(&format!("activation `{}` (swiglu, geglu and gelu are)", self.gate()));
+        }
+        if self.num_experts > 0 && self.moe_every_n_layers > 0 {
+            if self.moe_normalize_expert_weights {
+                return refuse("moe_normalize_expert_weights: true");
+            }
+            if self.moe_top_k == 0 || self.moe_top_k > self.num_experts {
+                return refuse(&format!("moe_top_k {} of {} experts", self.moe_top_k, self.num_experts));
+            }
         }
         if !self.n_embd.is_multiple_of(self.n_head) || !(self.n_embd / self.n_head).is_multiple_of(2) {
             return Err(ModelError::Config("n_embd does not split into even-sized heads".into()));
@@ -218,6 +237,30 @@ impl Architecture for NomicBert {
     }
 }
 
+/// An MoE layer's router and experts under the published names: `router.layer` `[E, h]`, and
+/// `experts.mlp.w1` / `w2`, each `[E · inner, h]` expert-major (expert e is
+/// `gelu(x · w1[e]ᵀ) · w2[e]`), plus `experts.bias`.
+fn experts(config: &NomicBertConfig, mlp: &VarBuilder) -> std::result::Result<Experts, ModelError> {
+    let (h, inner, n) = (config.n_embd, config.inner(), config.num_experts);
+    let w1 = mlp.get((n * inner, h), "experts.mlp.w1")?;
+    let w2 = mlp.get((n * inner, h), "experts.mlp.w2")?;
+    let experts = (0..n)
+        .map(|e| {
+            Ok(Expert {
+                up: Linear::new(w1.narrow(0, e * inner, inner)?.contiguous()?, None)?,
+                down: Linear::new(w2.narrow(0, e * inner, inner)?.t()?.contiguous()?, None)?,
+            })
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Experts {
+        router: Linear::new(mlp.get((n, h), "router.layer.weight")?, None)?,
+        experts,
+        bias: mlp.get(h, "experts.bias")?,
+        top_k: config.moe_top_k,
+        activation: Activation::Gelu,
+    })
+}
+
 /// NomicBERT's backbone: `emb_ln(word + token_type)`, then the shared post-norm encoder with
 /// rotary positions and the SwiGLU (or GeGLU) MLP, `fc11` and `fc12` stacked into one product.
 fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelError> {
@@ -230,19 +273,33 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
     // `NomicBertForPreTraining` checkpoints keep the encoder under `bert.`.
     let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
     let (h, inner, eps) = (config.n_embd, config.inner(), config.layer_norm_epsilon);
-    let activation = if config.gate() == "geglu" { Activation::Gelu } else { Activation::Silu };
-    // fc12, the second half, is the gated one.
-    let gate = GatedActivation { activation, act_on_first: false };
     let mut layers = Vec::with_capacity(config.n_layer);
     for i in 0..config.n_layer {
         let lv = vb.pp(format!("encoder.layers.{i}"));
         let mlp = lv.pp("mlp");
+        let moe = config.num_experts > 0 && config.moe_every_n_layers > 0 && i % config.moe_every_n_layers == 1;
+        let ffn = match config.gate() {
+            _ if moe => Ffn::Experts(Box::new(experts(&config, &mlp)?)),
+            // nomic-embed-text-v2-moe's dense layers: `fc2(gelu(fc1(x)))`, erf GELU.
+            "gelu" => Ffn::Dense {
+                up: linear_with_bias(&mlp.pp("fc1"), inner, h, config.mlp_fc1_bias)?,
+                feed_forward: FeedForward::Plain(Activation::Gelu),
+                down: linear_with_bias(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
+            },
+            gate => Ffn::Dense {
+                up: stacked_linear(&[(mlp.pp("fc11"), inner), (mlp.pp("fc12"), inner)], h, config.mlp_fc1_bias)?,
+                // fc12, the second half, is the gated one.
+                feed_forward: FeedForward::Gated(GatedActivation {
+                    activation: if gate == "geglu" { Activation::Gelu } else { Activation::Silu },
+                    act_on_first: false,
+                }),
+                down: linear_with_bias(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
+            },
+        };
         layers.push(EncoderLayer {
             qkv: linear_with_bias(&lv.pp("attn.Wqkv"), 3 * h, h, config.qkv_proj_bias)?,
             attention_out: linear_with_bias(&lv.pp("attn.out_proj"), h, h, config.qkv_proj_bias)?,
-            up: stacked_linear(&[(mlp.pp("fc11"), inner), (mlp.pp("fc12"), inner)], h, config.mlp_fc1_bias)?,
-            feed_forward: FeedForward::Gated(gate),
-            down: linear_with_bias(&mlp.pp("fc2"), h, inner, config.mlp_fc2_bias)?,
+            ffn,
             norms: Norms::Post {
                 attention_norm: layer_norm(&lv.pp("norm1"), h, eps)?,
                 feed_forward_norm: layer_norm(&lv.pp("norm2"), h, eps)?,

@@ -19,6 +19,33 @@ async fn electra_matches_transformers() {
     check_token_classifier("electra-tokcls").await;
 }
 
+/// NomicBERT MoE (nomic-embed-text-v2-moe's layout: experts in layers 1 and 3, top-2 of 4,
+/// plain GELU MLPs in the others) against the transcribed published forward
+/// (tests/fixtures/make_nomic_moe.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nomic_bert_moe_matches_the_published_forward() {
+    check_embeddings("nomic-moe-tiny").await;
+}
+
+#[test]
+fn broken_nomic_moe_folder_is_one_line() {
+    broken_folder_is_one_line(
+        "nomic-moe-tiny",
+        |dir| drop_tensor(dir, "layers.3.mlp.experts.mlp.w2"),
+        "encoder.layers.3.mlp.experts.mlp.w2",
+    );
+    broken_folder_is_one_line(
+        "nomic-moe-tiny",
+        |dir| {
+            let path = dir.join("config.json");
+            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            config["moe_top_k"] = json!(5);
+            std::fs::write(&path, config.to_string()).unwrap();
+        },
+        "moe_top_k 5 of 4 experts",
+    );
+}
+
 /// ERNIE (ernie-3.0's layout: `use_task_id`, four token types, legacy LayerNorm names).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ernie_matches_transformers() {

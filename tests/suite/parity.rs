@@ -214,6 +214,8 @@ async fn half_precision_stays_within_tolerance() {
             "ernie-embed",
             "ernie-embed",
             "nomic-embed-mean",
+            "nomic-moe-tiny",
+            "nomic-moe-tiny",
             "deberta-embed",
             "jina-embed",
             "jina-code-embed",

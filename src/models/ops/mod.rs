@@ -14,7 +14,7 @@
 //! (approximations, reductions), [`sgemm`] (products on weights packed in f32 or bf16, on AMX
 //! tiles where the CPU has them), [`amx`] (the tile instructions and their plain-Rust model), [`linear`] (dense
 //! layers with folded bias and residual), [`layer_norm`],
-//! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`] and [`int8`]; `cuda`
+//! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`], [`moe`] and [`int8`]; `cuda`
 //! holds the GPU kernels of all of them.
 
 #[macro_use]
@@ -30,6 +30,7 @@ mod layer_norm;
 mod linear;
 pub mod lora;
 mod math;
+pub mod moe;
 mod rms_norm;
 mod rotary;
 mod sgemm;
