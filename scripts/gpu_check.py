@@ -102,6 +102,11 @@ def check_embeddings(server, expected, cases=None):
     return [("cosine", cosine(d["embedding"], c["embedding"])) for d, c in zip(reply["data"], cases)]
 
 
+def check_dense_dims(server, expected):
+    """stella's layout: the Dense folder modules.json lists (2_Dense_24) by default."""
+    return check_embeddings(server, expected, expected["dense"]["2_Dense_24"])
+
+
 def check_tasks(server, expected):
     """jina-embeddings-v3: every task adapter (Jina's `task` field) and the base weights."""
     results = []
@@ -360,6 +365,7 @@ def lora_flags(base):
 # Fixture folder → (extra server flags, checks).
 CHECKS = {
     "bert-colbert": ([], [check_multi_vector]),
+    "bert-embed-dense-dims": ([], [check_dense_dims]),
     "hf-colbert-tiny": ([], [check_multi_vector]),
     "bert-embed-cls": (lora_flags("bert-embed-cls"), [check_embeddings, lambda s, e: check_lora(s, e, "bert-embed-cls")]),
     "bert-embed-mean": ([], [check_embeddings]),
@@ -388,6 +394,7 @@ CHECKS = {
     "electra-embed": ([], [check_embeddings]),
     "ernie-embed": ([], [check_embeddings]),
     "ernie-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
+    "ernie-tokcls": ([], [check_token_classify]),
     "electra-reranker": ([], [check_pairs]),
     "electra-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "electra-tokcls": ([], [check_token_classify]),

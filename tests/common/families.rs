@@ -134,6 +134,17 @@ pub fn broken_folder_is_one_line(name: &str, damage: impl FnOnce(&Path), expect:
     assert!(error[0].contains(expect), "{name}: `{}` should say `{expect}`", error[0]);
 }
 
+/// A damage for [`broken_folder_is_one_line`]: sets `field` of the folder's JSON file `file`
+/// (`config.json`, `1_Dense/config.json`, …) to `value`.
+pub fn set_json(file: &'static str, field: &'static str, value: Value) -> impl FnOnce(&Path) {
+    move |dir| {
+        let path = dir.join(file);
+        let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        json[field] = value;
+        std::fs::write(&path, json.to_string()).unwrap();
+    }
+}
+
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {

@@ -82,20 +82,16 @@ async fn pplx_embed_returns_int8_values() {
 
 #[test]
 fn broken_bidirectional_folders_are_one_line() {
-    let set = |field: &'static str, value: Value| {
-        move |dir: &std::path::Path| {
-            let file = dir.join("config.json");
-            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-            config[field] = value;
-            std::fs::write(&file, config.to_string()).unwrap();
-        }
-    };
     broken_folder_is_one_line(
         "llama-nemotron-embed-tiny",
-        set("pooling", json!("weighted_avg")),
+        set_json("config.json", "pooling", json!("weighted_avg")),
         "pool_type \"weighted_avg\" not supported",
     );
-    broken_folder_is_one_line("llama-nemotron-rerank-tiny", set("temperature", json!(0.0)), "temperature 0 must be positive");
-    broken_folder_is_one_line("voyage-nano-tiny", set("num_labels", json!(25)), "linear.weight");
+    broken_folder_is_one_line(
+        "llama-nemotron-rerank-tiny",
+        set_json("config.json", "temperature", json!(0.0)),
+        "temperature 0 must be positive",
+    );
+    broken_folder_is_one_line("voyage-nano-tiny", set_json("config.json", "num_labels", json!(25)), "linear.weight");
     broken_folder_is_one_line("pplx-embed-tiny", |d| drop_tensor(d, "layers.1.mlp.down_proj"), "layers.1.mlp.down_proj");
 }

@@ -34,16 +34,7 @@ fn broken_nomic_moe_folder_is_one_line() {
         |dir| drop_tensor(dir, "layers.3.mlp.experts.mlp.w2"),
         "encoder.layers.3.mlp.experts.mlp.w2",
     );
-    broken_folder_is_one_line(
-        "nomic-moe-tiny",
-        |dir| {
-            let path = dir.join("config.json");
-            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            config["moe_top_k"] = json!(5);
-            std::fs::write(&path, config.to_string()).unwrap();
-        },
-        "moe_top_k 5 of 4 experts",
-    );
+    broken_folder_is_one_line("nomic-moe-tiny", set_json("config.json", "moe_top_k", json!(5)), "moe_top_k 5 of 4 experts");
 }
 
 /// ERNIE (ernie-3.0's layout: `use_task_id`, four token types, legacy LayerNorm names).
@@ -71,16 +62,12 @@ async fn gte_matches_alibabas_published_code() {
 
 #[test]
 fn broken_gte_folders_are_one_line() {
-    let set = |field: &'static str, value: Value| {
-        move |dir: &std::path::Path| {
-            let file = dir.join("config.json");
-            let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-            config[field] = value;
-            std::fs::write(&file, config.to_string()).unwrap();
-        }
-    };
-    broken_folder_is_one_line("gte-multilingual-tiny", set("logn_attention_scale", json!(true)), "logn_attention_scale");
-    broken_folder_is_one_line("gte-multilingual-tiny", set("rope_scaling", json!({"type": "ntk"})), "needs `factor`");
+    broken_folder_is_one_line(
+        "gte-multilingual-tiny",
+        set_json("config.json", "logn_attention_scale", json!(true)),
+        "logn_attention_scale",
+    );
+    broken_folder_is_one_line("gte-multilingual-tiny", set_json("config.json", "rope_scaling", json!({"type": "ntk"})), "needs `factor`");
     broken_folder_is_one_line("gte-multilingual-reranker-tiny", |d| drop_tensor(d, "pooler.dense"), "pooler.dense");
 }
 

@@ -177,17 +177,8 @@ async fn colbert_layouts_embed_every_token_and_score_by_maxsim() {
 
 #[test]
 fn broken_colbert_folders_are_one_line() {
-    use crate::common::families::broken_folder_is_one_line;
-    broken_folder_is_one_line(
-        "modernbert-colbert-tiny",
-        |dir| {
-            let file = dir.join("1_Dense/config.json");
-            let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-            config["use_residual"] = json!(true);
-            std::fs::write(&file, config.to_string()).unwrap();
-        },
-        "use_residual",
-    );
+    use crate::common::families::{broken_folder_is_one_line, set_json};
+    broken_folder_is_one_line("modernbert-colbert-tiny", set_json("1_Dense/config.json", "use_residual", json!(true)), "use_residual");
     broken_folder_is_one_line(
         "hf-colbert-tiny",
         |dir| {
