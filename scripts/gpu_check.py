@@ -413,6 +413,7 @@ CHECKS = {
     "jina-embed": ([], [check_embeddings]),
     "jina-reranker": ([], [check_pairs]),
     "jina-v3-tiny": ([], [check_tasks]),
+    "lfm2-colbert-tiny": ([], [check_multi_vector]),
     "llama-embed-last": ([], [check_embeddings]),
     "llama-nemotron-embed-tiny": ([], [check_embeddings]),
     "llama-nemotron-rerank-tiny": ([], [check_pairs]),

@@ -28,6 +28,7 @@ pub mod gte;
 pub mod head_weights;
 pub mod jina_bert;
 pub mod jina_v3;
+pub mod lfm2;
 pub mod llama;
 pub mod modernbert;
 pub mod mpnet;
@@ -67,6 +68,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &llama::LLAMA,
     &llama::MISTRAL,
     &llama::LLAMA_BIDIRECTIONAL,
+    &lfm2::LFM2,
     &gemma::GEMMA,
     &gemma::GEMMA2,
     &gemma::GEMMA3,

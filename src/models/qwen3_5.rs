@@ -21,6 +21,7 @@
 
 use super::batch::Batch;
 use super::llama::fused_gate_up;
+use super::ops::conv::CausalConv;
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary, RotaryTable};
 use super::qwen2_vl::{mrope_positions, mrope_section};
 use super::qwen3_vl::interleaved_axes;
@@ -161,9 +162,8 @@ struct GatedDeltaNet {
     in_z: Linear,
     in_b: Linear,
     in_a: Linear,
-    /// `[channels, taps]` depthwise causal convolution.
-    conv: Vec<f32>,
-    taps: usize,
+    /// The depthwise causal convolution (no bias), SiLU after it.
+    conv: CausalConv,
     /// `exp(A_log)` per value head.
     decay_rate: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -195,8 +195,7 @@ impl GatedDeltaNet {
             in_z: linear("in_proj_z", nv * dv, h)?,
             in_b: linear("in_proj_b", nv, h)?,
             in_a: linear("in_proj_a", nv, h)?,
-            conv: host_f32(&at.pp("conv1d").get((channels, 1, taps), "weight")?)?,
-            taps,
+            conv: CausalConv { weight: host_f32(&at.pp("conv1d").get((channels, 1, taps), "weight")?)?, bias: None, taps },
             decay_rate: host_f32(&at.get(nv, "A_log")?)?.into_iter().map(f32::exp).collect(),
             dt_bias: host_f32(&at.get(nv, "dt_bias")?)?,
             norm: host_f32(&at.pp("norm").get(dv, "weight")?)?,
@@ -217,7 +216,7 @@ impl GatedDeltaNet {
         let b = host(self.in_b.forward(x)?)?;
         let a = host(self.in_a.forward(x)?)?;
         let tokens = x.dim(0)?;
-        let mixed = self.convolve(&mixed, tokens, spans);
+        let mixed = self.conv.forward(&mixed, tokens, spans, |v| v * sigmoid(v));
         let (nk, nv, dk, dv) = (self.key_heads, self.value_heads, self.dk, self.dv);
         let channels = 2 * nk * dk + nv * dv;
         // Each (sequence, value head) runs its own recurrence, into its own column block.
@@ -271,25 +270,6 @@ impl GatedDeltaNet {
         }
         let core = Tensor::from_vec(core, (tokens, nv * dv), &Device::Cpu)?.to_device(x.device())?.to_dtype(x.dtype())?;
         self.out_proj.forward_add(&core, residual)
-    }
-
-    /// The causal depthwise convolution over each sequence (zeros before its start), then SiLU.
-    fn convolve(&self, mixed: &[f32], tokens: usize, spans: &[(usize, usize)]) -> Vec<f32> {
-        let channels = mixed.len() / tokens.max(1);
-        let taps = self.taps;
-        let mut out = vec![0f32; mixed.len()];
-        for &(start, len) in spans {
-            out[start * channels..(start + len) * channels].par_chunks_mut(channels).enumerate().for_each(|(t, row)| {
-                for (ch, o) in row.iter_mut().enumerate() {
-                    let w = &self.conv[ch * taps..(ch + 1) * taps];
-                    // Tap j reads the token `taps − 1 − j` back.
-                    let acc: f32 =
-                        (0..taps).filter(|&j| t + j + 1 >= taps).map(|j| w[j] * mixed[(start + t + j + 1 - taps) * channels + ch]).sum();
-                    *o = acc * sigmoid(acc);
-                }
-            });
-        }
-        out
     }
 }
 

@@ -147,11 +147,12 @@ async fn multi_vector_models_rerank_by_maxsim() {
 
 /// The ColBERT layouts vLLM serves (tests/fixtures/make_colbert.py, vLLM's reference: every
 /// token projected and normalized, MaxSim): PyLate's ModernBERT folder (its Dense module named
-/// `pylate.models.Dense.Dense`, its fields in config_sentence_transformers.json) and Stanford's
-/// `HF_ColBERT` with `linear.weight` beside the backbone. Each loads with no flag.
+/// `pylate.models.Dense.Dense`, its fields in config_sentence_transformers.json), Stanford's
+/// `HF_ColBERT` with `linear.weight` beside the backbone, and LFM2-ColBERT (transformers'
+/// `Lfm2Model`: short convolutions and attention). Each loads with no flag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn colbert_layouts_embed_every_token_and_score_by_maxsim() {
-    for name in ["modernbert-colbert-tiny", "hf-colbert-tiny"] {
+    for name in ["modernbert-colbert-tiny", "hf-colbert-tiny", "lfm2-colbert-tiny"] {
         let reference = expected(name);
         let router = router_for_fixture(name);
         for case in reference["texts"].as_array().unwrap() {
@@ -179,6 +180,16 @@ async fn colbert_layouts_embed_every_token_and_score_by_maxsim() {
 fn broken_colbert_folders_are_one_line() {
     use crate::common::families::{broken_folder_is_one_line, set_json};
     broken_folder_is_one_line("modernbert-colbert-tiny", set_json("1_Dense/config.json", "use_residual", json!(true)), "use_residual");
+    broken_folder_is_one_line(
+        "lfm2-colbert-tiny",
+        set_json("config.json", "layer_types", json!(["conv", "full_attention", "mamba", "full_attention"])),
+        "layer_types[2] is Some(\"mamba\")",
+    );
+    broken_folder_is_one_line(
+        "lfm2-colbert-tiny",
+        |dir| crate::common::families::drop_tensor(dir, "layers.2.conv.conv"),
+        "layers.2.conv.conv.weight",
+    );
     broken_folder_is_one_line(
         "hf-colbert-tiny",
         |dir| {

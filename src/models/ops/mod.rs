@@ -14,7 +14,7 @@
 //! (approximations, reductions), [`sgemm`] (products on weights packed in f32 or bf16, on AMX
 //! tiles where the CPU has them), [`amx`] (the tile instructions and their plain-Rust model), [`linear`] (dense
 //! layers with folded bias and residual), [`layer_norm`],
-//! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`], [`moe`] and [`int8`]; `cuda`
+//! [`activation`], [`attention`], plus [`rms_norm`], [`rotary`], [`gated`], [`moe`], [`conv`] and [`int8`]; `cuda`
 //! holds the GPU kernels of all of them.
 
 #[macro_use]
@@ -22,6 +22,7 @@ mod dispatch;
 mod activation;
 mod amx;
 mod attention;
+pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod gated;
