@@ -5,7 +5,7 @@
 //!
 //! As Alibaba's published code (Alibaba-NLP/new-impl) reads its config:
 //! - `rope_scaling: {"type": "ntk", "factor"}` (gte-multilingual-base: 8; the v1.5 models: 2)
-//!   scales the frequencies at every position ([`RopeScaling::Ntk`]);
+//!   scales the frequencies at every position ([`super::ops::RopeScaling::Ntk`], through [`super::llama::rope_of`]);
 //! - `type_vocab_size: 0` (gte-base-en-v1.5) means no token-type table;
 //! - the switches it has that no published checkpoint turns on (`logn_attention_scale`,
 //!   `layer_norm_type: rms_norm`, a `position_embedding_type` other than rope) are refused, as
@@ -17,7 +17,8 @@
 use super::bert::{bert_embeddings, TableSizes};
 use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
-use super::ops::{Activation, GatedActivation, RopeScaling, Rotary};
+use super::llama::rope_of;
+use super::ops::{Activation, GatedActivation};
 use super::weights::{layer_norm, linear, linear_with_bias};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
 use candle_nn::VarBuilder;
@@ -59,26 +60,6 @@ impl GteConfig {
             return Err(ModelError::Config(format!("position_embedding_type `{kind}` is not supported (GTE rotates)")));
         }
         Ok(())
-    }
-}
-
-/// The rotary frequencies of a GTE config: `rope_theta` (or transformers 5's
-/// `rope_parameters`), under the published code's fixed NTK scaling when `rope_scaling` asks.
-fn gte_rotary(raw: &Value, head_dim: usize) -> std::result::Result<Rotary, ModelError> {
-    let scaling = raw.get("rope_scaling").or_else(|| raw.get("rope_parameters")).filter(|v| v.is_object());
-    let kind = scaling.and_then(|p| p.get("rope_type").or_else(|| p.get("type"))).and_then(Value::as_str).unwrap_or("default");
-    let theta = scaling.and_then(|p| p.get("rope_theta")).or_else(|| raw.get("rope_theta")).and_then(Value::as_f64).unwrap_or(10_000.0);
-    match kind {
-        "default" => Ok(Rotary::new(head_dim, theta)),
-        "ntk" => {
-            let factor = scaling
-                .and_then(|p| p.get("factor"))
-                .and_then(Value::as_f64)
-                .ok_or_else(|| ModelError::Config("rope_scaling `ntk` needs `factor`".into()))?;
-            let mixed_b = scaling.and_then(|p| p.get("mixed_b")).and_then(Value::as_f64);
-            Ok(Rotary::scaled(head_dim, theta, &RopeScaling::Ntk { factor, mixed_b }))
-        }
-        other => Err(ModelError::Config(format!("rope_type `{other}` is not supported"))),
     }
 }
 
@@ -182,7 +163,9 @@ fn load(raw: &Value, vb: VarBuilder) -> std::result::Result<EncoderModel, ModelE
         eps,
     };
     let embeddings = bert_embeddings(&emb, tables)?;
-    let rotary = RotaryPositions { global: gte_rotary(raw, h / heads)?, local: None };
+    // `rope_theta` under `rope_scaling` (the published code's fixed `ntk` among the scalings).
+    let (global, _) = rope_of(raw, h / heads, config.max_position_embeddings)?;
+    let rotary = RotaryPositions { global, local: None };
     Ok(EncoderModel {
         embeddings,
         encoder: Encoder { layers, num_heads: heads, head_dim: h / heads, rotary: Some(rotary), relative: None },

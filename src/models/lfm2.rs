@@ -13,7 +13,7 @@
 //! its last token by default; LFM2-ColBERT's PyLate folder makes it a multi-vector retriever.
 
 use super::batch::Batch;
-use super::llama::{decoder_root, fused_qkv, grouped_heads, qkv_parts, rope_of};
+use super::llama::{decoder_root, fused_qkv, grouped_heads, qkv_parts, rope_with_default_theta};
 use super::ops::conv::CausalConv;
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
@@ -164,11 +164,7 @@ impl Lfm2Model {
         let h = config.hidden_size;
         let (heads, kv_heads, head_dim) = grouped_heads(config.num_attention_heads, config.num_key_value_heads, None, h)?;
         // LFM2 rotates with theta 1e6 unless its config says otherwise (transformers' default).
-        let mut rope_config = raw.clone();
-        if raw.get("rope_theta").is_none() && raw.get("rope_parameters").and_then(|p| p.get("rope_theta")).is_none() {
-            rope_config["rope_theta"] = Value::from(1_000_000.0);
-        }
-        let (rotary, max_positions) = rope_of(&rope_config, head_dim, config.max_position_embeddings)?;
+        let (rotary, max_positions) = rope_with_default_theta(raw, head_dim, config.max_position_embeddings, 1_000_000.0)?;
         let vb = decoder_root(vb);
         let eps = config.norm_eps;
         let (q_out, kv_out) = (heads * head_dim, kv_heads * head_dim);

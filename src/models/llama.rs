@@ -224,9 +224,20 @@ pub struct DecoderLayout {
 /// YaRN's `original_max_position_embeddings × factor` (as vLLM derives its max_model_len).
 /// `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (earlier).
 pub fn rope_of(raw: &Value, head_dim: usize, max_positions: usize) -> std::result::Result<(Rotary, usize), ModelError> {
+    rope_with_default_theta(raw, head_dim, max_positions, 10_000.0)
+}
+
+/// [`rope_of`] for a family whose config class defaults `rope_theta` to another base (LFM2's
+/// 1e6) when the file names none.
+pub fn rope_with_default_theta(
+    raw: &Value,
+    head_dim: usize,
+    max_positions: usize,
+    default_theta: f64,
+) -> std::result::Result<(Rotary, usize), ModelError> {
     let params = raw.get("rope_parameters").or_else(|| raw.get("rope_scaling")).filter(|v| v.is_object());
     let field = |name: &str| params.and_then(|p| p.get(name)).and_then(Value::as_f64);
-    let theta = field("rope_theta").or_else(|| raw.get("rope_theta").and_then(Value::as_f64)).unwrap_or(10_000.0);
+    let theta = field("rope_theta").or_else(|| raw.get("rope_theta").and_then(Value::as_f64)).unwrap_or(default_theta);
     if field("partial_rotary_factor").is_some_and(|f| f != 1.0) {
         return Err(ModelError::Config("partial_rotary_factor is not supported".into()));
     }
@@ -239,6 +250,8 @@ pub fn rope_of(raw: &Value, head_dim: usize, max_positions: usize) -> std::resul
             let factor = required("factor")?;
             (RopeScaling::Linear { factor }, (max_positions as f64 * factor) as usize)
         }
+        // Alibaba GTE's fixed NTK (gte-multilingual-base, gte-*-en-v1.5).
+        "ntk" => (RopeScaling::Ntk { factor: required("factor")?, mixed_b: field("mixed_b") }, max_positions),
         "dynamic" => {
             let factor = required("factor")?;
             (RopeScaling::Dynamic { factor, max_positions }, (max_positions as f64 * factor) as usize)
