@@ -142,6 +142,16 @@ def check_pairs(server, expected):
     return results
 
 
+def check_generative(server, expected, name):
+    """vLLM's /generative_scoring (`--runner generate`): every case of the model in
+    tests/fixtures/expected/generative-scoring.json, each item's probability."""
+    results = []
+    for case in expected["models"][name]["cases"]:
+        reply = server.post("/generative_scoring", case["request"])
+        results += [("diff", abs(d["score"] - want)) for d, want in zip(reply["data"], case["scores"])]
+    return results
+
+
 def check_token_classify(server, expected):
     results = []
     for case in expected["texts"]:
@@ -402,6 +412,7 @@ CHECKS = {
     "embeddinggemma2-text": ([], [check_embeddings]),
     "embeddinggemma2-omni": ([], [check_soft_token_images]),
     "gemma-causal-reranker": (["--hf-overrides", GEMMA_RERANKER], [check_pairs]),
+    "gemma2-causal-lm": (["--runner", "generate"], [lambda s, e: check_generative(s, e, "gemma2-causal-lm")]),
     "gemma2-embed-last": ([], [check_embeddings]),
     "gemma2-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "gemma3-causal": ([], [check_embeddings]),
@@ -414,6 +425,7 @@ CHECKS = {
     "jina-reranker": ([], [check_pairs]),
     "jina-v3-tiny": ([], [check_tasks]),
     "lfm2-colbert-tiny": ([], [check_multi_vector]),
+    "llama-causal-lm": (["--runner", "generate"], [lambda s, e: check_generative(s, e, "llama-causal-lm")]),
     "llama-embed-last": ([], [check_embeddings]),
     "llama-nemotron-embed-tiny": ([], [check_embeddings]),
     "llama-nemotron-rerank-tiny": ([], [check_pairs]),
@@ -445,6 +457,10 @@ CHECKS = {
     "xlmr-embed-cls": ([], [check_embeddings]),
     "xlmr-reranker": ([], [lambda s, e: check_classify(s, e, "sigmoid"), check_pairs]),
 }
+
+
+# Fixtures whose references share one file.
+EXPECTED_FILE = {"llama-causal-lm": "generative-scoring", "gemma2-causal-lm": "generative-scoring"}
 
 
 def torch_half(device):
@@ -516,7 +532,7 @@ def parity(binary, device, dtype):
         if name not in CHECKS:
             return False, f"FAIL {name}: no check in scripts/gpu_check.py for this fixture"
         flags, checks = CHECKS[name]
-        expected = json.load(open(f"{FIXTURES}/expected/{name}.json"))
+        expected = json.load(open(f"{FIXTURES}/expected/{EXPECTED_FILE.get(name, name)}.json"))
         for attempt in (1, 2):
             try:
                 with Server(binary, f"{FIXTURES}/models/{name}", device, dtype, flags) as server:

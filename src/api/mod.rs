@@ -8,6 +8,7 @@ pub mod cohere;
 pub mod embeddings;
 pub mod encoding;
 pub mod error;
+pub mod generative_scoring;
 pub mod infinity;
 pub mod invocations;
 pub mod json;
@@ -436,6 +437,7 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/score", post(score::create))
         .route("/v1/score", post(score::create))
         .route("/rerank", post(rerank::create))
+        .route("/generative_scoring", post(generative_scoring::create))
         .route("/v1/rerank", post(rerank::create))
         .route("/v2/rerank", post(rerank::create))
         .route("/v2/embed", post(cohere::create_v2))

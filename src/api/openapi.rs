@@ -21,6 +21,7 @@ use utoipa::OpenApi;
         super::pooling::create,
         super::score::create,
         super::rerank::create,
+        super::generative_scoring::create,
         super::cohere::create_v2,
         super::cohere::create_v1,
         super::invocations::invocations,

@@ -1,12 +1,7 @@
 //! The `serve` command line: every flag, its default and its environment variable.
 
-use crate::loader::options::{Convert, DTypeArg, DeviceArg, Quantization};
+use crate::loader::options::{Convert, DTypeArg, DeviceArg, Quantization, Runner};
 use clap::{Args, ValueEnum};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Runner {
-    Pooling,
-}
 
 /// `poolserve serve` flags. Each one can also come from the environment variable named in
 /// its help (flags win over the environment).
@@ -20,7 +15,9 @@ pub struct ServeArgs {
     /// each option under its flag's snake_case name; flags given here are every entry's defaults.
     #[arg(long, env = "POOLSERVE_CONFIG")]
     pub config: Option<std::path::PathBuf>,
-    /// Only `pooling` is served.
+    /// `pooling`: the model's pooling task. `generate`: a causal LM (Llama, Mistral, Qwen2/3,
+    /// Gemma) also loads its LM head and answers vLLM's `/generative_scoring` (no text is
+    /// generated).
     #[arg(long, value_enum, default_value = "pooling", env = "POOLSERVE_RUNNER")]
     pub runner: Runner,
     #[arg(long, value_enum, default_value = "auto", env = "POOLSERVE_CONVERT")]

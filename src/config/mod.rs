@@ -9,7 +9,7 @@ mod args;
 mod models_file;
 mod vllm_args;
 
-pub use args::{LogFormat, Runner, ServeArgs};
+pub use args::{LogFormat, ServeArgs};
 pub use vllm_args::vllm_style_args;
 
 use crate::engine::EngineOptions;
@@ -143,6 +143,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             served_name: String::new(),
             source: String::new(),
             revision: args.revision,
+            runner: args.runner,
             convert: args.convert,
             pooler,
             hf_overrides,

@@ -5,7 +5,7 @@
 
 use super::{content_format, unique_names, ConfigError};
 use crate::loader::lora::{LoraModule, LoraOptions};
-use crate::loader::options::{Convert, DTypeArg, DeviceArg, ModelOptions, Quantization};
+use crate::loader::options::{Convert, DTypeArg, DeviceArg, ModelOptions, Quantization, Runner};
 use crate::pooling::config::PoolerConfig;
 use serde::Deserialize;
 
@@ -21,6 +21,7 @@ struct Entry {
     name: Option<String>,
     model: String,
     revision: Option<String>,
+    runner: Option<Runner>,
     convert: Option<Convert>,
     pooler_config: Option<PoolerConfig>,
     hf_overrides: Option<serde_json::Map<String, serde_json::Value>>,
@@ -103,6 +104,7 @@ pub(super) fn parse(text: &str, defaults: &ModelOptions) -> Result<Vec<ModelOpti
                 served_name: e.name.unwrap_or_else(|| e.model.clone()),
                 source: e.model,
                 revision: e.revision.or(d.revision),
+                runner: e.runner.unwrap_or(d.runner),
                 convert: e.convert.unwrap_or(d.convert),
                 pooler: e.pooler_config.unwrap_or(d.pooler),
                 hf_overrides: e.hf_overrides.unwrap_or(d.hf_overrides),

@@ -4,6 +4,7 @@
 //! get one output per prompt back, in order; the input layer ([`crate::input`]) turns the
 //! prompts into model inputs first. It never shows tensors to its callers.
 
+pub mod generative;
 pub mod literal;
 pub mod options;
 pub mod params;
@@ -162,6 +163,7 @@ impl Engine {
             classifier,
             sparse_head,
             m3_head,
+            next_token,
             device,
             vision,
             audio,
@@ -321,7 +323,7 @@ impl Engine {
             rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
         let model_thread = ModelThread {
             backbone,
-            heads: HeadRunner { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head },
+            heads: HeadRunner { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head, next_token },
             limits,
             chunk_tokens,
             model: spec.served_name.clone(),
@@ -458,6 +460,7 @@ impl Engine {
             prompt: None,
             multi: None,
             hybrid: None,
+            labels: None,
         };
         let _ = self.inner.jobs.send(Job {
             request: scheduler::STOP_REQUEST,

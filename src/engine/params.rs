@@ -91,6 +91,9 @@ pub struct ResolvedParams {
     /// BGE-M3: `/score` and `/rerank` weigh dense, sparse and ColBERT scores by these
     /// (FlagEmbedding's `weights_for_different_modes`).
     pub hybrid: Option<[f32; 3]>,
+    /// A generative score (`/generative_scoring`): the LM head's probability of these labels
+    /// after the input's last token, instead of the task's output.
+    pub labels: Option<std::sync::Arc<crate::pooling::next_token::LabelQuery>>,
 }
 
 impl ResolvedParams {
@@ -206,6 +209,7 @@ impl PoolingParams {
             prompt: spec.prompts.default.as_deref().map(Into::into),
             multi: None,
             hybrid: None,
+            labels: None,
         })
     }
 }

@@ -59,6 +59,7 @@ impl Job {
     fn sequence_request(&self) -> SequenceRequest<'_> {
         let params = &self.params;
         SequenceRequest {
+            labels: params.labels.as_deref(),
             task: params.task,
             dimensions: params.dimensions,
             activation: params.activation,
@@ -489,6 +490,7 @@ mod tests {
             prompt: None,
             multi: None,
             hybrid: None,
+            labels: None,
         };
         let input = ModelInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
         (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now(), adapter: None, classifier: None }, rx)

@@ -21,6 +21,7 @@ use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::embedding_head::{Dense, DenseActivation, EmbeddingHead};
 use crate::pooling::m3::M3Head;
+use crate::pooling::next_token::NextTokenHead;
 use crate::pooling::sparse::SparseHead;
 use crate::pooling::Task;
 use candle_core::{DType, Device};
@@ -99,6 +100,8 @@ pub struct LoadedModel {
     pub sparse_head: Option<SparseHead>,
     /// BGE-M3's sparse and ColBERT heads (`sparse_linear.pt`, `colbert_linear.pt`).
     pub m3_head: Option<M3Head>,
+    /// A causal LM's head, with `--runner generate`.
+    pub next_token: Option<NextTokenHead>,
     /// Where the backbone runs.
     pub device: Device,
     /// The image tower and its processor, for image-text models (CLIP, SigLIP).
@@ -265,6 +268,12 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let classifier_source = classifier_source(&spec, &config, architecture, &tokenizer, calibration, vb.clone())?;
     let classifier = classifier_source.as_ref().map(lora::ClassifierSource::base_head).transpose()?;
     let lora = lora_registry(options, architecture, &config, backbone.as_mut(), classifier_source, vb.clone())?;
+    let next_token = match spec.generates {
+        true => Some(NextTokenHead::new(
+            architecture.lm_head(&config, vb.clone()).map_err(|e| LoadError::Unsupported(format!("--runner generate: {e}")))?,
+        )),
+        false => None,
+    };
     let sparse_head = if spec.supports(Task::EmbedSparse) && !spec.m3 {
         Some(SparseHead { lm: architecture.masked_lm_head(&config, vb)? })
     } else {
@@ -280,6 +289,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         classifier,
         sparse_head,
         m3_head,
+        next_token,
         device,
         vision,
         audio,

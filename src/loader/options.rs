@@ -17,6 +17,18 @@ pub enum Convert {
     Classify,
 }
 
+/// `--runner` (vLLM's): what the model is run for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runner {
+    /// Its pooling tasks.
+    Pooling,
+    /// A causal LM with its LM head as well, for vLLM's `/generative_scoring` (the next
+    /// token's probabilities of chosen label tokens). poolserve does not generate text; the
+    /// model keeps serving its pooling task beside it.
+    Generate,
+}
+
 /// `--dtype`: precision of the weights and activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -80,6 +92,7 @@ pub struct ModelOptions {
     pub served_name: String,
     /// Hub revision (branch, tag or commit) for hub ids.
     pub revision: Option<String>,
+    pub runner: Runner,
     pub convert: Convert,
     pub pooler: PoolerConfig,
     /// Merged into config.json before anything reads it (vLLM's `--hf-overrides`).
@@ -114,6 +127,7 @@ impl ModelOptions {
             served_name: source.clone(),
             source,
             revision: None,
+            runner: Runner::Pooling,
             convert: Convert::Auto,
             pooler: PoolerConfig::default(),
             hf_overrides: serde_json::Map::new(),

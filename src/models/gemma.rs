@@ -18,8 +18,8 @@
 //! padded and unpadded batches, so there is no reference to match.
 
 use super::batch::Batch;
-use super::head_weights::{ClassifierWeights, RerankTemplate};
-use super::llama::{decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, qkv_parts, rope_of};
+use super::head_weights::{ClassifierWeights, LmHeadWeights, RerankTemplate};
+use super::llama::{causal_lm_head, decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, qkv_parts, rope_of};
 use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::{DType, Result, Tensor};
@@ -80,6 +80,10 @@ impl Architecture for GemmaVersion {
         from_tokens: Option<&[u32]>,
     ) -> std::result::Result<ClassifierWeights, ModelError> {
         last_token_classifier(raw, vb, num_labels, from_tokens)
+    }
+
+    fn lm_head(&self, config: &Value, vb: VarBuilder) -> std::result::Result<LmHeadWeights, ModelError> {
+        causal_lm_head(config, vb)
     }
 
     /// A Gemma causal LM read at its "Yes" token is BAAI/bge-reranker-v2-gemma, served as vLLM

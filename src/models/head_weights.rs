@@ -88,6 +88,15 @@ impl ClassifierWeights {
     }
 }
 
+/// A causal LM's head: the vocabulary logits of the next token, which vLLM's
+/// `/generative_scoring` reads.
+pub struct LmHeadWeights {
+    /// `[vocab, hidden]`, on the host in f32: `lm_head.weight`, or the embeddings it is tied to.
+    pub weight: Tensor,
+    /// Gemma 2's `final_logit_softcapping`: each logit becomes `cap · tanh(logit / cap)`.
+    pub softcap: Option<f32>,
+}
+
 /// A masked-LM head (transform: dense → activation → LayerNorm, then the decoder to the
 /// vocabulary), which SPLADE pooling reads.
 pub struct MaskedLmHead {

@@ -11,7 +11,7 @@
 //! non-padding token, and, converted with `classifier_from_token`, read rows of the LM head.
 
 use super::batch::{Batch, SoftTokens};
-use super::head_weights::{on_host, ClassifierWeights, HeadInput};
+use super::head_weights::{on_host, ClassifierWeights, HeadInput, LmHeadWeights};
 use super::ops::{
     host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary, RotaryTable,
 };
@@ -115,6 +115,10 @@ impl Architecture for LlamaFamily {
             return nemotron_classifier(raw, vb, num_labels);
         }
         last_token_classifier(raw, vb, num_labels, from_tokens)
+    }
+
+    fn lm_head(&self, config: &Value, vb: VarBuilder) -> std::result::Result<LmHeadWeights, ModelError> {
+        causal_lm_head(config, vb)
     }
 }
 
@@ -514,6 +518,30 @@ impl Backbone for Decoder {
     }
 }
 
+/// A decoder's LM head `[vocab, hidden]` as stored: `lm_head.weight`, else the input embeddings
+/// it is tied to.
+fn lm_head_weight(raw: &Value, vb: &VarBuilder) -> std::result::Result<Tensor, ModelError> {
+    let field = |name: &str| {
+        raw.get(name).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| ModelError::Config(format!("missing field `{name}`")))
+    };
+    let (vocab, h) = (field("vocab_size")?, field("hidden_size")?);
+    Ok(match vb.contains_tensor("lm_head.weight") {
+        true => vb.get((vocab, h), "lm_head.weight")?,
+        false => decoder_root(vb.clone()).get((vocab, h), "embed_tokens.weight")?,
+    })
+}
+
+/// A causal LM's head for every decoder family: the LM head (tied to the embeddings unless
+/// `lm_head.weight` exists), with Gemma 2's `final_logit_softcapping` where the config sets it,
+/// as transformers' `*ForCausalLM` computes the next token's logits.
+pub fn causal_lm_head(raw: &Value, vb: VarBuilder) -> std::result::Result<LmHeadWeights, ModelError> {
+    let softcap = raw.get("final_logit_softcapping").and_then(Value::as_f64).map(|c| c as f32);
+    if softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+        return Err(ModelError::Config("final_logit_softcapping must be positive".into()));
+    }
+    Ok(LmHeadWeights { weight: on_host(lm_head_weight(raw, &vb)?)?, softcap })
+}
+
 /// A decoder's classifier on its last token, for every decoder family:
 /// - `*ForSequenceClassification`: `score` (no bias) on the rightmost non-padding token, as
 ///   transformers reads it (the last token when the config has no `pad_token_id`);
@@ -539,12 +567,7 @@ pub fn last_token_classifier(
         let classifier = Linear::new(on_host(vb.pp("score").get((num_labels, h), "weight")?)?, None)?;
         return Ok(ClassifierWeights { pre: None, classifier, input, pre_on_tokens: false });
     };
-    let vocab = field("vocab_size").ok_or_else(|| ModelError::Config("missing field `vocab_size`".into()))?;
-    let lm_head = if vb.contains_tensor("lm_head.weight") {
-        vb.get((vocab, h), "lm_head.weight")?
-    } else {
-        decoder_root(vb).get((vocab, h), "embed_tokens.weight")?
-    };
+    let lm_head = lm_head_weight(raw, &vb)?;
     let ids = Tensor::from_slice(tokens, tokens.len(), lm_head.device())?;
     let rows = on_host(lm_head.index_select(&ids, 0)?)?;
     let two_way = raw.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false)

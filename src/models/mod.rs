@@ -45,7 +45,7 @@ pub mod weights;
 use batch::Batch;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
-use head_weights::{ClassifierWeights, MaskedLmHead, RerankTemplate};
+use head_weights::{ClassifierWeights, LmHeadWeights, MaskedLmHead, RerankTemplate};
 use ops::Linear;
 use serde_json::Value;
 
@@ -505,6 +505,13 @@ pub trait Architecture: Sync {
     /// The masked-LM head (SPLADE).
     fn masked_lm_head(&self, _config: &Value, _vb: VarBuilder) -> Result<MaskedLmHead, ModelError> {
         Err(ModelError::NoHead(format!("SPLADE needs a masked-LM head; {} models have none here", self.name())))
+    }
+    /// A causal LM's head (`--runner generate`: vLLM's `/generative_scoring`).
+    fn lm_head(&self, _config: &Value, _vb: VarBuilder) -> Result<LmHeadWeights, ModelError> {
+        Err(ModelError::NoHead(format!(
+            "{} models have no language-model head here; generative scores need a causal LM (Llama, Mistral, Qwen2, Qwen3, Gemma)",
+            self.name()
+        )))
     }
     /// The prompt that turns a one-label classifier of this architecture into a reranker.
     fn rerank_template(&self, _config: &Value, _num_labels: usize) -> Option<RerankTemplate> {

@@ -9,8 +9,8 @@
 //! - pplx-embed-v1 (`bidirectional_pplx_qwen3`, `PPLXQwen3Model`): mean pooling, then TEI's
 //!   int8 scaling of the pooled vector (`round(127 · tanh(x))`), before any normalization.
 
-use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier, RerankTemplate};
-use super::llama::{last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
+use super::head_weights::{host_linear, ClassifierWeights, HeadInput, LmHeadWeights, PreClassifier, RerankTemplate};
+use super::llama::{causal_lm_head, last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
 use super::ops::Activation;
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
 use candle_nn::VarBuilder;
@@ -95,6 +95,10 @@ impl Architecture for QwenVersion {
             return reward_head(&vb, parse_config::<DecoderConfig>(raw)?.hidden_size, num_labels, HeadInput::Last);
         }
         last_token_classifier(raw, vb, num_labels, from_tokens)
+    }
+
+    fn lm_head(&self, config: &Value, vb: VarBuilder) -> std::result::Result<LmHeadWeights, ModelError> {
+        causal_lm_head(config, vb)
     }
 
     /// The reward head of `Qwen2ForRewardModel` / `Qwen2ForProcessRewardModel` on every token.

@@ -1,7 +1,8 @@
 //! Everything after the backbone for one batch: each sequence pooled as its task asks, then
 //! each head run once over all the rows it takes (embedding head: Dense layers, Matryoshka
 //! slice, normalization; classifier: logits and activation, per token for token_classify,
-//! filtered by STEP's tag; SPLADE's masked-LM head), one [`PoolingOutput`] per sequence. The
+//! filtered by STEP's tag; SPLADE's masked-LM head; a causal LM's head on the last token for
+//! generative scores), one [`PoolingOutput`] per sequence. The
 //! scheduler forms the batch and runs the backbone; this file turns its hidden states into
 //! answers.
 
@@ -9,6 +10,7 @@ use super::classifier::ClassifierHead;
 use super::embedding_head::{finish_embedding, EmbeddingHead};
 use super::m3::{M3Head, MultiOutput, MultiVectors};
 use super::method::{All, HiddenStates, PoolingMethod};
+use super::next_token::{LabelQuery, NextTokenHead};
 use super::output::PoolingOutput;
 use super::sparse::SparseHead;
 use super::{PoolingError, Task};
@@ -30,6 +32,9 @@ pub struct SequenceRequest<'a> {
     pub multi: Option<MultiOutput>,
     /// The classifier head of its LoRA adapter (`modules_to_save`), in place of the model's.
     pub classifier: Option<&'a ClassifierHead>,
+    /// A generative score: the LM head's probability of these labels after the sequence's
+    /// last token, in place of the task's output (a one-value vector).
+    pub labels: Option<&'a LabelQuery>,
 }
 
 /// The rows one classifier head takes from a batch (the model's head, or an adapter's own):
@@ -51,6 +56,8 @@ pub struct HeadRunner {
     /// `token_classify` per-token lexical weights and `embed_sparse` FlagEmbedding's lexical
     /// weights (instead of plain token states, a classifier and SPLADE).
     pub m3: Option<M3Head>,
+    /// A causal LM's head (`--runner generate`).
+    pub next_token: Option<NextTokenHead>,
 }
 
 /// Where one sequence's answer stands between gathering its rows and handing them back.
@@ -64,6 +71,8 @@ enum Pending {
     Embedding { rows: usize, per_token: bool },
     /// `rows` rows of classifier group `group`'s logits: of its sequences, or of its tokens.
     Logits { group: usize, rows: usize, per_token: bool },
+    /// The next generative score.
+    NextToken,
 }
 
 /// Hands out consecutive blocks of rows of one head's output.
@@ -99,11 +108,19 @@ impl HeadRunner {
         let mut embedding_rows = Vec::new();
         // One entry per distinct classifier head (the model's, adapters' own).
         let mut groups: Vec<ClassifierRows> = Vec::new();
+        let mut last_states = Vec::new();
         let pending = requests
             .iter()
             .zip(spans)
-            .map(|(request, (start, len))| self.gather(request, states, (start, len), &mut embedding_rows, &mut groups))
+            .map(|(request, (start, len))| self.gather(request, states, (start, len), &mut embedding_rows, &mut groups, &mut last_states))
             .collect::<Result<Vec<_>, _>>()?;
+        let queries: Vec<&LabelQuery> = requests.iter().filter_map(|r| r.labels).collect();
+        let mut next_scores = match (&self.next_token, queries.is_empty()) {
+            (_, true) => Vec::new(),
+            (Some(head), false) => head.scores(&last_states, hidden_size, &queries)?,
+            (None, false) => return Err(no_lm_head()),
+        }
+        .into_iter();
 
         let (embeddings, width) = self.embedding.project(embedding_rows, hidden_size)?;
         let logits = groups
@@ -145,6 +162,7 @@ impl HeadRunner {
                     let block = if per_token { tokens.take(rows) } else { sequences.take(rows) };
                     classifier_output(groups[group].head, request, block)
                 }
+                Pending::NextToken => PoolingOutput::Vector(next_scores.next().into_iter().collect()),
             })
             .collect())
     }
@@ -158,8 +176,16 @@ impl HeadRunner {
         (start, len): (usize, usize),
         embedding_rows: &mut Vec<f32>,
         groups: &mut Vec<ClassifierRows<'h>>,
+        last_states: &mut Vec<f32>,
     ) -> Result<Pending, PoolingError> {
         let width = states.hidden_size;
+        if request.labels.is_some() {
+            if self.next_token.is_none() {
+                return Err(no_lm_head());
+            }
+            last_states.extend(super::method::Last.pool(states, start, len));
+            return Ok(Pending::NextToken);
+        }
         if let Some(head) = &self.m3 {
             match self.m3_output(head, request, states, start, len)? {
                 Some(PoolingOutput::Multi(outputs)) => {
@@ -267,6 +293,10 @@ impl HeadRunner {
             .or(self.classifier.as_ref())
             .ok_or_else(|| PoolingError::MissingHead(format!("task {task} needs a classifier head, which this model lacks")))
     }
+}
+
+fn no_lm_head() -> PoolingError {
+    PoolingError::MissingHead("generative scores need a causal LM loaded with `--runner generate`".into())
 }
 
 /// A classifier task's answer from its block of logits: activated as the request asks, per

@@ -1,7 +1,8 @@
 //! What happens after the backbone: the task a request asks for, the pooling method that turns
 //! token states into one vector (or keeps them all), the task heads built from the model's
 //! files, and [`head_runner::HeadRunner`], which runs them over a batch's hidden states into one
-//! [`PoolingOutput`] per sequence; BGE-M3's sparse and ColBERT heads (`m3`).
+//! [`PoolingOutput`] per sequence; BGE-M3's sparse and ColBERT heads (`m3`); a causal LM's next-token
+//! label probabilities (`next_token`, vLLM's `/generative_scoring`).
 
 pub mod classifier;
 pub mod config;
@@ -9,6 +10,7 @@ pub mod embedding_head;
 pub mod head_runner;
 pub mod m3;
 pub mod method;
+pub mod next_token;
 pub mod output;
 pub mod sparse;
 pub mod task;

@@ -17,6 +17,7 @@ mod embedding_gemma2_audio;
 mod embedding_gemma2_images;
 mod embedding_gemma2_video;
 mod encoder_families;
+mod generative_scoring;
 mod http;
 mod http_ops;
 mod http_pooling;

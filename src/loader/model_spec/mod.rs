@@ -89,6 +89,8 @@ pub struct ModelSpec {
     pub pad_text_to: Option<(usize, u32)>,
     /// The weights' type as it runs (`float32`, `float16`, `bfloat16`).
     pub dtype: &'static str,
+    /// `--runner generate`: the LM head is loaded and `/generative_scoring` answers.
+    pub generates: bool,
 }
 
 /// What a spec is decided from.
@@ -170,6 +172,7 @@ impl ModelSpec {
                 candle_core::DType::BF16 => "bfloat16",
                 _ => "float32",
             },
+            generates: options.runner == super::options::Runner::Generate,
         })
     }
 }
@@ -353,10 +356,20 @@ pub fn apply_overrides(config: &mut Value, overrides: &serde_json::Map<String, V
     }
 }
 
+/// Architectures vLLM serves with a pooling of their own that poolserve lacks, refused by name:
+/// read as their `model_type`'s plain family they would load and answer other vectors.
+const REFUSED_ARCHITECTURES: [(&str, &str); 1] = [(
+    "GritLM",
+    "GritLM's pooling (a bidirectional mean that skips the instruction up to `<|embed|>`, found by token pattern) is not supported yet",
+)];
+
 /// Architecture name (`architectures[0]`) of a config.json and the architecture serving it.
 pub fn architecture_of(config: &Value) -> Result<(String, &'static dyn Architecture), LoadError> {
     let architecture = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or("").to_string();
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
+    if let Some((_, why)) = REFUSED_ARCHITECTURES.iter().find(|(name, _)| *name == architecture) {
+        return Err(LoadError::Unsupported(format!("architecture `{architecture}`: {why}")));
+    }
     let served = crate::models::detect(config, &architecture, model_type).ok_or_else(|| {
         LoadError::Unsupported(format!(
             "architecture `{}` (model_type `{model_type}`); supported: {}",
@@ -421,6 +434,7 @@ impl ModelSpec {
             m3: false,
             pad_text_to: None,
             dtype: "float32",
+            generates: false,
         }
     }
 
@@ -464,6 +478,9 @@ mod tests {
         assert_eq!(name(json!({"architectures": ["ModernBertModel"]})), "ModernBERT");
         assert_eq!(name(json!({"architectures": ["LlamaForCausalLM"]})), "Llama");
         assert_eq!(name(json!({"architectures": ["MistralModel"]})), "Mistral");
+        // GritLM's folders say `mistral`; read as a causal Mistral they would embed otherwise.
+        let gritlm = architecture_of(&json!({"architectures": ["GritLM"], "model_type": "mistral"})).err().unwrap().to_string();
+        assert!(gritlm.contains("GritLM's pooling"), "{gritlm}");
         assert_eq!(name(json!({"architectures": ["GemmaForSequenceClassification"]})), "Gemma");
         assert_eq!(name(json!({"architectures": ["Gemma2ForCausalLM"]})), "Gemma2");
         assert_eq!(name(json!({"architectures": ["Gemma3TextModel"]})), "Gemma3Text");
