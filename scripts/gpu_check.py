@@ -416,6 +416,7 @@ CHECKS = {
     "gemma2-embed-last": ([], [check_embeddings]),
     "gemma2-seqcls": ([], [lambda s, e: check_classify(s, e, "softmax")]),
     "gemma3-causal": ([], [check_embeddings]),
+    "gritlm-tiny": ([], [check_embeddings]),
     "gte-embed-cls": ([], [check_embeddings]),
     "gte-en-v15-tiny": ([], [check_embeddings]),
     "gte-multilingual-reranker-tiny": ([], [check_pairs]),

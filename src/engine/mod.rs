@@ -164,6 +164,7 @@ impl Engine {
             sparse_head,
             m3_head,
             next_token,
+            instruction,
             device,
             vision,
             audio,
@@ -323,7 +324,7 @@ impl Engine {
             rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
         let model_thread = ModelThread {
             backbone,
-            heads: HeadRunner { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head, next_token },
+            heads: HeadRunner { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head, next_token, instruction },
             limits,
             chunk_tokens,
             model: spec.served_name.clone(),

@@ -20,6 +20,7 @@ use crate::models::ops::{with_cpu_weight_format, WeightFormat};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::embedding_head::{Dense, DenseActivation, EmbeddingHead};
+use crate::pooling::instruction::InstructionSpan;
 use crate::pooling::m3::M3Head;
 use crate::pooling::next_token::NextTokenHead;
 use crate::pooling::sparse::SparseHead;
@@ -102,6 +103,8 @@ pub struct LoadedModel {
     pub m3_head: Option<M3Head>,
     /// A causal LM's head, with `--runner generate`.
     pub next_token: Option<NextTokenHead>,
+    /// GritLM's instruction span, which `embed` leaves out of its mean.
+    pub instruction: Option<InstructionSpan>,
     /// Where the backbone runs.
     pub device: Device,
     /// The image tower and its processor, for image-text models (CLIP, SigLIP).
@@ -268,6 +271,15 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let classifier_source = classifier_source(&spec, &config, architecture, &tokenizer, calibration, vb.clone())?;
     let classifier = classifier_source.as_ref().map(lora::ClassifierSource::base_head).transpose()?;
     let lora = lora_registry(options, architecture, &config, backbone.as_mut(), classifier_source, vb.clone())?;
+    let instruction = match architecture.embeds_after_instruction() {
+        true => Some(InstructionSpan::from_pieces(|piece| tokenizer.token_id(piece)).ok_or_else(|| {
+            LoadError::Invalid(format!(
+                "{}: the tokenizer lacks the pieces of its instruction pattern (<s>, ▁<, <, |, user, embed, >, <0x0A>)",
+                architecture.name()
+            ))
+        })?),
+        false => None,
+    };
     let next_token = match spec.generates {
         true => Some(NextTokenHead::new(
             architecture.lm_head(&config, vb.clone()).map_err(|e| LoadError::Unsupported(format!("--runner generate: {e}")))?,
@@ -290,6 +302,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         sparse_head,
         m3_head,
         next_token,
+        instruction,
         device,
         vision,
         audio,

@@ -24,15 +24,19 @@ use serde_json::Value;
 pub static LLAMA: LlamaFamily = LlamaFamily::Llama;
 pub static MISTRAL: LlamaFamily = LlamaFamily::Mistral;
 pub static LLAMA_BIDIRECTIONAL: LlamaFamily = LlamaFamily::LlamaBidirectional;
+pub static GRITLM: LlamaFamily = LlamaFamily::GritLm;
 
-/// Llama, Mistral (Llama with a sliding attention window), or NVIDIA's LlamaBidirectional
+/// Llama, Mistral (Llama with a sliding attention window), NVIDIA's LlamaBidirectional
 /// (llama-nemotron-embed, the nv-embedqa / nv-rerankqa models: Llama attending both ways,
-/// pooled as its config's `pooling` says).
+/// pooled as its config's `pooling` says), or GritLM as vLLM serves it for embeddings
+/// (parasail-ai/GritLM-7B-vllm: a `mistral` config named `GritLM`, attending both ways with no
+/// sliding window, its mean skipping the instruction: [`Architecture::embeds_after_instruction`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LlamaFamily {
     Llama,
     Mistral,
     LlamaBidirectional,
+    GritLm,
 }
 
 /// How NVIDIA's `LlamaBidirectionalConfig` pools: its `pooling` field (`avg` by default), as
@@ -53,6 +57,7 @@ impl Architecture for LlamaFamily {
             LlamaFamily::Llama => "Llama",
             LlamaFamily::Mistral => "Mistral",
             LlamaFamily::LlamaBidirectional => "LlamaBidirectional",
+            LlamaFamily::GritLm => "GritLM",
         }
     }
 
@@ -61,6 +66,7 @@ impl Architecture for LlamaFamily {
             LlamaFamily::Llama => &["Llama"],
             LlamaFamily::Mistral => &["Mistral"],
             LlamaFamily::LlamaBidirectional => &["LlamaBidirectional"],
+            LlamaFamily::GritLm => &["GritLM"],
         }
     }
 
@@ -69,6 +75,8 @@ impl Architecture for LlamaFamily {
             LlamaFamily::Llama => &["llama"],
             LlamaFamily::Mistral => &["mistral"],
             LlamaFamily::LlamaBidirectional => &["llama_bidirec"],
+            // Its config says `mistral`: only its architecture name tells it apart.
+            LlamaFamily::GritLm => &[],
         }
     }
 
@@ -77,6 +85,7 @@ impl Architecture for LlamaFamily {
     fn default_pooling(&self, config: &Value) -> SequencePooling {
         match self {
             LlamaFamily::LlamaBidirectional => nemotron_pooling(config).unwrap_or(SequencePooling::Mean),
+            LlamaFamily::GritLm => SequencePooling::Mean,
             _ if parse_config::<DecoderConfig>(config).is_ok_and(|c| c.bidirectional()) => SequencePooling::Mean,
             _ => SequencePooling::Last,
         }
@@ -88,9 +97,10 @@ impl Architecture for LlamaFamily {
             qkv_bias: config.attention_bias.unwrap_or(false),
             mlp_bias: config.mlp_bias,
             qk_norm: false,
-            // Llama has no window; Mistral's is `sliding_window` (null in v0.2 and later).
+            // Llama has no window; Mistral's is `sliding_window` (null in v0.2 and later);
+            // GritLM's embedding mode drops it, as vLLM does.
             sliding_window: match self {
-                LlamaFamily::Llama | LlamaFamily::LlamaBidirectional => None,
+                LlamaFamily::Llama | LlamaFamily::LlamaBidirectional | LlamaFamily::GritLm => None,
                 LlamaFamily::Mistral => config.sliding_window,
             },
         };
@@ -100,6 +110,7 @@ impl Architecture for LlamaFamily {
                 nemotron_pooling(raw)?;
                 decoder.into_bidirectional()
             }
+            LlamaFamily::GritLm => decoder.into_bidirectional(),
             _ => decoder,
         }))
     }
@@ -118,7 +129,16 @@ impl Architecture for LlamaFamily {
     }
 
     fn lm_head(&self, config: &Value, vb: VarBuilder) -> std::result::Result<LmHeadWeights, ModelError> {
-        causal_lm_head(config, vb)
+        match self {
+            LlamaFamily::GritLm => {
+                Err(ModelError::NoHead("GritLM is served as an embedder (attending both ways); its generative mode is not".into()))
+            }
+            _ => causal_lm_head(config, vb),
+        }
+    }
+
+    fn embeds_after_instruction(&self) -> bool {
+        *self == LlamaFamily::GritLm
     }
 }
 

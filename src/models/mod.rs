@@ -68,6 +68,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &llama::LLAMA,
     &llama::MISTRAL,
     &llama::LLAMA_BIDIRECTIONAL,
+    &llama::GRITLM,
     &lfm2::LFM2,
     &gemma::GEMMA,
     &gemma::GEMMA2,
@@ -505,6 +506,12 @@ pub trait Architecture: Sync {
     /// The masked-LM head (SPLADE).
     fn masked_lm_head(&self, _config: &Value, _vb: VarBuilder) -> Result<MaskedLmHead, ModelError> {
         Err(ModelError::NoHead(format!("SPLADE needs a masked-LM head; {} models have none here", self.name())))
+    }
+    /// Whether `embed`'s mean leaves out the instruction that opens a prompt (GritLM's
+    /// `<|user|>\n…\n<|embed|>\n`, found by its token pattern as vLLM's `GritLMMeanPool`
+    /// finds it).
+    fn embeds_after_instruction(&self) -> bool {
+        false
     }
     /// A causal LM's head (`--runner generate`: vLLM's `/generative_scoring`).
     fn lm_head(&self, _config: &Value, _vb: VarBuilder) -> Result<LmHeadWeights, ModelError> {

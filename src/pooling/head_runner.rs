@@ -8,6 +8,7 @@
 
 use super::classifier::ClassifierHead;
 use super::embedding_head::{finish_embedding, EmbeddingHead};
+use super::instruction::InstructionSpan;
 use super::m3::{M3Head, MultiOutput, MultiVectors};
 use super::method::{All, HiddenStates, PoolingMethod};
 use super::next_token::{LabelQuery, NextTokenHead};
@@ -58,6 +59,9 @@ pub struct HeadRunner {
     pub m3: Option<M3Head>,
     /// A causal LM's head (`--runner generate`).
     pub next_token: Option<NextTokenHead>,
+    /// GritLM: `embed` pools the tokens after the instruction that opens the prompt (at least
+    /// the last token, where a prompt is all instruction).
+    pub instruction: Option<InstructionSpan>,
 }
 
 /// Where one sequence's answer stands between gathering its rows and handing them back.
@@ -201,7 +205,8 @@ impl HeadRunner {
         }
         match request.task {
             Task::Embed => {
-                let pooled = self.pooling()?.pool(states, start, len);
+                let skip = self.instruction.as_ref().map_or(0, |span| span.len_in(request.ids).min(len.saturating_sub(1)));
+                let pooled = self.pooling()?.pool(states, start + skip, len - skip);
                 let rows = pooled.len() / width;
                 embedding_rows.extend(pooled);
                 Ok(Pending::Embedding { rows, per_token: false })

@@ -8,6 +8,7 @@ pub mod classifier;
 pub mod config;
 pub mod embedding_head;
 pub mod head_runner;
+pub mod instruction;
 pub mod m3;
 pub mod method;
 pub mod next_token;

@@ -94,4 +94,34 @@ fn broken_bidirectional_folders_are_one_line() {
     );
     broken_folder_is_one_line("voyage-nano-tiny", set_json("config.json", "num_labels", json!(25)), "linear.weight");
     broken_folder_is_one_line("pplx-embed-tiny", |d| drop_tensor(d, "layers.1.mlp.down_proj"), "layers.1.mlp.down_proj");
+    broken_folder_is_one_line("gritlm-tiny", |d| drop_tensor(d, "layers.0.self_attn.o_proj"), "layers.0.self_attn.o_proj");
+    // A tokenizer without the pieces of GritLM's instruction pattern could never find it.
+    broken_folder_is_one_line(
+        "gritlm-tiny",
+        |d| {
+            let path = d.join("tokenizer.json");
+            let text = std::fs::read_to_string(&path).unwrap().replace("\"<0x0A>\"", "\"<0x0Z>\"");
+            std::fs::write(&path, text).unwrap();
+        },
+        "lacks the pieces of its instruction pattern",
+    );
+}
+
+/// GritLM as vLLM serves it (`GritLM` over a `mistral` config): attending both ways with no
+/// sliding window, its mean leaving out the instruction (`<|user|>\n…\n<|embed|>\n` or
+/// `<|embed|>\n`, BOS included), against the published `gritlm.GritLM.encode` (generator:
+/// tests/fixtures/make_gritlm.py); a text without the format has its BOS alone left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gritlm_embeds_the_text_after_its_instruction() {
+    check_embeddings("gritlm-tiny").await;
+    let engine = engine(&fixture_model("gritlm-tiny"), |_| {});
+    assert_eq!(engine.spec().pooling, poolserve::pooling::PoolingType::Mean);
+    // Token ids sent as they are find the same span.
+    let expected = expected("gritlm-tiny");
+    let router = router(engine, 2_000_000);
+    let case = &expected["texts"][0];
+    let reply = post(&router, "/v1/embeddings", json!({"input": [case["input_ids"]]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&case["embedding"]));
+    assert!(c >= 0.9999, "gritlm from token ids: cosine {c}");
 }

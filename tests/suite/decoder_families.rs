@@ -151,8 +151,6 @@ fn broken_decoder_folders_are_one_line() {
         },
         "rope_type `longrope` is not supported",
     );
-    // GritLM's folders say `mistral`: refused by name rather than embedded as a causal Mistral.
-    broken_folder_is_one_line("mistral-embed-window", set_json("config.json", "architectures", json!(["GritLM"])), "GritLM's pooling");
 }
 
 /// e5-mistral-7b-instruct's tokenizer files: a tokenizer.json that appends nothing, and

@@ -228,6 +228,7 @@ async fn half_precision_stays_within_tolerance() {
             "embeddinggemma2-text",
             "llama-nemotron-embed-tiny",
             "voyage-nano-tiny",
+            "gritlm-tiny",
             // pplx-embed-tiny's output is rounded to int8 steps: a half-precision error that
             // moves a value across a .5 boundary costs a whole step of a 48-wide vector
             // (bf16: 0.99988), which says nothing about the backbone, shared with voyage's.
@@ -278,6 +279,7 @@ async fn int8_quantization_runs_every_backbone_close_to_reference() {
         "llama-nemotron-embed-tiny",
         "voyage-nano-tiny",
         "pplx-embed-tiny",
+        "gritlm-tiny",
     ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");

@@ -356,20 +356,10 @@ pub fn apply_overrides(config: &mut Value, overrides: &serde_json::Map<String, V
     }
 }
 
-/// Architectures vLLM serves with a pooling of their own that poolserve lacks, refused by name:
-/// read as their `model_type`'s plain family they would load and answer other vectors.
-const REFUSED_ARCHITECTURES: [(&str, &str); 1] = [(
-    "GritLM",
-    "GritLM's pooling (a bidirectional mean that skips the instruction up to `<|embed|>`, found by token pattern) is not supported yet",
-)];
-
 /// Architecture name (`architectures[0]`) of a config.json and the architecture serving it.
 pub fn architecture_of(config: &Value) -> Result<(String, &'static dyn Architecture), LoadError> {
     let architecture = config.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str).unwrap_or("").to_string();
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
-    if let Some((_, why)) = REFUSED_ARCHITECTURES.iter().find(|(name, _)| *name == architecture) {
-        return Err(LoadError::Unsupported(format!("architecture `{architecture}`: {why}")));
-    }
     let served = crate::models::detect(config, &architecture, model_type).ok_or_else(|| {
         LoadError::Unsupported(format!(
             "architecture `{}` (model_type `{model_type}`); supported: {}",
@@ -478,9 +468,8 @@ mod tests {
         assert_eq!(name(json!({"architectures": ["ModernBertModel"]})), "ModernBERT");
         assert_eq!(name(json!({"architectures": ["LlamaForCausalLM"]})), "Llama");
         assert_eq!(name(json!({"architectures": ["MistralModel"]})), "Mistral");
-        // GritLM's folders say `mistral`; read as a causal Mistral they would embed otherwise.
-        let gritlm = architecture_of(&json!({"architectures": ["GritLM"], "model_type": "mistral"})).err().unwrap().to_string();
-        assert!(gritlm.contains("GritLM's pooling"), "{gritlm}");
+        // GritLM's folders say `mistral`: its name alone tells it apart.
+        assert_eq!(name(json!({"architectures": ["GritLM"], "model_type": "mistral"})), "GritLM");
         assert_eq!(name(json!({"architectures": ["GemmaForSequenceClassification"]})), "Gemma");
         assert_eq!(name(json!({"architectures": ["Gemma2ForCausalLM"]})), "Gemma2");
         assert_eq!(name(json!({"architectures": ["Gemma3TextModel"]})), "Gemma3Text");
