@@ -425,6 +425,8 @@ CHECKS = {
     "jina-embed": ([], [check_embeddings]),
     "jina-reranker": ([], [check_pairs]),
     "jina-v3-tiny": ([], [check_tasks]),
+    "jina-v5-nano-tiny": ([], [check_embeddings]),
+    "jina-v5-small-tiny": ([], [check_embeddings]),
     "lfm2-colbert-tiny": ([], [check_multi_vector]),
     "llama-causal-lm": (["--runner", "generate"], [lambda s, e: check_generative(s, e, "llama-causal-lm")]),
     "llama-embed-last": ([], [check_embeddings]),

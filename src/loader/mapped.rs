@@ -8,11 +8,15 @@
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Result, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// The weight files of one model, memory-mapped.
 pub struct MappedWeights {
     files: MmapedSafetensors,
+    /// f32 deltas added to tensors as they load (a task adapter merged at load:
+    /// `loader::lora::merged`), by tensor name.
+    deltas: HashMap<String, Tensor>,
 }
 
 impl MappedWeights {
@@ -23,7 +27,17 @@ impl MappedWeights {
     /// safetensors loader's).
     pub unsafe fn open(files: &[PathBuf]) -> Result<Self> {
         // SAFETY: forwarded to the caller, as documented above.
-        Ok(Self { files: unsafe { MmapedSafetensors::multi(files)? } })
+        Ok(Self { files: unsafe { MmapedSafetensors::multi(files)? }, deltas: HashMap::new() })
+    }
+
+    /// These weights with `deltas` added to the tensors they name.
+    pub fn with_deltas(self, deltas: HashMap<String, Tensor>) -> Self {
+        Self { deltas, ..self }
+    }
+
+    /// Whether the files hold the tensor `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.files.get(name).is_ok()
     }
 
     /// The tensor `name` copied out of its file in `dtype` on `device`, its pages released.
@@ -31,7 +45,11 @@ impl MappedWeights {
         let view = self.files.get(name)?;
         let tensor = view.load(device)?;
         release(view.data());
-        tensor.to_dtype(dtype)
+        match self.deltas.get(name) {
+            // Merged in f32, then stored as asked.
+            Some(delta) => (tensor.to_dtype(DType::F32)? + delta.to_device(device)?)?.to_dtype(dtype),
+            None => tensor.to_dtype(dtype),
+        }
     }
 }
 
@@ -111,6 +129,6 @@ impl SimpleBackend for MappedWeights {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.files.get(name).is_ok()
+        self.has(name)
     }
 }

@@ -203,7 +203,8 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
 
     let device = device(options.device)?;
-    let (vb, cpu_weight_format) = open_weights(&source, options, &device)?;
+    let merged_adapter = architecture.merged_adapter(&config);
+    let (vb, cpu_weight_format) = open_weights(&source, options, &device, merged_adapter.as_deref())?;
     let mut backbone = with_cpu_weight_format(cpu_weight_format, || architecture.backbone(&config, vb.clone()))?;
     if options.quantization.is_some() {
         models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
@@ -333,17 +334,30 @@ fn colbert_projection(vb: &VarBuilder, hidden: usize) -> Result<Option<Dense>, L
 /// an f32 copy would not fit), else a `pytorch_model.bin`. With bfloat16 on the CPU, the
 /// transformer's dense layers are packed in bf16 for the CPU kernels and everything else
 /// (activations, norms, attention, heads) runs in f32 (see `ops::sgemm`).
-fn open_weights(source: &ModelSource, options: &ModelOptions, device: &Device) -> Result<(VarBuilder<'static>, WeightFormat), LoadError> {
+/// `merged_adapter`: the folder of a task adapter merged into the weights as they load.
+fn open_weights(
+    source: &ModelSource,
+    options: &ModelOptions,
+    device: &Device,
+    merged_adapter: Option<&str>,
+) -> Result<(VarBuilder<'static>, WeightFormat), LoadError> {
     let mut dtype = options.dtype.dtype_on(options.device);
     let weights = match weight_files(source)? {
         WeightFiles::Safetensors(files) => {
             // SAFETY: the weight files are memory-mapped read-only and must not change while
             // we run, the same contract as every safetensors loader.
-            let weights = unsafe { mapped::MappedWeights::open(&files)? };
+            let mut weights = unsafe { mapped::MappedWeights::open(&files)? };
+            if let Some(folder) = merged_adapter {
+                let deltas = lora::merged::deltas(source, folder, |name| weights.has(name))?;
+                weights = weights.with_deltas(deltas);
+            }
             if options.dtype == options::DTypeArg::Auto && device.is_cpu() {
                 dtype = mapped::auto_cpu_dtype(&weights, &files, mapped::available_memory());
             }
             Ok(weights)
+        }
+        WeightFiles::Pytorch(_) if merged_adapter.is_some() => {
+            return Err(LoadError::Unsupported("a task adapter is merged into safetensors weights only".into()))
         }
         WeightFiles::Pytorch(file) => Err(file),
     };

@@ -28,6 +28,7 @@ pub mod gte;
 pub mod head_weights;
 pub mod jina_bert;
 pub mod jina_v3;
+pub mod jina_v5;
 pub mod lfm2;
 pub mod llama;
 pub mod modernbert;
@@ -69,6 +70,7 @@ pub static ARCHITECTURES: &[&dyn Architecture] = &[
     &llama::MISTRAL,
     &llama::LLAMA_BIDIRECTIONAL,
     &llama::GRITLM,
+    &jina_v5::JINA_V5,
     &lfm2::LFM2,
     &gemma::GEMMA,
     &gemma::GEMMA2,
@@ -512,6 +514,11 @@ pub trait Architecture: Sync {
     /// finds it).
     fn embeds_after_instruction(&self) -> bool {
         false
+    }
+    /// The folder of a task adapter merged into the weights as they load
+    /// (jina-embeddings-v5's `adapters/<jina_task>`); none for most.
+    fn merged_adapter(&self, _config: &Value) -> Option<String> {
+        None
     }
     /// A causal LM's head (`--runner generate`: vLLM's `/generative_scoring`).
     fn lm_head(&self, _config: &Value, _vb: VarBuilder) -> Result<LmHeadWeights, ModelError> {

@@ -23,6 +23,7 @@ mod http_ops;
 mod http_pooling;
 mod http_scoring;
 mod image_models;
+mod jina_v5;
 mod layers;
 mod long_inputs;
 mod lora;

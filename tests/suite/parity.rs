@@ -229,6 +229,8 @@ async fn half_precision_stays_within_tolerance() {
             "llama-nemotron-embed-tiny",
             "voyage-nano-tiny",
             "gritlm-tiny",
+            "jina-v5-small-tiny",
+            "jina-v5-nano-tiny",
             // pplx-embed-tiny's output is rounded to int8 steps: a half-precision error that
             // moves a value across a .5 boundary costs a whole step of a 48-wide vector
             // (bf16: 0.99988), which says nothing about the backbone, shared with voyage's.
@@ -280,6 +282,8 @@ async fn int8_quantization_runs_every_backbone_close_to_reference() {
         "voyage-nano-tiny",
         "pplx-embed-tiny",
         "gritlm-tiny",
+        "jina-v5-small-tiny",
+        "jina-v5-nano-tiny",
     ] {
         let worst = worst_embedding_cosine(name, |c| c.models[0].quantization = Some(Quantization::Int8)).await;
         eprintln!("{name} int8: worst cosine {worst:.6}");

@@ -25,6 +25,7 @@
 //! model's [`LoraRegistry`]; `peft` reads an adapter folder, `saved_head` builds an adapter's
 //! own classifier head.
 
+pub mod merged;
 mod peft;
 mod saved_head;
 
