@@ -423,6 +423,7 @@ CHECKS = {
     "gte-multilingual-tiny": ([], [check_embeddings]),
     "jina-code-embed": ([], [check_embeddings]),
     "jina-embed": ([], [check_embeddings]),
+    "jina-colbert-v2-tiny": ([], [check_multi_vector]),
     "jina-reranker": ([], [check_pairs]),
     "jina-v3-tiny": ([], [check_tasks]),
     "jina-v5-nano-tiny": ([], [check_embeddings]),

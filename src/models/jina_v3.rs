@@ -14,6 +14,10 @@
 //! built-in adapters ([`task_adapters`]), one per task, so that one batch mixes tasks as it
 //! mixes any LoRA adapters; without a task the base weights run, as the published `encode`
 //! does when no `task` is given.
+//!
+//! jina-colbert-v2 is the same encoder without adapters (plain `weight`s under `roberta.`,
+//! `architectures: ["HF_ColBERT"]`, or vLLM's `ColBERTJinaRobertaModel` override): a
+//! multi-vector model whose root `linear.weight` projects every token (`loader::colbert_projection`).
 
 use super::batch::Batch;
 use super::encoder::{Embed, Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
@@ -115,11 +119,20 @@ impl JinaV3Config {
     }
 }
 
-/// Whether `config` is jina-embeddings-v3's: an XLM-RoBERTa config with rotary positions
-/// and task adapters (its `architectures` says `XLMRobertaModel`, its `model_type` is unset).
+/// Whether `config` is the published XLM-RoBERTa flash implementation's: rotary positions on
+/// an XLM-RoBERTa config, with task adapters (jina-embeddings-v3: `architectures` says
+/// `XLMRobertaModel`, `model_type` is unset) or without (jina-colbert-v2, `HF_ColBERT`, which
+/// vLLM serves as `ColBERTJinaRobertaModel`). No other family names its positions `rotary`
+/// with an XLM-R `model_type`.
 fn is_jina_v3(config: &Value) -> bool {
+    let model_type = config.get("model_type").and_then(Value::as_str);
     config.get("position_embedding_type").and_then(Value::as_str) == Some("rotary")
-        && config.get("lora_adaptations").is_some_and(Value::is_array)
+        && (config.get("lora_adaptations").is_some_and(Value::is_array) || matches!(model_type, None | Some("xlm-roberta")))
+}
+
+/// Whether the config lists task adapters (jina-embeddings-v3; jina-colbert-v2 has none).
+fn has_tasks(config: &Value) -> bool {
+    config.get("lora_adaptations").and_then(Value::as_array).is_some_and(|tasks| !tasks.is_empty())
 }
 
 impl Architecture for JinaV3 {
@@ -148,8 +161,8 @@ impl Architecture for JinaV3 {
         Ok(Box::new(load(config, vb)?))
     }
 
-    fn has_task_adapters(&self, _config: &Value) -> bool {
-        true
+    fn has_task_adapters(&self, config: &Value) -> bool {
+        has_tasks(config)
     }
 
     fn task_adapters(&self, config: &Value, vb: VarBuilder, sites: &[LoraSite]) -> std::result::Result<Vec<TaskAdapter>, ModelError> {

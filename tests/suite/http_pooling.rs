@@ -149,10 +149,12 @@ async fn multi_vector_models_rerank_by_maxsim() {
 /// token projected and normalized, MaxSim): PyLate's ModernBERT folder (its Dense module named
 /// `pylate.models.Dense.Dense`, its fields in config_sentence_transformers.json), Stanford's
 /// `HF_ColBERT` with `linear.weight` beside the backbone, and LFM2-ColBERT (transformers'
-/// `Lfm2Model`: short convolutions and attention). Each loads with no flag.
+/// `Lfm2Model`: short convolutions and attention), and jina-colbert-v2 (`HF_ColBERT` around
+/// jinaai's rotary XLM-RoBERTa, make_jina_colbert_v2.py with the published code). Each loads
+/// with no flag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn colbert_layouts_embed_every_token_and_score_by_maxsim() {
-    for name in ["modernbert-colbert-tiny", "hf-colbert-tiny", "lfm2-colbert-tiny"] {
+    for name in ["modernbert-colbert-tiny", "hf-colbert-tiny", "lfm2-colbert-tiny", "jina-colbert-v2-tiny"] {
         let reference = expected(name);
         let router = router_for_fixture(name);
         for case in reference["texts"].as_array().unwrap() {
@@ -173,6 +175,25 @@ async fn colbert_layouts_embed_every_token_and_score_by_maxsim() {
             let want = pair["maxsim"].as_f64().unwrap();
             assert!((score - want).abs() <= 1e-4 * want.abs().max(1.0), "{name}: {score} vs {want}");
         }
+    }
+}
+
+/// vLLM's recipe for jina-colbert-v2 (`--hf-overrides '{"architectures":
+/// ["ColBERTJinaRobertaModel"]}'`) gives the same vectors as the folder as published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jina_colbert_v2_under_vllms_name() {
+    let reference = expected("jina-colbert-v2-tiny");
+    let overrides = json!({"architectures": ["ColBERTJinaRobertaModel"]}).as_object().unwrap().clone();
+    let engine = engine(&fixture_model("jina-colbert-v2-tiny"), |c| c.models[0].hf_overrides = overrides);
+    let router = router(engine, 2_000_000);
+    let case = &reference["texts"][1];
+    let reply = post(&router, "/pooling", json!({"input": case["text"], "task": "token_embed"})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let rows = reply.body["data"][0]["data"].as_array().unwrap();
+    let want = case["token_vectors"].as_array().unwrap();
+    assert_eq!(rows.len(), want.len());
+    for (row, w) in rows.iter().zip(want) {
+        assert!(cosine(&floats(row), &floats(w)) >= 0.9999);
     }
 }
 
@@ -202,5 +223,10 @@ fn broken_colbert_folders_are_one_line() {
             candle_core::safetensors::save(&tensors, &file).unwrap();
         },
         "linear.weight has shape [12, 31]",
+    );
+    broken_folder_is_one_line(
+        "jina-colbert-v2-tiny",
+        set_json("config.json", "rotary_emb_interleaved", json!(true)),
+        "rotary_emb_interleaved: true is not supported",
     );
 }
