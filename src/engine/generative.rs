@@ -62,21 +62,12 @@ impl Engine {
         }
         let labels: Vec<u32> = request.label_token_ids.iter().map(|&id| id as u32).collect();
         let base = ResolvedParams {
+            truncation_side: spec.truncation_side,
+            add_special_tokens: request.add_special_tokens,
+            labels: Some(Arc::new(LabelQuery::new(&labels, request.apply_softmax))),
             // The task is not run (`labels` takes its place); a sequence-level one keeps the
             // token-output budget and chunked embedding out of the way.
-            task: Task::Classify,
-            truncate_to: None,
-            truncation_side: spec.truncation_side,
-            dimensions: None,
-            activation: false,
-            add_special_tokens: request.add_special_tokens,
-            pad_to_max_length: false,
-            late_chunk: None,
-            pair_limits: Default::default(),
-            prompt: None,
-            multi: None,
-            hybrid: None,
-            labels: Some(Arc::new(LabelQuery::new(&labels, request.apply_softmax))),
+            ..ResolvedParams::plain(Task::Classify)
         };
         let query = self.ids_of(request.query, &base).await?;
         let items_params = ResolvedParams { add_special_tokens: false, ..base.clone() };

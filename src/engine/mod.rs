@@ -448,21 +448,7 @@ impl Engine {
     pub fn stop_model_thread(&self) {
         let (reply, _) = tokio::sync::oneshot::channel();
         let input = ModelInput::Text(TokenizedInput { ids: vec![0], type_ids: vec![0] });
-        let params = ResolvedParams {
-            task: Task::Embed,
-            truncate_to: None,
-            truncation_side: crate::input::tokenizer::TruncationSide::Right,
-            dimensions: None,
-            activation: true,
-            add_special_tokens: true,
-            pad_to_max_length: false,
-            late_chunk: None,
-            pair_limits: Default::default(),
-            prompt: None,
-            multi: None,
-            hybrid: None,
-            labels: None,
-        };
+        let params = ResolvedParams::plain(Task::Embed);
         let _ = self.inner.jobs.send(Job {
             request: scheduler::STOP_REQUEST,
             input,

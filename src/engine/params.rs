@@ -97,6 +97,26 @@ pub struct ResolvedParams {
 }
 
 impl ResolvedParams {
+    /// `task` with nothing asked of it: no truncation, slice or prompt, activation on, special
+    /// tokens added (what callers that build their inputs themselves start from).
+    pub fn plain(task: Task) -> Self {
+        ResolvedParams {
+            task,
+            truncate_to: None,
+            truncation_side: TruncationSide::Right,
+            dimensions: None,
+            activation: true,
+            add_special_tokens: true,
+            pad_to_max_length: false,
+            late_chunk: None,
+            pair_limits: PairLimits::default(),
+            prompt: None,
+            multi: None,
+            hybrid: None,
+            labels: None,
+        }
+    }
+
     /// Uses the prompt the request names (`prompt_name`), or keeps the model's default.
     pub fn with_prompt_name(mut self, name: Option<&str>, spec: &ModelSpec) -> Result<Self, ParamsError> {
         if name.is_some() {

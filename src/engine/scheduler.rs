@@ -470,28 +470,13 @@ fn model_failure(e: candle_core::Error) -> EngineError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::input::tokenizer::TruncationSide;
     use crate::pooling::Task;
 
     type Reply = oneshot::Receiver<Result<(PoolingOutput, JobTiming), EngineError>>;
 
     fn job(len: usize) -> (Job, Reply) {
         let (reply, rx) = oneshot::channel();
-        let params = ResolvedParams {
-            task: Task::Embed,
-            truncate_to: None,
-            truncation_side: TruncationSide::Right,
-            dimensions: None,
-            activation: true,
-            add_special_tokens: true,
-            pad_to_max_length: false,
-            late_chunk: None,
-            pair_limits: Default::default(),
-            prompt: None,
-            multi: None,
-            hybrid: None,
-            labels: None,
-        };
+        let params = ResolvedParams::plain(Task::Embed);
         let input = ModelInput::Text(TokenizedInput { ids: vec![1; len], type_ids: vec![0; len] });
         (Job { request: 0, input, cost: len, params, reply, enqueued: Instant::now(), adapter: None, classifier: None }, rx)
     }

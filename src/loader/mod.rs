@@ -203,8 +203,10 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
 
     let device = device(options.device)?;
-    let merged_adapter = architecture.merged_adapter(&config);
-    let (vb, cpu_weight_format) = open_weights(&source, options, &device, merged_adapter.as_deref())?;
+    let adapter_folders = architecture.adapter_folders(&config);
+    let merged_folder =
+        adapter_folders.as_ref().and_then(|f| f.tasks.iter().find(|(task, _)| *task == f.merged)).map(|(_, folder)| folder.as_str());
+    let (vb, cpu_weight_format) = open_weights(&source, options, &device, merged_folder)?;
     let mut backbone = with_cpu_weight_format(cpu_weight_format, || architecture.backbone(&config, vb.clone()))?;
     if options.quantization.is_some() {
         models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
@@ -271,7 +273,15 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let calibration = (spec.pooler_defaults.logit_bias.map(|b| b as f32), spec.pooler_defaults.logit_sigma.map(|s| s as f32));
     let classifier_source = classifier_source(&spec, &config, architecture, &tokenizer, calibration, vb.clone())?;
     let classifier = classifier_source.as_ref().map(lora::ClassifierSource::base_head).transpose()?;
-    let lora = lora_registry(options, architecture, &config, backbone.as_mut(), classifier_source, vb.clone())?;
+    let lora = lora_registry(
+        options,
+        architecture,
+        &config,
+        backbone.as_mut(),
+        classifier_source,
+        vb.clone(),
+        (&source, adapter_folders.as_ref()),
+    )?;
     let instruction = match architecture.embeds_after_instruction() {
         true => Some(InstructionSpan::from_pieces(|piece| tokenizer.token_id(piece)).ok_or_else(|| {
             LoadError::Invalid(format!(
@@ -382,7 +392,8 @@ fn open_weights(
 }
 
 /// The adapters the model serves: with `--enable-lora`, or its built-in task adapters
-/// (jina-embeddings-v3's, served without the flag), then the `--lora-modules` read at start.
+/// (jina-embeddings-v3's, and jina-embeddings-v5's adapter folders: `lora::merged`, served
+/// without the flag), then the `--lora-modules` read at start.
 fn lora_registry(
     options: &ModelOptions,
     architecture: &'static dyn models::Architecture,
@@ -390,6 +401,7 @@ fn lora_registry(
     backbone: &mut dyn Backbone,
     classifier_source: Option<lora::ClassifierSource>,
     vb: VarBuilder<'static>,
+    (source, adapter_folders): (&ModelSource, Option<&models::AdapterFolders>),
 ) -> Result<Option<lora::LoraRegistry>, LoadError> {
     let lora_options = match (&options.lora, architecture.has_task_adapters(config)) {
         (Some(lora_options), _) => lora_options.clone(),
@@ -400,7 +412,10 @@ fn lora_registry(
     if sites.is_empty() {
         return Err(LoadError::Unsupported(format!("--enable-lora: LoRA adapters are not supported for {} yet", architecture.name())));
     }
-    let tasks = architecture.task_adapters(config, vb, &sites)?;
+    let mut tasks = architecture.task_adapters(config, vb, &sites)?;
+    if let Some(folders) = adapter_folders {
+        tasks.extend(lora::merged::task_adapters(source, folders, &sites)?);
+    }
     let mut registry = lora::LoraRegistry::new(sites, classifier_source, &lora_options);
     for task in tasks {
         let adapter = registry.add_task(task)?;

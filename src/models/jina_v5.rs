@@ -9,12 +9,13 @@
 //! `adapter_model.safetensors`, PEFT's layout): the one `jina_task` names (`--hf-overrides`;
 //! retrieval, text-matching, classification or clustering; retrieval by default, an unknown
 //! name falls back to it as vLLM's does) is merged into the weights at load
-//! ([`Architecture::merged_adapter`]), `W + (lora_alpha / r) · B·A`. Embeddings are the last
+//! ([`Architecture::adapter_folders`]), `W + (lora_alpha / r) · B·A`; beyond vLLM, a request
+//! picks any of the four with `task` (`loader::lora::merged`). Embeddings are the last
 //! token's state, L2-normalized (vLLM's default for the family). Weights are stored unprefixed
 //! (`layers.…`, as `Qwen3Model` saves itself), or under `model.`.
 
 use super::llama::{Decoder, DecoderConfig, DecoderLayout};
-use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use super::{parse_config, AdapterFolders, Architecture, Backbone, ModelError, SequencePooling};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
@@ -68,8 +69,13 @@ impl Architecture for JinaV5 {
         Ok(Box::new(if encoder { decoder.into_bidirectional() } else { decoder }))
     }
 
-    fn merged_adapter(&self, config: &Value) -> Option<String> {
-        let task = match config.get("jina_task").and_then(Value::as_str) {
+    /// Its four tasks, each selectable per request (`task`); the merged one is `jina_task`'s.
+    fn has_task_adapters(&self, _config: &Value) -> bool {
+        true
+    }
+
+    fn adapter_folders(&self, config: &Value) -> Option<AdapterFolders> {
+        let merged = match config.get("jina_task").and_then(Value::as_str) {
             None => TASKS[0],
             Some(task) if TASKS.contains(&task) => task,
             Some(task) => {
@@ -77,7 +83,7 @@ impl Architecture for JinaV5 {
                 TASKS[0]
             }
         };
-        Some(format!("adapters/{task}"))
+        Some(AdapterFolders { merged: merged.to_string(), tasks: TASKS.iter().map(|t| (t.to_string(), format!("adapters/{t}"))).collect() })
     }
 }
 
@@ -88,10 +94,14 @@ mod tests {
 
     #[test]
     fn the_task_adapter_is_jina_task_or_retrieval() {
-        let folder = |config: Value| JINA_V5.merged_adapter(&config).unwrap();
-        assert_eq!(folder(json!({})), "adapters/retrieval");
-        assert_eq!(folder(json!({"jina_task": "clustering"})), "adapters/clustering");
-        assert_eq!(folder(json!({"jina_task": "summarize"})), "adapters/retrieval");
+        let merged = |config: Value| JINA_V5.adapter_folders(&config).unwrap().merged;
+        assert_eq!(merged(json!({})), "retrieval");
+        assert_eq!(merged(json!({"jina_task": "clustering"})), "clustering");
+        assert_eq!(merged(json!({"jina_task": "summarize"})), "retrieval");
+        assert_eq!(
+            JINA_V5.adapter_folders(&json!({})).unwrap().tasks[1],
+            ("text-matching".to_string(), "adapters/text-matching".to_string())
+        );
         assert!(is_encoder(&json!({"is_decoder": false})) && !is_encoder(&json!({})));
     }
 }

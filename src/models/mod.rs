@@ -111,6 +111,15 @@ pub fn is_colbert_name(architecture: &str) -> bool {
     architecture == HF_COLBERT || (architecture.starts_with("ColBERT") && architecture.len() > "ColBERT".len())
 }
 
+/// A model's task adapters as PEFT folders ([`Architecture::adapter_folders`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterFolders {
+    /// The task merged into the weights at load: what a request without a task runs.
+    pub merged: String,
+    /// Every task and its folder, the merged one included, in the model's order.
+    pub tasks: Vec<(String, String)>,
+}
+
 /// What the table serves, for the "unsupported architecture" message.
 pub fn supported_architectures() -> String {
     let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name()).collect();
@@ -515,9 +524,9 @@ pub trait Architecture: Sync {
     fn embeds_after_instruction(&self) -> bool {
         false
     }
-    /// The folder of a task adapter merged into the weights as they load
-    /// (jina-embeddings-v5's `adapters/<jina_task>`); none for most.
-    fn merged_adapter(&self, _config: &Value) -> Option<String> {
+    /// Task adapters kept beside the weights as PEFT folders, one of them merged into the
+    /// weights as they load (jina-embeddings-v5's `adapters/<task>`); none for most.
+    fn adapter_folders(&self, _config: &Value) -> Option<AdapterFolders> {
         None
     }
     /// A causal LM's head (`--runner generate`: vLLM's `/generative_scoring`).
