@@ -21,14 +21,25 @@ pub struct LabelQuery {
 impl LabelQuery {
     /// `label_token_ids` as sent (at least one, each inside the vocabulary: the caller checks).
     pub fn new(label_token_ids: &[u32], apply_softmax: bool) -> Self {
-        let mut labels: Vec<u32> = Vec::with_capacity(label_token_ids.len());
-        for &id in label_token_ids {
-            if !labels.contains(&id) {
-                labels.push(id);
-            }
-        }
+        // A set, not `Vec::contains`: a request may send hundreds of thousands of labels.
+        let mut seen = std::collections::HashSet::with_capacity(label_token_ids.len());
+        let labels = label_token_ids.iter().copied().filter(|id| seen.insert(*id)).collect();
         LabelQuery { labels, apply_softmax }
     }
+}
+
+/// More labels than this read the whole LM head's product rather than gathering their rows
+/// (a request may name the whole vocabulary).
+const FEW_LABELS: usize = 64;
+
+/// Rows of whole-vocabulary logits computed at once (16 × a 152k vocabulary: 9.7 MB).
+const WHOLE_ROWS: usize = 16;
+
+/// `softmax(over)`'s value at `labels[0]` (`labels[0]` is one of `over`'s logits).
+fn first_probability(labels: &[f32], over: &[f32]) -> f32 {
+    let top = over.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let total: f64 = over.iter().map(|&l| f64::from(l - top).exp()).sum();
+    (f64::from(labels[0] - top).exp() / total) as f32
 }
 
 /// The LM head of `--runner generate`: `[vocab, hidden]` f32 on the host.
@@ -48,35 +59,41 @@ impl NextTokenHead {
     }
 
     /// Each row's score (`rows`: last-token states, `[n, hidden]` flat, one query per row).
-    /// The rows asking for the whole vocabulary share one product with the LM head; the others
-    /// read only their labels' rows.
+    /// Rows asking for the whole vocabulary, or for many labels, take the product with the
+    /// whole LM head, [`WHOLE_ROWS`] rows at a time; the others read only their labels' rows.
     pub fn scores(&self, rows: &[f32], hidden: usize, queries: &[&LabelQuery]) -> Result<Vec<f32>, PoolingError> {
         let mut scores = vec![0.0; queries.len()];
         let state = |i: usize| &rows[i * hidden..(i + 1) * hidden];
-        let whole: Vec<usize> = (0..queries.len()).filter(|&i| !queries[i].apply_softmax).collect();
-        if !whole.is_empty() {
-            let states: Vec<f32> = whole.iter().flat_map(|&i| state(i).iter().copied()).collect();
-            let states = Tensor::from_vec(states, (whole.len(), hidden), self.weight.device())?;
+        let reads_all = |q: &LabelQuery| !q.apply_softmax || q.labels.len() > FEW_LABELS;
+        let whole: Vec<usize> = (0..queries.len()).filter(|&i| reads_all(queries[i])).collect();
+        for chunk in whole.chunks(WHOLE_ROWS) {
+            let states: Vec<f32> = chunk.iter().flat_map(|&i| state(i).iter().copied()).collect();
+            let states = Tensor::from_vec(states, (chunk.len(), hidden), self.weight.device())?;
             let logits = states.matmul(&self.weight.t()?)?.to_vec2::<f32>()?;
-            for (&i, mut row) in whole.iter().zip(logits) {
+            for (&i, mut row) in chunk.iter().zip(logits) {
                 self.cap(&mut row);
-                let top = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let total: f64 = row.iter().map(|&l| f64::from(l - top).exp()).sum();
-                let label = queries[i].labels[0];
-                let first = *row
-                    .get(label as usize)
-                    .ok_or_else(|| PoolingError::Compute(format!("label token {label} is outside the vocabulary")))?;
-                scores[i] = (f64::from(first - top).exp() / total) as f32;
+                let query = queries[i];
+                let picked = |row: &[f32]| {
+                    query
+                        .labels
+                        .iter()
+                        .map(|&id| row.get(id as usize).copied())
+                        .collect::<Option<Vec<f32>>>()
+                        .ok_or_else(|| PoolingError::Compute("a label token is outside the vocabulary".into()))
+                };
+                let labels = picked(&row)?;
+                scores[i] = match query.apply_softmax {
+                    true => first_probability(&labels, &labels),
+                    false => first_probability(&labels, &row),
+                };
             }
         }
-        for (i, query) in queries.iter().enumerate().filter(|(_, q)| q.apply_softmax) {
+        for (i, query) in queries.iter().enumerate().filter(|(_, q)| !reads_all(q)) {
             let ids = Tensor::from_slice(&query.labels, query.labels.len(), self.weight.device())?;
             let label_rows = self.weight.index_select(&ids, 0)?.to_vec2::<f32>()?;
             let mut logits: Vec<f32> = label_rows.iter().map(|w| w.iter().zip(state(i)).map(|(a, b)| a * b).sum()).collect();
             self.cap(&mut logits);
-            let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let total: f64 = logits.iter().map(|&l| f64::from(l - top).exp()).sum();
-            scores[i] = (f64::from(logits[0] - top).exp() / total) as f32;
+            scores[i] = first_probability(&logits, &logits);
         }
         Ok(scores)
     }
@@ -107,6 +124,21 @@ mod tests {
         let e = |x: f32| x.exp();
         assert!((scores[0] - e(3.0) / (e(3.0) + e(1.0))).abs() < 1e-6, "{scores:?}");
         assert!((scores[1] - e(3.0) / (e(1.0) + e(2.0) + e(3.0))).abs() < 1e-6, "{scores:?}");
+    }
+
+    #[test]
+    fn many_labels_read_the_whole_product_with_the_same_answer() {
+        // 3 rows repeated: 70 distinct labels are past FEW_LABELS, served through the product.
+        let weight: Vec<f32> = (0..100).flat_map(|i| [(i % 3) as f32, (i % 5) as f32 * 0.1]).collect();
+        let head = NextTokenHead::new(LmHeadWeights { weight: Tensor::from_vec(weight, (100, 2), &Device::Cpu).unwrap(), softcap: None });
+        let many: Vec<u32> = (0..70).collect();
+        let few: Vec<u32> = (0..10).collect();
+        let (many, few) = (LabelQuery::new(&many, true), LabelQuery::new(&few, true));
+        let scores = head.scores(&[1.0, 2.0, 1.0, 2.0], 2, &[&many, &few]).unwrap();
+        let logit = |i: usize| (i % 3) as f32 + (i % 5) as f32 * 0.2;
+        let softmax_first = |n: usize| logit(0).exp() / (0..n).map(|i| logit(i).exp()).sum::<f32>();
+        assert!((scores[0] - softmax_first(70)).abs() < 1e-6, "{scores:?}");
+        assert!((scores[1] - softmax_first(10)).abs() < 1e-6, "{scores:?}");
     }
 
     #[test]

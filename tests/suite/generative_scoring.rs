@@ -72,6 +72,24 @@ async fn bad_requests_get_vllms_messages() {
     bad(json!({"items": ["a"], "label_token_ids": [3]})).await;
 }
 
+/// Naming the whole vocabulary as labels is the vocabulary's own probability: the many-label
+/// path (the LM head's whole product, in bounded chunks) agrees with `apply_softmax: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_label_at_once_is_the_vocabulary_probability() {
+    let router = generating_router("gemma2-causal-lm");
+    let vocab = expected("generative-scoring")["models"]["gemma2-causal-lm"]["vocab_size"].as_u64().unwrap();
+    let all: Vec<u64> = std::iter::once(48).chain(0..vocab).collect();
+    let items = json!(["a fox", "the river bank", "hello"]);
+    let labelled = post(&router, "/generative_scoring", json!({"query": "q", "items": items, "label_token_ids": all})).await;
+    let whole =
+        post(&router, "/generative_scoring", json!({"query": "q", "items": items, "label_token_ids": [48], "apply_softmax": false})).await;
+    assert_eq!(labelled.status, StatusCode::OK, "{}", labelled.body);
+    for i in 0..3 {
+        let (a, b) = (labelled.body["data"][i]["score"].as_f64().unwrap(), whole.body["data"][i]["score"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-6, "item {i}: {a} vs {b}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_route_is_not_there_for_pooling_models() {
     // The same causal LM run as vLLM's pooling runner: vLLM registers no such route.
