@@ -120,6 +120,13 @@ fn with_model(model: &str, f: impl FnOnce(&mut ModelSeries)) {
     });
 }
 
+/// Requests being answered now (`requests_in_flight`).
+pub fn in_flight() -> i64 {
+    let mut count = 0;
+    with(|r| count = r.in_flight);
+    count
+}
+
 pub fn request_started() {
     with(|r| r.in_flight += 1);
 }
@@ -240,8 +247,39 @@ pub struct RequestTimings {
     pub tokenization: Cell<Duration>,
     pub queue: Cell<Duration>,
     pub inference: Cell<Duration>,
+    /// Characters of the request's texts (TEI's `x-compute-characters`: a pair counts both).
+    pub characters: Cell<usize>,
+    /// Tokens the model read for the request, images' tokens included (`x-compute-tokens`).
+    pub tokens: Cell<usize>,
+    /// The model ran on a GPU (`x-compute-type`).
+    pub on_gpu: Cell<bool>,
     /// The served name of the model the request resolved to, once it has.
     pub model: RefCell<Option<String>>,
+}
+
+impl RequestTimings {
+    /// The numbers so far (the model's name left where it is).
+    pub fn snapshot(&self) -> TimingSnapshot {
+        TimingSnapshot {
+            tokenization: self.tokenization.get(),
+            queue: self.queue.get(),
+            inference: self.inference.get(),
+            characters: self.characters.get(),
+            tokens: self.tokens.get(),
+            on_gpu: self.on_gpu.get(),
+        }
+    }
+}
+
+/// A request's [`RequestTimings`] once it is done, as the response reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimingSnapshot {
+    pub tokenization: Duration,
+    pub queue: Duration,
+    pub inference: Duration,
+    pub characters: usize,
+    pub tokens: usize,
+    pub on_gpu: bool,
 }
 
 tokio::task_local! {

@@ -11,7 +11,7 @@ use axum::response::Response;
 
 /// Equal length and equal bytes, looking at every byte (`subtle`, whose comparison the
 /// optimizer cannot turn into an early exit).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     use subtle::ConstantTimeEq;
     a.ct_eq(b).into()
 }

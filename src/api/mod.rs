@@ -9,6 +9,7 @@ pub mod embeddings;
 pub mod encoding;
 pub mod error;
 pub mod generative_scoring;
+pub mod grpc;
 pub mod infinity;
 pub mod invocations;
 pub mod json;
@@ -456,6 +457,7 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/metrics", get(observe::metrics_text))
         .route("/openapi.json", get(openapi::openapi_json))
         .merge(openapi::docs());
+    let routes = grpc::add_services(routes, state.clone(), payload_limit);
     with_layers(routes, payload_limit).with_state(state)
 }
 

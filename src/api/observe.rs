@@ -1,10 +1,14 @@
 //! What operators see: `GET /metrics` (Prometheus text), the per-request tracking that feeds it,
-//! and the timing headers every routed response carries: `x-total-time`,
-//! `x-tokenization-time`, `x-queue-time`, `x-inference-time`, in milliseconds (three decimals;
-//! queue and inference are the slowest of the request's inputs).
+//! and TEI's headers on every routed response (gRPC answers carry them as metadata):
+//! `x-compute-type` (`cpu`, or `gpu+optimized` as TEI names its GPU builds), `x-compute-time`
+//! and `x-total-time` (the same: the whole request), `x-compute-characters` (of the texts; a
+//! pair counts both), `x-compute-tokens` (what the model read), `x-tokenization-time`,
+//! `x-queue-time`, `x-inference-time`. Times are whole milliseconds, cut down, as TEI writes
+//! them (a client that parses them as integers keeps working); queue and inference are the
+//! slowest of the request's inputs (TEI: their mean, which hides a straggler).
 
 use super::error::ErrorNote;
-use crate::metrics::{self, RequestTimings, TIMINGS};
+use crate::metrics::{self, RequestTimings, TimingSnapshot, TIMINGS};
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
@@ -14,14 +18,22 @@ use std::time::{Duration, Instant};
 /// The one log line of every response, inside the request's span (method, path, request id).
 /// Levels say who must act: a 500 (a bug) is an ERROR; everything else is INFO, client errors
 /// (4xx) and 503 (loading, draining: expected states that probes poll) included, with the
-/// error message when there is one.
+/// error message when there is one. A refused gRPC call counts as its status's HTTP
+/// equivalent, with its `grpc-message` (percent-encoded, as sent).
 pub fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
-    let status = response.status().as_u16();
+    let grpc_status = super::grpc::http_status_of(response);
+    let status = grpc_status.unwrap_or(response.status().as_u16());
     let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
     let model = response.extensions().get::<ModelNote>().map_or("", |m| m.0.as_str());
-    match response.extensions().get::<ErrorNote>() {
-        Some(ErrorNote(error)) if status == 500 => tracing::error!(status, latency_ms, model, error = %error, "request failed"),
-        Some(ErrorNote(error)) => tracing::info!(status, latency_ms, model, error = %error, "request refused"),
+    let grpc_message = || response.headers().get("grpc-message").and_then(|v| v.to_str().ok());
+    let error = match response.extensions().get::<ErrorNote>() {
+        Some(ErrorNote(error)) => Some(error.as_str()),
+        None if grpc_status.is_some_and(|s| s != 200) => grpc_message(),
+        None => None,
+    };
+    match error {
+        Some(error) if status == 500 => tracing::error!(status, latency_ms, model, error = %error, "request failed"),
+        Some(error) => tracing::info!(status, latency_ms, model, error = %error, "request refused"),
         None => tracing::info!(status, latency_ms, model, "request done"),
     }
 }
@@ -66,45 +78,53 @@ impl Drop for InFlight {
 
 const CLIENT_CLOSED_REQUEST: u16 = 499;
 
-/// The timing headers on answers no route matched (404, 405): `x-total-time`, and zeros for
-/// the phases such a request never reached. Routed answers already carry them ([`track`]).
+/// TEI's headers on answers no route matched (404, 405): the total time, and zeros for the
+/// work such a request never reached. Routed answers already carry them ([`track`]).
 pub async fn timing_headers_everywhere(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let mut response = next.run(request).await;
-    let headers = response.headers_mut();
-    if !headers.contains_key("x-total-time") {
-        headers.insert(HeaderName::from_static("x-total-time"), millis(started.elapsed()));
-        for name in ["x-tokenization-time", "x-queue-time", "x-inference-time"] {
-            headers.insert(HeaderName::from_static(name), millis(Duration::ZERO));
+    if !response.headers().contains_key("x-total-time") {
+        for (name, value) in compute_headers(&TimingSnapshot::default(), started.elapsed()) {
+            response.headers_mut().insert(name, value);
         }
     }
     response
 }
 
-fn millis(d: Duration) -> HeaderValue {
-    HeaderValue::from_str(&format!("{:.3}", d.as_secs_f64() * 1e3)).unwrap_or(HeaderValue::from_static("0"))
+/// TEI's response headers for a request's work ([`TimingSnapshot`]) and its total time.
+pub fn compute_headers(work: &TimingSnapshot, total: Duration) -> [(HeaderName, HeaderValue); 8] {
+    let millis = |d: Duration| HeaderValue::from(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    [
+        (HeaderName::from_static("x-compute-type"), HeaderValue::from_static(if work.on_gpu { "gpu+optimized" } else { "cpu" })),
+        (HeaderName::from_static("x-compute-time"), millis(total)),
+        (HeaderName::from_static("x-compute-characters"), HeaderValue::from(work.characters)),
+        (HeaderName::from_static("x-compute-tokens"), HeaderValue::from(work.tokens)),
+        (HeaderName::from_static("x-total-time"), millis(total)),
+        (HeaderName::from_static("x-tokenization-time"), millis(work.tokenization)),
+        (HeaderName::from_static("x-queue-time"), millis(work.queue)),
+        (HeaderName::from_static("x-inference-time"), millis(work.inference)),
+    ]
 }
 
 pub async fn track(request: Request, next: Next) -> Response {
     let endpoint = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let started = Instant::now();
     let mut in_flight = InFlight::start(endpoint, started);
-    let (mut response, tokenization, queue, inference, model) = TIMINGS
+    let (mut response, work, model) = TIMINGS
         .scope(RequestTimings::default(), async {
             let response = next.run(request).await;
-            let (t, q, i, m) = TIMINGS.with(|t| (t.tokenization.get(), t.queue.get(), t.inference.get(), t.model.borrow_mut().take()));
-            (response, t, q, i, m)
+            let (work, model) = TIMINGS.with(|t| (t.snapshot(), t.model.borrow_mut().take()));
+            (response, work, model)
         })
         .await;
     let total = started.elapsed();
     let model = model.unwrap_or_default();
-    in_flight.finish(response.status().as_u16(), &model);
+    // A gRPC call answers HTTP 200 whatever its outcome: count its gRPC status instead.
+    let status = super::grpc::http_status_of(&response).unwrap_or(response.status().as_u16());
+    in_flight.finish(status, &model);
     response.extensions_mut().insert(ModelNote(model));
-    let headers = response.headers_mut();
-    for (name, value) in
-        [("x-total-time", total), ("x-tokenization-time", tokenization), ("x-queue-time", queue), ("x-inference-time", inference)]
-    {
-        headers.insert(HeaderName::from_static(name), millis(value));
+    for (name, value) in compute_headers(&work, total) {
+        response.headers_mut().insert(name, value);
     }
     response
 }

@@ -141,6 +141,21 @@ pub struct ServeArgs {
     /// size is bounded by --payload-limit.
     #[arg(long, default_value_t = 5, env = "POOLSERVE_MEDIA_FETCH_TIMEOUT")]
     pub media_fetch_timeout: u64,
+    /// Serve HTTPS (HTTP/1.1 and HTTP/2, gRPC included) with this private key (PEM; vLLM's
+    /// flag). Needs --ssl-certfile.
+    #[arg(long, env = "POOLSERVE_SSL_KEYFILE", requires = "ssl_certfile")]
+    pub ssl_keyfile: Option<std::path::PathBuf>,
+    /// The server's certificate chain (PEM, the server's first). Needs --ssl-keyfile.
+    #[arg(long, env = "POOLSERVE_SSL_CERTFILE", requires = "ssl_keyfile")]
+    pub ssl_certfile: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) that client certificates must chain to (mutual TLS, with
+    /// --ssl-cert-reqs).
+    #[arg(long, env = "POOLSERVE_SSL_CA_CERTS", requires = "ssl_certfile")]
+    pub ssl_ca_certs: Option<std::path::PathBuf>,
+    /// Client certificates, as Python's ssl module numbers it (vLLM's flag): 0 not asked for,
+    /// 1 checked when sent (CERT_OPTIONAL), 2 required (CERT_REQUIRED).
+    #[arg(long, default_value_t = 0, env = "POOLSERVE_SSL_CERT_REQS")]
+    pub ssl_cert_reqs: u8,
     /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30, env = "POOLSERVE_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: u64,

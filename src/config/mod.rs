@@ -37,6 +37,44 @@ pub struct ServerConfig {
     pub media_fetch_timeout: std::time::Duration,
     /// `--allow-runtime-lora-updating`: the adapter load/unload routes exist.
     pub allow_runtime_lora_updating: bool,
+    /// `--ssl-keyfile` and the rest: serve HTTPS.
+    pub tls: Option<TlsOptions>,
+}
+
+/// vLLM's TLS flags, checked for consistency (the files are read when the server starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsOptions {
+    pub keyfile: std::path::PathBuf,
+    pub certfile: std::path::PathBuf,
+    pub ca_certs: Option<std::path::PathBuf>,
+    pub client_certs: ClientCerts,
+}
+
+/// `--ssl-cert-reqs`: Python's `ssl.CERT_NONE`, `CERT_OPTIONAL`, `CERT_REQUIRED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts {
+    NotAsked,
+    Optional,
+    Required,
+}
+
+fn tls_options(args: &ServeArgs) -> Result<Option<TlsOptions>, ConfigError> {
+    let client_certs = match args.ssl_cert_reqs {
+        0 => ClientCerts::NotAsked,
+        1 => ClientCerts::Optional,
+        2 => ClientCerts::Required,
+        n => return Err(ConfigError(format!("--ssl-cert-reqs must be 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2 (CERT_REQUIRED), not {n}"))),
+    };
+    let (Some(keyfile), Some(certfile)) = (&args.ssl_keyfile, &args.ssl_certfile) else {
+        if client_certs != ClientCerts::NotAsked {
+            return Err(ConfigError("--ssl-cert-reqs needs --ssl-keyfile and --ssl-certfile".into()));
+        }
+        return Ok(None);
+    };
+    if client_certs != ClientCerts::NotAsked && args.ssl_ca_certs.is_none() {
+        return Err(ConfigError("--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs (the CAs client certificates must chain to)".into()));
+    }
+    Ok(Some(TlsOptions { keyfile: keyfile.clone(), certfile: certfile.clone(), ca_certs: args.ssl_ca_certs.clone(), client_certs }))
 }
 
 /// A flag value that cannot be used; printed as one line before exiting.
@@ -127,6 +165,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
     type Error = ConfigError;
 
     fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
+        let tls = tls_options(&args)?;
         let pooler: PoolerConfig = match &args.pooler_config {
             Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
             None => PoolerConfig::default(),
@@ -191,6 +230,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             positive("max-lora-rank", args.max_lora_rank)?;
         }
         Ok(ServerConfig {
+            tls,
             models,
             engine,
             host: args.host,
@@ -235,6 +275,7 @@ impl ServerConfig {
             allowed_media_domains: Vec::new(),
             media_fetch_timeout: std::time::Duration::from_secs(5),
             allow_runtime_lora_updating: false,
+            tls: None,
         }
     }
 }

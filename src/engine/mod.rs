@@ -77,6 +77,8 @@ struct Inner {
     tokenizer_workers: usize,
     /// The LoRA adapters it serves (`--enable-lora`).
     lora: Option<Arc<LoraRegistry>>,
+    /// The model runs on a GPU (a response's `x-compute-type`).
+    on_gpu: bool,
 }
 
 /// A model's engine, as a request reaches it: the base model, or one of its LoRA adapters
@@ -172,6 +174,7 @@ impl Engine {
             chat_template,
             lora,
         } = model;
+        let on_gpu = !device.is_cpu();
         let max_batch_tokens = options.max_batch_tokens.unwrap_or_else(|| default_batch_tokens(&device));
         let limits = BatchLimits {
             // An input of max_model_len tokens must always fit in one batch.
@@ -363,6 +366,7 @@ impl Engine {
                 max_batch_tokens: limits.max_tokens,
                 tokenizer_workers: options.tokenizer_workers,
                 lora: lora.map(Arc::new),
+                on_gpu,
             }),
             adapter: None,
             by_task: false,
@@ -523,9 +527,11 @@ impl Engine {
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let adapter = self.adapter.as_ref().map(|a| Arc::clone(&a.weights));
         let classifier = self.adapter.as_ref().and_then(|a| a.classifier.clone());
+        let mut tokens = 0;
         for input in inputs {
             let (reply, rx) = tokio::sync::oneshot::channel();
             let cost = self.inner.input.cost(&input);
+            tokens += cost;
             self.inner
                 .jobs
                 .send(Job {
@@ -541,6 +547,10 @@ impl Engine {
                 .map_err(|_| EngineError::Stopped)?;
             receivers.push(rx);
         }
+        crate::metrics::note(|t| {
+            t.tokens.set(t.tokens.get() + tokens);
+            t.on_gpu.set(self.inner.on_gpu);
+        });
         let mut outputs = Vec::with_capacity(receivers.len());
         let mut slowest = scheduler::JobTiming::default();
         for rx in receivers {

@@ -90,6 +90,16 @@ impl Prompt {
     pub fn media_count(&self) -> usize {
         self.image_count() + self.audio_count() + self.video_count()
     }
+
+    /// The characters of its texts (a pair counts both; TEI's `compute_chars`).
+    pub fn characters(&self) -> usize {
+        match self {
+            Prompt::Text(text) => text.chars().count(),
+            Prompt::Pair(query, document) => query.chars().count() + document.chars().count(),
+            Prompt::Interleaved(parts) => parts.iter().map(|p| if let Part::Text(t) = p { t.chars().count() } else { 0 }).sum(),
+            Prompt::Tokens(_) | Prompt::Image(_) => 0,
+        }
+    }
 }
 
 /// One input ready for the model: token ids, an image's crop (`[3, h, w]`, u8 until its

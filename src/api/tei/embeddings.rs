@@ -24,7 +24,7 @@ pub struct EmbedRequest {
     pub dimensions: Option<usize>,
 }
 
-pub(super) async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<f32>>, TeiError> {
+pub(in crate::api) async fn embed_inner(state: &AppState, request: EmbedRequest) -> Result<Vec<Vec<f32>>, TeiError> {
     let (engine, _permit, ()) =
         begin(state, request.fields.model.as_deref(), |s| s.supports(Task::Embed) || s.supports(Task::EmbedSparse), |_| Ok(()))?;
     let spec = engine.spec();
@@ -76,7 +76,11 @@ pub async fn embed_all(
     State(state): State<AppState>,
     TeiJson(request): TeiJson<InputFields>,
 ) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
-    let (engine, _permit, ()) = begin(&state, request.model.as_deref(), |s| s.supports(Task::Embed), |_| Ok(()))?;
+    embed_all_inner(&state, request).await.map(Json)
+}
+
+pub(in crate::api) async fn embed_all_inner(state: &AppState, request: InputFields) -> Result<Vec<Vec<Vec<f32>>>, TeiError> {
+    let (engine, _permit, ()) = begin(state, request.model.as_deref(), |s| s.supports(Task::Embed), |_| Ok(()))?;
     let spec = engine.spec();
     match Kind::of(spec) {
         Some(Kind::Splade) => return Err(TeiError::backend("`embed_all` is not available for SPLADE models")),
@@ -84,12 +88,12 @@ pub async fn embed_all(
         _ => return Err(TeiError::backend("Model is not an embedding model")),
     }
     let prompts = request.inputs.clone().prompts()?;
-    batch_size(&state, prompts.len())?;
+    batch_size(state, prompts.len())?;
     let params = request.params(Task::TokenEmbed, spec, false)?;
-    Ok(Json(engine.encode_as(prompts, &params).await?.0))
+    Ok(engine.encode_as(prompts, &params).await?.0)
 }
 
-pub(super) async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Vec<Vec<SparseValue>>, TeiError> {
+pub(in crate::api) async fn embed_sparse_inner(state: &AppState, request: InputFields) -> Result<Vec<Vec<SparseValue>>, TeiError> {
     let (engine, _permit, ()) = begin(state, request.model.as_deref(), |s| s.supports(Task::EmbedSparse), |_| Ok(()))?;
     let spec = engine.spec();
     if Kind::of(spec) != Some(Kind::Splade) && !spec.m3 {

@@ -52,6 +52,24 @@ impl IntoResponse for TeiError {
     }
 }
 
+/// A TEI error as TEI's gRPC server answers it (`router/src/grpc/server.rs`: `From<ErrorResponse>
+/// for Status`): Validation and Empty are INVALID_ARGUMENT, Backend and Tokenizer
+/// FAILED_PRECONDITION, Overloaded RESOURCE_EXHAUSTED, Unhealthy UNAVAILABLE. Ours beyond TEI: an
+/// unknown model name is NOT_FOUND, a missing one with several models INVALID_ARGUMENT.
+impl From<TeiError> for tonic::Status {
+    fn from(e: TeiError) -> Self {
+        use tonic::Code;
+        let code = match (e.kind, e.status) {
+            (_, StatusCode::NOT_FOUND) => Code::NotFound,
+            ("Unhealthy", _) => Code::Unavailable,
+            ("Overloaded", _) => Code::ResourceExhausted,
+            ("Backend" | "Tokenizer", _) => Code::FailedPrecondition,
+            _ => Code::InvalidArgument,
+        };
+        tonic::Status::new(code, e.message)
+    }
+}
+
 /// Errors of the layers below, in TEI's words where TEI has them.
 impl From<EngineError> for TeiError {
     fn from(e: EngineError) -> Self {

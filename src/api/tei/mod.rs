@@ -50,7 +50,7 @@ use serde_json::Value;
 
 /// TEI's model kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(in crate::api) enum Kind {
     Embedding,
     Splade,
     Classifier,
@@ -58,7 +58,7 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    pub(super) fn of(spec: &ModelSpec) -> Option<Kind> {
+    pub(in crate::api) fn of(spec: &ModelSpec) -> Option<Kind> {
         if spec.m3 {
             // BGE-M3 is an embedding model to TEI; its lexical weights are on /embed_sparse too.
             return Some(Kind::Embedding);
@@ -91,7 +91,7 @@ pub(super) fn pick(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpe
 }
 
 /// The engine a TEI request reads (its tokenizer, its description), without model work.
-pub(super) fn model(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<Engine, TeiError> {
+pub(in crate::api) fn model(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpec) -> bool) -> Result<Engine, TeiError> {
     Ok(state.model(pick(state, name, fits)?.as_deref())?)
 }
 

@@ -103,7 +103,7 @@ fn tei_order<T>(items: &mut [T], score: impl Fn(&T) -> f32) {
     items.reverse();
 }
 
-pub(super) async fn predict_inner(state: &AppState, request: PredictRequest) -> Result<PredictResponse, TeiError> {
+pub(in crate::api) async fn predict_inner(state: &AppState, request: PredictRequest) -> Result<PredictResponse, TeiError> {
     let (engine, _permit, (prompts, batch)) = begin(
         state,
         request.model.as_deref(),
@@ -177,7 +177,7 @@ pub fn is_tei_rerank(body: &Value) -> bool {
     body.get("texts").is_some() && body.get("documents").is_none()
 }
 
-pub(super) async fn rerank_inner(state: &AppState, request: RerankRequest) -> Result<Vec<Rank>, TeiError> {
+pub(in crate::api) async fn rerank_inner(state: &AppState, request: RerankRequest) -> Result<Vec<Rank>, TeiError> {
     if request.texts.is_empty() {
         return Err(TeiError::empty("`texts` cannot be empty"));
     }

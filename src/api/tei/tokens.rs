@@ -31,11 +31,15 @@ pub enum DecodeIds {
 
 #[utoipa::path(post, tag = "TEI", path = "/decode", description = "TEI: token ids back to text.", request_body = DecodeRequest, responses((status = 200, body = Vec<String>), crate::api::error::TeiErrorResponses))]
 pub async fn decode(State(state): State<AppState>, TeiJson(request): TeiJson<DecodeRequest>) -> Result<Json<Vec<String>>, TeiError> {
-    let engine = model(&state, request.model.as_deref(), |_| true)?;
+    decode_inner(&state, request).await.map(Json)
+}
+
+pub(in crate::api) async fn decode_inner(state: &AppState, request: DecodeRequest) -> Result<Vec<String>, TeiError> {
+    let engine = model(state, request.model.as_deref(), |_| true)?;
     let lists = match request.ids {
         DecodeIds::Single(ids) => vec![ids],
         DecodeIds::Batch(lists) => {
-            batch_size(&state, lists.len())?;
+            batch_size(state, lists.len())?;
             lists
         }
     };
@@ -50,7 +54,7 @@ pub async fn decode(State(state): State<AppState>, TeiJson(request): TeiJson<Dec
             format!("tokenizer error Token id {id} is out of vocabulary"),
         ));
     }
-    Ok(Json(engine.input().decode_all(lists, request.skip_special_tokens).await?))
+    Ok(engine.input().decode_all(lists, request.skip_special_tokens).await?)
 }
 
 /// TEI's `/tokenize` body.
@@ -87,7 +91,7 @@ pub fn is_tei_tokenize(body: &Value) -> bool {
     body.get("inputs").is_some() && body.get("prompt").is_none() && body.get("messages").is_none()
 }
 
-async fn tokenize_inner(state: &AppState, request: TokenizeRequest) -> Result<Vec<Vec<SimpleToken>>, TeiError> {
+pub(in crate::api) async fn tokenize_inner(state: &AppState, request: TokenizeRequest) -> Result<Vec<Vec<SimpleToken>>, TeiError> {
     let engine = model(state, request.model.as_deref(), |_| true)?;
     let texts = match request.inputs {
         TokenizeInput::Single(text) => vec![text],

@@ -465,6 +465,8 @@ impl Preprocessor {
     /// [`Self::prepare`] for prompts without images: their token ids.
     pub async fn prepare_texts(&self, prompts: Vec<Prompt>, options: &InputOptions) -> Result<Vec<TokenizedInput>, InputError> {
         let started = std::time::Instant::now();
+        let characters = prompts.iter().map(Prompt::characters).sum::<usize>();
+        crate::metrics::note(|t| t.characters.set(t.characters.get() + characters));
         let inputs = self.tokenize_and_check(prompts, options).await?;
         self.note_tokenized(started, &inputs);
         Ok(inputs)
@@ -480,6 +482,9 @@ impl Preprocessor {
         options: &InputOptions,
     ) -> Result<Vec<TokenizedInput>, InputError> {
         let started = std::time::Instant::now();
+        let count = |texts: &[String], i: usize| texts.get(i).map_or(0, |t| t.chars().count());
+        let characters = pairs.iter().map(|&(q, d)| count(queries, q) + count(documents, d)).sum::<usize>();
+        crate::metrics::note(|t| t.characters.set(t.characters.get() + characters));
         let limits = options.encode.pair_limits;
         let bound = |texts: &[String], side_limit: Option<usize>| {
             texts.iter().map(|t| self.bounded_side(t, options, side_limit).map(Cow::into_owned)).collect::<Result<Vec<_>, _>>()

@@ -1,5 +1,9 @@
 //! Startup: bind the port at once (so /health can say 503 while loading), load and warm the
-//! model off the async runtime, then serve until SIGINT/SIGTERM.
+//! model off the async runtime, then serve until SIGINT/SIGTERM: HTTP/1.1 and HTTP/2 (h2c with
+//! prior knowledge, as gRPC clients speak it) on one port, under TLS with `--ssl-certfile`
+//! ([`tls`]).
+
+pub mod tls;
 
 use crate::api::{self, AppState};
 use crate::config::ServerConfig;
@@ -60,25 +64,44 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         },
     );
     let app = api::router(state.clone(), config.payload_limit);
+    let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", config.host, config.port))?;
-    tracing::info!("listening on http://{}", listener.local_addr()?);
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    tracing::info!("listening on {scheme}://{} (HTTP/1.1, HTTP/2, gRPC)", listener.local_addr()?);
 
     // On SIGTERM/SIGINT: /health turns 503 and new model requests are refused at once, the
-    // listener closes, in-flight requests get `--shutdown-timeout` to finish.
+    // listener closes, in-flight requests (and gRPC streams) get `--shutdown-timeout` to
+    // finish. Idle keep-alive connections do not hold the server: an HTTP/2 client that never
+    // answers the GOAWAY's ping (an idle synchronous client) would otherwise keep it up until
+    // the timeout.
     let draining = state.clone();
     let timeout = config.shutdown_timeout;
     let stop = async move {
         shutdown_signal().await;
         draining.start_draining();
         tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            tracing::warn!("shutdown timeout ({timeout:?}) reached with requests still running; exiting");
-            std::process::exit(0);
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                if crate::metrics::in_flight() <= 0 && api::grpc::open_streams() == 0 {
+                    tracing::info!("stopped: no request running (idle connections closed)");
+                    std::process::exit(0);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!("shutdown timeout ({timeout:?}) reached with requests still running; exiting");
+                    std::process::exit(0);
+                }
+            }
         });
     };
-    let mut server = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stop).await });
+    let mut server = tokio::spawn(async move {
+        match acceptor {
+            Some(acceptor) => axum::serve(tls::TlsListener::new(listener, acceptor)?, app).with_graceful_shutdown(stop).await,
+            None => axum::serve(listener, app).with_graceful_shutdown(stop).await,
+        }
+    });
 
     // Every model loads and warms up at once, each on a blocking thread of its own; /health
     // turns 200 when the last is ready. One that fails stops the server.
