@@ -19,16 +19,15 @@ use std::time::{Duration, Instant};
 /// Levels say who must act: a 500 (a bug) is an ERROR; everything else is INFO, client errors
 /// (4xx) and 503 (loading, draining: expected states that probes poll) included, with the
 /// error message when there is one. A refused gRPC call counts as its status's HTTP
-/// equivalent, with its `grpc-message` (percent-encoded, as sent).
+/// equivalent, with its `grpc-message`.
 pub fn log_response(response: &Response, latency: Duration, _span: &tracing::Span) {
     let grpc_status = super::grpc::http_status_of(response);
     let status = grpc_status.unwrap_or(response.status().as_u16());
     let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
     let model = response.extensions().get::<ModelNote>().map_or("", |m| m.0.as_str());
-    let grpc_message = || response.headers().get("grpc-message").and_then(|v| v.to_str().ok());
     let error = match response.extensions().get::<ErrorNote>() {
-        Some(ErrorNote(error)) => Some(error.as_str()),
-        None if grpc_status.is_some_and(|s| s != 200) => grpc_message(),
+        Some(ErrorNote(error)) => Some(std::borrow::Cow::Borrowed(error.as_str())),
+        None if grpc_status.is_some_and(|s| s != 200) => super::grpc::message_of(response.headers()).map(std::borrow::Cow::Owned),
         None => None,
     };
     match error {

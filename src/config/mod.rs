@@ -312,6 +312,25 @@ mod tests {
     }
 
     #[test]
+    fn tls_flags_are_checked_together() {
+        let tls = |extra: &[&str]| {
+            let mut args = vec!["m", "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"];
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        assert_eq!(tls(&[]).unwrap().tls.unwrap().client_certs, ClientCerts::NotAsked);
+        let mutual = tls(&["--ssl-ca-certs", "ca.pem", "--ssl-cert-reqs", "2"]).unwrap().tls.unwrap();
+        assert_eq!((mutual.client_certs, mutual.ca_certs.as_deref()), (ClientCerts::Required, Some(std::path::Path::new("ca.pem"))));
+        assert_eq!(tls(&["--ssl-ca-certs", "ca.pem", "--ssl-cert-reqs", "1"]).unwrap().tls.unwrap().client_certs, ClientCerts::Optional);
+        let error = |r: Result<ServerConfig, ConfigError>| r.unwrap_err().to_string();
+        assert!(error(tls(&["--ssl-cert-reqs", "2"])).contains("needs --ssl-ca-certs"));
+        assert!(error(tls(&["--ssl-ca-certs", "ca.pem", "--ssl-cert-reqs", "3"])).contains("must be 0 (CERT_NONE), 1 (CERT_OPTIONAL) or 2"));
+        assert!(error(parse(&["m", "--ssl-keyfile", "k.pem"])).contains("--ssl-certfile"), "a key without its certificate");
+        assert!(error(parse(&["m", "--ssl-cert-reqs", "1"])).contains("needs --ssl-keyfile"));
+        assert!(parse(&["m"]).unwrap().tls.is_none());
+    }
+
+    #[test]
     fn defaults_are_valid() {
         let config = ServerConfig::for_model("some/model");
         assert_eq!(config.models[0].served_name, "some/model");

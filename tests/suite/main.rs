@@ -18,6 +18,7 @@ mod embedding_gemma2_images;
 mod embedding_gemma2_video;
 mod encoder_families;
 mod generative_scoring;
+mod grpc;
 mod http;
 mod http_ops;
 mod http_pooling;

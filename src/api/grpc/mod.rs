@@ -141,3 +141,24 @@ pub fn http_status_of(response: &axum::http::Response<axum::body::Body>) -> Opti
         _ => 500,
     })
 }
+
+/// The `grpc-message` of a response, percent-decoded as the protocol encodes it.
+pub fn message_of(headers: &axum::http::HeaderMap) -> Option<String> {
+    let raw = headers.get("grpc-message")?.as_bytes();
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (raw[i], raw.get(i + 1).copied().and_then(hex), raw.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(high), Some(low)) => {
+                bytes.push((high * 16 + low) as u8);
+                i += 3;
+            }
+            (byte, _, _) => {
+                bytes.push(byte);
+                i += 1;
+            }
+        }
+    }
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
