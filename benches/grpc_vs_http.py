@@ -10,6 +10,10 @@ same over TLS. Latency: one client, one text at a time. Throughput: THREADS clie
 for SECONDS (the stream: one stream carrying as many).
 
     python benches/grpc_vs_http.py target/release/poolserve models/all-MiniLM-L6-v2 [ROUNDS]
+
+The HTTP request path of two binaries (a change's before and after), interleaved the same way:
+
+    python benches/grpc_vs_http.py --ab NEW_BINARY OLD_BINARY MODEL [ROUNDS]
 """
 
 import http.client
@@ -141,5 +145,38 @@ def main(binary, model, rounds):
             process.wait(timeout=40)
 
 
+def ab(new, old, model, rounds):
+    servers = {"new": serve(new, model, []), "old": serve(old, model, [])}
+    try:
+        for _, port in servers.values():
+            for _ in range(600):
+                try:
+                    http_client(port)()
+                    break
+                except (OSError, AssertionError, http.client.HTTPException):
+                    time.sleep(0.2)
+        latency = {name: [] for name in servers}
+        rate = {name: [] for name in servers}
+        for r in range(rounds):
+            for name, (_, port) in servers.items():
+                latency[name].append(latency_ms(lambda: http_client(port)))
+                rate[name].append(throughput(lambda: http_client(port)))
+            print(f"round {r + 1}/{rounds}: latency new/old {latency['new'][-1] / latency['old'][-1]:.3f}, throughput new/old {rate['new'][-1] / rate['old'][-1]:.3f}", file=sys.stderr)
+        lat_ratio = [a / b for a, b in zip(latency["new"], latency["old"])]
+        rate_ratio = [a / b for a, b in zip(rate["new"], rate["old"])]
+        print(f"| binary | HTTP /embed latency (ms, median of {rounds} rounds) | throughput (requests/s, {THREADS} clients) |")
+        print("|---|---|---|")
+        for name in servers:
+            print(f"| {name} | {statistics.median(latency[name]):.3f} | {statistics.median(rate[name]):.0f} |")
+        print(f"| new/old, pair by pair | {statistics.median(lat_ratio):.3f} ({min(lat_ratio):.3f}–{max(lat_ratio):.3f}) | {statistics.median(rate_ratio):.3f} ({min(rate_ratio):.3f}–{max(rate_ratio):.3f}) |")
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(timeout=40)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 5)
+    if sys.argv[1] == "--ab":
+        ab(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]) if len(sys.argv) > 5 else 5)
+    else:
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 5)

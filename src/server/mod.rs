@@ -1,8 +1,9 @@
 //! Startup: bind the port at once (so /health can say 503 while loading), load and warm the
 //! model off the async runtime, then serve until SIGINT/SIGTERM: HTTP/1.1 and HTTP/2 (h2c with
-//! prior knowledge, as gRPC clients speak it) on one port, under TLS with `--ssl-certfile`
-//! ([`tls`]).
+//! prior knowledge, as gRPC clients speak it) on one port ([`connections`]), under TLS with
+//! `--ssl-certfile` ([`tls`]).
 
+pub mod connections;
 pub mod tls;
 
 use crate::api::{self, AppState};
@@ -98,8 +99,8 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     };
     let mut server = tokio::spawn(async move {
         match acceptor {
-            Some(acceptor) => axum::serve(tls::TlsListener::new(listener, acceptor)?, app).with_graceful_shutdown(stop).await,
-            None => axum::serve(listener, app).with_graceful_shutdown(stop).await,
+            Some(acceptor) => connections::serve(tls::TlsListener::new(listener, acceptor)?, app, stop).await,
+            None => connections::serve(axum::serve::ListenerExt::tap_io(listener, connections::no_delay), app, stop).await,
         }
     });
 

@@ -85,6 +85,8 @@ impl TlsListener {
                     // The server has stopped: close the port.
                     _ = tx.closed() => break,
                 };
+                let mut stream = stream;
+                super::connections::no_delay(&mut stream);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
