@@ -3,16 +3,18 @@
 //! knowledge, as gRPC clients speak it, or h2 after ALPN) until the server stops; then each
 //! connection finishes its requests and closes (HTTP/2 with GOAWAY).
 //!
-//! Written here rather than `axum::serve` for one setting: HTTP/2's connection window. h2 (since
-//! 0.4.16) closes a connection whose unread small DATA frames exceed a budget of half the
-//! connection window (ENHANCE_YOUR_CALM, "too_many_data_frames"), its guard against floods of
-//! tiny frames. A gRPC stream of short texts is exactly such frames (one message each, ~100
-//! bytes), and a stream runs at most a window of messages at once ([`crate::api::grpc`]), so
-//! a client sending faster than the model embeds leaves frames unread until flow control stops
-//! it: up to a stream window (1 MiB, ~10,000 frames, 1.7 MiB of budget). hyper's default
-//! connection window (1 MiB) gives a 512 KiB budget and cut such streams after a few thousand
-//! messages; 16 MiB gives 8 MiB, room for four streams stalled at once on one connection,
-//! while tiny frames (a few bytes each) still trip the guard.
+//! Written here rather than `axum::serve` for HTTP/2's windows. h2 (since 0.4.16) closes a
+//! connection whose unread small DATA frames exceed a budget of half the connection window
+//! (GOAWAY ENHANCE_YOUR_CALM, "too_many_data_frames"), its guard against floods of tiny frames.
+//! A gRPC stream of short texts is exactly such frames (one message each, 8 bytes and up), and
+//! a stream runs at most a window of messages at once ([`crate::api::grpc`]), so a client that
+//! sends faster than the model embeds (or stops reading the answers) leaves frames unread until
+//! flow control stops it, one stream window later. With hyper's windows (1 MiB each: a 512 KiB
+//! budget) such streams were cut after a few dozen answers. Here a stream window of 256 KiB
+//! holds at most 32,768 of the smallest messages (8 MiB of budget), and the 32 MiB connection
+//! window gives a 16 MiB budget: two streams stalled at once on one connection with the
+//! smallest messages, many more with real texts. 256 KiB in flight per stream is still ~25,000
+//! short texts a second at 10 ms of round trip, more than a model embeds.
 
 use axum::serve::Listener;
 use axum::Router;
@@ -22,10 +24,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 
-/// HTTP/2's connection window (see the module's note).
-const CONNECTION_WINDOW: u32 = 16 << 20;
-/// HTTP/2's stream window: hyper's default, said here because the budget above counts on it.
-const STREAM_WINDOW: u32 = 1 << 20;
+/// HTTP/2's windows (see the module's note).
+const CONNECTION_WINDOW: u32 = 32 << 20;
+const STREAM_WINDOW: u32 = 256 << 10;
 
 /// TCP_NODELAY: an HTTP/2 answer leaves in several small writes (headers, data, gRPC's
 /// trailers), and Nagle's algorithm held the later ones for the client's delayed ACK: a gRPC

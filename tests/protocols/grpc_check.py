@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 import grpc
@@ -117,6 +118,13 @@ def check_embed(address):
     for text, answer in zip(many, streamed):
         want = next(t for t in texts if t["text"] == text)["embedding"]
         assert cosine(answer.embeddings, want) >= 0.9999
+    # A long stream of the shortest texts, sent as fast as the client can (each its own 8-byte
+    # HTTP/2 frame) while the client reads no answer for a while: the server reads a window of
+    # them, flow control holds the client back, and the connection must not be closed as a
+    # flood of small frames (h2's guard; with hyper's default windows it was, after ~35 answers).
+    flood = embed.EmbedStream(iter(pb.EmbedRequest(inputs="t") for _ in range(60000)))
+    time.sleep(3)
+    assert sum(1 for a in flood if len(a.embeddings) == 32) == 60000
     # EmbedAll: each token's vector (no Dense layers here: the last hidden state).
     every = embed.EmbedAll(pb.EmbedAllRequest(inputs=texts[0]["text"]))
     assert len(every.token_embeddings) == len(texts[0]["input_ids"])
