@@ -85,20 +85,15 @@ where
     >,
     S::Future: Send + 'static,
 {
-    let name = S::NAME;
-    let service = InterceptedService::new(server, key.clone());
-    router.route_service(&format!("/{name}/{{*rest}}"), service.map_request(|r: axum::extract::Request| r.map(tonic::body::Body::new)))
+    route(router, InterceptedService::new(server, key.clone()))
 }
 
-/// One service open to all (health, reflection).
+/// One service at its gRPC path (`/package.Service/Method`).
 fn route<S>(router: Router<AppState>, server: S) -> Router<AppState>
 where
     S: NamedService + Clone + Send + Sync + 'static,
-    S: tower::Service<
-        axum::http::Request<tonic::body::Body>,
-        Response = axum::http::Response<tonic::body::Body>,
-        Error = std::convert::Infallible,
-    >,
+    S: tower::Service<axum::http::Request<tonic::body::Body>, Error = std::convert::Infallible>,
+    S::Response: axum::response::IntoResponse,
     S::Future: Send + 'static,
 {
     let name = S::NAME;
