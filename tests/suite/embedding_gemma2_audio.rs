@@ -255,6 +255,10 @@ async fn hostile_audio_is_refused_with_its_reason() {
         (b"definitely not audio".to_vec(), "could not be read"),
         (wav(1000, 16000, None)[..30].to_vec(), "audio"),
         (wav(1000, 900_000, None), "sample rate"),
+        // The fuzzer's finds (fuzz/regressions/): a sample rate of 0 made symphonia divide by
+        // zero (a 500); a FLAC comment made it allocate 3.2 GB.
+        (std::fs::read("fuzz/regressions/wav_sample_rate_0_panics.wav").unwrap(), "sample rate (0)"),
+        (std::fs::read("fuzz/regressions/flac_comment_claims_3_gb.flac").unwrap(), "FLAC metadata block claims"),
     ] {
         let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![wav_part(&bytes)])]})).await;
         assert_eq!(reply.status, 400, "{words}: {}", reply.body);

@@ -10,9 +10,9 @@
 //! MP3 and Vorbis decoders differ in their last bits (measured against transformers in
 //! tests/suite/embedding_gemma2_audio.rs).
 
-use super::{AudioError, AudioLimits};
+use super::{screen, AudioError, AudioLimits};
 use symphonia::core::audio::SampleBuffer;
-use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
+use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL, CODEC_TYPE_VORBIS};
 use symphonia::core::errors::Error as SymphoniaError;
 use symphonia::core::formats::FormatOptions;
 use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
@@ -28,7 +28,19 @@ pub const MAX_CHANNELS: usize = 8;
 /// The audio's container and stream checked from its headers, nothing decoded: a request's
 /// audio all pass this before the first of them runs (as images' headers do).
 pub fn check_header(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<(), AudioError> {
-    probe(bytes, rate, max_samples, limits).map(|_| ())
+    guarded(|| probe(bytes, rate, max_samples, limits).map(|_| ()))
+}
+
+/// Runs symphonia's part of a request with its panics turned into a refused file.
+///
+/// symphonia returns errors for the broken files it foresaw; for others it has panicked (a WAV
+/// with a sample rate of 0 divided by zero, a Vorbis codebook trips an `assert!`). [`screen`]
+/// refuses the ones we know of before symphonia sees them; this is the net under the rest, so
+/// a client's bad file is a 400, not a 500. Sound: the closure owns everything it touches
+/// (the decoder, its buffers), all dropped with it, so nothing half-changed outlives the panic.
+fn guarded<T>(work: impl FnOnce() -> Result<T, AudioError>) -> Result<T, AudioError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        .unwrap_or_else(|_| Err(AudioError::Decode("the decoder failed on this file".into())))
 }
 
 /// The container's reader, its audio track, the track's parameters and its sample rate,
@@ -39,6 +51,7 @@ fn probe(
     max_samples: usize,
     limits: &AudioLimits,
 ) -> Result<(Box<dyn symphonia::core::formats::FormatReader>, u32, symphonia::core::codecs::CodecParameters, u32), AudioError> {
+    screen::container(bytes)?;
     let source = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes.to_vec())), MediaSourceStreamOptions::default());
     let format_options = FormatOptions { enable_gapless: true, ..FormatOptions::default() };
     let probed = symphonia::default::get_probe()
@@ -72,7 +85,14 @@ fn probe(
 
 /// The first `max_samples` samples at `rate` Hz of the audio in `bytes`, channels averaged.
 pub fn decode_mono(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<Vec<f32>, AudioError> {
+    guarded(|| decode_mono_unguarded(bytes, rate, max_samples, limits))
+}
+
+fn decode_mono_unguarded(bytes: &[u8], rate: u32, max_samples: usize, limits: &AudioLimits) -> Result<Vec<f32>, AudioError> {
     let (mut reader, track_id, params, source_rate) = probe(bytes, rate, max_samples, limits)?;
+    if let (CODEC_TYPE_VORBIS, Some(setup)) = (params.codec, &params.extra_data) {
+        screen::vorbis_setup(setup)?;
+    }
     let mut decoder =
         symphonia::default::get_codecs().make(&params, &DecoderOptions::default()).map_err(|e| AudioError::Format(describe(&e)))?;
 

@@ -3,7 +3,8 @@
 //!
 //! - [`decode`]: WAV, FLAC, MP3 and OGG/Vorbis through symphonia, mixed down to mono and
 //!   resampled to the feature extractor's rate, decoding only as much as the model reads;
-//! - [`features`]: `Gemma4AudioFeatureExtractor`'s log-mel spectrogram.
+//! - [`features`]: `Gemma4AudioFeatureExtractor`'s log-mel spectrogram;
+//! - [`screen`]: the header lengths symphonia would allocate unchecked, checked first.
 //!
 //! **Limits, and why they look as they do.** The feature extractor keeps the first
 //! `max_length` samples (30 s at 16 kHz) and drops the rest, so decoding stops there: an
@@ -14,6 +15,7 @@
 
 pub mod decode;
 pub mod features;
+mod screen;
 
 pub use features::{LogMel, LogMelConfig};
 
