@@ -17,7 +17,8 @@
 #    and examples/score.sh on the bert-reranker fixture, examples/classify.sh on the bert-seqcls
 #    fixture (SDKs installed into .venv/);
 # 4. runs schemathesis against /openapi.json of a served fixture; TEI's gRPC API through
-#    grpcio, TLS / mutual TLS / HTTP/2 through real clients (tests/protocols/); 3 minutes of the soak
+#    grpcio, TLS / mutual TLS / HTTP/2 and OpenTelemetry traces (an OTLP receiver) through real
+#    clients (tests/protocols/); 3 minutes of the soak
 #    (benches/soak.sh: five models under a mixed load; fails on RSS growth or a 5xx);
 # 5. builds the container image from the unchanged Dockerfile and runs it
 #    (scripts/test-container.sh: buildah, no Docker engine needed; root only), then builds the
@@ -46,7 +47,7 @@ phase() {
 
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate schemathesis matplotlib \
-  grpcio grpcio-tools grpcio-health-checking grpcio-reflection 'httpx[http2]' cryptography
+  grpcio grpcio-tools grpcio-health-checking grpcio-reflection 'httpx[http2]' cryptography opentelemetry-proto
 # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
 .venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml configs/kubernetes/two-models/*.yaml
 
@@ -135,13 +136,16 @@ echo "schemathesis: ok"
 # TEI's gRPC API through grpcio (stubs compiled from proto/tei.proto unchanged), answers
 # against the fixtures' references and the same HTTP requests, TEI's status codes; then TLS,
 # mutual TLS and HTTP/2 (h2 by ALPN, h2c) with a CA made by the script.
-phase "gRPC, TLS and HTTP/2 with real clients"
+phase "gRPC, TLS, HTTP/2 and OpenTelemetry with real clients"
 .venv/bin/python tests/protocols/grpc_check.py embed "${base#http://}"
 serve tests/fixtures/models/bert-reranker
 .venv/bin/python tests/protocols/grpc_check.py rerank "${base#http://}"
 serve tests/fixtures/models/bert-reranker --api-key grpc-check-key
 .venv/bin/python tests/protocols/grpc_check.py auth "${base#http://}" grpc-check-key
 .venv/bin/python tests/protocols/tls_check.py target/debug/poolserve tests/fixtures/models/bert-embed-mean
+# OpenTelemetry: request spans and their phases into an OTLP/gRPC receiver the script runs,
+# the caller's traceparent, the flush at exit; then no collector behind the endpoint.
+.venv/bin/python tests/protocols/otlp_check.py target/debug/poolserve tests/fixtures/models/bert-embed-mean
 
 kill "${servers[@]}" 2>/dev/null || true
 servers=()

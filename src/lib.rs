@@ -20,3 +20,4 @@ pub mod metrics;
 pub mod models;
 pub mod pooling;
 pub mod server;
+pub mod telemetry;

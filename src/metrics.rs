@@ -255,6 +255,18 @@ pub struct RequestTimings {
     pub on_gpu: Cell<bool>,
     /// The served name of the model the request resolved to, once it has.
     pub model: RefCell<Option<String>>,
+    /// The phases of the work with their times, for the request's trace; `None` (nothing
+    /// noted) when requests are not traced.
+    pub phases: RefCell<Option<Vec<Phase>>>,
+}
+
+/// One timed phase of a request's work (`tokenize`, `queue`, `inference`…), a child span of
+/// the request's trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Phase {
+    pub name: &'static str,
+    pub start: std::time::SystemTime,
+    pub end: std::time::SystemTime,
 }
 
 impl RequestTimings {
@@ -294,6 +306,17 @@ pub fn note_model(name: &str) {
 /// Adds to the current request's timings, if the caller runs inside one.
 pub fn note(f: impl FnOnce(&RequestTimings)) {
     let _ = TIMINGS.try_with(f);
+}
+
+/// Notes a phase of the current request's work that began at `started` and took `took`, when
+/// the request is traced (the wall-clock start is read back from the monotonic one).
+pub fn note_phase(name: &'static str, started: std::time::Instant, took: Duration) {
+    let _ = TIMINGS.try_with(|t| {
+        if let Some(phases) = t.phases.borrow_mut().as_mut() {
+            let start = std::time::SystemTime::now() - started.elapsed();
+            phases.push(Phase { name, start, end: start + took });
+        }
+    });
 }
 
 #[cfg(test)]

@@ -9,11 +9,13 @@
 
 use super::error::ErrorNote;
 use crate::metrics::{self, RequestTimings, TimingSnapshot, TIMINGS};
+use crate::telemetry;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::time::{Duration, Instant};
+use std::cell::RefCell;
+use std::time::{Duration, Instant, SystemTime};
 
 /// The one log line of every response, inside the request's span (method, path, request id).
 /// Levels say who must act: a 500 (a bug) is an ERROR; everything else is INFO, client errors
@@ -108,22 +110,55 @@ pub fn compute_headers(work: &TimingSnapshot, total: Duration) -> [(HeaderName, 
 pub async fn track(request: Request, next: Next) -> Response {
     let endpoint = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_default();
     let started = Instant::now();
-    let mut in_flight = InFlight::start(endpoint, started);
-    let (mut response, work, model) = TIMINGS
-        .scope(RequestTimings::default(), async {
+    let trace = telemetry::enabled().then(|| TraceStart {
+        parent: telemetry::parent_from(request.headers()),
+        method: request.method().to_string(),
+        path: request.uri().path().to_string(),
+        start: SystemTime::now(),
+    });
+    let mut in_flight = InFlight::start(endpoint.clone(), started);
+    let timings = RequestTimings { phases: RefCell::new(trace.as_ref().map(|_| Vec::new())), ..RequestTimings::default() };
+    let (mut response, work, model, phases) = TIMINGS
+        .scope(timings, async {
             let response = next.run(request).await;
-            let (work, model) = TIMINGS.with(|t| (t.snapshot(), t.model.borrow_mut().take()));
-            (response, work, model)
+            let (work, model, phases) = TIMINGS.with(|t| (t.snapshot(), t.model.borrow_mut().take(), t.phases.borrow_mut().take()));
+            (response, work, model, phases)
         })
         .await;
     let total = started.elapsed();
     let model = model.unwrap_or_default();
     // A gRPC call answers HTTP 200 whatever its outcome: count its gRPC status instead.
     let status = super::grpc::http_status_of(&response).unwrap_or(response.status().as_u16());
+    // The span goes before the request counts as finished: a draining server exits once
+    // none is in flight, and flushes the spans it has at that moment.
+    if let Some(trace) = trace {
+        // A gRPC service is routed by a wildcard: its span is named by the method's path.
+        let route = if endpoint.contains("{*") || endpoint.is_empty() { trace.path.as_str() } else { endpoint.as_str() };
+        let span = telemetry::RequestSpan {
+            method: &trace.method,
+            route,
+            path: &trace.path,
+            status,
+            model: &model,
+            tokens: work.tokens,
+            characters: work.characters,
+            start: trace.start,
+            end: SystemTime::now(),
+        };
+        telemetry::record(&trace.parent, &span, &phases.unwrap_or_default());
+    }
     in_flight.finish(status, &model);
     response.extensions_mut().insert(ModelNote(model));
     for (name, value) in compute_headers(&work, total) {
         response.headers_mut().insert(name, value);
     }
     response
+}
+
+/// What a traced request's span needs from its start.
+struct TraceStart {
+    parent: opentelemetry::Context,
+    method: String,
+    path: String,
+    start: SystemTime,
 }

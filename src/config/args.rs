@@ -156,6 +156,14 @@ pub struct ServeArgs {
     /// 1 checked when sent (CERT_OPTIONAL), 2 required (CERT_REQUIRED).
     #[arg(long, default_value_t = 0, env = "POOLSERVE_SSL_CERT_REQS")]
     pub ssl_cert_reqs: u8,
+    /// Send a trace of every request (a span with tokenize, queue, inference and postprocess
+    /// children) to this OpenTelemetry collector, OTLP over gRPC, e.g. `http://collector:4317`
+    /// (TEI's flag; vLLM's `--otlp-traces-endpoint` is the same).
+    #[arg(long, alias = "otlp-traces-endpoint", env = "POOLSERVE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the traces (TEI's flag).
+    #[arg(long, default_value = "poolserve", env = "POOLSERVE_OTLP_SERVICE_NAME")]
+    pub otlp_service_name: String,
     /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30, env = "POOLSERVE_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: u64,

@@ -39,6 +39,8 @@ pub struct ServerConfig {
     pub allow_runtime_lora_updating: bool,
     /// `--ssl-keyfile` and the rest: serve HTTPS.
     pub tls: Option<TlsOptions>,
+    /// `--otlp-endpoint`: trace requests to an OpenTelemetry collector.
+    pub telemetry: Option<crate::telemetry::TelemetryOptions>,
 }
 
 /// vLLM's TLS flags, checked for consistency (the files are read when the server starts).
@@ -229,8 +231,14 @@ impl TryFrom<ServeArgs> for ServerConfig {
             positive("max-loras", args.max_loras)?;
             positive("max-lora-rank", args.max_lora_rank)?;
         }
+        let telemetry = match args.otlp_endpoint {
+            Some(endpoint) if endpoint.trim().is_empty() => return Err(ConfigError("--otlp-endpoint must not be empty".into())),
+            Some(endpoint) => Some(crate::telemetry::TelemetryOptions { endpoint, service_name: args.otlp_service_name }),
+            None => None,
+        };
         Ok(ServerConfig {
             tls,
+            telemetry,
             models,
             engine,
             host: args.host,
@@ -276,6 +284,7 @@ impl ServerConfig {
             media_fetch_timeout: std::time::Duration::from_secs(5),
             allow_runtime_lora_updating: false,
             tls: None,
+            telemetry: None,
         }
     }
 }
@@ -328,6 +337,21 @@ mod tests {
         assert!(error(parse(&["m", "--ssl-keyfile", "k.pem"])).contains("--ssl-certfile"), "a key without its certificate");
         assert!(error(parse(&["m", "--ssl-cert-reqs", "1"])).contains("needs --ssl-keyfile"));
         assert!(parse(&["m"]).unwrap().tls.is_none());
+    }
+
+    #[test]
+    fn otlp_flags_are_teis_and_vllms() {
+        let otlp = |extra: &[&str]| {
+            let mut args = vec!["m"];
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        assert_eq!(otlp(&[]).unwrap().telemetry, None);
+        let tei = otlp(&["--otlp-endpoint", "http://collector:4317", "--otlp-service-name", "embedder"]).unwrap().telemetry.unwrap();
+        assert_eq!((tei.endpoint.as_str(), tei.service_name.as_str()), ("http://collector:4317", "embedder"));
+        let vllm = otlp(&["--otlp-traces-endpoint", "collector:4317"]).unwrap().telemetry.unwrap();
+        assert_eq!((vllm.endpoint.as_str(), vllm.service_name.as_str()), ("collector:4317", "poolserve"));
+        assert!(otlp(&["--otlp-endpoint", " "]).is_err());
     }
 
     #[test]

@@ -523,6 +523,7 @@ impl Engine {
 
     /// [`Self::run`] for texts and images.
     async fn run_inputs(&self, inputs: Vec<ModelInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
+        let submitted = std::time::Instant::now();
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let adapter = self.adapter.as_ref().map(|a| Arc::clone(&a.weights));
@@ -553,10 +554,12 @@ impl Engine {
         });
         let mut outputs = Vec::with_capacity(receivers.len());
         let mut slowest = scheduler::JobTiming::default();
+        let mut first_batch_after = std::time::Duration::MAX;
         for rx in receivers {
             let (output, timing) = rx.await.map_err(|_| EngineError::Stopped)??;
             slowest.queue = slowest.queue.max(timing.queue);
             slowest.inference = slowest.inference.max(timing.inference);
+            first_batch_after = first_batch_after.min(timing.queue);
             outputs.push(output);
         }
         // A request's inputs may run in several batches: report its longest wait and batch.
@@ -564,6 +567,12 @@ impl Engine {
             t.queue.set(t.queue.get().max(slowest.queue));
             t.inference.set(t.inference.get().max(slowest.inference));
         });
+        // Its trace: waiting until its last input's batch began; inference from its first
+        // batch's start to its last one's end.
+        if let Some(inference_started) = submitted.checked_add(first_batch_after) {
+            crate::metrics::note_phase("queue", submitted, slowest.queue);
+            crate::metrics::note_phase("inference", inference_started, inference_started.elapsed());
+        }
         Ok(outputs)
     }
 

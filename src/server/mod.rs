@@ -65,6 +65,10 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         },
     );
     let app = api::router(state.clone(), config.payload_limit);
+    if let Some(telemetry) = &config.telemetry {
+        crate::telemetry::start(telemetry)?;
+        tracing::info!("tracing requests to {} (OTLP/gRPC, service.name {})", telemetry.endpoint, telemetry.service_name);
+    }
     let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let listener = TcpListener::bind((config.host.as_str(), config.port))
         .await
@@ -88,10 +92,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 if crate::metrics::in_flight() <= 0 && api::grpc::open_streams() == 0 {
                     tracing::info!("stopped: no request running (idle connections closed)");
+                    flush_traces().await;
                     std::process::exit(0);
                 }
                 if tokio::time::Instant::now() >= deadline {
                     tracing::warn!("shutdown timeout ({timeout:?}) reached with requests still running; exiting");
+                    flush_traces().await;
                     std::process::exit(0);
                 }
             }
@@ -141,10 +147,18 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         finished = &mut server => {
             finished??;
             tracing::info!("stopped while loading");
+            flush_traces().await;
             return Ok(());
         }
     }
     server.await??;
     tracing::info!("stopped");
+    flush_traces().await;
     Ok(())
+}
+
+/// Sends the request spans still queued before the process ends (at most 5 s; nothing when
+/// tracing is off).
+async fn flush_traces() {
+    let _ = tokio::task::spawn_blocking(crate::telemetry::shutdown).await;
 }

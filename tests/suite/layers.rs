@@ -9,15 +9,16 @@ use std::path::Path;
 /// Module → the modules of ours it may import (besides itself).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("metrics", &[]),
+    ("telemetry", &["metrics"]),
     ("models", &[]),
     ("pooling", &["models"]),
     ("input", &["models", "metrics"]),
     ("loader", &["models", "pooling", "input"]),
     ("engine", &["models", "pooling", "input", "loader", "metrics"]),
-    ("api", &["models", "pooling", "input", "loader", "engine", "metrics"]),
+    ("api", &["models", "pooling", "input", "loader", "engine", "metrics", "telemetry"]),
     ("library", &["models", "pooling", "input", "loader", "engine"]),
-    ("config", &["pooling", "input", "loader", "engine"]),
-    ("server", &["pooling", "input", "loader", "engine", "metrics", "api", "config"]),
+    ("config", &["pooling", "input", "loader", "engine", "telemetry"]),
+    ("server", &["pooling", "input", "loader", "engine", "metrics", "api", "config", "telemetry"]),
     ("commands", &["pooling", "input", "loader", "engine", "config", "library"]),
 ];
 

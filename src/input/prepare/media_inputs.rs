@@ -74,11 +74,15 @@ impl Preprocessor {
             }
             ImageProcessing::Page(frame) => {
                 let inputs = self.page_images(prompts, frame, limits, (first, in_request)).await?;
-                crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+                let took = started.elapsed();
+                crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + took));
+                crate::metrics::note_phase("preprocess", started, took);
                 return Ok(inputs);
             }
         };
-        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        let took = started.elapsed();
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + took));
+        crate::metrics::note_phase("preprocess", started, took);
         Ok(inputs)
     }
 
@@ -208,7 +212,9 @@ impl Preprocessor {
             .await??;
         let media = Media { patches, audio, videos };
         let inputs = self.image_sequences(prompts, media, images.map(|(frame, _)| frame), options).await?;
-        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + started.elapsed()));
+        let took = started.elapsed();
+        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + took));
+        crate::metrics::note_phase("preprocess", started, took);
         Ok(inputs)
     }
 

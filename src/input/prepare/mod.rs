@@ -698,6 +698,7 @@ impl Preprocessor {
         let elapsed = started.elapsed();
         crate::metrics::tokenized(&self.served_name, elapsed, inputs.iter().map(TokenizedInput::len).sum());
         crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
+        crate::metrics::note_phase("tokenize", started, elapsed);
     }
 
     /// Test hook for [`InputWorkers::panic_in_a_worker`].
