@@ -19,7 +19,9 @@
 # 4. runs schemathesis against /openapi.json of a served fixture; TEI's gRPC API through
 #    grpcio, TLS / mutual TLS / HTTP/2 and OpenTelemetry traces (an OTLP receiver) through real
 #    clients (tests/protocols/); 3 minutes of the soak
-#    (benches/soak.sh: five models under a mixed load; fails on RSS growth or a 5xx);
+#    (benches/soak.sh: five models under a mixed load; fails on RSS growth or a 5xx); every
+#    fuzz target of fuzz/ for 2 minutes in all (cargo-fuzz, the nightly toolchain, from the
+#    committed corpus; a crash, a 10 s input or an allocation over 2 GiB fails the run);
 # 5. builds the container image from the unchanged Dockerfile and runs it
 #    (scripts/test-container.sh: buildah, no Docker engine needed; root only), then builds the
 #    CUDA image from Dockerfile.cuda around the CUDA binary of step 2 (not compiled again) and
@@ -154,6 +156,17 @@ servers=()
 # fails when RSS grows more than 10 % after its first 90 seconds, or on any 5xx.
 phase "soak, 3 minutes"
 POOLSERVE_BIN=target/debug/poolserve PYTHON=.venv/bin/python SOAK_OUT=target/soak-test benches/soak.sh 3
+
+# Every fuzz target for 2 minutes in all (README "Fuzzing"): the nightly toolchain must be
+# there (rustup installs it where it can); cargo-fuzz is installed by scripts/fuzz.sh.
+phase "fuzz: build (nightly, AddressSanitizer)"
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+(cd fuzz && cargo +nightly fuzz build)
+phase "fuzz: every target, 2 minutes in all"
+targets=$(cd fuzz && cargo +nightly fuzz list | wc -l)
+scripts/fuzz.sh $(( 120 / targets ))
+rm -rf fuzz/target
 
 # The containers build in folders of their own: the test build's intermediate files (1.6 GB of
 # dependencies and test binaries) are not needed past this point; the debug binary stays.

@@ -6,8 +6,11 @@
 use axum::body::Body;
 use axum::http::Request;
 use libfuzzer_sys::fuzz_target;
-use std::sync::LazyLock;
 use tower::ServiceExt;
+
+#[path = "common/served.rs"]
+mod served;
+use served::SERVED;
 
 const ROUTES: [&str; 16] = [
     "/v1/embeddings",
@@ -27,20 +30,6 @@ const ROUTES: [&str; 16] = [
     "/vertex",
     "/invocations",
 ];
-
-struct Served {
-    runtime: tokio::runtime::Runtime,
-    router: axum::Router,
-}
-
-static SERVED: LazyLock<Served> = LazyLock::new(|| {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let folder = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/bert-embed-mean");
-    let config = poolserve::config::ServerConfig::for_model(folder);
-    let engine = runtime.block_on(async { poolserve::engine::Engine::load(&config.models[0], &config.engine) }).expect("the fixture loads");
-    let router = poolserve::api::router(poolserve::api::AppState::ready(engine), config.payload_limit);
-    Served { runtime, router }
-});
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, body)) = data.split_first() else { return };
