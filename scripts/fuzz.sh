@@ -5,15 +5,25 @@
 # before a commit). A crash, a timeout (10 s an input) or an allocation over 2 GiB stops the run
 # and leaves the input in fuzz/artifacts/TARGET.
 #
+# The toolchain is nightly where rustup has it; without it, the stable one with RUSTC_BOOTSTRAP=1
+# (cargo-fuzz's -Zsanitizer flag is nightly-only; the ASan runtime ships with every channel).
+#
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+if rustup toolchain list | grep -q '^nightly'; then
+  toolchain=+nightly
+else
+  toolchain=+stable
+  export RUSTC_BOOTSTRAP=1
+  echo "fuzz: no nightly toolchain here: the stable one, with RUSTC_BOOTSTRAP=1"
+fi
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo "$toolchain" fuzz list)
 for target in "${targets[@]}"; do
   echo "fuzz: $target for ${seconds} s"
-  cargo +nightly fuzz run "$target" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=2048 -print_final_stats=1
+  cargo "$toolchain" fuzz run "$target" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=2048 -print_final_stats=1
 done
