@@ -49,11 +49,8 @@ fuzz_target!(|data: &[u8]| {
         message.to_vec()
     };
     let served = &*SERVED;
-    let request = Request::post(method)
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(Body::from(body))
-        .expect("request");
+    let request =
+        Request::post(method).header("content-type", "application/grpc").header("te", "trailers").body(Body::from(body)).expect("request");
     let (status, headers, trailers) = served.runtime.block_on(async {
         let response = served.router.clone().oneshot(request).await.expect("the router answers");
         let (parts, body) = response.into_parts();
