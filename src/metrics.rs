@@ -308,6 +308,14 @@ pub fn note(f: impl FnOnce(&RequestTimings)) {
     let _ = TIMINGS.try_with(f);
 }
 
+/// Adds `took` (from `started`) to the current request's tokenization time (TEI's
+/// `x-tokenization-time`, media preprocessing included) and notes it as the phase `name`
+/// (`tokenize`, `preprocess`) of its trace.
+pub fn note_tokenization(name: &'static str, started: std::time::Instant, took: Duration) {
+    note(|t| t.tokenization.set(t.tokenization.get() + took));
+    note_phase(name, started, took);
+}
+
 /// Notes a phase of the current request's work that began at `started` and took `took`, when
 /// the request is traced (the wall-clock start is read back from the monotonic one).
 pub fn note_phase(name: &'static str, started: std::time::Instant, took: Duration) {

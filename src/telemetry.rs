@@ -134,8 +134,7 @@ pub fn record(parent: &Context, request: &RequestSpan, phases: &[Phase]) {
         cx.span().set_status(Status::error(format!("HTTP {}", request.status)));
     }
     let child = |name: &'static str, start: SystemTime, end: SystemTime| {
-        let span = tracer.span_builder(name).with_kind(SpanKind::Internal).with_start_time(start).start_with_context(tracer, &cx);
-        let mut span = span;
+        let mut span = tracer.span_builder(name).with_kind(SpanKind::Internal).with_start_time(start).start_with_context(tracer, &cx);
         opentelemetry::trace::Span::end_with_timestamp(&mut span, end.max(start));
     };
     for phase in phases {

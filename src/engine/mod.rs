@@ -568,7 +568,7 @@ impl Engine {
             t.inference.set(t.inference.get().max(slowest.inference));
         });
         // Its trace: waiting until its last input's batch began; inference from its first
-        // batch's start to its last one's end.
+        // batch's start to its last one's end (neither when no input ran).
         if let Some(inference_started) = submitted.checked_add(first_batch_after) {
             crate::metrics::note_phase("queue", submitted, slowest.queue);
             crate::metrics::note_phase("inference", inference_started, inference_started.elapsed());

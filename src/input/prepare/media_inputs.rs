@@ -74,15 +74,11 @@ impl Preprocessor {
             }
             ImageProcessing::Page(frame) => {
                 let inputs = self.page_images(prompts, frame, limits, (first, in_request)).await?;
-                let took = started.elapsed();
-                crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + took));
-                crate::metrics::note_phase("preprocess", started, took);
+                crate::metrics::note_tokenization("preprocess", started, started.elapsed());
                 return Ok(inputs);
             }
         };
-        let took = started.elapsed();
-        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + took));
-        crate::metrics::note_phase("preprocess", started, took);
+        crate::metrics::note_tokenization("preprocess", started, started.elapsed());
         Ok(inputs)
     }
 
@@ -212,9 +208,7 @@ impl Preprocessor {
             .await??;
         let media = Media { patches, audio, videos };
         let inputs = self.image_sequences(prompts, media, images.map(|(frame, _)| frame), options).await?;
-        let took = started.elapsed();
-        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + took));
-        crate::metrics::note_phase("preprocess", started, took);
+        crate::metrics::note_tokenization("preprocess", started, started.elapsed());
         Ok(inputs)
     }
 

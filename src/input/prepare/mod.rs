@@ -697,8 +697,7 @@ impl Preprocessor {
     fn note_tokenized(&self, started: std::time::Instant, inputs: &[TokenizedInput]) {
         let elapsed = started.elapsed();
         crate::metrics::tokenized(&self.served_name, elapsed, inputs.iter().map(TokenizedInput::len).sum());
-        crate::metrics::note(|t| t.tokenization.set(t.tokenization.get() + elapsed));
-        crate::metrics::note_phase("tokenize", started, elapsed);
+        crate::metrics::note_tokenization("tokenize", started, elapsed);
     }
 
     /// Test hook for [`InputWorkers::panic_in_a_worker`].
