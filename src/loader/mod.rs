@@ -209,7 +209,8 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let (vb, cpu_weight_format) = open_weights(&source, options, &device, merged_folder)?;
     let mut backbone = with_cpu_weight_format(cpu_weight_format, || architecture.backbone(&config, vb.clone()))?;
     if options.quantization.is_some() {
-        models::quantize_int8(backbone.as_mut()).map_err(ModelError::Weights)?;
+        let takes_adapters = options.lora.is_some() || architecture.has_task_adapters(&config);
+        models::quantize_int8(backbone.as_mut(), takes_adapters).map_err(ModelError::Weights)?;
         if !models::ops::int8::accelerated() {
             tracing::warn!("--quantization int8: this CPU has no AVX2; the portable int8 kernel is slower than float32");
         }
