@@ -286,7 +286,8 @@ pub struct ImageTokens {
 /// with those base weights quantized as ours are (exact activations, the adapter in float32)
 /// falls to cosine 0.99841 of PEFT's merged model, 0.99975 with Q/K/V left in float32; without
 /// the adapter both stay above 0.99993. Our AVX2 kernel gave 0.99842, so the arithmetic was
-/// right and the layer choice was what fell below the int8 bar (0.999).
+/// right and the layer choice was what fell below the int8 bar (0.999)
+/// (tests/fixtures/int8_layer_choice.py measures it).
 pub fn quantize_int8(backbone: &mut dyn Backbone, takes_adapters: bool) -> candle_core::Result<()> {
     if ops::int8::quantizes_attention_inputs() && !takes_adapters {
         backbone.attention_input_linears().into_iter().try_for_each(Linear::quantize_int8)?;
