@@ -9,10 +9,15 @@
 # (cargo-fuzz's -Zsanitizer flag is nightly-only; the ASan runtime ships with every channel).
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
+#   scripts/fuzz.sh --build            # builds every target, runs none
+#
+# FUZZ_PROFILE=dev builds with `cargo fuzz build --dev` (fuzz/Cargo.toml's dev profile: a few
+# minutes instead of cargo-fuzz's release build with one codegen unit per crate, about 13; the
+# test command's short run uses it); unset, cargo-fuzz's release build (faster for long runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${1:-600}
-shift || true
+profile=()
+[ "${FUZZ_PROFILE:-release}" = dev ] && profile=(--dev)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 if rustup toolchain list | grep -q '^nightly'; then
   toolchain=+nightly
@@ -21,9 +26,15 @@ else
   export RUSTC_BOOTSTRAP=1
   echo "fuzz: no nightly toolchain here: the stable one, with RUSTC_BOOTSTRAP=1"
 fi
+if [ "${1:-}" = --build ]; then
+  cargo "$toolchain" fuzz build "${profile[@]}"
+  exit 0
+fi
+seconds=${1:-600}
+shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo "$toolchain" fuzz list)
 for target in "${targets[@]}"; do
   echo "fuzz: $target for ${seconds} s"
-  cargo "$toolchain" fuzz run "$target" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=2048 -print_final_stats=1
+  cargo "$toolchain" fuzz run "${profile[@]}" "$target" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -malloc_limit_mb=2048 -print_final_stats=1
 done
