@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the release binary with `--features cuda` on a machine without a CUDA toolkit, from
-# PyPI's CUDA 13.0 wheels, and prints the binary's path as its last line.
+# Builds the binary with `--features cuda` on a machine without a CUDA toolkit, from PyPI's
+# CUDA 13.0 wheels, and prints the binary's path as its last line.
 #
-#   scripts/build-cuda.sh            # → target/cuda/release/poolserve
-#   scripts/build-cuda.sh --clippy   # the same, then clippy over the CUDA build (-D warnings)
+#   scripts/build-cuda.sh            # the release build → target/cuda/release/poolserve
+#   scripts/build-cuda.sh --check    # the test command's: lints, compiles and links → target/cuda-check/poolserve
+#   scripts/build-cuda.sh --toolkit  # step 1 only (the test command starts it early)
 #
 # CUDA_COMPUTE_CAP (default 90: H100/H200) picks the GPU generation candle's kernels are
 # compiled for; candle's build turns 90 into sm_90a, which runs on compute capability 9.0 only.
@@ -21,8 +22,16 @@
 #    The stubs are never loaded: the binary needs the real `libcuda.so.1` (the driver),
 #    `libcublas.so.13` and `libcurand.so.10` at run time, e.g. from PyTorch's nvidia wheels:
 #    LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib;
-# 3. builds into target/cuda/ (not target/, so the CPU build is left alone).
-# Needs python3 (with venv), gcc and cargo; about 8 minutes on 2 cores from a warm registry.
+# 3. the release build goes into target/cuda/ (not target/, so the CPU build is left alone).
+#    `--check` builds into target/ instead, where the test command's CPU release build has
+#    already compiled every dependency the `cuda` feature leaves alone (all but candle, cudarc,
+#    the kernels and a few crates whose features it changes), with clippy (-D warnings) linting
+#    the library and the binary as they compile, and the GPU code compiled without nvcc's
+#    optimizer; the binary is copied to target/cuda-check/ and target/release/poolserve is put
+#    back to the CPU build's. It is for checking that everything compiles, lints and links: the
+#    GPU check (scripts/gpu-bundle.sh) and Dockerfile.cuda use the plain release build.
+# Needs python3 (with venv), gcc and cargo; the release build takes about 8 minutes on 2 cores
+# from a warm registry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +50,7 @@ if [ ! -x "$CU13/bin/nvcc" ] || [ "$(cat "$TOOLKIT/wheels.txt" 2>/dev/null)" != 
   echo "${WHEELS[*]}" > "$TOOLKIT/wheels.txt"
 fi
 "$CU13/bin/nvcc" --version | grep -q "release 13.0" || { echo "build-cuda: nvcc is not 13.0" >&2; exit 1; }
+[ "${1:-}" = --toolkit ] && exit 0
 
 # Link-time names. cudarc's build script searches $CUDA_HOME/lib and $CUDA_HOME/lib/stubs.
 ln -sf libcudart.so.13 "$CU13/lib/libcudart.so"
@@ -63,10 +73,28 @@ stub nvrtc nvrtc libnvrtc.so.13
 
 export PATH="$CU13/bin:$CU13/nvvm/bin:$PATH" CUDA_HOME="$CU13"
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}" CUDARC_CUDA_VERSION=13000
-export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}" CARGO_TARGET_DIR="$PWD/target/cuda"
-cargo build --release --locked --features cuda --bin poolserve >&2
-if [ "${1:-}" = --clippy ]; then
-  # The release profile reuses the build's compiled kernels (build scripts are not run again).
-  cargo clippy --release --locked --features cuda --all-targets -- -D warnings >&2
+export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
+if [ "${1:-}" = --check ]; then
+  # clippy-driver is rustc with clippy's lints: it compiles the workspace's crates and lints
+  # them in one pass (the test command's CPU build does the same, scripts/test.sh).
+  export RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
+  export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+  # Device code unoptimized: this binary is never run (no GPU here), and nvcc's optimizer was
+  # most of the build (candle's quantized and MoE kernels: 37 s a file at -O3, 13 s here).
+  export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }-Xcicc -O0 -Xptxas -O0"
+  built=${CARGO_TARGET_DIR:-target}/release/poolserve
+  saved=()
+  for f in "$built" "$built.d"; do
+    if [ -f "$f" ]; then cp -p "$f" "$f.cpu"; saved+=("$f"); fi
+  done
+  cargo build --release --locked --features cuda --lib --bins >&2
+  mkdir -p target/cuda-check
+  cp -p "$built" target/cuda-check/poolserve
+  cp -p "$built.d" target/cuda-check/poolserve.d
+  for f in "${saved[@]}"; do mv "$f.cpu" "$f"; done
+  echo "$PWD/target/cuda-check/poolserve"
+  exit 0
 fi
+export CARGO_TARGET_DIR="$PWD/target/cuda"
+cargo build --release --locked --features cuda --bin poolserve >&2
 echo "$PWD/target/cuda/release/poolserve"
