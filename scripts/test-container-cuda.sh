@@ -9,8 +9,9 @@
 # 3. cuBLAS/cuBLASLt/cuRAND in the image are the CUDA 13.0 line scripts/build-cuda.sh builds for;
 # 4. the final stage has no compiler and runs as uid 10001.
 #
-# The binary is not compiled a second time: scripts/build-cuda.sh builds it on this machine (a
-# no-op when the test command already has), and the image's builder stage copies that binary
+# The binary is not compiled a second time: scripts/build-cuda.sh builds it on this machine (or
+# POOLSERVE_CUDA_BIN names one already built: the test command's `scripts/build-cuda.sh --check`
+# binary, whose GPU code is unoptimized; no GPU runs it here), and the image's builder stage copies that binary
 # (Dockerfile.cuda's POOLSERVE_PREBUILT) instead of running the same script again inside. Both
 # are Debian bookworm with this machine's Rust toolchain (the stand-in rust:1-bookworm is made
 # from it), so the binary is the one the builder stage would make; check 2 below would catch a
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 started=$(date +%s)
 IMAGE=localhost/poolserve:cuda-test
 mkdir -p target/container-cuda
-binary=$(scripts/build-cuda.sh | tail -1)
+binary=${POOLSERVE_CUDA_BIN:-$(scripts/build-cuda.sh | tail -1)}
 for base in docker.io/library/debian:bookworm-slim docker.io/library/rust:1-bookworm; do
   buildah images --quiet "$base" >/dev/null 2>&1 || { echo "container-cuda: $base missing (run scripts/test-container.sh first)" >&2; exit 1; }
 done
@@ -35,6 +36,7 @@ if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
   printf '[global]\ncert = /etc/pip-host-ca.crt\n' > target/container-cuda/pip.conf
   trust=(-v /etc/ssl/certs/ca-certificates.crt:/etc/pip-host-ca.crt:ro -v "$PWD/target/container-cuda/pip.conf:/etc/pip.conf:ro")
 fi
+[ -f "$binary.d" ] && python3 scripts/dockerfile_copies.py "$binary.d" Dockerfile.cuda
 echo "container-cuda: building $IMAGE from Dockerfile.cuda with $binary"
 buildah bud --isolation chroot --pull=never --layers=false -q "${trust[@]}" \
   -v "$(dirname "$binary"):/prebuilt:ro" --build-arg POOLSERVE_PREBUILT=/prebuilt/poolserve \

@@ -8,10 +8,18 @@
 #    build-essential, with this machine's Rust toolchain copied in);
 # 3. `buildah bud` the Dockerfile, with the host's cargo registry mounted so crates are not
 #    downloaded twice, and a persistent target folder (target/container) so a second run only
-#    rebuilds what changed; reports the image size;
+#    rebuilds what changed; reports the image size. With POOLSERVE_PREBUILT=BINARY (the test
+#    command sets it to the release binary it built and ran its end-to-end checks on), the
+#    builder stage copies that binary instead of compiling the project a second time: same
+#    Debian release, same toolchain (the stand-in rust:1-bookworm is made from this machine's).
+#    Then every source file the binary was compiled from (its dep-info, BINARY.d) must be one
+#    the Dockerfile's COPY lines bring in, so that the builder stage would compile it too;
 # 4. runs the image with models/all-MiniLM-L6-v2 mounted at /models, waits for /health, checks an
 #    embedding against the sentence-transformers reference, checks the server runs as uid 10001
 #    and has no compiler in its image, then SIGTERMs it and expects exit status 0.
+#
+#   scripts/test-container.sh                 # steps 1-4
+#   scripts/test-container.sh --base-images   # steps 1-2 (the test command starts them early)
 #
 # Needs root (buildah with chroot isolation) and models/all-MiniLM-L6-v2 (scripts/fetch-minilm.sh).
 set -euo pipefail
@@ -21,7 +29,7 @@ IMAGE=localhost/poolserve:test
 WORK=${POOLSERVE_CONTAINER_WORK:-/var/tmp/poolserve-container}
 mkdir -p "$WORK" target/container
 
-if ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
+if ! command -v buildah >/dev/null || ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq buildah podman debootstrap >/dev/null
 fi
 mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
@@ -50,13 +58,25 @@ if ! image_exists docker.io/library/rust:1-bookworm; then
     - docker.io/library/rust:1-bookworm >/dev/null
 fi
 base_ready=$(date +%s)
+[ "${1:-}" = --base-images ] && { echo "container: base images ready in $((base_ready - started)) s"; exit 0; }
 
-echo "container: building $IMAGE from Dockerfile"
-buildah bud --isolation chroot --pull=never --layers=false -q \
+prebuilt=()
+if [ -n "${POOLSERVE_PREBUILT:-}" ]; then
+  python3 scripts/dockerfile_copies.py "$POOLSERVE_PREBUILT.d" Dockerfile
+  prebuilt=(-v "$(dirname "$(realpath "$POOLSERVE_PREBUILT")"):/prebuilt:ro" --build-arg "POOLSERVE_PREBUILT=/prebuilt/$(basename "$POOLSERVE_PREBUILT")")
+fi
+echo "container: building $IMAGE from Dockerfile${POOLSERVE_PREBUILT:+ around $POOLSERVE_PREBUILT}"
+buildah bud --isolation chroot --pull=never --layers=false -q "${prebuilt[@]}" \
   -v "${CARGO_HOME:-$HOME/.cargo}/registry:/usr/local/cargo/registry" \
   -v "$PWD/target/container:/src/target" \
   -t "$IMAGE" -f Dockerfile . >/dev/null
 built=$(date +%s)
+if [ -n "${POOLSERVE_PREBUILT:-}" ]; then
+  ctr_check=$(buildah from --pull=never "$IMAGE")
+  [ "$(buildah run --isolation chroot "$ctr_check" -- sha256sum /usr/local/bin/poolserve | cut -d' ' -f1)" = "$(sha256sum "$POOLSERVE_PREBUILT" | cut -d' ' -f1)" ] \
+    || { echo "container: the image's binary is not $POOLSERVE_PREBUILT" >&2; exit 1; }
+  buildah rm "$ctr_check" >/dev/null
+fi
 size=$(buildah images --format '{{.Size}}' "$IMAGE" | head -1)
 echo "container: image $IMAGE is $size"
 
