@@ -10,7 +10,7 @@
 #
 # Models: models/all-MiniLM-L6-v2 (scripts/fetch-minilm.sh), models/rampart-ner
 # (scripts/fetch-models.sh; else the bert-tokcls fixture), and the bert-reranker, bert-colbert
-# and clip-tiny fixtures. The test command runs a 3-minute version on its debug binary.
+# and clip-tiny fixtures. The test command runs a 3-minute version on its release binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-30}
