@@ -5,6 +5,10 @@
 //! embedding model (bi-encoder) by the cosine of the two embeddings, a late-interaction model by
 //! MaxSim; `relevance_score` is always what `/score` gives for the same pair.
 //!
+//! The query and each document may be vLLM 0.33's multimodal `{"content": [parts]}` (a page for
+//! a page retriever, an image for CLIP or SigLIP); such a document comes back as its parts
+//! (`multi_modal`), a text one as its `text`.
+//!
 //! TEI's body (`query` and `texts`, no `documents`) is answered as TEI's `/rerank`
 //! ([`super::tei`]).
 //!
@@ -13,10 +17,9 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::score::{score_params, texts_of, PairFields};
+use super::score::{check_pairing, refuse_multimodal, score_params, PairFields, Side};
 use super::{response_id, AppState, Usage};
 use crate::engine::params::PoolingParams;
-use crate::input::Prompt;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -27,7 +30,10 @@ use serde_json::Value;
 pub struct RerankRequest {
     #[serde(default)]
     pub model: Option<String>,
-    pub query: String,
+    /// A string, or vLLM's multimodal `{"content": [parts]}`.
+    pub query: Value,
+    /// A list of strings, `{"text": …}` objects and vLLM's `{"content": [parts]}` documents (or
+    /// one of them).
     pub documents: Value,
     #[serde(default)]
     pub top_n: Option<i64>,
@@ -42,9 +48,13 @@ pub struct RerankRequest {
     pub params: PoolingParams,
 }
 
+/// A document as returned: its text, or (vLLM's `multi_modal`) the content parts it was sent as.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RerankDocument {
-    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multi_modal: Option<Value>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -93,43 +103,30 @@ pub async fn create(
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
     let engine = &engine;
     let params = score_params(engine, &request.params, &request.pair)?;
-    let (scores, tokens, mut documents) = match request.documents.get("content").and_then(Value::as_array) {
-        // vLLM's multimodal documents, `{"content": [parts]}`: each part a document (a text,
-        // an image or an audio), scored against the query as the model scores pairs (cosine of
-        // embeddings, MaxSim of token vectors, or a prompt-based reranker's pair).
-        Some(parts) => {
-            if !engine.spec().images {
-                return Err(ApiError::BadRequest {
-                    message:
-                        "Documents of content parts need an image-text model (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL), a page retriever (ColPali, ColQwen) or Qwen3-VL-Reranker"
-                            .into(),
-                    param: Some("documents"),
-                });
-            }
-            state.check_batch_size(parts.len())?;
-            let texts: Vec<Option<String>> = parts
-                .iter()
-                .map(|p| (p.get("type").and_then(Value::as_str) == Some("text")).then(|| p["text"].as_str().map(str::to_string)).flatten())
-                .collect();
-            let prompts = super::score::side_prompts(&request.documents, &state.options().media).await?;
-            let (scores, tokens) = engine
-                .score_prompts(vec![Prompt::Text(request.query.clone())], prompts, &params, request.pair.instruction.as_deref())
-                .await?;
-            (scores, tokens, texts)
-        }
-        None => {
-            if !request.documents.is_array() {
-                return Err(ApiError::BadRequest {
-                    message: "documents must be a list of strings or of {\"text\": string} objects, or {\"content\": [parts]}".into(),
-                    param: Some("documents"),
-                });
-            }
-            let documents = texts_of(&request.documents, "documents")?;
-            state.check_batch_size(documents.len())?;
-            let (scores, tokens) = engine.score(&[request.query], &documents, &params, request.pair.instruction.as_deref()).await?;
-            (scores, tokens, documents.into_iter().map(Some).collect())
+    let query = Side::parse(&request.query, "query")?;
+    if query.len() != 1 {
+        return Err(ApiError::BadRequest {
+            message: "query must be a string or a {\"content\": [parts]} document".into(),
+            param: Some("query"),
+        });
+    }
+    let documents = Side::parse(&request.documents, "documents")?;
+    check_pairing(query.len(), documents.len())?;
+    state.check_batch_size(documents.len())?;
+    let instruction = request.pair.instruction.as_deref();
+    let (scores, tokens) = match (query.texts(), documents.texts()) {
+        (Some(query), Some(texts)) => engine.score(&query, &texts, &params, instruction).await?,
+        // vLLM's multimodal documents (and query): each `{"content": [parts]}` one document (a
+        // page, an image, a text with its image), scored against the query as the model
+        // scores pairs (cosine of embeddings, MaxSim of token vectors, a prompt-based
+        // reranker's pair).
+        _ if !engine.spec().images => return Err(refuse_multimodal(engine)),
+        _ => {
+            let media = &state.options().media;
+            engine.score_prompts(query.prompts(media).await?, documents.prompts(media).await?, &params, instruction).await?
         }
     };
+    let mut documents = documents.echoes();
     let count = result_count(request.top_n, scores.len())?;
 
     let mut order: Vec<usize> = (0..scores.len()).collect();
@@ -142,7 +139,10 @@ pub async fn create(
         .map(|index| RerankResult {
             index,
             relevance_score: scores[index],
-            document: if return_documents { documents[index].take().map(|text| RerankDocument { text }) } else { None },
+            document: return_documents.then(|| {
+                let (text, multi_modal) = std::mem::take(&mut documents[index]);
+                RerankDocument { text, multi_modal }
+            }),
         })
         .collect();
     Ok(Json(RerankResponse {

@@ -1,8 +1,10 @@
 //! `POST /score` (and `/v1/score`): relevance of text pairs, vLLM's request forms
 //! (`text_1`/`text_2`, `queries`/`documents` or `queries`/`items`, `data_1`/`data_2`) and
 //! 1:1, 1:N, N:N pairing.
-//! A side may also be vLLM's multimodal `{"content": [parts]}`: each part (a text or an
-//! image) is one input, scored by the cosine of embeddings (image-text models).
+//! A side is vLLM 0.33's `ScoreInput | list[ScoreInput]`: a string, or a multimodal document
+//! `{"content": [parts]}` whose parts make one input together, or a list of them
+//! (`"documents": [{"content": [page 1]}, {"content": [page 2]}]` is two documents); media
+//! inputs are scored as the model scores pairs (cosine, MaxSim, a prompt-based reranker).
 //! The request helpers here are shared with `/rerank`.
 
 use super::error::{ApiError, ErrorResponses};
@@ -87,27 +89,6 @@ pub struct ScoreData {
     pub score: f32,
 }
 
-/// One side of a pair request: a string, or a non-empty list of strings or `{"text": …}` objects.
-pub fn texts_of(value: &Value, param: &'static str) -> Result<Vec<String>, ApiError> {
-    let shape = || ApiError::BadRequest {
-        message: format!("{param} must be a string, a list of strings or a list of {{\"text\": string}} objects"),
-        param: Some(param),
-    };
-    let text = |item: &Value| match item {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => o.get("text").and_then(Value::as_str).map(String::from),
-        _ => None,
-    };
-    match value {
-        Value::String(s) => Ok(vec![s.clone()]),
-        Value::Array(items) if items.is_empty() => {
-            Err(ApiError::BadRequest { message: format!("{param} must not be empty"), param: Some(param) })
-        }
-        Value::Array(items) => items.iter().map(text).collect::<Option<Vec<_>>>().ok_or_else(shape),
-        _ => Err(shape()),
-    }
-}
-
 /// Validates the pooling parameters for the `score` task and adds the per-side token caps.
 pub fn score_params(engine: &Engine, params: &PoolingParams, pair: &PairFields) -> Result<ResolvedParams, ApiError> {
     let mut resolved = params.verify(Task::Score, engine.spec())?;
@@ -140,29 +121,111 @@ fn hybrid_weights(weights: &[f64], engine: &Engine) -> Result<[f32; 3], ApiError
     }
 }
 
-/// One side as inputs: a side of texts, or vLLM's `{"content": [parts]}`, each part one
-/// input (a text or an image).
-pub(super) async fn side_prompts(side: &Value, media: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
-    match side.get("content").and_then(Value::as_array) {
-        Some(parts) if parts.is_empty() => Err(ApiError::bad_request("`content` must not be empty")),
-        Some(parts) => {
-            let contents: Vec<Value> = parts.iter().map(|part| Value::Array(vec![part.clone()])).collect();
-            Ok(media::content_prompts(&contents, media).await?)
-        }
-        None => Ok(texts_of(side, "content")?.into_iter().map(Prompt::Text).collect()),
+/// One side of a pair request as vLLM 0.33 takes it (`ScoreInput | list[ScoreInput]`): each item
+/// a string, a `{"text": …}` object, or a multimodal document `{"content": [parts]}` whose parts
+/// make one input together (a page; a text with its image). A single item is a side of one.
+pub struct Side<'a> {
+    items: Vec<SideItem<'a>>,
+}
+
+enum SideItem<'a> {
+    Text(String),
+    Content(&'a Value),
+}
+
+impl<'a> Side<'a> {
+    pub fn parse(value: &'a Value, param: &'static str) -> Result<Self, ApiError> {
+        let shape = || ApiError::BadRequest {
+            message: format!("{param} must be a string, a {{\"content\": [parts]}} document, or a list of strings and documents"),
+            param: Some(param),
+        };
+        let item = |value: &'a Value| match value {
+            Value::String(text) => Some(SideItem::Text(text.clone())),
+            Value::Object(fields) => match (fields.get("content"), fields.get("text").and_then(Value::as_str)) {
+                (Some(content), _) => Some(SideItem::Content(content)),
+                (None, Some(text)) => Some(SideItem::Text(text.to_string())),
+                (None, None) => None,
+            },
+            _ => None,
+        };
+        let items = match value {
+            Value::Array(list) => list.iter().map(item).collect::<Option<Vec<_>>>().ok_or_else(shape)?,
+            single => vec![item(single).ok_or_else(shape)?],
+        };
+        Ok(Self { items })
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Whether any item is a `{"content": …}` document.
+    pub fn is_multimodal(&self) -> bool {
+        self.items.iter().any(|item| matches!(item, SideItem::Content(_)))
+    }
+
+    /// The side's texts; `None` when an item is a `{"content": …}` document.
+    pub fn texts(&self) -> Option<Vec<String>> {
+        self.items
+            .iter()
+            .map(|item| match item {
+                SideItem::Text(text) => Some(text.clone()),
+                SideItem::Content(_) => None,
+            })
+            .collect()
+    }
+
+    /// Each item as one input, its media fetched and decoded.
+    pub async fn prompts(&self, media: &MediaOptions) -> Result<Vec<Prompt>, ApiError> {
+        let contents: Vec<Value> = self
+            .items
+            .iter()
+            .map(|item| match item {
+                SideItem::Text(text) => Value::String(text.clone()),
+                SideItem::Content(content) => (*content).clone(),
+            })
+            .collect();
+        Ok(media::content_prompts(&contents, media).await?)
+    }
+
+    /// What `/rerank` returns as each document (vLLM's `RerankDocument`): its text, or its
+    /// content parts as sent.
+    pub fn echoes(&self) -> Vec<(Option<String>, Option<Value>)> {
+        self.items
+            .iter()
+            .map(|item| match item {
+                SideItem::Text(text) => (Some(text.clone()), None),
+                SideItem::Content(content) => (None, Some((*content).clone())),
+            })
+            .collect()
     }
 }
 
-impl ScoreRequest {
-    /// Both sides, when one of them is vLLM's multimodal `{"content": […]}` form.
-    fn content_sides(&self) -> Option<(&Value, &Value)> {
-        let forms = [(&self.text_1, &self.text_2), (&self.queries, self.second_of_queries().1), (&self.data_1, &self.data_2)];
-        forms.into_iter().find_map(|(a, b)| match (a, b) {
-            (Some(a), Some(b)) if a.get("content").is_some() || b.get("content").is_some() => Some((a, b)),
-            _ => None,
-        })
+/// vLLM's pairing rules and messages, in its order (`_validate_score_input_lens`): 1:1, 1:N or
+/// N:N, and neither side empty.
+pub fn check_pairing(first: usize, second: usize) -> Result<(), ApiError> {
+    if first > 1 && first != second {
+        return Err(ApiError::bad_request("Input lengths must be either 1:1, 1:N or N:N"));
     }
+    if first == 0 {
+        return Err(ApiError::bad_request("At least one text element must be given"));
+    }
+    if second == 0 {
+        return Err(ApiError::bad_request("At least one text_pair element must be given"));
+    }
+    Ok(())
+}
 
+/// vLLM's refusal of a `{"content": …}` document for a model that takes no media.
+pub fn refuse_multimodal(engine: &Engine) -> ApiError {
+    ApiError::bad_request(format!("MultiModalParam is not supported for {}", engine.spec().architecture))
+}
+
+impl ScoreRequest {
     /// What pairs with `queries`: `documents`, or vLLM's `items`.
     fn second_of_queries(&self) -> (&'static str, &Option<Value>) {
         match (&self.documents, &self.items) {
@@ -172,7 +235,7 @@ impl ScoreRequest {
     }
 
     /// The two sides, from whichever of the three field pairs the request used.
-    fn sides(&self) -> Result<(Vec<String>, Vec<String>), ApiError> {
+    fn sides(&self) -> Result<(Side<'_>, Side<'_>), ApiError> {
         let (second_name, second) = self.second_of_queries();
         let forms = [
             ("text_1", &self.text_1, "text_2", &self.text_2),
@@ -188,7 +251,7 @@ impl ScoreRequest {
         let missing = |name: &'static str| ApiError::BadRequest { message: format!("{name} is required"), param: Some(name) };
         let first = first.as_ref().ok_or_else(|| missing(first_name))?;
         let second = second.as_ref().ok_or_else(|| missing(second_name))?;
-        Ok((texts_of(first, first_name)?, texts_of(second, second_name)?))
+        Ok((Side::parse(first, first_name)?, Side::parse(second, second_name)?))
     }
 }
 
@@ -205,27 +268,20 @@ pub async fn create(
     let (engine, _permit, ()) = state.begin(request.model.as_deref(), super::scores)?;
     let engine = &engine;
     let params = score_params(engine, &request.params, &request.pair)?;
-    if let Some((first, second)) = request.content_sides() {
-        // A side of content parts (vLLM's multimodal form): texts and images, embedded.
-        if !engine.spec().images {
-            return Err(ApiError::bad_request(
-                "Sides of content parts (`{\"content\": [...]}`) need an image-text model (CLIP, SigLIP, EmbeddingGemma 2, Qwen3-VL), a page retriever (ColPali, ColQwen) or Qwen3-VL-Reranker; this model does not take images",
-            ));
+    let (first, second) = request.sides()?;
+    check_pairing(first.len(), second.len())?;
+    state.check_batch_size(first.len().max(second.len()))?;
+    let instruction = request.pair.instruction.as_deref();
+    let (scores, tokens) = match (first.texts(), second.texts()) {
+        (Some(queries), Some(documents)) => engine.score(&queries, &documents, &params, instruction).await?,
+        // A `{"content": …}` document on either side: each input embedded (or paired, for a
+        // prompt-based reranker) with its media.
+        _ if !engine.spec().images => return Err(refuse_multimodal(engine)),
+        _ => {
+            let media = &state.options().media;
+            engine.score_prompts(first.prompts(media).await?, second.prompts(media).await?, &params, instruction).await?
         }
-        let count = |side: &Value| match side.get("content").and_then(Value::as_array) {
-            Some(parts) => Ok(parts.len()),
-            None => texts_of(side, "content").map(|t| t.len()),
-        };
-        state.check_batch_size(count(first)?.max(count(second)?))?;
-        let media = &state.options().media;
-        let (queries, documents) = (side_prompts(first, media).await?, side_prompts(second, media).await?);
-        let (scores, tokens) = engine.score_prompts(queries, documents, &params, request.pair.instruction.as_deref()).await?;
-        let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
-        return Ok(Json(ListResponse::new("score", &headers, request.request_id.as_deref(), engine, data, tokens)));
-    }
-    let (queries, documents) = request.sides()?;
-    state.check_batch_size(queries.len().max(documents.len()))?;
-    let (scores, tokens) = engine.score(&queries, &documents, &params, request.pair.instruction.as_deref()).await?;
+    };
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
     Ok(Json(ListResponse::new("score", &headers, request.request_id.as_deref(), engine, data, tokens)))
 }
@@ -236,12 +292,31 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn sides_accept_strings_lists_and_text_objects() {
-        assert_eq!(texts_of(&json!("a"), "text_1").unwrap(), vec!["a"]);
-        assert_eq!(texts_of(&json!(["a", {"text": "b"}]), "documents").unwrap(), vec!["a", "b"]);
-        assert!(texts_of(&json!([]), "documents").unwrap_err().to_string().contains("must not be empty"));
-        assert!(texts_of(&json!([1]), "documents").is_err());
-        assert!(texts_of(&json!({"text": "a"}), "documents").is_err());
+    fn sides_take_vllm_score_inputs() {
+        let texts = |value: Value| Side::parse(&value, "documents").map(|side| side.texts());
+        assert_eq!(texts(json!("a")).unwrap(), Some(vec!["a".to_string()]));
+        assert_eq!(texts(json!(["a", {"text": "b"}])).unwrap(), Some(vec!["a".to_string(), "b".to_string()]));
+        assert_eq!(texts(json!([])).unwrap(), Some(vec![]));
+        let page = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}});
+        // One document of two parts, and a list of two documents.
+        let one = json!({"content": [page, page]});
+        let side = Side::parse(&one, "documents").unwrap();
+        assert_eq!((side.len(), side.is_multimodal(), side.texts()), (1, true, None));
+        let two = json!([{"content": [page]}, "a text", {"content": [page]}]);
+        assert_eq!(Side::parse(&two, "documents").unwrap().len(), 3);
+        for bad in [json!(5), json!([1]), json!([["a"]]), json!({"texts": "a"})] {
+            let err = Side::parse(&bad, "documents").err().unwrap().to_string();
+            assert!(err.starts_with("documents must be a string"), "{err}");
+        }
+    }
+
+    #[test]
+    fn pairing_follows_vllm() {
+        assert!(check_pairing(1, 3).is_ok() && check_pairing(3, 3).is_ok());
+        assert_eq!(check_pairing(2, 3).unwrap_err().to_string(), "Input lengths must be either 1:1, 1:N or N:N");
+        assert_eq!(check_pairing(2, 0).unwrap_err().to_string(), "Input lengths must be either 1:1, 1:N or N:N");
+        assert_eq!(check_pairing(0, 1).unwrap_err().to_string(), "At least one text element must be given");
+        assert_eq!(check_pairing(1, 0).unwrap_err().to_string(), "At least one text_pair element must be given");
     }
 
     #[test]

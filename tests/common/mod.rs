@@ -117,6 +117,12 @@ pub fn assert_tei_error(reply: &Reply, status: StatusCode, kind: &str, part: &st
     assert!(message.contains(part), "message {message:?} lacks {part:?}");
 }
 
+/// Content parts as vLLM 0.33's list of documents for `/score` and `/rerank`: each part a
+/// document `{"content": [part]}` of its own (one `{"content": [parts]}` is one document).
+pub fn one_part_documents(parts: &[Value]) -> Value {
+    Value::Array(parts.iter().map(|part| serde_json::json!({"content": [part]})).collect())
+}
+
 pub fn floats(v: &Value) -> Vec<f32> {
     v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
 }

@@ -174,7 +174,7 @@ async fn images_embed_over_http_as_transformers_embeds_them() {
     check(&reply.body["embeddings"]["float"][1], &images[1]["embedding"], "cohere inputs image");
     // /score: a text against images is the cosine of their embeddings.
     let content: Vec<Value> = urls.iter().map(|u| json!({"type": "image_url", "image_url": {"url": u}})).collect();
-    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": {"content": content}})).await;
+    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": one_part_documents(&content)})).await;
     assert_eq!(reply.status, 200, "/score: {}", reply.body);
     for (i, image) in images.iter().enumerate() {
         let want = cosine(&floats(&text["embedding"]), &floats(&image["embedding"])) as f32;

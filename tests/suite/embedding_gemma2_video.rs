@@ -94,7 +94,7 @@ async fn video_embeds_over_http_as_transformers_embeds_it() {
     // /score: a text against video documents is the cosine of their embeddings.
     let text = &expected["texts"][0];
     let content: Vec<Value> = fitting.iter().map(|c| video_part(&video_bytes(c["file"].as_str().unwrap()))).collect();
-    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": {"content": content}})).await;
+    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": one_part_documents(&content)})).await;
     assert_eq!(reply.status, 200, "/score: {}", reply.body);
     for (i, case) in fitting.iter().enumerate() {
         let want = cosine(&floats(&text["embedding"]), &floats(&case["embedding"])) as f32;

@@ -143,8 +143,26 @@ async fn score_errors() {
         StatusCode::BAD_REQUEST,
         "Input lengths must be either 1:1, 1:N or N:N",
     );
-    assert_error(&bad(json!({"text_1": [], "text_2": ["c"]})).await, StatusCode::BAD_REQUEST, "text_1 must not be empty");
-    assert_error(&bad(json!({"queries": "a", "documents": []})).await, StatusCode::BAD_REQUEST, "documents must not be empty");
+    // vLLM's messages and order (`_validate_score_input_lens`).
+    assert_error(&bad(json!({"text_1": [], "text_2": ["c"]})).await, StatusCode::BAD_REQUEST, "At least one text element must be given");
+    assert_error(
+        &bad(json!({"queries": "a", "documents": []})).await,
+        StatusCode::BAD_REQUEST,
+        "At least one text_pair element must be given",
+    );
+    assert_error(&bad(json!({"text_1": ["a", "b"], "text_2": []})).await, StatusCode::BAD_REQUEST, "Input lengths must be either 1:1");
+    // A multimodal document for a model that takes no media: vLLM's words.
+    let page = json!({"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]});
+    assert_error(
+        &bad(json!({"queries": "a", "documents": [page.clone(), "b"]})).await,
+        StatusCode::BAD_REQUEST,
+        "MultiModalParam is not supported for BertForSequenceClassification",
+    );
+    assert_error(
+        &post(&router, "/rerank", json!({"query": "a", "documents": [page]})).await,
+        StatusCode::BAD_REQUEST,
+        "MultiModalParam is not supported for BertForSequenceClassification",
+    );
     assert_error(&bad(json!({"text_1": "a"})).await, StatusCode::BAD_REQUEST, "text_2 is required");
     assert_error(&bad(json!({"text_1": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "exactly one of");
     assert_error(&bad(json!({"input": "a"})).await, StatusCode::BAD_REQUEST, "exactly one of");
@@ -279,10 +297,19 @@ async fn rerank_sorts_cuts_and_shapes_like_cohere() {
     assert_error(
         &post(&router, "/rerank", json!({"query": query, "documents": []})).await,
         StatusCode::BAD_REQUEST,
-        "documents must not be empty",
+        "At least one text_pair element must be given",
     );
     assert_error(&post(&router, "/rerank", json!({"documents": ["a"]})).await, StatusCode::BAD_REQUEST, "query");
-    assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": "b"})).await, StatusCode::BAD_REQUEST, "documents must be");
+    // vLLM takes one document as well as a list.
+    let one = post(&router, "/rerank", json!({"query": "a", "documents": "b"})).await;
+    assert_eq!(one.status, StatusCode::OK, "{}", one.body);
+    assert_eq!(one.body["results"][0]["document"], json!({"text": "b"}));
+    assert_error(&post(&router, "/rerank", json!({"query": "a", "documents": 5})).await, StatusCode::BAD_REQUEST, "documents must be");
+    assert_error(
+        &post(&router, "/rerank", json!({"query": ["a", "b"], "documents": ["c"]})).await,
+        StatusCode::BAD_REQUEST,
+        "query must be",
+    );
     assert_error(
         &post(&router, "/rerank", json!({"query": "a", "documents": ["b"], "normalize": true})).await,
         StatusCode::BAD_REQUEST,

@@ -165,7 +165,7 @@ async fn the_reranker_scores_texts_and_images_in_its_template() {
             None => json!({"type": "text", "text": p["document"]["text"]}),
         })
         .collect();
-    let reply = post(&router, "/rerank", json!({"query": query, "documents": {"content": documents}})).await;
+    let reply = post(&router, "/rerank", json!({"query": query, "documents": one_part_documents(&documents)})).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     for result in reply.body["results"].as_array().unwrap() {
         let i = result["index"].as_u64().unwrap() as usize;
