@@ -704,7 +704,8 @@ fn video_processor(
 }
 
 /// The `feature_extractor` of `processor_config.json` (or a `preprocessor_config.json` that is
-/// one) of a model with an audio tower, checked against the tower's mel bins. A folder without
+/// one) of a model with an audio tower, checked against the tower's mel bins: its
+/// `feature_size` is how many the tower gets, as transformers' feature extractor makes them. A folder without
 /// one gets `Gemma4AudioFeatureExtractor`'s defaults, which every published one repeats.
 fn audio_features(source: &ModelSource, tower: &dyn models::AudioTokenTower) -> Result<crate::input::audio::LogMelConfig, LoadError> {
     let found = processor_block(
@@ -725,11 +726,10 @@ fn audio_features(source: &ModelSource, tower: &dyn models::AudioTokenTower) -> 
         Some(path) => LoadError::File { path: path.clone(), message },
         None => LoadError::Invalid(message),
     })?;
-    if features.mel_bins != tower.mel_bins() {
+    if !tower.takes_mel_bins(features.mel_bins) {
         return Err(LoadError::Invalid(format!(
-            "the audio feature extractor makes {} mel bins; the audio tower takes {}",
-            features.mel_bins,
-            tower.mel_bins()
+            "the audio feature extractor makes {} mel bins (feature_size); the audio tower's input projection does not take them (Gemma 4 sizes it for subsampling_conv_channels[0] bins)",
+            features.mel_bins
         )));
     }
     Ok(features)

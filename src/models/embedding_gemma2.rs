@@ -130,8 +130,8 @@ impl AudioTokenTower for EmbeddingGemma2Audio {
         gemma4_audio::FRAMES_PER_TOKEN
     }
 
-    fn mel_bins(&self) -> usize {
-        gemma4_audio::MEL_BINS
+    fn takes_mel_bins(&self, bins: usize) -> bool {
+        self.tower.takes_mel_bins(bins)
     }
 
     fn audio_tokens(&self) -> ImageTokens {

@@ -93,11 +93,6 @@ fn default_output() -> usize {
     1536
 }
 
-/// The mel bins the sub-sampling's flattening assumes: its input projection is
-/// `channels[0] / 4 × channels[1]` wide, which is the real width `mel_bins / 4 × channels[1]`
-/// only for 128 bins (and a first width of 128), as every Gemma 4 checkpoint has.
-pub const MEL_BINS: usize = 128;
-
 /// Frames per soft token: two stride-2 convolutions make `⌈⌈f / 2⌉ / 2⌉ = ⌈f / 4⌉` of them.
 pub const FRAMES_PER_TOKEN: usize = 4;
 
@@ -138,7 +133,12 @@ pub struct Gemma4Audio {
     norm0: Tensor,
     conv1: Tensor,
     norm1: Tensor,
+    /// `subsampling_conv_channels[1]`: the channels of each frequency row after sub-sampling.
+    channels: usize,
+    /// `input_proj_linear` takes `(channels[0] / 4) × channels[1]` inputs (transformers builds it
+    /// so): the sub-sampled frequency rows times `channels`.
     input_proj: Linear,
+    input_width: usize,
     layers: Vec<Layer>,
     output_proj: Linear,
     embed_norm: RmsNorm,
@@ -172,10 +172,8 @@ impl Gemma4Audio {
         let &[c0, c1] = config.subsampling_conv_channels.as_slice() else {
             return Err(bad(format!("subsampling_conv_channels must name two widths, not {:?}", config.subsampling_conv_channels)));
         };
-        if c0 / 4 != MEL_BINS / 4 {
-            return Err(bad(format!(
-                "subsampling_conv_channels[0] is {c0}: Gemma4AudioModel's input projection is channels[0] / 4 × channels[1] wide, which matches {MEL_BINS} mel bins only for 128"
-            )));
+        if c0 < 4 || c1 == 0 {
+            return Err(bad(format!("subsampling_conv_channels {:?}: the first must be at least 4, the second above 0", [c0, c1])));
         }
         let (h, heads) = (config.hidden_size, config.num_attention_heads);
         if heads == 0 || h % heads != 0 || h < 2 || config.attention_context_left == 0 || config.conv_kernel_size == 0 {
@@ -194,7 +192,8 @@ impl Gemma4Audio {
         let norm0 = f32_weight(&sub.pp("layer0.norm"), &[c0], "weight")?;
         let conv1 = f32_weight(&sub.pp("layer1.conv"), &[c1, c0, 3, 3], "weight")?;
         let norm1 = f32_weight(&sub.pp("layer1.norm"), &[c1], "weight")?;
-        let input_proj = Linear::new(sub.pp("input_proj_linear").get((h, MEL_BINS / 4 * c1), "weight")?, None)?;
+        let input_width = c0 / 4 * c1;
+        let input_proj = Linear::new(sub.pp("input_proj_linear").get((h, input_width), "weight")?, None)?;
 
         // The relative-position sinusoids: `[sin(p·f) | cos(p·f)]` over `hidden / 2`
         // timescales, for distances `ctx/2, ctx/2 − 1, …, 0` (row r has distance ctx/2 − r).
@@ -260,7 +259,9 @@ impl Gemma4Audio {
             norm0,
             conv1,
             norm1,
+            channels: c1,
             input_proj,
+            input_width,
             layers,
             output_proj,
             embed_norm,
@@ -280,16 +281,26 @@ impl Gemma4Audio {
         })
     }
 
+    /// Whether log-mel frames of `bins` bins fit the input projection: the two stride-2
+    /// convolutions leave `⌈⌈bins / 2⌉ / 2⌉` frequency rows, each `channels` wide
+    /// (transformers sizes the projection from `subsampling_conv_channels[0]`, which the
+    /// published checkpoints set to their 128 bins; a folder's feature extractor says how many
+    /// it makes).
+    pub fn takes_mel_bins(&self, bins: usize) -> bool {
+        bins.div_ceil(2).div_ceil(2) * self.channels == self.input_width
+    }
+
     /// Each audio's soft tokens, `[Σ soft tokens, text_hidden]` in the model's dtype, audio in
-    /// order; `frames` are each audio's `[frames, 128]` log-mel rows.
+    /// order; `frames` are each audio's `[frames, mel bins]` log-mel rows.
     pub fn forward(&self, audio: &[(&[f32], usize)]) -> Result<Tensor> {
         let mut rows = Vec::with_capacity(audio.len());
         let mut cu_seqlens = vec![0];
         for &(values, frames) in audio {
-            if frames == 0 || values.len() != frames * MEL_BINS {
-                candle_core::bail!("an audio of {frames} frames has {} mel values", values.len());
+            let bins = values.len().checked_div(frames).unwrap_or(0);
+            if bins == 0 || values.len() != frames * bins || !self.takes_mel_bins(bins) {
+                candle_core::bail!("an audio of {frames} frames has {} mel values, which the input projection does not take", values.len());
             }
-            let x = Tensor::from_slice(values, (1, 1, frames, MEL_BINS), &self.device)?;
+            let x = Tensor::from_slice(values, (1, 1, frames, bins), &self.device)?;
             let x = self.subsample(&x, &self.conv0, &self.norm0)?;
             let x = self.subsample(&x, &self.conv1, &self.norm1)?;
             // [1, C, T, F] → [T, F·C], frequency-major.

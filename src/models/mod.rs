@@ -264,8 +264,9 @@ pub trait AudioTokenTower: Send + Sync {
     fn forward(&self, audio: &[(&[f32], usize)]) -> candle_core::Result<Tensor>;
     /// Frames per soft token: an audio of `frames` frames becomes `⌈frames / this⌉` of them.
     fn frames_per_token(&self) -> usize;
-    /// The mel bins per frame the tower takes.
-    fn mel_bins(&self) -> usize;
+    /// Whether the tower takes frames of `bins` mel bins (the feature extractor's
+    /// `feature_size`).
+    fn takes_mel_bins(&self, bins: usize) -> bool;
     /// The token ids that frame an audio in the text.
     fn audio_tokens(&self) -> ImageTokens;
 }

@@ -59,7 +59,11 @@ fn decoded_audio_and_features_match_the_extractor() {
 }
 
 fn tower() -> (Gemma4Audio, Value) {
-    let folder = fixture_model("embeddinggemma2-omni");
+    tower_of("embeddinggemma2-omni")
+}
+
+fn tower_of(model: &str) -> (Gemma4Audio, Value) {
+    let folder = fixture_model(model);
     let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
     // SAFETY: the fixture is not modified while the test maps it.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[folder.join("model.safetensors")], DType::F32, &Device::Cpu).unwrap() };
@@ -90,6 +94,40 @@ fn soft_tokens_match_the_audio_tower() {
         assert!(max_abs_diff(&rows, &alone) <= 1e-5, "{}: batched differs from alone", case["file"]);
     }
     assert_eq!(row, batched.len());
+}
+
+/// A folder whose feature extractor makes 16 mel bins and whose tower's sub-sampling is
+/// [16, 8] wide: the bins come from `processor_config.json`, as transformers' feature extractor
+/// reads them, and the tower takes them (features, soft tokens and embeddings against
+/// transformers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sixteen_bin_tower_embeds_as_transformers_does() {
+    const MODEL: &str = "embeddinggemma2-audio16";
+    let expected = expected(MODEL);
+    let processor: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_model(MODEL).join("processor_config.json")).unwrap()).unwrap();
+    let config = LogMelConfig::from_json(&processor["feature_extractor"]).unwrap();
+    assert_eq!(config.mel_bins, 16);
+    let (tower, _) = tower_of(MODEL);
+    assert!(tower.takes_mel_bins(16) && !tower.takes_mel_bins(128));
+    let router = router_for(&fixture_model(MODEL));
+    for case in expected["audio"].as_array().unwrap() {
+        let file = case["file"].as_str().unwrap();
+        assert_eq!(case["mel_bins"], 16);
+        let wave = decode_mono(&audio_bytes(file), 16000, config.max_samples, &AudioLimits::default()).unwrap();
+        let mel = config.log_mel(&wave);
+        assert_eq!((mel.frames, mel.bins), (case["frames"].as_u64().unwrap() as usize, 16), "{file}");
+        let diff = max_abs_diff(&mel.values, &floats(&case["features"]));
+        assert!(diff <= 1e-4, "{file}: features differ by {diff}");
+        let want = floats(&case["soft_tokens"]);
+        let soft: Vec<f32> = tower.forward(&[(&floats(&case["features"]), mel.frames)]).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(max_abs_diff(&soft, &want) <= 1e-4 * scale.max(1.0), "{file}: soft tokens");
+        let reply = post(&router, "/v1/embeddings", json!({"messages": [message(vec![audio_part(file)])]})).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let c = cosine(&floats(&reply.body["data"][0]["embedding"]), &floats(&case["embedding"]));
+        assert!(c >= 0.9999, "{file}: cosine {c}");
+    }
 }
 
 fn audio_part(file: &str) -> Value {
@@ -164,7 +202,7 @@ async fn audio_embeds_over_http_as_transformers_embeds_it() {
     // /score: a text against audio documents is the cosine of their embeddings.
     let text = &expected["texts"][0];
     let content: Vec<Value> = files[..2].iter().map(|f| audio_part(f)).collect();
-    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": {"content": content}})).await;
+    let reply = post(&router, "/score", json!({"text_1": text["text"], "text_2": one_part_documents(&content)})).await;
     assert_eq!(reply.status, 200, "/score: {}", reply.body);
     for (i, case) in cases.iter().enumerate().take(2) {
         let want = cosine(&floats(&text["embedding"]), &floats(&case["embedding"])) as f32;
@@ -172,7 +210,7 @@ async fn audio_embeds_over_http_as_transformers_embeds_it() {
         assert!((got - want).abs() <= 1e-4, "/score audio {i}: {got} vs {want}");
     }
     // /rerank with vLLM's multimodal documents: the audio ranked by the same cosines.
-    let reply = post(&router, "/rerank", json!({"query": text["text"], "documents": {"content": content}})).await;
+    let reply = post(&router, "/rerank", json!({"query": text["text"], "documents": one_part_documents(&content)})).await;
     assert_eq!(reply.status, 200, "/rerank: {}", reply.body);
     for result in reply.body["results"].as_array().unwrap() {
         let i = result["index"].as_u64().unwrap() as usize;
