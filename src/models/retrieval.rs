@@ -46,6 +46,9 @@ pub(super) const QWEN_IMAGE_FRAME: &str = "<|vision_start|><|image_pad|><|vision
 /// The Qwen-based retrievers' prompts: a query between `query_prefix` and `query_suffix`, a page
 /// being `visual` (the processor's `visual_prompt_prefix`) with the image's frame
 /// (`<|vision_start|><|image_pad|><|vision_end|>`, which the tower's tokens fill) cut out of it.
+/// Their processors call the tokenizer with its defaults, so its post-processor has its say
+/// (Qwen's adds nothing; a `tokenizer.json` that appends `<|endoftext|>` appends it to every
+/// query and page, as transformers does).
 pub(super) fn qwen_page_prompts(
     query_prefix: String,
     query_suffix: String,
@@ -64,7 +67,7 @@ pub(super) fn qwen_page_prompts(
         mixed: false,
         strips_queries,
         instruction: None,
-        special_tokens: false,
+        special_tokens: true,
     })
 }
 

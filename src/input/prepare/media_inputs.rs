@@ -281,9 +281,11 @@ impl Preprocessor {
             };
             texts.push(TextInput::Single(text));
         }
-        // A page's prompt writes its special tokens itself, as the processor does.
+        // Where a page's processor writes its special tokens itself the tokenizer adds none;
+        // where it calls the tokenizer with its defaults (the Qwen-based retrievers) the
+        // tokenizer's post-processor runs, as there.
         let encode = EncodeOptions {
-            add_special_tokens: page.is_none(),
+            add_special_tokens: page.is_none_or(|page| page.special_tokens),
             truncate_to: None,
             side: TruncationSide::Right,
             pair_limits: Default::default(),
