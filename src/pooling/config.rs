@@ -41,6 +41,9 @@ pub const POOLER_TASKS: [&str; 7] =
 #[serde(deny_unknown_fields)]
 struct RawPoolerConfig {
     task: Option<String>,
+    /// The name vLLM's own token_classify tests give `task` (`--pooler-config
+    /// '{"pooling_task": "token_classify"}'`): the same setting.
+    pooling_task: Option<String>,
     pooling_type: Option<PoolingType>,
     seq_pooling_type: Option<PoolingType>,
     tok_pooling_type: Option<PoolingType>,
@@ -62,7 +65,13 @@ struct RawPoolerConfig {
 impl TryFrom<RawPoolerConfig> for PoolerConfig {
     type Error = PoolingError;
 
-    fn try_from(raw: RawPoolerConfig) -> Result<Self, PoolingError> {
+    fn try_from(mut raw: RawPoolerConfig) -> Result<Self, PoolingError> {
+        raw.task = match (raw.task.take(), raw.pooling_task.take()) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(invalid(format!("`task` ({a}) and `pooling_task` ({b}) name the same setting; give one")))
+            }
+            (task, pooling_task) => task.or(pooling_task),
+        };
         if let Some(task) = &raw.task {
             check_task(task)?;
         }
@@ -164,6 +173,11 @@ mod tests {
         assert_eq!(config.pooling_type, Some(PoolingType::Cls));
         assert_eq!((config.logit_bias, config.logit_sigma), (Some(0.5), Some(2.0)));
         assert_eq!(parse(r#"{"tok_pooling_type": "STEP"}"#).unwrap().pooling_type, Some(PoolingType::Step));
+        // The name vLLM's token_classify tests use.
+        assert_eq!(parse(r#"{"pooling_task": "token_classify"}"#).unwrap().task.as_deref(), Some("token_classify"));
+        assert_eq!(parse(r#"{"task": "classify", "pooling_task": "classify"}"#).unwrap().task.as_deref(), Some("classify"));
+        assert!(parse(r#"{"task": "classify", "pooling_task": "embed"}"#).unwrap_err().contains("name the same setting"));
+        assert!(parse(r#"{"pooling_task": "score"}"#).unwrap_err().contains("`score` task was removed"));
     }
 
     #[test]

@@ -85,6 +85,38 @@ fn pooler_config_task_serves_token_classify() {
     assert!(!ok_start && stderr.contains("`score` task was removed; use `classify` instead."), "{stderr}");
 }
 
+/// vLLM's token_classify/test_online.py as its `test_pooling_not_supported` runs it: a
+/// Qwen sequence classifier switched to token_classify with `--pooler-config '{"pooling_task":
+/// …}'` (the key that test uses for `task`), its other tasks refused in vLLM's words; and a
+/// model that is a token classifier only, whose tasks hold no `classify` (vLLM's
+/// `pooler_for_token_classify` supports token_classify alone).
+#[test]
+fn token_classify_refusals_word_for_word() {
+    let server = serve_model("qwen3-seqcls", &["--pooler-config", r#"{"pooling_task": "token_classify"}"#]);
+    let body = ok(&post(
+        server.port,
+        "/pooling",
+        json!({"input": "This product was excellent", "encoding_format": "float", "task": "token_classify"}),
+    ));
+    assert!(!body["data"][0]["data"].as_array().unwrap().is_empty());
+    for (task, message) in [
+        ("classify", "Try switching the model's pooling_task via --pooler-config.task classify."),
+        ("embed", "Unsupported task: 'embed' Supported tasks: "),
+        ("token_embed", "Unsupported task: 'token_embed' Supported tasks: "),
+        ("plugin", "No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details."),
+    ] {
+        let answer = post(server.port, "/pooling", json!({"input": "a", "encoding_format": "float", "task": task}));
+        assert_eq!(answer.json()["error"]["type"], "BadRequestError");
+        let said = error_message(&answer, 400);
+        // vLLM's test checks the start; the tuple of tasks follows for the unsupported ones.
+        assert!(said == message || (message.ends_with(": ") && said.starts_with(message)), "{task}: {said}");
+    }
+    drop(server);
+    let server = serve_model("bert-tokcls", &[]);
+    let answer = post(server.port, "/pooling", json!({"input": "a", "task": "classify"}));
+    assert_eq!(error_message(&answer, 400), "Unsupported task: 'classify' Supported tasks: ('token_classify',)");
+}
+
 /// Groups 1, 13 and 14 on a token_embed model: /v1/embeddings answers token embeddings,
 /// `request_id` names the response, late chunking matches transformers (chunk means before
 /// the Dense layer) with the tokenizer's character ranges, and vLLM's refusals.
