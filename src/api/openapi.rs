@@ -38,7 +38,16 @@ use utoipa::OpenApi;
         super::meta::health,
         super::meta::models,
         super::meta::version,
-    )
+    ),
+    // The error bodies the responses name through `IntoResponses` (utoipa does not collect
+    // those by itself: they were unresolvable references), and /predict's `inputs`.
+    components(schemas(
+        super::error::ErrorBody,
+        super::error::TeiErrorBody,
+        super::error::NotFoundBody,
+        super::error::AnyErrorBody,
+        super::tei::scores::PredictInputs
+    ))
 )]
 pub struct ApiDoc;
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 /// `/predict`'s request; `inputs` is read by [`predict_inputs`].
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct PredictRequest {
-    #[schema(value_type = Object)]
+    #[schema(value_type = PredictInputs)]
     pub inputs: Value,
     #[serde(default)]
     pub truncate: Option<bool>,
@@ -29,6 +29,17 @@ pub struct PredictRequest {
     pub raw_scores: bool,
     #[serde(default)]
     pub model: Option<String>,
+}
+
+/// TEI's `PredictInput`, as the OpenAPI document states it (a text, a pair, or a batch of texts
+/// and pairs); the body itself is read by [`predict_inputs`], which gives TEI's messages.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum PredictInputs {
+    Text(String),
+    TextOrPair(Vec<String>),
+    Batch(Vec<Vec<String>>),
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
