@@ -4,7 +4,7 @@ as `cargo bench --bench forward` (all-MiniLM-L6-v2 unless MODEL_DIR is given, f3
 
     python3 benches/compare.py [MODEL_DIR]     # default models/all-MiniLM-L6-v2
 
-Needs torch, transformers and sentence-transformers (see README, "Benchmarks"). Prints, per shape,
+Needs torch, transformers and sentence-transformers (see docs/performance.md). Prints, per shape,
 the median time of a transformers forward pass (`torch.inference_mode`) and its tokens/s, then
 sentence-transformers `encode` throughput on short sentences (not with SKIP_ST=1, e.g. for the
 bare backbones of benches/make_family_models.py). Run `cargo bench --bench forward` right after

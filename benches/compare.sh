@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole speed comparison on this machine, back to back (README "Benchmarks"):
+# The whole speed comparison on this machine, back to back (docs/performance.md):
 #   1. forward pass: PyTorch (benches/compare.py) vs ours (cargo bench --bench forward);
 #   2. end to end: our release server under the load generator on a mixed 8–300-token corpus
 #      (concurrency 32, one input per request) vs sentence-transformers `encode` on the same

@@ -5,7 +5,7 @@ iteration counts as benches/compare.py and `cargo bench --bench forward`, throug
 
     python3 benches/compare_ort.py MODEL_DIR [--corpus CORPUS.json] [--no-forward]
 
-Needs torch, transformers, onnx and onnxruntime (see README, "Benchmarks"). Once per model (cached
+Needs torch, transformers, onnx and onnxruntime (see docs/performance.md). Once per model (cached
 in target/compare/onnx/<model folder name>/, redone when model.safetensors is newer):
   1. model.onnx: `torch.onnx.export` (TorchScript exporter, opset 14) of the transformers model
      with eager attention; inputs input_ids / attention_mask / token_type_ids, output

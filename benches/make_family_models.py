@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes base-sized random-weight folders of the newer encoder families, for the forward
 comparison against transformers (benches/compare.py and `cargo bench --bench forward` on the same
-folder, interleaved; see README, "Benchmarks"):
+folder, interleaved; see docs/performance.md):
 
   deberta-v3-base   DebertaV2Model in microsoft/deberta-v3-base's shape: hidden 768, 12 layers,
                     12 heads, intermediate 3072, vocab 128100, position_buckets 256, relative

@@ -193,7 +193,7 @@ def check_multi_vector(server, expected):
 def check_page_retriever(server, expected):
     """ColPali / ColQwen2 / ColQwen3 / ColModernVBert: each query's and each PNG page's vectors (every row against
     transformers'), and a query's MaxSim scores against the PNG pages (per query token). The
-    JPEG page is left out: its decoder differs from libjpeg-turbo's (README, Visual document
+    JPEG page is left out: its decoder differs from libjpeg-turbo's (docs/models.md, Visual document
     retrieval)."""
     results = []
     for case in expected["queries"]:

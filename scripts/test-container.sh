@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the CPU image from the unchanged Dockerfile and runs it the way README's `docker run`
+# Builds the CPU image from the unchanged Dockerfile and runs it the way docs/deployment.md's `docker run`
 # line does, without a Docker engine or registry access (../shared/docs/containers.md):
 #
 # 1. installs buildah, podman and debootstrap (Debian packages) if missing;
@@ -91,7 +91,7 @@ for tool in cargo rustc gcc cc; do
 done
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-# As README's `docker run -p 8000:8000 -v $PWD/models:/models poolserve /models/all-MiniLM-L6-v2`
+# As docs/deployment.md's `docker run -p 8000:8000 -v $PWD/models:/models poolserve /models/all-MiniLM-L6-v2`
 # (chroot isolation shares the host network, so the port is set instead of published).
 # `buildah run` does not apply the image's USER by itself; docker does, so pass it as docker would.
 user=$(buildah inspect --format '{{.OCIv1.Config.User}}' "$IMAGE")

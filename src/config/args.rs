@@ -71,7 +71,7 @@ pub struct ServeArgs {
     pub dtype: DTypeArg,
     #[arg(long, value_enum, default_value = "cpu", env = "POOLSERVE_DEVICE")]
     pub device: DeviceArg,
-    /// Quantize the transformer blocks (off by default; see README "Precision").
+    /// Quantize the transformer blocks (off by default; see docs/models.md "Precision").
     #[arg(long, short = 'q', value_enum, env = "POOLSERVE_QUANTIZATION")]
     pub quantization: Option<Quantization>,
     /// Name of the sentence-transformers prompt (config_sentence_transformers.json `prompts`)
@@ -169,7 +169,7 @@ pub struct ServeArgs {
     pub shutdown_timeout: u64,
     #[arg(long, value_enum, default_value = "text", env = "POOLSERVE_LOG_FORMAT")]
     pub log_format: LogFormat,
-    /// Serve PEFT LoRA adapters of the models (README "LoRA adapters"): a request's `model`
+    /// Serve PEFT LoRA adapters of the models (docs/models.md "LoRA adapters"): a request's `model`
     /// may name an adapter, and sequences of different adapters share a batch.
     #[arg(long, env = "POOLSERVE_ENABLE_LORA")]
     pub enable_lora: bool,

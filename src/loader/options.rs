@@ -45,7 +45,7 @@ impl DTypeArg {
     /// means bf16 weights and matrix products with f32 activations (the loader's rule), 1.3-1.9×
     /// faster where the CPU has AVX-512 BF16; `auto` stays float32 even there because bf16 moves
     /// classifier probabilities by up to 2.5e-3 on our fixtures, past the 1e-4 we hold to
-    /// (README, "Precision").
+    /// (docs/models.md, "Precision").
     pub fn dtype_on(self, device: DeviceArg) -> candle_core::DType {
         match (self, device) {
             (DTypeArg::Auto, DeviceArg::Cuda) => candle_core::DType::F16,

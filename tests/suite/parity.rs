@@ -194,7 +194,7 @@ async fn worst_embedding_cosine(name: &str, tweak: impl FnOnce(&mut poolserve::c
 }
 
 /// `--dtype float16|bfloat16`: the same models in half precision stay within the documented
-/// tolerance of the float32 reference (README, "Precision"). On the CPU bfloat16 is the packed
+/// tolerance of the float32 reference (docs/models.md, "Precision"). On the CPU bfloat16 is the packed
 /// bf16 kernels' path (f32 activations), float16 candle's composite ops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_precision_stays_within_tolerance() {
