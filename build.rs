@@ -1,4 +1,4 @@
-//! With the `cuda` feature: compiles `src/models/ops/cuda/kernels.cu` with nvcc (from
+//! With the `cuda` feature: compiles `src/kernels/cuda/kernels.cu` with nvcc (from
 //! `$NVCC`, `$CUDA_HOME/bin`, or `PATH`; `scripts/build-cuda.sh` provides one from PyPI) into a
 //! fat binary holding machine code for `sm_$CUDA_COMPUTE_CAP` (default 80) and PTX for
 //! `compute_$CUDA_COMPUTE_CAP`. The machine code loads at once on that GPU generation; the PTX
@@ -14,7 +14,7 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let source = "src/models/ops/cuda/kernels.cu";
+    let source = "src/kernels/cuda/kernels.cu";
     println!("cargo:rerun-if-changed={source}");
     for var in ["NVCC", "CUDA_HOME", "CUDA_COMPUTE_CAP"] {
         println!("cargo:rerun-if-env-changed={var}");

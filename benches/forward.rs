@@ -45,7 +45,7 @@ fn measure(name: &str, iterations: usize, mut f: impl FnMut()) -> (Duration, Dur
 
 fn main() {
     // As the server's main does, before any thread starts.
-    poolserve::models::ops::settle_thread_pools();
+    poolserve::kernels::settle_thread_pools();
     let dir = std::env::var("POOLSERVE_MINILM").unwrap_or_else(|_| "models/all-MiniLM-L6-v2".into());
     if !std::path::Path::new(&dir).join("model.safetensors").exists() {
         eprintln!("{dir} is missing: run scripts/fetch-minilm.sh models (or set POOLSERVE_MINILM)");

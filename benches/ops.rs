@@ -3,7 +3,7 @@
 //! `cargo bench --bench ops`.
 
 use candle_core::{Device, Tensor};
-use poolserve::models::ops::{with_cpu_weight_format, Activation, Attention, AttentionMask, LayerNorm, Linear, WeightFormat};
+use poolserve::kernels::{with_cpu_weight_format, Activation, Attention, AttentionMask, LayerNorm, Linear, WeightFormat};
 use std::time::Instant;
 
 fn tensor(rows: usize, cols: usize) -> Tensor {

@@ -28,7 +28,7 @@ enum Command {
 
 fn main() -> ExitCode {
     // Before any thread exists (it may set an environment variable).
-    poolserve::models::ops::settle_thread_pools();
+    poolserve::kernels::settle_thread_pools();
     // vLLM's spellings of the flags (`--pooler-config.task X`, `--hf_overrides`) read as ours.
     let args = match poolserve::config::vllm_style_args(std::env::args().collect()) {
         Ok(args) => args,

@@ -294,6 +294,19 @@ pub struct TimingSnapshot {
     pub on_gpu: bool,
 }
 
+impl TimingSnapshot {
+    /// Adds the work of a part that ran beside the others (a stream's messages): characters
+    /// and tokens add up, times are the longest part's (they overlapped), on a GPU if any was.
+    pub fn merge(&mut self, part: &TimingSnapshot) {
+        self.characters += part.characters;
+        self.tokens += part.tokens;
+        self.tokenization = self.tokenization.max(part.tokenization);
+        self.queue = self.queue.max(part.queue);
+        self.inference = self.inference.max(part.inference);
+        self.on_gpu |= part.on_gpu;
+    }
+}
+
 tokio::task_local! {
     pub static TIMINGS: RequestTimings;
 }

@@ -2,7 +2,8 @@
 //!
 //! TEI's `--otlp-endpoint` / `--otlp-service-name` and vLLM's `--otlp-traces-endpoint` turn it
 //! on. Each request (HTTP or gRPC) becomes a server span named `METHOD route` with the phases
-//! of its work as children: `tokenize` (texts and media made into model inputs), `queue`
+//! of its work as children: `tokenize` (texts made into token ids), `preprocess` (images,
+//! audio and video decoded and framed, where the request has them), `queue`
 //! (waiting for a batch), `inference` (from the first of its batches starting to the last
 //! finishing) and `postprocess` (pooling the outputs and writing the answer). A W3C
 //! `traceparent` on the request makes the span a child of the caller's.

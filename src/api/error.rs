@@ -255,7 +255,7 @@ impl From<EngineError> for ApiError {
             EngineError::OutputTooLarge { .. } => ApiError::bad_request(e.to_string()),
             EngineError::Overloaded(_) => ApiError::TooManyRequests(e.to_string()),
             // A model that failed to start never serves a request: internal if it ever did.
-            EngineError::Model(_) | EngineError::Options(_) | EngineError::Load(_) | EngineError::Threads(_) => {
+            EngineError::Model(_) | EngineError::Options(_) | EngineError::Setup(_) | EngineError::Load(_) | EngineError::Threads(_) => {
                 ApiError::Internal(e.to_string())
             }
             EngineError::Stopped | EngineError::Dead(_) => ApiError::Unavailable(e.to_string()),

@@ -10,19 +10,20 @@ pub mod options;
 pub mod params;
 pub mod scheduler;
 pub mod score;
+mod sides;
+
+pub use error::EngineError;
+mod error;
 
 use crate::engine::params::ParamsError;
 use crate::engine::params::ResolvedParams;
 use crate::input::prepare::PreprocessorParts;
 use crate::input::tokenizer::EncodeOptions;
-use crate::input::{
-    AudioSide, ImageProcessing, ImageSide, InputError, InputOptions, ModelInput, PageFrame, PageText, Preprocessor, Prompt, SoftTokenFrame,
-    TextFrame, VideoSide,
-};
+use crate::input::{InputError, InputOptions, ModelInput, Preprocessor, Prompt};
 use crate::loader::lora::{Adapter, LoraRegistry};
 use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
-use crate::loader::{AudioInput, LoadedModel, VisionInput};
+use crate::loader::LoadedModel;
 use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
@@ -32,34 +33,6 @@ pub use options::{
 use scheduler::{BatchLimits, Job, ModelThread};
 use std::sync::Arc;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum EngineError {
-    /// An input that cannot be used (the input layer's reasons).
-    #[error(transparent)]
-    Input(#[from] InputError),
-    #[error(transparent)]
-    Params(#[from] ParamsError),
-    #[error("The server is at its limit of {0} concurrent requests; retry later")]
-    Overloaded(usize),
-    #[error("model execution failed: {0}")]
-    Model(String),
-    #[error("the engine has stopped")]
-    Stopped,
-    #[error("the engine cannot serve: {0}")]
-    Dead(&'static str),
-    #[error("This request's output would be {floats} floats ({tokens} tokens × {width}), over the server's limit of {max} (--max-output-floats). Please send fewer or shorter inputs.")]
-    OutputTooLarge { floats: usize, tokens: usize, width: usize, max: usize },
-    /// At start: engine options that cannot work (a zero where a count must be positive).
-    #[error("{0}")]
-    Options(String),
-    /// At start: the model could not be loaded.
-    #[error(transparent)]
-    Load(Arc<crate::loader::LoadError>),
-    /// At start: the engine's threads could not be started.
-    #[error("cannot start the engine's threads: {0}")]
-    Threads(Arc<std::io::Error>),
-}
 
 struct Inner {
     spec: ModelSpec,
@@ -92,47 +65,6 @@ pub struct Engine {
     by_task: bool,
 }
 
-/// A page retriever's page text when every page has the same one (ColPali, one crop a page):
-/// `prefix placeholder×tokens suffix`, tokenized once without the tokenizer's special tokens
-/// (the processor's prompt writes them), checked to hold its `tokens` placeholders.
-fn fixed_page_prompt(
-    tokenizer: &crate::input::tokenizer::TextTokenizer,
-    prompts: &crate::models::RetrievalPrompts,
-    placeholder: &str,
-    placeholder_id: u32,
-    tokens: usize,
-) -> std::io::Result<TokenizedInput> {
-    let text = format!("{}{}{}", prompts.image_prefix, placeholder.repeat(tokens), prompts.image_suffix);
-    let encode = EncodeOptions {
-        add_special_tokens: false,
-        truncate_to: None,
-        side: crate::input::tokenizer::TruncationSide::Right,
-        pair_limits: Default::default(),
-    };
-    let prompt = tokenizer
-        .encode(&text, encode)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the page prompt: {e}")))?;
-    if prompt.ids.iter().filter(|&&t| t == placeholder_id).count() != tokens {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("the page prompt does not tokenize into {tokens} `{placeholder}` tokens"),
-        ));
-    }
-    Ok(prompt)
-}
-
-/// The strings of a medium's framing tokens (`begin placeholder end`), as the text that the
-/// preprocessor writes around it; a tokenizer without them cannot serve that medium.
-fn framing_strings(
-    tokenizer: &crate::input::tokenizer::TextTokenizer,
-    ids: crate::models::ImageTokens,
-    medium: &str,
-) -> std::io::Result<[String; 3]> {
-    <[String; 3]>::try_from(tokenizer.token_strings(&[ids.begin, ids.placeholder, ids.end])).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the {medium} tokens are not in the tokenizer's vocabulary"))
-    })
-}
-
 impl Engine {
     /// Loads the model and starts its engine (blocking: run it off the async runtime).
     pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineError> {
@@ -152,11 +84,11 @@ impl Engine {
             "model loaded in {:.2?}",
             started.elapsed()
         );
-        Self::start(loaded, options).map_err(|e| EngineError::Threads(Arc::new(e)))
+        Self::start(loaded, options)
     }
 
     /// Starts the input workers and the model thread.
-    pub fn start(model: LoadedModel, options: &EngineOptions) -> std::io::Result<Self> {
+    pub fn start(model: LoadedModel, options: &EngineOptions) -> Result<Self, EngineError> {
         let LoadedModel {
             spec,
             backbone,
@@ -185,146 +117,21 @@ impl Engine {
         if limits.max_tokens > max_batch_tokens {
             tracing::warn!("--max-batch-tokens raised to max_model_len ({})", limits.max_tokens);
         }
-        let image_limits = crate::input::image::ImageLimits { max_pixels: options.max_image_pixels };
-        let (images, vision, soft_vision, page_vision) = match vision {
-            Some(VisionInput::Pooled { tower, processor }) => {
-                let tokens_per_image = tower.tokens_per_image();
-                let images_per_batch = (limits.max_tokens / tokens_per_image.max(1)).min(limits.max_seqs);
-                let side = ImageSide {
-                    processing: ImageProcessing::Crop {
-                        tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
-                        processor: Arc::new(processor),
-                    },
-                    limits: image_limits,
-                    tokens_per_image,
-                    wave: (images_per_batch / 2).max(1),
-                };
-                (Some(side), Some(tower), None, None)
-            }
-            Some(VisionInput::SoftTokens { tower, patches, video }) => {
-                let ids = tower.image_tokens();
-                let [begin, placeholder, end] = framing_strings(&tokenizer, ids, "image")?;
-                let video = match (video, tower.video_token()) {
-                    (Some(config), Some(id)) => {
-                        let [placeholder] = <[String; 1]>::try_from(tokenizer.token_strings(&[id])).map_err(|_| {
-                            std::io::Error::new(std::io::ErrorKind::InvalidData, "the video token is not in the tokenizer's vocabulary")
-                        })?;
-                        let limits = crate::input::video::VideoLimits { max_frames: options.max_video_frames, ..Default::default() };
-                        Some(VideoSide { config, limits, placeholder, placeholder_id: id })
-                    }
-                    _ => None,
-                };
-                // An image's cost: at most its budget of soft tokens in the text, three framing
-                // tokens, and the tower's pass over its patches.
-                let tokens_per_image = patches.max_soft_tokens + patches.max_patches() + 4;
-                let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
-                let side = ImageSide {
-                    processing: ImageProcessing::SoftTokens(Box::new(SoftTokenFrame {
-                        patches,
-                        begin,
-                        placeholder,
-                        end,
-                        placeholder_id: ids.placeholder,
-                        video,
-                        page: retrieval.as_ref().map(|p| TextFrame {
-                            prefix: p.image_prefix.clone(),
-                            suffix: p.image_suffix.clone(),
-                            trim: false,
-                            instruction: p.instruction.clone(),
-                            special_tokens: p.special_tokens,
-                        }),
-                        mixed: retrieval.as_ref().is_some_and(|p| p.mixed),
-                    })),
-                    limits: image_limits,
-                    tokens_per_image,
-                    wave: (images_per_batch / 2).max(1),
-                };
-                (Some(side), None, Some(tower), None)
-            }
-            Some(VisionInput::Page { tower, processor }) => {
-                let prompts = retrieval.as_ref().ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, "a page retriever without its processor's prompts")
-                })?;
-                let placeholder_id = tower.placeholder();
-                let [placeholder] = <[String; 1]>::try_from(tokenizer.token_strings(&[placeholder_id])).map_err(|_| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the image token is not in the tokenizer's vocabulary")
-                })?;
-                // An image's cost: its soft tokens and the prompt around them in the text, and
-                // the tower's pass over as many patches (a crop's; a page of Idefics3's frames
-                // costs that many times over).
-                let (tokens, patches) = (tower.tokens_per_image(), tower.patches_per_image());
-                let (text, frames) = match processor.splitting {
-                    Some(split) => {
-                        // A page whose placeholders alone pass max_model_len can never run.
-                        let max_frames = spec.max_model_len / tokens.max(1);
-                        let most = match processor.size {
-                            crate::input::image::Size::LongestEdge(n) if split.enabled => n.div_ceil(split.tile.max(1)).pow(2) + 1,
-                            _ => 1,
-                        };
-                        let text = PageText::Frames {
-                            prefix: prompts.image_prefix.clone(),
-                            suffix: prompts.image_suffix.clone(),
-                            special_tokens: prompts.special_tokens,
-                            max_frames,
-                        };
-                        (text, most.min(max_frames).max(1))
-                    }
-                    None => (PageText::Fixed(fixed_page_prompt(&tokenizer, prompts, &placeholder, placeholder_id, tokens)?), 1),
-                };
-                let tokens_per_image = frames * (tokens + patches) + 16;
-                let images_per_batch = (limits.max_tokens / tokens_per_image).min(limits.max_seqs);
-                let side = ImageSide {
-                    processing: ImageProcessing::Page(Box::new(PageFrame {
-                        tables: Arc::new(crate::input::image::ChannelTables::new(&processor)),
-                        processor: Arc::new(processor),
-                        text,
-                        placeholder,
-                        placeholder_id,
-                        tokens,
-                        patches,
-                    })),
-                    limits: image_limits,
-                    tokens_per_image,
-                    wave: (images_per_batch / 2).max(1),
-                };
-                (Some(side), None, None, Some(tower))
-            }
-            None => (None, None, None, None),
-        };
-        let query_frame = retrieval.map(|p| TextFrame {
-            prefix: p.query_prefix,
-            suffix: p.query_suffix,
-            trim: p.strips_queries,
-            instruction: p.instruction,
-            special_tokens: p.special_tokens,
-        });
-        let (audio_side, soft_audio) = match audio {
-            Some(AudioInput { tower, features }) => {
-                let ids = tower.audio_tokens();
-                let [begin, placeholder, end] = framing_strings(&tokenizer, ids, "audio")?;
-                let side = AudioSide {
-                    features: Arc::new(features),
-                    limits: crate::input::audio::AudioLimits { max_declared_seconds: options.max_audio_seconds as f64 },
-                    frames_per_token: tower.frames_per_token(),
-                    begin,
-                    placeholder,
-                    end,
-                    placeholder_id: ids.placeholder,
-                };
-                (Some(side), Some(tower))
-            }
-            None => (None, None),
-        };
+        let sides = sides::InputSides::new(vision, audio, retrieval, &tokenizer, (&limits, spec.max_model_len), options)?;
         let pooling = match spec.supports(Task::Embed) {
-            true => Some(spec.pooling.method().ok_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::Unsupported, format!("{:?} pooling is not supported yet", spec.pooling))
-            })?),
+            true => {
+                Some(spec.pooling.method().ok_or_else(|| EngineError::Setup(format!("{:?} pooling is not supported yet", spec.pooling)))?)
+            }
             false => None,
         };
         let vocab_size = backbone.vocab_size();
         let chunk_tokens = crate::models::forward_chunk_tokens(&device);
-        let solo =
-            rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "model-solo".into()).build().map_err(std::io::Error::other)?;
+        let threads = |e: std::io::Error| EngineError::Threads(Arc::new(e));
+        let solo = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "model-solo".into())
+            .build()
+            .map_err(|e| threads(std::io::Error::other(e)))?;
         let model_thread = ModelThread {
             backbone,
             heads: HeadRunner { pooling, embedding: embedding_head, classifier, sparse: sparse_head, m3: m3_head, next_token, instruction },
@@ -333,27 +140,28 @@ impl Engine {
             model: spec.served_name.clone(),
             solo,
             on_cpu: device.is_cpu(),
-            vision,
-            soft_vision,
-            page_vision,
-            soft_audio,
+            vision: sides.vision,
+            soft_vision: sides.soft_vision,
+            page_vision: sides.page_vision,
+            soft_audio: sides.soft_audio,
         };
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
         let thread_name: String = format!("model-{}", spec.served_name.rsplit('/').next().unwrap_or_default()).chars().take(15).collect();
-        std::thread::Builder::new().name(thread_name).spawn(move || model_thread.run(rx))?;
+        std::thread::Builder::new().name(thread_name).spawn(move || model_thread.run(rx)).map_err(threads)?;
         let input = Preprocessor::start(PreprocessorParts {
             tokenizer,
             workers: options.tokenizer_workers,
             chat_template,
-            images,
-            audio: audio_side,
+            images: sides.images,
+            audio: sides.audio,
             vocab_size,
             max_model_len: spec.max_model_len,
             pad_text_to: spec.pad_text_to,
-            query_frame,
+            query_frame: sides.query_frame,
             served_name: spec.served_name.clone(),
-        })?;
+        })
+        .map_err(threads)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 spec,

@@ -13,11 +13,11 @@
 use super::EngineError;
 use crate::engine::params::ResolvedParams;
 use crate::input::ModelInput;
+use crate::kernels::lora::LoraWeights;
 use crate::metrics;
 use crate::models::batch::{Batch, TokenizedInput};
 use crate::models::batch::{ImageGrid, SoftTokens};
 use crate::models::gemma4_vision::ImagePatches;
-use crate::models::ops::lora::LoraWeights;
 use crate::models::{AudioTokenTower, Backbone, CropTokenTower, SoftTokenTower, VisionTower};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::head_runner::{HeadRunner, SequenceRequest};

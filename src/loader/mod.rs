@@ -7,6 +7,7 @@
 pub mod hub;
 pub mod lora;
 mod mapped;
+mod media;
 pub mod model_spec;
 pub mod options;
 pub mod sentence;
@@ -15,8 +16,8 @@ use crate::input::chat_template::{self, ChatError, ChatTemplate};
 use crate::input::image;
 use crate::input::sentencepiece;
 use crate::input::tokenizer::{self, TextTokenizer, TokenizeError};
+use crate::kernels::{with_cpu_weight_format, WeightFormat};
 use crate::models::bge_m3::{self, M3Weights};
-use crate::models::ops::{with_cpu_weight_format, WeightFormat};
 use crate::models::{self, Backbone, ModelError};
 use crate::pooling::classifier::ClassifierHead;
 use crate::pooling::embedding_head::{Dense, DenseActivation, EmbeddingHead};
@@ -211,7 +212,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     if options.quantization.is_some() {
         let takes_adapters = options.lora.is_some() || architecture.has_task_adapters(&config);
         models::quantize_int8(backbone.as_mut(), takes_adapters).map_err(ModelError::Weights)?;
-        if !models::ops::int8::accelerated() {
+        if !crate::kernels::int8::accelerated() {
             tracing::warn!("--quantization int8: this CPU has no AVX2; the portable int8 kernel is slower than float32");
         }
     }
@@ -220,37 +221,8 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     if sentence.dense.is_empty() && (sentence.multi_vector || models::is_colbert_name(&architecture_name)) {
         sentence.dense.extend(colbert_projection(&vb, backbone.hidden_size())?);
     }
-    let vision = match with_cpu_weight_format(cpu_weight_format, || architecture.vision_tower(&config, vb.clone()))? {
-        Some(tower) => {
-            if tower.embedding_size() != backbone.hidden_size() {
-                return Err(LoadError::Invalid(format!(
-                    "image embeddings have {} dimensions, text embeddings {}",
-                    tower.embedding_size(),
-                    backbone.hidden_size()
-                )));
-            }
-            Some(VisionInput::Pooled { processor: image_processor(&source, tower.image_size())?, tower })
-        }
-        None => match with_cpu_weight_format(cpu_weight_format, || architecture.soft_token_tower(&config, vb.clone()))? {
-            Some(tower) => Some(VisionInput::SoftTokens {
-                patches: patch_processor(&source, tower.as_ref())?,
-                video: video_processor(&source, tower.as_ref())?,
-                tower,
-            }),
-            None => match with_cpu_weight_format(cpu_weight_format, || architecture.crop_token_tower(&config, vb.clone()))? {
-                Some(tower) => {
-                    Some(VisionInput::Page { processor: image_processor(&source, tower.image_size())?.torchvision_unless_pil(), tower })
-                }
-                None => None,
-            },
-        },
-    };
-    let retrieval =
-        architecture.retrieval_prompts(&config, &processor_json(&source)?, &|name| tokenizer::special_token(&tokenizer_config, name))?;
-    let audio = match with_cpu_weight_format(cpu_weight_format, || architecture.audio_tower(&config, vb.clone()))? {
-        Some(tower) => Some(AudioInput { features: audio_features(&source, tower.as_ref())?, tower }),
-        None => None,
-    };
+    let media::Media { vision, retrieval, audio } =
+        media::towers(&source, &config, architecture, (&vb, cpu_weight_format), &tokenizer_config, backbone.hidden_size())?;
     let spec = ModelSpec::decide(SpecInputs {
         options,
         config: &config,
@@ -283,15 +255,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         vb.clone(),
         (&source, adapter_folders.as_ref()),
     )?;
-    let instruction = match architecture.embeds_after_instruction() {
-        true => Some(InstructionSpan::from_pieces(|piece| tokenizer.token_id(piece)).ok_or_else(|| {
-            LoadError::Invalid(format!(
-                "{}: the tokenizer lacks the pieces of its instruction pattern (<s>, ▁<, <, |, user, embed, >, <0x0A>)",
-                architecture.name()
-            ))
-        })?),
-        false => None,
-    };
+    let instruction = instruction_span(architecture, &tokenizer)?;
     let next_token = match spec.generates {
         true => Some(NextTokenHead::new(
             architecture.lm_head(&config, vb.clone()).map_err(|e| LoadError::Unsupported(format!("--runner generate: {e}")))?,
@@ -324,6 +288,20 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     })
 }
 
+/// Where an instruction-following embedder's instruction ends in its prompt (its tokenizer's
+/// pieces of the pattern), for the architectures that embed only what follows it.
+fn instruction_span(architecture: &dyn models::Architecture, tokenizer: &TextTokenizer) -> Result<Option<InstructionSpan>, LoadError> {
+    if !architecture.embeds_after_instruction() {
+        return Ok(None);
+    }
+    InstructionSpan::from_pieces(|piece| tokenizer.token_id(piece)).map(Some).ok_or_else(|| {
+        LoadError::Invalid(format!(
+            "{}: the tokenizer lacks the pieces of its instruction pattern (<s>, ▁<, <, |, user, embed, >, <0x0A>)",
+            architecture.name()
+        ))
+    })
+}
+
 /// The projection a ColBERT checkpoint keeps beside its backbone (Stanford's `HF_ColBERT`,
 /// jina-colbert-v2: `linear.weight`; vLLM also looks for `colbert_linear.weight`), as vLLM
 /// finds it when no sentence-transformers Dense module holds one: no bias, its width from the
@@ -337,14 +315,14 @@ fn colbert_projection(vb: &VarBuilder, hidden: usize) -> Result<Option<Dense>, L
         [_, inputs] if *inputs == hidden => {}
         dims => return Err(LoadError::Invalid(format!("{name} has shape {dims:?}; the backbone gives {hidden} values per token"))),
     }
-    Ok(Some(Dense { linear: models::ops::Linear::new(weight, None)?, activation: DenseActivation::Identity }))
+    Ok(Some(Dense { linear: crate::kernels::Linear::new(weight, None)?, activation: DenseActivation::Identity }))
 }
 
 /// The weights, as the architectures read them, and the format the CPU kernels pack dense
 /// layers in: safetensors memory-mapped (`--dtype auto` on the CPU keeping half precision when
 /// an f32 copy would not fit), else a `pytorch_model.bin`. With bfloat16 on the CPU, the
 /// transformer's dense layers are packed in bf16 for the CPU kernels and everything else
-/// (activations, norms, attention, heads) runs in f32 (see `ops::sgemm`).
+/// (activations, norms, attention, heads) runs in f32 (see `crate::kernels::sgemm`).
 /// `merged_adapter`: the folder of a task adapter merged into the weights as they load.
 fn open_weights(
     source: &ModelSource,
@@ -384,7 +362,7 @@ fn open_weights(
     };
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        match models::ops::cuda::self_check(device, dtype) {
+        match crate::kernels::cuda::self_check(device, dtype) {
             Ok(()) => tracing::info!("CUDA kernels checked against candle's ops in {dtype:?}"),
             Err(problem) => tracing::error!("CUDA kernel self-check failed ({problem}): running on candle's composite ops instead, slower"),
         }
@@ -509,230 +487,6 @@ fn bge_m3_heads(source: &ModelSource, architecture: &str, hidden: usize) -> Resu
             bge_m3::COLBERT_FILE
         ))),
     }
-}
-
-/// `preprocessor_config.json` (transformers 4), or else the `image_processor` inside
-/// `processor_config.json` (transformers 5), checked against the tower it feeds.
-fn image_processor(source: &ModelSource, image_size: usize) -> Result<image::ImageProcessorConfig, LoadError> {
-    let (path, read): (_, fn(&std::path::Path) -> _) = match source.file("preprocessor_config.json")? {
-        Some(path) => (path, |p| image::ImageProcessorConfig::from_file(p)),
-        None => match source.file("processor_config.json")? {
-            Some(path) => (path, |p| image::ImageProcessorConfig::from_processor_file(p)),
-            None => return Err(LoadError::NotFound("the model has no preprocessor_config.json or processor_config.json".into())),
-        },
-    };
-    let processor =
-        read(&path).and_then(|p| p.check().map(|()| p)).map_err(|e| LoadError::File { path: path.clone(), message: e.to_string() })?;
-    let (height, width) = processor.output_size();
-    if (height, width) != (image_size, image_size) {
-        return Err(LoadError::Invalid(format!(
-            "preprocessor_config.json makes {height}x{width} images; the vision tower takes {image_size}x{image_size}"
-        )));
-    }
-    Ok(processor)
-}
-
-/// The folder's `processor_config.json` (a retrieval processor's prompts live there), or
-/// `Null` when it has none.
-fn processor_json(source: &ModelSource) -> Result<serde_json::Value, LoadError> {
-    match source.file("processor_config.json")? {
-        Some(path) => read_json(&path),
-        None => Ok(serde_json::Value::Null),
-    }
-}
-
-/// The `image_processor` of `processor_config.json` (or `preprocessor_config.json`) of a
-/// soft-token model: its patch size, pooling kernel and soft-token budget, checked against the
-/// tower.
-fn patch_processor(source: &ModelSource, tower: &dyn models::SoftTokenTower) -> Result<image::patches::PatchConfig, LoadError> {
-    let (path, nested) = match source.file("processor_config.json")? {
-        Some(path) => (path, true),
-        None => match source.file("preprocessor_config.json")? {
-            Some(path) => (path, false),
-            None => return Err(LoadError::NotFound("the model has no processor_config.json or preprocessor_config.json".into())),
-        },
-    };
-    let invalid = |message: String| LoadError::File { path: path.clone(), message };
-    let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-    let processor = if nested { json.get("image_processor").ok_or_else(|| invalid("has no `image_processor`".into()))? } else { &json };
-    let (patch_size, kernel) = tower.patch_geometry();
-    let field = |name: &str, default: usize| match processor.get(name) {
-        None => Ok(default),
-        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| invalid(format!("image_processor.{name} is not a count: {v}"))),
-    };
-    let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str);
-    if type_name.is_some_and(|t| t.starts_with("Qwen2VLImageProcessor")) {
-        let mut config = qwen2_vl_processor(processor, (patch_size, kernel)).map_err(invalid)?;
-        // ColQwen3's processors convert each image with Pillow before their image processor
-        // sees it (TomoroAI's and colpali-engine's `process_images`, ColQwen3.5's, OpenSearch's, NVIDIA's
-        // `forward_documents`): transparency dropped rather than composited.
-        let pillow_rgb = ["ColQwen3Processor", "ColQwen3_5Processor", "OpsColQwen3Processor", "Qwen3VLNemotronEmbedProcessor"];
-        if json.get("processor_class").and_then(serde_json::Value::as_str).is_some_and(|c| pillow_rgb.contains(&c)) {
-            config.alpha = image::patches::Alpha::Dropped;
-        }
-        return Ok(config);
-    }
-    let backend = image::patches::Backend::of_image_processor(type_name)
-        .ok_or_else(|| invalid(format!("image_processor_type `{}` is not a Gemma 4 image processor", type_name.unwrap_or_default())))?;
-    if field("resample", 3)? != 3 {
-        return Err(invalid("image_processor.resample: only bicubic (3), Gemma 4's, is implemented".into()));
-    }
-    // Gemma4ImageProcessor's defaults: 280 soft tokens.
-    let config = image::patches::PatchConfig {
-        patch_size: field("patch_size", patch_size)?,
-        pooling_kernel_size: field("pooling_kernel_size", kernel)?,
-        max_soft_tokens: field("max_soft_tokens", 280)?,
-        backend,
-        sizing: image::patches::Sizing::SoftTokenBudget,
-        normalize: None,
-        alpha: image::patches::Alpha::OverWhite,
-    };
-    config.check().map_err(|e| invalid(e.to_string()))?;
-    if (config.patch_size, config.pooling_kernel_size) != (patch_size, kernel) {
-        return Err(LoadError::Invalid(format!(
-            "the image processor makes {}px patches pooled {}×{}; the vision tower takes {patch_size}px pooled {kernel}×{kernel}",
-            config.patch_size, config.pooling_kernel_size, config.pooling_kernel_size
-        )));
-    }
-    Ok(config)
-}
-
-/// `Qwen2VLImageProcessor`'s settings (transformers 5's, the torchvision class; its `Pil`
-/// twin resizes with Pillow and is refused): `smart_resize` into `size.shortest_edge ..=
-/// size.longest_edge` pixels (older configs: `min_pixels` / `max_pixels`), bicubic, the
-/// fused rescale and normalization, patches merged `merge_size`² into a soft token.
-fn qwen2_vl_processor(processor: &serde_json::Value, (patch_size, merge): (usize, usize)) -> Result<image::patches::PatchConfig, String> {
-    let type_name = processor.get("image_processor_type").and_then(serde_json::Value::as_str).unwrap_or_default();
-    if type_name.ends_with("Pil") {
-        return Err(format!("image_processor_type `{type_name}`: only the torchvision Qwen2VLImageProcessor is implemented"));
-    }
-    let count = |v: Option<&serde_json::Value>, name: &str, default: usize| match v {
-        None | Some(serde_json::Value::Null) => Ok(default),
-        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| format!("image_processor.{name} is not a count: {v}")),
-    };
-    let flag = |name: &str| processor.get(name).and_then(serde_json::Value::as_bool).unwrap_or(true);
-    let size = processor.get("size");
-    let min_pixels =
-        count(size.and_then(|s| s.get("shortest_edge")).or_else(|| processor.get("min_pixels")), "size.shortest_edge", 56 * 56)?;
-    let max_pixels =
-        count(size.and_then(|s| s.get("longest_edge")).or_else(|| processor.get("max_pixels")), "size.longest_edge", 28 * 28 * 1280)?;
-    if count(processor.get("resample"), "resample", 3)? != 3 || !flag("do_resize") || !flag("do_rescale") || !flag("do_normalize") {
-        return Err("image_processor: only bicubic resizing, rescaling and normalizing (Qwen2-VL's defaults) are implemented".into());
-    }
-    if processor.get("rescale_factor").and_then(serde_json::Value::as_f64).is_some_and(|f| (f - 1.0 / 255.0).abs() > 1e-12) {
-        return Err("image_processor.rescale_factor: only 1/255 is implemented".into());
-    }
-    let channels = |name: &str, default: [f32; 3]| -> Result<[f32; 3], String> {
-        match processor.get(name) {
-            None | Some(serde_json::Value::Null) => Ok(default),
-            Some(v) => {
-                serde_json::from_value::<[f32; 3]>(v.clone()).map_err(|_| format!("image_processor.{name} is not three numbers: {v}"))
-            }
-        }
-    };
-    let normalize = image::patches::Normalize {
-        // OpenAI CLIP's, Qwen2VLImageProcessor's defaults (as f32).
-        mean: channels("image_mean", [0.481_454_7, 0.457_827_5, 0.408_210_7])?,
-        std: channels("image_std", [0.268_629_5, 0.261_302_6, 0.275_777_1])?,
-    };
-    if normalize.std.iter().any(|&s| s == 0.0 || !s.is_finite()) || normalize.mean.iter().any(|m| !m.is_finite()) {
-        return Err("image_processor: image_std must be finite and non-zero".into());
-    }
-    let (p, m) = (count(processor.get("patch_size"), "patch_size", patch_size)?, count(processor.get("merge_size"), "merge_size", merge)?);
-    if (p, m) != (patch_size, merge) || count(processor.get("temporal_patch_size"), "temporal_patch_size", 2)? != 2 {
-        return Err(format!("the image processor makes {p}px patches merged {m}×{m}; the vision tower takes {patch_size}px merged {merge}×{merge} over 2 frames"));
-    }
-    let config = image::patches::PatchConfig {
-        patch_size: p,
-        pooling_kernel_size: m,
-        max_soft_tokens: max_pixels / (p * p * m * m),
-        backend: image::patches::Backend::Torchvision,
-        sizing: image::patches::Sizing::SmartResize { min_pixels, max_pixels },
-        normalize: Some(normalize),
-        alpha: image::patches::Alpha::OverWhite,
-    };
-    config.check().map_err(|e| e.to_string())?;
-    Ok(config)
-}
-
-/// What of a processor file's JSON is the block wanted, if it holds it.
-type PickBlock<'a> = &'a dyn Fn(&serde_json::Value) -> Option<serde_json::Value>;
-
-/// The first of `candidates` (a file of the folder, and what of its JSON is the block wanted)
-/// that the folder has and that holds the block, with its path.
-fn processor_block(source: &ModelSource, candidates: [(&str, PickBlock); 2]) -> Result<Option<(PathBuf, serde_json::Value)>, LoadError> {
-    for (name, pick) in candidates {
-        if let Some(path) = source.file(name)? {
-            let invalid = |message: String| LoadError::File { path: path.clone(), message };
-            let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
-            if let Some(block) = pick(&json) {
-                return Ok(Some((path, block)));
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// The `video_processor` of `processor_config.json` (or `video_preprocessor_config.json`) of a
-/// soft-token model whose tower reads video frames; a folder with neither gets the video
-/// processor's defaults (`EmbeddingGemma2VideoProcessor`: 1 frame a second, at most 32, 70
-/// soft tokens each).
-fn video_processor(
-    source: &ModelSource,
-    tower: &dyn models::SoftTokenTower,
-) -> Result<Option<crate::input::video::VideoConfig>, LoadError> {
-    if tower.video_token().is_none() {
-        return Ok(None);
-    }
-    let found = processor_block(
-        source,
-        [
-            ("processor_config.json", &|json| json.get("video_processor").cloned()),
-            ("video_preprocessor_config.json", &|json| Some(json.clone())),
-        ],
-    )?;
-    let (path, block) = match found {
-        Some((path, block)) => (Some(path), block),
-        None => (None, serde_json::json!({})),
-    };
-    crate::input::video::VideoConfig::from_json(&block, tower.patch_geometry()).map(Some).map_err(|message| match path {
-        Some(path) => LoadError::File { path, message },
-        None => LoadError::Invalid(message),
-    })
-}
-
-/// The `feature_extractor` of `processor_config.json` (or a `preprocessor_config.json` that is
-/// one) of a model with an audio tower, checked against the tower's mel bins: its
-/// `feature_size` is how many the tower gets, as transformers' feature extractor makes them. A folder without
-/// one gets `Gemma4AudioFeatureExtractor`'s defaults, which every published one repeats.
-fn audio_features(source: &ModelSource, tower: &dyn models::AudioTokenTower) -> Result<crate::input::audio::LogMelConfig, LoadError> {
-    let found = processor_block(
-        source,
-        [
-            ("processor_config.json", &|json| json.get("feature_extractor").cloned()),
-            ("preprocessor_config.json", &|json| json.get("feature_size").map(|_| json.clone())),
-        ],
-    )?;
-    let (path, block) = match found {
-        Some((path, block)) => (Some(path), block),
-        None => {
-            tracing::warn!("the model's folder has no audio feature extractor config: Gemma4AudioFeatureExtractor's defaults are used");
-            (None, serde_json::json!({}))
-        }
-    };
-    let features = crate::input::audio::LogMelConfig::from_json(&block).map_err(|message| match &path {
-        Some(path) => LoadError::File { path: path.clone(), message },
-        None => LoadError::Invalid(message),
-    })?;
-    if !tower.takes_mel_bins(features.mel_bins) {
-        return Err(LoadError::Invalid(format!(
-            "the audio feature extractor makes {} mel bins (feature_size); the audio tower's input projection does not take them (Gemma 4 sizes it for subsampling_conv_channels[0] bins)",
-            features.mel_bins
-        )));
-    }
-    Ok(features)
 }
 
 /// The vocabulary ids of `classifier_from_token`; each must be a single token.

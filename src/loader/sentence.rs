@@ -3,7 +3,7 @@
 
 use super::hub::ModelSource;
 use super::{read_json, LoadError};
-use crate::models::ops::Linear;
+use crate::kernels::Linear;
 use crate::pooling::embedding_head::{Dense, DenseActivation};
 use crate::pooling::PoolingType;
 use candle_core::Device;

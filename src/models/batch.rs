@@ -4,7 +4,7 @@
 //! and ends. Dense layers run over every token at once and attention runs per sequence, so
 //! no compute is spent on padding, whatever the mix of lengths.
 
-use super::ops::lora::{LoraWeights, Segment};
+use crate::kernels::lora::{LoraWeights, Segment};
 use candle_core::{Result, Tensor};
 use std::sync::Arc;
 
@@ -190,7 +190,7 @@ impl Batch {
     }
 
     /// The token rows of each run of consecutive sequences with one adapter, for
-    /// [`super::ops::lora::with_segments`]; base-model sequences have none.
+    /// [`crate::kernels::lora::with_segments`]; base-model sequences have none.
     pub fn lora_segments(&self) -> Vec<Segment> {
         let mut segments: Vec<Segment> = Vec::new();
         for ((start, len), adapter) in self.spans().zip(&self.adapters) {

@@ -13,9 +13,9 @@
 
 use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
-use super::ops::{Activation, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear, norm_params};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::{Activation, LayerNorm, Linear};
 use candle_core::Result;
 use candle_nn::VarBuilder;
 use serde::Deserialize;

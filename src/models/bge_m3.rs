@@ -10,8 +10,8 @@
 //! and then requires them.
 
 use super::head_weights::on_host;
-use super::ops::Linear;
 use super::ModelError;
+use crate::kernels::Linear;
 use candle_core::Tensor;
 use std::path::Path;
 

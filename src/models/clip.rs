@@ -16,9 +16,9 @@
 //! length.
 
 use super::batch::Batch;
-use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling, VisionTower};
+use crate::kernels::{Activation, Attention, AttentionMask, LayerNorm, Linear};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

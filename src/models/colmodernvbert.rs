@@ -37,11 +37,11 @@
 
 use super::clip::TowerConfig;
 use super::modernbert;
-use super::ops::Linear;
 use super::retrieval::{processor_field, root, text_width, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::siglip::SiglipVisionEncoder;
 use super::weights::linear_with_bias;
 use super::{parse_config, Architecture, Backbone, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
+use crate::kernels::Linear;
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

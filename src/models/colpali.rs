@@ -18,11 +18,11 @@
 use super::clip::TowerConfig;
 use super::gemma::Gemma;
 use super::llama::decoder_root;
-use super::ops::Linear;
 use super::retrieval::{default_embedding_dim, processor_field, root, text_width, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::siglip::SiglipVisionEncoder;
 use super::weights::linear;
 use super::{parse_config, Architecture, Backbone, CropTokenTower, ModelError, RetrievalPrompts, SequencePooling};
+use crate::kernels::Linear;
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

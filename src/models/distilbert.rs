@@ -4,9 +4,9 @@
 use super::bert::{bert_embeddings, TableSizes};
 use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, MaskedLmHead, PreClassifier};
-use super::ops::{Activation, LayerNorm, Linear};
 use super::weights::{fused_qkv, layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::{Activation, LayerNorm, Linear};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;

@@ -9,9 +9,9 @@
 use super::bert::{bert_embeddings, encoder_layers, BertConfig, TableSizes};
 use super::encoder::{Encoder, EncoderModel};
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
-use super::ops::Activation;
 use super::weights::linear;
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::Activation;
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;

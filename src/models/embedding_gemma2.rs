@@ -24,10 +24,10 @@ use super::batch::Batch;
 use super::gemma4_audio::{self, Gemma4Audio};
 use super::gemma4_vision::{default_activation, default_eps, norm, Gemma4Vision, ImagePatches};
 use super::llama::{decoder_root, fused_gate_up, fused_qkv, qkv_parts, rope_of};
-use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{
     parse_config, Architecture, AudioTokenTower, Backbone, BackboneSizes, ImageTokens, ModelError, SequencePooling, SoftTokenTower,
 };
+use crate::kernels::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

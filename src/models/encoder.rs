@@ -20,9 +20,9 @@
 //! the tables) and its heads.
 
 use super::batch::Batch;
-use super::ops::moe::Experts;
-use super::ops::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias, Rotary, RotaryTable};
 use super::{Backbone, BackboneSizes};
+use crate::kernels::moe::Experts;
+use crate::kernels::{Activation, Attention, AttentionMask, GatedActivation, LayerNorm, Linear, PositionBias, Rotary, RotaryTable};
 use candle_core::{Result, Tensor};
 
 /// Token embeddings: word, plus an absolute position (where the family has a table), plus a

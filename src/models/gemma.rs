@@ -20,8 +20,8 @@
 use super::batch::Batch;
 use super::head_weights::{ClassifierWeights, LmHeadWeights, RerankTemplate};
 use super::llama::{causal_lm_head, decoder_root, fused_gate_up, fused_qkv, grouped_heads, last_token_classifier, qkv_parts, rope_of};
-use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
+use crate::kernels::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

@@ -25,8 +25,8 @@
 //! agree to 0.0 there): each audio runs as its own sequence of real frames.
 
 use super::gemma4_vision::{clipped, norm, ClippedLinear};
-use super::ops::{host_f32, Linear, RmsNorm};
 use super::{parse_config, ModelError};
+use crate::kernels::{host_f32, softplus, Linear, RmsNorm};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
@@ -160,6 +160,66 @@ pub struct Gemma4Audio {
     dtype: DType,
 }
 
+/// The relative-position sinusoids: `[sin(p·f) | cos(p·f)]` over `hidden / 2` timescales, for
+/// distances `context/2, context/2 − 1, …, 0` (row r has distance context/2 − r), on the host.
+fn relative_sinusoids(context: usize, h: usize) -> Result<Tensor> {
+    let positions = context / 2 + 1;
+    let timescales = h / 2;
+    let step = (10000f64).ln() / (timescales.max(2) - 1) as f64;
+    let mut sinusoids = Vec::with_capacity(positions * h);
+    for r in 0..positions {
+        let distance = (context / 2 - r) as f64;
+        let angles: Vec<f64> = (0..timescales).map(|j| distance * (-(j as f64) * step).exp()).collect();
+        sinusoids.extend(angles.iter().map(|a| a.sin() as f32));
+        sinusoids.extend(angles.iter().map(|a| a.cos() as f32));
+        sinusoids.resize((r + 1) * h, 0.0);
+    }
+    Tensor::from_vec(sinusoids, (positions, h), &Device::Cpu)
+}
+
+impl Layer {
+    /// One Conformer layer under `vb` (`layers.{i}`); its relative-position keys projected
+    /// once from `sinusoids`.
+    fn load(vb: &VarBuilder, config: &AudioConfig, sinusoids: &Tensor) -> Result<Self> {
+        let (h, clip, eps) = (config.hidden_size, config.use_clipped_linears, config.rms_norm_eps);
+        let head_dim = h / config.num_attention_heads;
+        let feed_forward = |name: &str| -> Result<FeedForward> {
+            let vb = vb.pp(name);
+            Ok(FeedForward {
+                pre_norm: norm(vb.pp("pre_layer_norm"), h, eps)?,
+                up: clipped(vb.pp("ffw_layer_1"), 4 * h, h, clip)?,
+                down: clipped(vb.pp("ffw_layer_2"), h, 4 * h, clip)?,
+                post_norm: norm(vb.pp("post_layer_norm"), h, eps)?,
+            })
+        };
+        let attn = vb.pp("self_attn");
+        let per_dim = host_f32(&attn.get(head_dim, "per_dim_scale")?)?;
+        let q_scale = (head_dim as f64).powf(-0.5) / std::f64::consts::LN_2;
+        let query_scale = per_dim.iter().map(|&p| (softplus(p) as f64 * q_scale) as f32).collect();
+        let relative = attn.pp("relative_k_proj").get((h, h), "weight")?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+        let relative_keys = host_f32(&sinusoids.matmul(&relative.t()?)?)?;
+        let conv = vb.pp("lconv1d");
+        Ok(Layer {
+            feed_forward1: feed_forward("feed_forward1")?,
+            pre_attention_norm: norm(vb.pp("norm_pre_attn"), h, eps)?,
+            q: clipped(attn.pp("q_proj"), h, h, clip)?,
+            k: clipped(attn.pp("k_proj"), h, h, clip)?,
+            v: clipped(attn.pp("v_proj"), h, h, clip)?,
+            post: clipped(attn.pp("post"), h, h, clip)?,
+            query_scale,
+            relative_keys,
+            post_attention_norm: norm(vb.pp("norm_post_attn"), h, eps)?,
+            conv_pre_norm: norm(conv.pp("pre_layer_norm"), h, eps)?,
+            linear_start: clipped(conv.pp("linear_start"), 2 * h, h, clip)?,
+            depthwise: host_f32(&conv.pp("depthwise_conv1d").get((h, 1, config.conv_kernel_size), "weight")?)?,
+            conv_norm: norm(conv.pp("conv_norm"), h, eps)?,
+            linear_end: clipped(conv.pp("linear_end"), h, h, clip)?,
+            feed_forward2: feed_forward("feed_forward2")?,
+            out_norm: norm(vb.pp("norm_out"), h, eps)?,
+        })
+    }
+}
+
 impl Gemma4Audio {
     /// The tower from `audio_config` and the weights under `tower` (`audio_tower`), and the
     /// embedder under `embedder` (`embed_audio`) into a text model `text_hidden` wide.
@@ -182,8 +242,6 @@ impl Gemma4Audio {
                 config.attention_context_left, config.conv_kernel_size
             )));
         }
-        let head_dim = h / heads;
-        let clip = config.use_clipped_linears;
         let eps = config.rms_norm_eps;
         let device = tower.device().clone();
         let f32_weight = |vb: &VarBuilder, shape: &[usize], name: &str| -> Result<Tensor> { vb.get(shape, name)?.to_dtype(DType::F32) };
@@ -195,61 +253,13 @@ impl Gemma4Audio {
         let input_width = c0 / 4 * c1;
         let input_proj = Linear::new(sub.pp("input_proj_linear").get((h, input_width), "weight")?, None)?;
 
-        // The relative-position sinusoids: `[sin(p·f) | cos(p·f)]` over `hidden / 2`
-        // timescales, for distances `ctx/2, ctx/2 − 1, …, 0` (row r has distance ctx/2 − r).
         let (left, right) = (config.attention_context_left - 1, config.attention_context_right);
         let context = config.attention_chunk_size + left + right;
         let positions = context / 2 + 1;
-        let timescales = h / 2;
-        let step = (10000f64).ln() / (timescales.max(2) - 1) as f64;
-        let mut sinusoids = Vec::with_capacity(positions * h);
-        for r in 0..positions {
-            let distance = (context / 2 - r) as f64;
-            let angles: Vec<f64> = (0..timescales).map(|j| distance * (-(j as f64) * step).exp()).collect();
-            sinusoids.extend(angles.iter().map(|a| a.sin() as f32));
-            sinusoids.extend(angles.iter().map(|a| a.cos() as f32));
-            sinusoids.resize((r + 1) * h, 0.0);
-        }
-        let sinusoids = Tensor::from_vec(sinusoids, (positions, h), &Device::Cpu)?;
-
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let vb = tower.pp(format!("layers.{i}"));
-            let feed_forward = |name: &str| -> Result<FeedForward> {
-                let vb = vb.pp(name);
-                Ok(FeedForward {
-                    pre_norm: norm(vb.pp("pre_layer_norm"), h, eps)?,
-                    up: clipped(vb.pp("ffw_layer_1"), 4 * h, h, clip)?,
-                    down: clipped(vb.pp("ffw_layer_2"), h, 4 * h, clip)?,
-                    post_norm: norm(vb.pp("post_layer_norm"), h, eps)?,
-                })
-            };
-            let attn = vb.pp("self_attn");
-            let per_dim = host_f32(&attn.get(head_dim, "per_dim_scale")?)?;
-            let q_scale = (head_dim as f64).powf(-0.5) / std::f64::consts::LN_2;
-            let query_scale = per_dim.iter().map(|&p| (softplus(p as f64) * q_scale) as f32).collect();
-            let relative = attn.pp("relative_k_proj").get((h, h), "weight")?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
-            let relative_keys = host_f32(&sinusoids.matmul(&relative.t()?)?)?;
-            let conv = vb.pp("lconv1d");
-            layers.push(Layer {
-                feed_forward1: feed_forward("feed_forward1")?,
-                pre_attention_norm: norm(vb.pp("norm_pre_attn"), h, eps)?,
-                q: clipped(attn.pp("q_proj"), h, h, clip)?,
-                k: clipped(attn.pp("k_proj"), h, h, clip)?,
-                v: clipped(attn.pp("v_proj"), h, h, clip)?,
-                post: clipped(attn.pp("post"), h, h, clip)?,
-                query_scale,
-                relative_keys,
-                post_attention_norm: norm(vb.pp("norm_post_attn"), h, eps)?,
-                conv_pre_norm: norm(conv.pp("pre_layer_norm"), h, eps)?,
-                linear_start: clipped(conv.pp("linear_start"), 2 * h, h, clip)?,
-                depthwise: host_f32(&conv.pp("depthwise_conv1d").get((h, 1, config.conv_kernel_size), "weight")?)?,
-                conv_norm: norm(conv.pp("conv_norm"), h, eps)?,
-                linear_end: clipped(conv.pp("linear_end"), h, h, clip)?,
-                feed_forward2: feed_forward("feed_forward2")?,
-                out_norm: norm(vb.pp("norm_out"), h, eps)?,
-            });
-        }
+        let sinusoids = relative_sinusoids(context, h)?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| Layer::load(&tower.pp(format!("layers.{i}")), &config, &sinusoids))
+            .collect::<Result<Vec<_>>>()?;
         let o = config.output_proj_dims;
         let output_proj = Linear::new(tower.pp("output_proj").get((o, h), "weight")?, Some(tower.pp("output_proj").get(o, "bias")?))?;
         let embed_norm = RmsNorm::new(Tensor::ones(o, DType::F32, &device)?, eps)?;
@@ -411,14 +421,6 @@ impl Gemma4Audio {
         }
         let conv = Tensor::from_vec(out, (glu.len() / h, h), &self.device)?.to_dtype(x.dtype())?;
         layer.linear_end.forward(&layer.conv_norm.forward(&conv)?.silu()?)
-    }
-}
-
-fn softplus(x: f64) -> f64 {
-    if x > 30.0 {
-        x
-    } else {
-        x.exp().ln_1p()
     }
 }
 

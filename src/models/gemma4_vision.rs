@@ -21,9 +21,9 @@
 //! attention and pooling there, so leaving them out here (each image runs as its own sequence
 //! of real patches) computes the same soft tokens.
 
-use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, RmsNorm};
 use super::weights::stacked_linear;
 use super::{parse_config, ModelError};
+use crate::kernels::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, RmsNorm};
 use candle_core::{DType, Device, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

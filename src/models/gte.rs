@@ -5,7 +5,7 @@
 //!
 //! As Alibaba's published code (Alibaba-NLP/new-impl) reads its config:
 //! - `rope_scaling: {"type": "ntk", "factor"}` (gte-multilingual-base: 8; the v1.5 models: 2)
-//!   scales the frequencies at every position ([`super::ops::RopeScaling::Ntk`], through [`super::llama::rope_of`]);
+//!   scales the frequencies at every position ([`crate::kernels::RopeScaling::Ntk`], through [`super::llama::rope_of`]);
 //! - `type_vocab_size: 0` (gte-base-en-v1.5) means no token-type table;
 //! - the switches it has that no published checkpoint turns on (`logn_attention_scale`,
 //!   `layer_norm_type: rms_norm`, a `position_embedding_type` other than rope) are refused, as
@@ -18,9 +18,9 @@ use super::bert::{bert_embeddings, TableSizes};
 use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, PreClassifier};
 use super::llama::rope_of;
-use super::ops::{Activation, GatedActivation};
 use super::weights::{layer_norm, linear, linear_with_bias};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::{Activation, GatedActivation};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;

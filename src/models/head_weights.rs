@@ -5,8 +5,8 @@
 //!
 //! Heads run on the host in f32, on rows of the final hidden states.
 
-use super::ops::{Activation, LayerNorm, Linear};
 use super::ModelError;
+use crate::kernels::{Activation, LayerNorm, Linear};
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 

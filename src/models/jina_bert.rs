@@ -14,9 +14,9 @@
 use super::bert::{bert_classifier, bert_embeddings, encoder_root, TableSizes};
 use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, QkPostNorms, RelativeBias};
 use super::head_weights::ClassifierWeights;
-use super::ops::{Activation, GatedActivation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear, linear_with_bias};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
+use crate::kernels::{Activation, GatedActivation, PositionBias};
 use candle_core::Result;
 use candle_nn::VarBuilder;
 use serde::Deserialize;

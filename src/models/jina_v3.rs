@@ -21,10 +21,10 @@
 
 use super::batch::Batch;
 use super::encoder::{Embed, Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
-use super::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TableLora, TaskAdapter};
-use super::ops::{Activation, Linear, Rotary};
 use super::weights::layer_norm;
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
+use crate::kernels::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TableLora, TaskAdapter};
+use crate::kernels::{Activation, Linear, Rotary};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

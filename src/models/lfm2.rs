@@ -14,9 +14,9 @@
 
 use super::batch::Batch;
 use super::llama::{decoder_root, fused_qkv, grouped_heads, qkv_parts, rope_with_default_theta};
-use super::ops::conv::CausalConv;
-use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
+use crate::kernels::conv::CausalConv;
+use crate::kernels::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

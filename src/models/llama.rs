@@ -12,10 +12,10 @@
 
 use super::batch::{Batch, SoftTokens};
 use super::head_weights::{on_host, ClassifierWeights, HeadInput, LmHeadWeights};
-use super::ops::{
+use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
+use crate::kernels::{
     host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, RopeScaling, Rotary, RotaryTable,
 };
-use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError, SequencePooling};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

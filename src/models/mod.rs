@@ -34,7 +34,6 @@ pub mod llama;
 pub mod modernbert;
 pub mod mpnet;
 pub mod nomic_bert;
-pub mod ops;
 pub mod qwen;
 pub mod qwen2_vl;
 pub mod qwen3_5;
@@ -43,11 +42,11 @@ pub mod retrieval;
 pub mod siglip;
 pub mod weights;
 
+use crate::kernels::Linear;
 use batch::Batch;
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 use head_weights::{ClassifierWeights, LmHeadWeights, MaskedLmHead, RerankTemplate};
-use ops::Linear;
 use serde_json::Value;
 
 /// Every architecture served, in detection order.
@@ -290,7 +289,7 @@ pub struct ImageTokens {
 /// right and the layer choice was what fell below the int8 bar (0.999)
 /// (tests/fixtures/int8_layer_choice.py measures it).
 pub fn quantize_int8(backbone: &mut dyn Backbone, takes_adapters: bool) -> candle_core::Result<()> {
-    if ops::int8::quantizes_attention_inputs() && !takes_adapters {
+    if crate::kernels::int8::quantizes_attention_inputs() && !takes_adapters {
         backbone.attention_input_linears().into_iter().try_for_each(Linear::quantize_int8)?;
     }
     backbone.int8_linears().into_iter().try_for_each(Linear::quantize_int8)
@@ -299,12 +298,12 @@ pub fn quantize_int8(backbone: &mut dyn Backbone, takes_adapters: bool) -> candl
 /// Makes every named dense layer of `backbone` (those [`Backbone::attention_input_linears`]
 /// and [`Backbone::int8_linears`] list, which the architecture named after its checkpoint
 /// modules) a LoRA site, numbered in that order: what adapters for this model may reach.
-pub fn enable_lora(backbone: &mut dyn Backbone) -> Vec<ops::lora::LoraSite> {
+pub fn enable_lora(backbone: &mut dyn Backbone) -> Vec<crate::kernels::lora::LoraSite> {
     let mut sites = Vec::new();
     let mut add = |layers: Vec<&mut Linear>| {
         for layer in layers.into_iter().filter(|l| !l.modules().is_empty()) {
             let (device, dtype) = layer.device_and_dtype();
-            sites.push(ops::lora::LoraSite {
+            sites.push(crate::kernels::lora::LoraSite {
                 parts: layer.modules().to_vec(),
                 in_features: layer.in_features(),
                 on_cpu_kernels: !layer.on_device(),
@@ -336,9 +335,9 @@ pub fn forward_chunk_tokens(device: &Device) -> usize {
 }
 
 /// Runs `batch` through `backbone` in cache-sized sub-batches; hidden states in batch order.
-/// Each pass adds its sequences' LoRA adapters ([`ops::lora::with_segments`]).
+/// Each pass adds its sequences' LoRA adapters ([`crate::kernels::lora::with_segments`]).
 pub fn forward_chunked(backbone: &dyn Backbone, batch: &Batch, chunk_tokens: usize) -> candle_core::Result<Tensor> {
-    let forward = |b: &Batch| ops::lora::with_segments(b.num_tokens(), b.lora_segments(), || backbone.forward(b));
+    let forward = |b: &Batch| crate::kernels::lora::with_segments(b.num_tokens(), b.lora_segments(), || backbone.forward(b));
     if batch.num_tokens() <= chunk_tokens {
         return forward(batch);
     }
@@ -408,9 +407,6 @@ pub enum ModelError {
     NoHead(String),
     #[error("weights: {0}")]
     Weights(#[from] candle_core::Error),
-    /// A fused CUDA kernel disagrees with candle's ops on this device (the load-time check).
-    #[error("{0}")]
-    Kernel(String),
 }
 
 /// A config.json parsed into an architecture's own config type.
@@ -440,8 +436,8 @@ pub trait Architecture: Sync {
         &self,
         _config: &Value,
         _vb: VarBuilder,
-        _sites: &[ops::lora::LoraSite],
-    ) -> Result<Vec<ops::lora::TaskAdapter>, ModelError> {
+        _sites: &[crate::kernels::lora::LoraSite],
+    ) -> Result<Vec<crate::kernels::lora::TaskAdapter>, ModelError> {
         Ok(Vec::new())
     }
     /// Whether the model comes with built-in adapters (they are then served without

@@ -4,9 +4,9 @@
 
 use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
 use super::head_weights::{host_linear, on_host, ClassifierWeights, HeadInput, PreClassifier};
-use super::ops::{Activation, GatedActivation, LayerNorm, Linear, Rotary};
 use super::weights::linear_with_bias;
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::{Activation, GatedActivation, LayerNorm, Linear, Rotary};
 use candle_core::{Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

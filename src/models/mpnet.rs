@@ -5,9 +5,9 @@
 use super::bert::{bert_embeddings, roberta_classifier, TableSizes};
 use super::encoder::{Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RelativeBias};
 use super::head_weights::ClassifierWeights;
-use super::ops::{Activation, PositionBias};
 use super::weights::{fused_qkv, layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::{Activation, PositionBias};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;
@@ -155,7 +155,7 @@ fn load(raw: &Value, vb: VarBuilder) -> Result<EncoderModel, ModelError> {
     }
     let heads = config.num_attention_heads;
     let buckets = config.relative_attention_num_buckets;
-    let table = super::ops::host_f32(&vb.get((buckets, heads), "encoder.relative_attention_bias.weight")?)?;
+    let table = crate::kernels::host_f32(&vb.get((buckets, heads), "encoder.relative_attention_bias.weight")?)?;
     let relative: Box<dyn RelativeBias> = Box::new(RelativePositions { table, heads, num_buckets: buckets });
     Ok(EncoderModel {
         embeddings,

@@ -10,10 +10,10 @@
 //! are refused at load with the field named.
 
 use super::encoder::{Embeddings, Encoder, EncoderLayer, EncoderModel, FeedForward, Ffn, Norms, RotaryPositions};
-use super::ops::moe::{Expert, Experts};
-use super::ops::{Activation, GatedActivation, Linear, Rotary};
 use super::weights::{layer_norm, linear_with_bias, stacked_linear};
 use super::{parse_config, Architecture, Backbone, BackboneSizes, ModelError};
+use crate::kernels::moe::{Expert, Experts};
+use crate::kernels::{Activation, GatedActivation, Linear, Rotary};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 use serde_json::Value;

@@ -11,8 +11,8 @@
 
 use super::head_weights::{host_linear, ClassifierWeights, HeadInput, LmHeadWeights, PreClassifier, RerankTemplate};
 use super::llama::{causal_lm_head, last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
-use super::ops::Activation;
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling};
+use crate::kernels::Activation;
 use candle_nn::VarBuilder;
 use serde_json::Value;
 

@@ -17,9 +17,9 @@
 use super::batch::{Batch, ImageGrid};
 use super::gemma4_vision::ImagePatches;
 use super::llama::{Decoder, DecoderConfig, DecoderLayout};
-use super::ops::{Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary, RotaryTable};
 use super::weights::{layer_norm, linear};
 use super::{parse_config, Backbone, BackboneSizes, ImageTokens, ModelError, SoftTokenTower};
+use crate::kernels::{Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary, RotaryTable};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

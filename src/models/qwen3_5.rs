@@ -21,11 +21,13 @@
 
 use super::batch::Batch;
 use super::llama::fused_gate_up;
-use super::ops::conv::CausalConv;
-use super::ops::{host_f32, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary, RotaryTable};
 use super::qwen2_vl::{mrope_positions, mrope_section};
 use super::qwen3_vl::interleaved_axes;
 use super::{parse_config, Backbone, BackboneSizes, ModelError};
+use crate::kernels::conv::CausalConv;
+use crate::kernels::{
+    host_f32, softplus, Activation, Attention, AttentionMask, GatedActivation, Linear, QkNorm, RmsNorm, Rotary, RotaryTable,
+};
 use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarBuilder;
 use rayon::prelude::*;
@@ -275,15 +277,6 @@ impl GatedDeltaNet {
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
-}
-
-/// torch's `softplus` (β 1, threshold 20).
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
 }
 
 /// `x / √(Σx² + 1e-6) · scale`, as the FLA-aligned `l2norm` does.

@@ -26,13 +26,13 @@ use super::batch::Batch;
 use super::gemma4_vision::ImagePatches;
 use super::head_weights::{ClassifierWeights, RerankTemplate};
 use super::llama::{last_token_classifier, Decoder, DecoderConfig, DecoderLayout};
-use super::ops::{host_f32, Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
 use super::qwen2_vl::{image_tokens, merge_blocks, mrope_positions, mrope_section, VisionBlock, VISION_EPS};
 use super::retrieval::root;
 use super::weights::{layer_norm, linear};
 use super::{
     parse_config, Architecture, Backbone, BackboneSizes, ImageTokens, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower,
 };
+use crate::kernels::{host_f32, Activation, Attention, AttentionMask, LayerNorm, Linear, Rotary};
 use candle_core::{DType, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

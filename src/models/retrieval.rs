@@ -4,9 +4,9 @@
 //! and 5 save them with.
 
 use super::batch::Batch;
-use super::ops::Linear;
 use super::weights::linear;
 use super::{Backbone, BackboneSizes, ModelError, RetrievalPrompts};
+use crate::kernels::Linear;
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;

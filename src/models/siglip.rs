@@ -12,9 +12,9 @@
 //! query attends over the patches (a packed `nn.MultiheadAttention`), then `x + mlp(ln(x))`.
 
 use super::clip::{dense_seqlens, patch_rows, PatchGeometry, PreLnEncoder, TextTower, TowerConfig, TowerDefaults};
-use super::ops::{Activation, AttentionMask, LayerNorm, Linear};
 use super::weights::{layer_norm, linear};
 use super::{parse_config, Architecture, Backbone, ModelError, SequencePooling, VisionTower};
+use crate::kernels::{Activation, AttentionMask, LayerNorm, Linear};
 use candle_core::{DType, Result, Tensor, D};
 use candle_nn::VarBuilder;
 use serde::Deserialize;

@@ -2,7 +2,7 @@
 //! either of their names, and Q/K/V projections fused into one layer. Every architecture file
 //! builds its layers with these, under its own checkpoint's names.
 
-use super::ops::{LayerNorm, Linear};
+use crate::kernels::{LayerNorm, Linear};
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 

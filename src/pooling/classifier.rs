@@ -7,8 +7,8 @@
 
 use super::method::{HiddenStates, PoolingMethod};
 use super::task::Task;
+use crate::kernels::Linear;
 use crate::models::head_weights::{ClassifierWeights, PreClassifier};
-use crate::models::ops::Linear;
 use candle_core::{Device, Result, Tensor};
 
 /// The function applied to the logits when `use_activation` is on.

@@ -154,13 +154,14 @@ fn invalid(message: impl Into<String>) -> PoolingError {
 mod tests {
     use super::*;
 
-    fn parse(text: &str) -> Result<PoolerConfig, String> {
-        serde_json::from_str::<PoolerConfig>(text).map_err(|e| e.to_string())
+    /// The config, or serde's message (which carries the conversion's error).
+    fn parse(text: &str) -> Result<PoolerConfig, serde_json::Error> {
+        serde_json::from_str::<PoolerConfig>(text)
     }
 
     #[test]
     fn rejects_unknown_fields() {
-        let err = parse(r#"{"pooling_typ": "MEAN"}"#).unwrap_err();
+        let err = parse(r#"{"pooling_typ": "MEAN"}"#).unwrap_err().to_string();
         assert!(err.contains("unknown field"), "{err}");
         let ok = parse(r#"{"pooling_type": "MEAN", "normalize": false}"#).unwrap();
         assert_eq!(ok.pooling_type, Some(PoolingType::Mean));
@@ -176,20 +177,21 @@ mod tests {
         // The name vLLM's token_classify tests use.
         assert_eq!(parse(r#"{"pooling_task": "token_classify"}"#).unwrap().task.as_deref(), Some("token_classify"));
         assert_eq!(parse(r#"{"task": "classify", "pooling_task": "classify"}"#).unwrap().task.as_deref(), Some("classify"));
-        assert!(parse(r#"{"task": "classify", "pooling_task": "embed"}"#).unwrap_err().contains("name the same setting"));
-        assert!(parse(r#"{"pooling_task": "score"}"#).unwrap_err().contains("`score` task was removed"));
+        assert!(parse(r#"{"task": "classify", "pooling_task": "embed"}"#).unwrap_err().to_string().contains("name the same setting"));
+        assert!(parse(r#"{"pooling_task": "score"}"#).unwrap_err().to_string().contains("`score` task was removed"));
     }
 
     #[test]
     fn refuses_what_vllm_refuses() {
-        assert!(parse(r#"{"task": "score"}"#).unwrap_err().contains("`score` task was removed; use `classify` instead."));
-        assert!(parse(r#"{"task": "encode"}"#).unwrap_err().contains("`encode` task was removed"));
-        let err = parse(r#"{"task": "embedding"}"#).unwrap_err();
+        assert!(parse(r#"{"task": "score"}"#).unwrap_err().to_string().contains("`score` task was removed; use `classify` instead."));
+        assert!(parse(r#"{"task": "encode"}"#).unwrap_err().to_string().contains("`encode` task was removed"));
+        let err = parse(r#"{"task": "embedding"}"#).unwrap_err().to_string();
         assert!(err.contains("Input should be 'embed', 'classify'") && err.contains("not 'embedding'"), "{err}");
         assert!(parse(r#"{"pooling_type": "CLS", "seq_pooling_type": "MEAN"}"#)
             .unwrap_err()
+            .to_string()
             .contains("Cannot set both `pooling_type` and `seq_pooling_type`"));
-        assert!(parse(r#"{"logit_sigma": 0}"#).unwrap_err().contains("logit_sigma cannot be 0"));
+        assert!(parse(r#"{"logit_sigma": 0}"#).unwrap_err().to_string().contains("logit_sigma cannot be 0"));
         assert!(parse(r#"{"seq_pooling_type": "ALL"}"#).is_err());
     }
 

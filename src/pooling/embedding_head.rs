@@ -2,7 +2,7 @@
 //! Matryoshka slice → L2 normalization. The Dense layers run batched over all pooled rows of a
 //! batch; slicing and normalizing depend on each request's parameters and run per output.
 
-use crate::models::ops::Linear;
+use crate::kernels::Linear;
 use candle_core::{Device, Result, Tensor};
 
 /// The activation of a sentence-transformers `Dense` module.

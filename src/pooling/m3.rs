@@ -142,7 +142,7 @@ pub fn colbert_score(query: &[Vec<f32>], passage: &[Vec<f32>]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::Linear;
+    use crate::kernels::Linear;
 
     fn head() -> M3Head {
         let sparse =

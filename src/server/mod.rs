@@ -76,33 +76,7 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let scheme = if acceptor.is_some() { "https" } else { "http" };
     tracing::info!("listening on {scheme}://{} (HTTP/1.1, HTTP/2, gRPC)", listener.local_addr()?);
 
-    // On SIGTERM/SIGINT: /health turns 503 and new model requests are refused at once, the
-    // listener closes, in-flight requests (and gRPC streams) get `--shutdown-timeout` to
-    // finish. Idle keep-alive connections do not hold the server: an HTTP/2 client that never
-    // answers the GOAWAY's ping (an idle synchronous client) would otherwise keep it up until
-    // the timeout.
-    let draining = state.clone();
-    let timeout = config.shutdown_timeout;
-    let stop = async move {
-        shutdown_signal().await;
-        draining.start_draining();
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            loop {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                if crate::metrics::in_flight() <= 0 && api::grpc::open_streams() == 0 {
-                    tracing::info!("stopped: no request running (idle connections closed)");
-                    flush_traces().await;
-                    std::process::exit(0);
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!("shutdown timeout ({timeout:?}) reached with requests still running; exiting");
-                    flush_traces().await;
-                    std::process::exit(0);
-                }
-            }
-        });
-    };
+    let stop = drain_on_signal(state.clone(), config.shutdown_timeout);
     let mut server = tokio::spawn(async move {
         match acceptor {
             Some(acceptor) => connections::serve(tls::TlsListener::new(listener, acceptor)?, app, stop).await,
@@ -110,8 +84,52 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         }
     });
 
-    // Every model loads and warms up at once, each on a blocking thread of its own; /health
-    // turns 200 when the last is ready. One that fails stops the server.
+    let loading = load_models(&config, &state);
+    tokio::select! {
+        loaded = loading => loaded?,
+        // Stopped before the model was ready: nothing is in flight.
+        finished = &mut server => {
+            finished??;
+            tracing::info!("stopped while loading");
+            flush_traces().await;
+            return Ok(());
+        }
+    }
+    server.await??;
+    tracing::info!("stopped");
+    flush_traces().await;
+    Ok(())
+}
+
+/// On SIGTERM/SIGINT: /health turns 503 and new model requests are refused at once, the
+/// listener closes (when the returned future ends), in-flight requests (and gRPC streams) get
+/// `timeout` to finish. Idle keep-alive connections do not hold the server: an HTTP/2 client
+/// that never answers the GOAWAY's ping (an idle synchronous client) would otherwise keep it
+/// up until the timeout.
+async fn drain_on_signal(draining: AppState, timeout: std::time::Duration) {
+    shutdown_signal().await;
+    draining.start_draining();
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if crate::metrics::in_flight() <= 0 && api::grpc::open_streams() == 0 {
+                tracing::info!("stopped: no request running (idle connections closed)");
+                flush_traces().await;
+                std::process::exit(0);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("shutdown timeout ({timeout:?}) reached with requests still running; exiting");
+                flush_traces().await;
+                std::process::exit(0);
+            }
+        }
+    });
+}
+
+/// Every model loads and warms up at once, each on a blocking thread of its own; /health
+/// turns 200 when the last is ready. One that fails stops the server.
+async fn load_models(config: &ServerConfig, state: &AppState) -> anyhow::Result<()> {
     let total = config.models.len();
     let mut loads = tokio::task::JoinSet::new();
     for model in config.models.clone() {
@@ -127,33 +145,17 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
             loaded.await.map_err(|e| if total > 1 { e.context(format!("model `{name}`")) } else { e })
         });
     }
-    let loading = async {
-        let mut ready = 0;
-        while let Some(loaded) = loads.join_next().await {
-            let engine = loaded??;
-            ready += 1;
-            let name = engine.spec().served_name.clone();
-            state.set_engine(engine);
-            match total {
-                1 => tracing::info!("ready to serve {name}"),
-                _ => tracing::info!(model = %name, "ready to serve {name} ({ready} of {total} models)"),
-            }
-        }
-        anyhow::Ok(())
-    };
-    tokio::select! {
-        loaded = loading => loaded?,
-        // Stopped before the model was ready: nothing is in flight.
-        finished = &mut server => {
-            finished??;
-            tracing::info!("stopped while loading");
-            flush_traces().await;
-            return Ok(());
+    let mut ready = 0;
+    while let Some(loaded) = loads.join_next().await {
+        let engine = loaded??;
+        ready += 1;
+        let name = engine.spec().served_name.clone();
+        state.set_engine(engine);
+        match total {
+            1 => tracing::info!("ready to serve {name}"),
+            _ => tracing::info!(model = %name, "ready to serve {name} ({ready} of {total} models)"),
         }
     }
-    server.await??;
-    tracing::info!("stopped");
-    flush_traces().await;
     Ok(())
 }
 

@@ -345,12 +345,7 @@ impl pb::rerank_server::Rerank for TeiService {
         let mut add = |answer: Result<Result<(pb::Rank, TimingSnapshot), Status>, tokio::task::JoinError>| -> Result<(), Status> {
             let (rank, work) = answer.map_err(|e| Status::internal(format!("the request's task failed: {e}")))??;
             ranks.push(rank);
-            done.characters += work.characters;
-            done.tokens += work.tokens;
-            done.tokenization = done.tokenization.max(work.tokenization);
-            done.queue = done.queue.max(work.queue);
-            done.inference = done.inference.max(work.inference);
-            done.on_gpu |= work.on_gpu;
+            done.merge(&work);
             Ok(())
         };
         while let Some(message) = messages.message().await? {

@@ -77,7 +77,9 @@ impl From<EngineError> for TeiError {
             EngineError::Input(e) => e.into(),
             EngineError::Overloaded(_) => Self::new(StatusCode::TOO_MANY_REQUESTS, "Overloaded", "Model is overloaded"),
             EngineError::Model(message) => Self::backend(message),
-            EngineError::Options(_) | EngineError::Load(_) | EngineError::Threads(_) => Self::backend(e.to_string()),
+            EngineError::Options(_) | EngineError::Setup(_) | EngineError::Load(_) | EngineError::Threads(_) => {
+                Self::backend(e.to_string())
+            }
             EngineError::Stopped | EngineError::Dead(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, "Unhealthy", "unhealthy"),
             other => Self::validation(format!("Input validation error: {other}")),
         }

@@ -12,6 +12,7 @@
 //!   others and masks them, and the tower never reads them, so only the real frames are made:
 //!   `(n − frame_length/2 − 1) / hop + 1` of them.
 
+use super::AudioError;
 use realfft::{RealFftPlanner, RealToComplex};
 use serde_json::Value;
 use std::sync::Arc;
@@ -67,40 +68,41 @@ impl LogMelConfig {
     /// `preprocessor_config.json`), with `Gemma4AudioFeatureExtractor`'s defaults. As there,
     /// the frame and hop lengths come from `frame_length_ms` / `hop_length_ms` (the stored
     /// `frame_length` and `hop_length` are ignored by its `__init__`).
-    pub fn from_json(config: &Value) -> Result<Self, String> {
-        let number = |name: &str, default: f64| -> Result<f64, String> {
+    pub fn from_json(config: &Value) -> Result<Self, AudioError> {
+        let bad = AudioError::Config;
+        let number = |name: &str, default: f64| -> Result<f64, AudioError> {
             match config.get(name) {
                 None | Some(Value::Null) => Ok(default),
-                Some(v) => v.as_f64().ok_or_else(|| format!("feature_extractor.{name} is not a number: {v}")),
+                Some(v) => v.as_f64().ok_or_else(|| bad(format!("feature_extractor.{name} is not a number: {v}"))),
             }
         };
         let sampling_rate = number("sampling_rate", 16000.0)?;
         let mel_bins = number("feature_size", 128.0)?;
         if !(1000.0..=192_000.0).contains(&sampling_rate) || !(1.0..=1024.0).contains(&mel_bins) {
-            return Err(format!("feature_extractor: sampling_rate {sampling_rate} or feature_size {mel_bins} is out of range"));
+            return Err(bad(format!("feature_extractor: sampling_rate {sampling_rate} or feature_size {mel_bins} is out of range")));
         }
         let frame_length = (sampling_rate * number("frame_length_ms", 20.0)? / 1000.0).round() as usize;
         let hop_length = (sampling_rate * number("hop_length_ms", 10.0)? / 1000.0).round() as usize;
         if frame_length < 2 || hop_length == 0 || frame_length > 65536 {
-            return Err(format!("feature_extractor: frame length {frame_length} or hop {hop_length} samples is out of range"));
+            return Err(bad(format!("feature_extractor: frame length {frame_length} or hop {hop_length} samples is out of range")));
         }
         let mut fft_length = frame_length.next_power_of_two();
         if config.get("fft_overdrive").and_then(Value::as_bool).unwrap_or(false) {
             fft_length *= 2;
         }
         if number("dither", 0.0)? != 0.0 {
-            return Err("feature_extractor.dither is not 0: dithered features are random, and no server reproduces them".into());
+            return Err(bad("feature_extractor.dither is not 0: dithered features are random, and no server reproduces them".into()));
         }
         let per_bin = match (config.get("per_bin_mean"), config.get("per_bin_stddev")) {
             (None | Some(Value::Null), None | Some(Value::Null)) => None,
             (mean, std) => {
-                let list = |v: Option<&Value>, default: f64| -> Result<Vec<f64>, String> {
+                let list = |v: Option<&Value>, default: f64| -> Result<Vec<f64>, AudioError> {
                     match v {
                         None | Some(Value::Null) => Ok(vec![default; mel_bins as usize]),
                         Some(Value::Array(values)) if values.len() == mel_bins as usize => {
-                            values.iter().map(|x| x.as_f64().ok_or_else(|| "per_bin values must be numbers".to_string())).collect()
+                            values.iter().map(|x| x.as_f64().ok_or_else(|| bad("per_bin values must be numbers".into()))).collect()
                         }
-                        Some(_) => Err(format!("feature_extractor.per_bin_* must list {mel_bins} numbers")),
+                        Some(_) => Err(bad(format!("feature_extractor.per_bin_* must list {mel_bins} numbers"))),
                     }
                 };
                 Some((list(mean, 0.0)?, list(std, 1.0)?))
@@ -252,6 +254,6 @@ mod tests {
 
     #[test]
     fn dithered_extractors_are_refused() {
-        assert!(LogMelConfig::from_json(&serde_json::json!({"dither": 0.5})).unwrap_err().contains("dither"));
+        assert!(LogMelConfig::from_json(&serde_json::json!({"dither": 0.5})).unwrap_err().to_string().contains("dither"));
     }
 }

@@ -32,9 +32,13 @@ impl Default for AudioLimits {
     }
 }
 
-/// Why an audio input cannot be used: all of them are the client's (400).
+/// Why an audio input cannot be used: the client's (400), but [`AudioError::Config`], the
+/// model folder's (at load).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AudioError {
+    /// A `feature_extractor` that cannot be used.
+    #[error("{0}")]
+    Config(String),
     #[error("The audio could not be read: {0}. Send WAV, FLAC, MP3 or OGG/Vorbis")]
     Format(String),
     #[error("The audio could not be decoded: {0}")]

@@ -50,8 +50,9 @@ pub enum ImageError {
     TooManyFrames { frames: usize, rows: usize, cols: usize, max: usize },
     #[error("image processor config: {0}")]
     Config(String),
-    /// A field of `preprocessor_config.json` that cannot be used, raised while serde reads the
-    /// file (serde's message then says where; [`ImageError::Config`] wraps it with the path).
+    /// A field of an image processor's config that cannot be used: raised while serde reads
+    /// `preprocessor_config.json` (serde's message then says where; [`ImageError::Config`]
+    /// wraps it with the path), or by the loader's reading of a `Qwen2VLImageProcessor` block.
     #[error("{0}")]
     ConfigField(String),
     /// A `data:` URL that is not base64 image data.

@@ -299,26 +299,7 @@ impl Preprocessor {
             let images: Vec<_> = patches.by_ref().take(prompt.image_count()).collect();
             let sounds: Vec<_> = audio.by_ref().take(prompt.audio_count()).collect();
             let video_frames: Vec<_> = videos.by_ref().take(prompt.video_count()).flat_map(|v| v.frames).collect();
-            let count = |id: u32| tokens.ids.iter().filter(|&&t| t == id).count();
-            // Placeholders typed as text would take soft tokens meant for others.
-            if let Some(frame) = frame {
-                let soft: usize = images.iter().map(|p| frame.patches.soft_tokens(p.positions.len())).sum();
-                if count(frame.placeholder_id) != soft {
-                    return Err(placeholder_typed("image", &frame.placeholder));
-                }
-            }
-            if let Some(side) = &self.audio {
-                if count(side.placeholder_id) != sounds.iter().map(|a| side.soft_tokens(a)).sum::<usize>() {
-                    return Err(placeholder_typed("audio", &side.placeholder));
-                }
-            }
-            if let Some(side) = frame.and_then(|f| f.video.as_ref()) {
-                if count(side.placeholder_id)
-                    != video_frames.iter().map(|p| side.config.patches.soft_tokens(p.positions.len())).sum::<usize>()
-                {
-                    return Err(placeholder_typed("video", &side.placeholder));
-                }
-            }
+            self.check_placeholders(&tokens.ids, frame, (&images, &sounds, &video_frames))?;
             inputs.push(ModelInput::ImageSequence(ImageSequence {
                 tokens,
                 crops: Vec::new(),
@@ -328,6 +309,39 @@ impl Preprocessor {
             }));
         }
         Ok(inputs)
+    }
+
+    /// Each medium's placeholders in `ids` are exactly its soft tokens: placeholders typed as
+    /// text would take soft tokens meant for others.
+    fn check_placeholders(
+        &self,
+        ids: &[u32],
+        frame: Option<&SoftTokenFrame>,
+        (images, sounds, video_frames): (
+            &[crate::input::image::patches::Patches],
+            &[crate::input::audio::LogMel],
+            &[crate::input::image::patches::Patches],
+        ),
+    ) -> Result<(), InputError> {
+        let count = |id: u32| ids.iter().filter(|&&t| t == id).count();
+        if let Some(frame) = frame {
+            let soft: usize = images.iter().map(|p| frame.patches.soft_tokens(p.positions.len())).sum();
+            if count(frame.placeholder_id) != soft {
+                return Err(placeholder_typed("image", &frame.placeholder));
+            }
+        }
+        if let Some(side) = &self.audio {
+            if count(side.placeholder_id) != sounds.iter().map(|a| side.soft_tokens(a)).sum::<usize>() {
+                return Err(placeholder_typed("audio", &side.placeholder));
+            }
+        }
+        if let Some(side) = frame.and_then(|f| f.video.as_ref()) {
+            if count(side.placeholder_id) != video_frames.iter().map(|p| side.config.patches.soft_tokens(p.positions.len())).sum::<usize>()
+            {
+                return Err(placeholder_typed("video", &side.placeholder));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -61,9 +61,13 @@ impl VideoLimits {
     }
 }
 
-/// Why a video cannot be used: all of them are the client's (400).
+/// Why a video cannot be used: the client's (400), but [`VideoError::Config`], the model
+/// folder's (at load).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum VideoError {
+    /// A `video_processor` that cannot be used.
+    #[error("{0}")]
+    Config(String),
     #[error("The video could not be read: {0}. Send H.264 video in an MP4 file")]
     Format(String),
     #[error("The video uses {0}; this server decodes 8-bit 4:2:0 progressive H.264 (Baseline, Main or High profile)")]
@@ -101,14 +105,15 @@ pub struct VideoConfig {
 impl VideoConfig {
     /// Reads `EmbeddingGemma2VideoProcessor`'s fields, with its defaults; `patch_geometry` is
     /// the tower's (patch size, pooling kernel), which the block must repeat.
-    pub fn from_json(block: &Value, patch_geometry: (usize, usize)) -> Result<Self, String> {
+    pub fn from_json(block: &Value, patch_geometry: (usize, usize)) -> Result<Self, VideoError> {
+        let bad = VideoError::Config;
         let count = |name: &str, default: usize| match block.get(name) {
             None | Some(Value::Null) => Ok(default),
-            Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| format!("video_processor.{name} is not a count: {v}")),
+            Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| bad(format!("video_processor.{name} is not a count: {v}"))),
         };
         let flag = |name: &str, default: bool| match block.get(name) {
             None | Some(Value::Null) => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| format!("video_processor.{name} is not true or false: {v}")),
+            Some(v) => v.as_bool().ok_or_else(|| bad(format!("video_processor.{name} is not true or false: {v}"))),
         };
         let patches = PatchConfig {
             patch_size: count("patch_size", patch_geometry.0)?,
@@ -119,9 +124,9 @@ impl VideoConfig {
             normalize: None,
             alpha: Alpha::OverWhite,
         };
-        patches.check().map_err(|e| e.to_string())?;
+        patches.check().map_err(|e| bad(e.to_string()))?;
         if (patches.patch_size, patches.pooling_kernel_size) != patch_geometry {
-            return Err(format!(
+            return Err(bad(format!(
                 "the video processor makes {}px patches pooled {}×{}; the vision tower takes {}px pooled {}×{}",
                 patches.patch_size,
                 patches.pooling_kernel_size,
@@ -129,7 +134,7 @@ impl VideoConfig {
                 patch_geometry.0,
                 patch_geometry.1,
                 patch_geometry.1
-            ));
+            )));
         }
         let fps = match (flag("do_sample_frames", true)?, block.get("fps")) {
             (false, _) => None,
@@ -138,16 +143,16 @@ impl VideoConfig {
             (true, Some(v)) => Some(
                 v.as_f64()
                     .filter(|f| *f > 0.0 && f.is_finite())
-                    .ok_or_else(|| format!("video_processor.fps is not a positive number: {v}"))?,
+                    .ok_or_else(|| bad(format!("video_processor.fps is not a positive number: {v}")))?,
             ),
         };
         let overflow = match block.get("overflow_strategy").and_then(Value::as_str).unwrap_or("uniform") {
             "uniform" => Overflow::Uniform,
             "truncate" => Overflow::Truncate,
-            other => return Err(format!("video_processor.overflow_strategy `{other}` is not `uniform` or `truncate`")),
+            other => return Err(bad(format!("video_processor.overflow_strategy `{other}` is not `uniform` or `truncate`"))),
         };
         if count("resample", 3)? != 3 {
-            return Err("video_processor.resample: only bicubic (3) is implemented".into());
+            return Err(bad("video_processor.resample: only bicubic (3) is implemented".into()));
         }
         let unit = |name: &str, want: f64| match block.get(name) {
             None | Some(Value::Null) => true,
@@ -155,11 +160,11 @@ impl VideoConfig {
             Some(v) => v.as_f64() == Some(want),
         };
         if !(flag("do_rescale", true)? && flag("do_normalize", true)? && unit("image_mean", 0.0) && unit("image_std", 1.0)) {
-            return Err("video_processor: only rescaling by 1/255 with mean 0 and std 1 (its defaults) is implemented".into());
+            return Err(bad("video_processor: only rescaling by 1/255 with mean 0 and std 1 (its defaults) is implemented".into()));
         }
         let max_frames = count("max_frames", 32)?;
         if max_frames == 0 {
-            return Err("video_processor.max_frames must be positive".into());
+            return Err(bad("video_processor.max_frames must be positive".into()));
         }
         Ok(VideoConfig { patches, fps, max_frames, overflow, add_timestamps: flag("add_timestamps", false)? })
     }

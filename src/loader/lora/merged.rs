@@ -11,9 +11,9 @@
 //!   one LoRA of rank `r_t + r_m` (`A = [A_t; A_m]`, `B = [s_t·B_t, −s_m·B_m]`); the merged task
 //!   itself adds nothing.
 
+use crate::kernels::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TaskAdapter};
 use crate::loader::hub::ModelSource;
 use crate::loader::LoadError;
-use crate::models::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct, TaskAdapter};
 use crate::models::AdapterFolders;
 use candle_core::{DType, Device, Tensor};
 use std::collections::HashMap;

@@ -33,7 +33,7 @@ pub use peft::load_adapter;
 pub use saved_head::ClassifierSource;
 
 use super::LoadError;
-use crate::models::ops::lora::{LoraSite, LoraWeights, TaskAdapter};
+use crate::kernels::lora::{LoraSite, LoraWeights, TaskAdapter};
 use crate::pooling::classifier::ClassifierHead;
 use serde::Deserialize;
 use serde_json::Value;

@@ -4,8 +4,8 @@
 
 use super::saved_head::ClassifierSource;
 use super::Adapter;
+use crate::kernels::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct};
 use crate::loader::LoadError;
-use crate::models::ops::lora::{LoraFactors, LoraSite, LoraWeights, SiteProduct};
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 use serde_json::Value;

@@ -342,7 +342,7 @@ mod bias_shape_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::test_util::{max_diff, random};
+    use crate::kernels::test_util::{max_diff, random};
 
     #[test]
     fn linear_kernel_matches_candle_matmul() {

@@ -141,7 +141,7 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::test_util::{max_diff, random};
+    use crate::kernels::test_util::{max_diff, random};
 
     #[test]
     fn gelu_kernel_matches_candle() {

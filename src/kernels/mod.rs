@@ -1,4 +1,6 @@
-//! Fused tensor operations shared by the backbones.
+//! The kernels: fused tensor operations the backbones are built from, at the bottom of the
+//! layers (they import nothing of ours; `models` and the layers above use them, as candle keeps
+//! candle-nn apart from candle-transformers and TEI its `layers/` apart from its `models/`).
 //!
 //! On CPU each operation is one custom kernel over all tokens of the flat batch: the bias and
 //! the residual are folded into the matrix multiplication (gemm accumulates onto them), the
@@ -45,7 +47,7 @@ pub use int8::Int8Weight;
 pub use layer_norm::LayerNorm;
 pub use linear::{with_cpu_weight_format, Bias, Linear};
 pub(crate) use math::sum_squares;
-pub use math::{erf, exp};
+pub use math::{erf, exp, softplus};
 pub use rms_norm::RmsNorm;
 pub use rotary::{QkNorm, RopeScaling, Rotary, RotaryTable};
 pub use sgemm::{PackedMatrix, WeightFormat};

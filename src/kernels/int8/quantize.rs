@@ -146,7 +146,7 @@ unsafe fn quantize_wide_avx2(x: &[f32], out: &mut [i16]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::test_util::random_values;
+    use crate::kernels::test_util::random_values;
 
     #[test]
     fn fast_activation_quantization_matches_portable() {

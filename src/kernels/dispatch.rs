@@ -34,11 +34,11 @@ macro_rules! multiversion {
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     portable::<true, false>($($arg),*)
                 }
-                if $crate::models::ops::dispatch::has_avx512() {
+                if $crate::kernels::dispatch::has_avx512() {
                     // SAFETY: the running CPU has the features `avx512` was compiled for.
                     return unsafe { avx512($($arg),*) };
                 }
-                if $crate::models::ops::dispatch::max_isa() >= $crate::models::ops::dispatch::IsaLevel::Avx2
+                if $crate::kernels::dispatch::max_isa() >= $crate::kernels::dispatch::IsaLevel::Avx2
                     && std::is_x86_feature_detected!("avx2")
                     && std::is_x86_feature_detected!("fma")
                 {

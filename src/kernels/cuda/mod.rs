@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 mod check;
-pub use check::self_check;
+pub use check::{self_check, KernelMismatch};
 
 const FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/poolserve_kernels.fatbin"));
 

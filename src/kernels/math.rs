@@ -20,6 +20,15 @@ pub fn exp(x: f32) -> f32 {
     p * f32::from_bits(biased << 23)
 }
 
+/// torch's `softplus` (β 1, threshold 20: above it, `x` itself).
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
 /// The error function, Abramowitz & Stegun 7.1.26 (absolute error below 5e-7 in f32).
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {

@@ -8,7 +8,7 @@
 //! its rows, as S-LoRA and Punica's segmented kernels do, never a pass per adapter.
 //!
 //! Which adapter each token row belongs to reaches the layers through [`with_segments`], set by
-//! [`super::super::forward_chunked`] around each backbone pass (as [`super::with_cpu_weight_format`]
+//! `models::forward_chunked` around each backbone pass (as [`super::with_cpu_weight_format`]
 //! scopes a load): the architectures' forward code does not change. A layer takes part when the
 //! loader gave it a site number ([`super::Linear::set_lora_site`]); an adapter holds one
 //! [`SiteProduct`] per site it reaches.
@@ -312,8 +312,8 @@ pub(super) fn delta(site: usize, x: &Tensor, n: usize) -> Result<Option<Tensor>>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::test_util::{max_diff, random};
-    use crate::models::ops::Linear;
+    use crate::kernels::test_util::{max_diff, random};
+    use crate::kernels::Linear;
 
     /// A site of `n` outputs over `k` inputs, split in `parts` equal modules.
     fn site(k: usize, n: usize, parts: usize, on_cpu_kernels: bool) -> LoraSite {

@@ -3,7 +3,7 @@
 
 use super::kernel::{MAX_SCRATCH_FLOATS, QUERY_BLOCK, TILE_K};
 use super::*;
-use crate::models::ops::test_util::{max_diff, random};
+use crate::kernels::test_util::{max_diff, random};
 use candle_core::DType;
 
 #[test]

@@ -3,23 +3,29 @@
 //! (`mod.rs`) do not.
 
 use super::{attention, bias_activation, bias_residual, gated, layer_norm, rms_norm};
-use crate::models::ops::{Activation, Attention, AttentionMask, PositionBias};
-use crate::models::ModelError;
+use crate::kernels::{Activation, Attention, AttentionMask, PositionBias};
 use candle_core::{DType, Device, Result, Tensor};
+
+/// A fused CUDA kernel that disagrees with candle's ops on this device: which one, and by how
+/// much (or the error it ran into).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelMismatch(pub String);
 
 /// Runs every kernel on small random inputs in `dtype` against candle's composite ops on the
 /// same device; on a mismatch, disables the kernels for this process and says which one.
-pub fn self_check(device: &Device, dtype: DType) -> std::result::Result<(), ModelError> {
+pub fn self_check(device: &Device, dtype: DType) -> std::result::Result<(), KernelMismatch> {
     let mut check = KernelCheck::new(device, dtype);
     let outcome = check.elementwise().and_then(|()| check.norms()).and_then(|()| check.attention()).and_then(|()| check.rotary());
     let problem = match outcome {
-        Err(e) => Some(crate::models::describe(&e)),
+        // The first line of candle's error: the rest is its backtrace.
+        Err(e) => Some(e.to_string().lines().next().unwrap_or_default().to_string()),
         Ok(()) => check.problems.into_iter().next(),
     };
     match problem {
         Some(problem) => {
             super::disable();
-            Err(ModelError::Kernel(problem))
+            Err(KernelMismatch(problem))
         }
         None => Ok(()),
     }
@@ -188,12 +194,12 @@ impl<'a> KernelCheck<'a> {
     /// RoPE with and without the per-head norm, against the host implementation.
     fn rotary(&mut self) -> Result<()> {
         let (heads, kv_heads, head_dim) = (4, 2, 64);
-        let rotary = crate::models::ops::Rotary::new(head_dim, 10_000.0);
+        let rotary = crate::kernels::Rotary::new(head_dim, 10_000.0);
         let positions: Vec<u32> = CU_SEQLENS.windows(2).flat_map(|w| 0..(w[1] - w[0]) as u32).collect();
         let table = rotary.table(&positions);
         let qkv = self.random((TOKENS, (heads + 2 * kv_heads) * head_dim), 11)?;
         let norm_weights = self.random((2, head_dim), 12)?.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        let qk_norm = crate::models::ops::QkNorm { q: norm_weights[0].clone(), k: norm_weights[1].clone(), eps: 1e-6 };
+        let qk_norm = crate::kernels::QkNorm { q: norm_weights[0].clone(), k: norm_weights[1].clone(), eps: 1e-6 };
         for norm in [None, Some(&qk_norm)] {
             let reference = table.apply_on_host(&qkv, heads, kv_heads, norm)?;
             self.compare(

@@ -12,8 +12,8 @@
 
 use super::activations::ByteRows;
 use super::{Int8Weight, Out, Segments, PANEL};
-use crate::models::ops::amx::block::{Accumulator, Block, U8S8};
-use crate::models::ops::amx::{Tiles, ROW_BYTES, TILE_ROWS};
+use crate::kernels::amx::block::{Accumulator, Block, U8S8};
+use crate::kernels::amx::{Tiles, ROW_BYTES, TILE_ROWS};
 
 /// Rows × panels of one tile call.
 pub(super) const TILE_SHAPE: (usize, usize) = (2 * TILE_ROWS, 2);
@@ -66,17 +66,17 @@ pub(super) unsafe fn tile<T: Tiles>(a: &ByteRows, tile: usize, w: &Int8Weight, p
 pub(super) fn ready() -> bool {
     static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *READY.get_or_init(|| {
-        if !crate::models::ops::amx::int8_granted() {
+        if !crate::kernels::amx::int8_granted() {
             return false;
         }
-        let Some(mut native) = crate::models::ops::amx::NativeTiles::new() else { return false };
+        let Some(mut native) = crate::kernels::amx::NativeTiles::new() else { return false };
         let (m, k, n) = (37, 200, 40);
         let value = |i: usize, seed: usize| ((i * seed + 5) % 31) as f32 / 9.0 - 1.5;
         let w: Vec<f32> = (0..k * n).map(|i| value(i, 7)).collect();
         let x: Vec<f32> = (0..m * k).map(|i| value(i, 11)).collect();
         let w = Int8Weight::quantize_for(super::Kernel::Amx, &w, k, n);
         let got = product_on(&mut native, &w, &x, m);
-        let want = product_on(&mut crate::models::ops::amx::TileModel::new(), &w, &x, m);
+        let want = product_on(&mut crate::kernels::amx::TileModel::new(), &w, &x, m);
         if got == want {
             tracing::info!("AMX int8 tiles checked against their model: in use");
             true
@@ -107,8 +107,8 @@ pub(super) fn product_on<T: Tiles>(tiles: &mut T, w: &Int8Weight, x: &[f32], m: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::amx::TileModel;
-    use crate::models::ops::test_util::random_values;
+    use crate::kernels::amx::TileModel;
+    use crate::kernels::test_util::random_values;
 
     /// The AMX tile calls on the tile model give exactly the portable byte tiles' results over
     /// the same quantized rows, on every x86 CPU: packing, partial tiles and segments, the

@@ -3,14 +3,14 @@
 //! `TDPBF16PS` (bf16 pairs → f32) and `TDPBUSD` (u8 × s8 quadruples → i32). One instruction
 //! does 16 × 16 × 32 bf16 multiply-adds, sixteen times what `vdpbf16ps` does.
 //!
-//! The kernels ([`crate::models::ops::sgemm`]'s AMX product) are written against [`Tiles`], the
-//! handful of tile operations they use with fixed tile numbers (accumulators `tmm0`–`tmm3`,
-//! activation tiles `tmm4`–`tmm5`, weight tiles `tmm6`–`tmm7`). It has two implementations:
+//! The kernels (the AMX products of [`crate::kernels::sgemm`], bf16, and of
+//! [`crate::kernels::int8`], int8) are written against [`Tiles`], the handful of tile
+//! operations they use with fixed tile numbers (accumulators `tmm0`–`tmm3`, activation tiles
+//! `tmm4`–`tmm5`, weight tiles `tmm6`–`tmm7`), and both run the same [`block::Block`].
+//! [`Tiles`] has two implementations:
 //! - [`TileModel`]: plain Rust, what the instructions compute as Intel's manual specifies them,
 //!   including the shape rules the hardware enforces. It runs on every CPU, so the packing, the
-//!   edge tiles and the loop order of the AMX kernels are tested everywhere.
-//! - [`block::Block`]: the block both products run (the tiles above, the input dimension in
-//!   steps, the last step configured smaller with the accumulators carried through memory).
+//!   edge tiles and the loop order of the AMX kernels are tested everywhere;
 //! - [`NativeTiles`]: the instructions (`asm!`: stable Rust has no AMX intrinsics), only on a CPU
 //!   with AMX once Linux has granted the tile state ([`granted`]); checked against the model at
 //!   first use (the product's self-check) and wherever the tests run on such a CPU.
@@ -191,7 +191,7 @@ mod tests {
         }
         // bf16: finite values; the hardware may sum a row's products in another order.
         let half = |seed: usize| -> Vec<u8> {
-            (0..1024).flat_map(|i| crate::models::ops::sgemm::round_bf16(((i * seed) % 17) as f32 * 0.37 - 3.0).to_le_bytes()).collect()
+            (0..1024).flat_map(|i| crate::kernels::sgemm::round_bf16(((i * seed) % 17) as f32 * 0.37 - 3.0).to_le_bytes()).collect()
         };
         let (a, b) = (half(7), half(11));
         let config = TileConfig::block([16, 5], 2, 9);

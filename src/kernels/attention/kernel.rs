@@ -4,8 +4,8 @@
 //! V straight from the fused QKV rows.
 
 use super::{AttentionMask, DisentangledRows, HeadColumns};
-use crate::models::ops::dispatch::fma;
-use crate::models::ops::math::{exp, max_lanes, sum_lanes};
+use crate::kernels::dispatch::fma;
+use crate::kernels::math::{exp, max_lanes, sum_lanes};
 
 /// What one head adds to its scaled scores besides Q·Kᵀ.
 #[derive(Clone, Copy)]

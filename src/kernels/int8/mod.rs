@@ -382,7 +382,7 @@ impl Kernel {
             // SAFETY: `AvxVnni` is detected only on CPUs with avx2, fma and avxvnni; bounds as above.
             Kernel::AvxVnni => unsafe { x86::tile_avxvnni(a, tile, w, p0, segments, out) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Amx => match crate::models::ops::amx::NativeTiles::new() {
+            Kernel::Amx => match crate::kernels::amx::NativeTiles::new() {
                 // SAFETY: `Amx` is detected only where AMX-INT8 is granted and self-checked; bounds as above.
                 Some(mut tiles) => unsafe { amx::tile(a, tile, w, p0, segments, out, &mut tiles) },
                 None => unreachable!("the AMX kernel is detected only where AMX is granted"),
@@ -423,7 +423,7 @@ pub fn accelerated() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::test_util::random_values;
+    use crate::kernels::test_util::random_values;
 
     fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let mut y = vec![0.0f32; m * n];

@@ -203,7 +203,7 @@ pub(super) fn exercise<T: Tiles>(tiles: &mut T, config: &TileConfig, a: &[u8], b
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::ops::sgemm::round_bf16;
+    use crate::kernels::sgemm::round_bf16;
 
     fn bf16_tile(values: impl Fn(usize, usize) -> f32) -> Vec<u8> {
         let values = &values;
