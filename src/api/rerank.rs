@@ -17,7 +17,7 @@
 
 use super::error::ApiError;
 use super::json::ApiJson;
-use super::score::{check_pairing, refuse_multimodal, score_params, PairFields, Side};
+use super::score::{score_params, score_sides, PairFields, Side};
 use super::{response_id, AppState, Usage};
 use crate::engine::params::PoolingParams;
 use axum::extract::State;
@@ -111,21 +111,9 @@ pub async fn create(
         });
     }
     let documents = Side::parse(&request.documents, "documents")?;
-    check_pairing(query.len(), documents.len())?;
-    state.check_batch_size(documents.len())?;
-    let instruction = request.pair.instruction.as_deref();
-    let (scores, tokens) = match (query.texts(), documents.texts()) {
-        (Some(query), Some(texts)) => engine.score(&query, &texts, &params, instruction).await?,
-        // vLLM's multimodal documents (and query): each `{"content": [parts]}` one document (a
-        // page, an image, a text with its image), scored against the query as the model
-        // scores pairs (cosine of embeddings, MaxSim of token vectors, a prompt-based
-        // reranker's pair).
-        _ if !engine.spec().images => return Err(refuse_multimodal(engine)),
-        _ => {
-            let media = &state.options().media;
-            engine.score_prompts(query.prompts(media).await?, documents.prompts(media).await?, &params, instruction).await?
-        }
-    };
+    // vLLM's multimodal documents (and query): each `{"content": [parts]}` one document (a
+    // page, an image, a text with its image), scored as `/score` scores the pair.
+    let (scores, tokens) = score_sides(&state, engine, (&query, &documents), &params, request.pair.instruction.as_deref()).await?;
     let mut documents = documents.echoes();
     let count = result_count(request.top_n, scores.len())?;
 

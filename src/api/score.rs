@@ -220,9 +220,29 @@ pub fn check_pairing(first: usize, second: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// vLLM's refusal of a `{"content": …}` document for a model that takes no media.
-pub fn refuse_multimodal(engine: &Engine) -> ApiError {
-    ApiError::bad_request(format!("MultiModalParam is not supported for {}", engine.spec().architecture))
+/// The scores of two sides, paired 1:1, 1:N or N:N (vLLM's rules and messages), and the tokens
+/// they took: texts as the model scores text pairs; with a `{"content": …}` document on either
+/// side, each input embedded (or paired, for a prompt-based reranker) with its media, which a
+/// model without media refuses in vLLM's words.
+pub async fn score_sides(
+    state: &AppState,
+    engine: &Engine,
+    (first, second): (&Side<'_>, &Side<'_>),
+    params: &ResolvedParams,
+    instruction: Option<&str>,
+) -> Result<(Vec<f32>, usize), ApiError> {
+    check_pairing(first.len(), second.len())?;
+    state.check_batch_size(first.len().max(second.len()))?;
+    match (first.texts(), second.texts()) {
+        (Some(queries), Some(documents)) => Ok(engine.score(&queries, &documents, params, instruction).await?),
+        _ if !engine.spec().images => {
+            Err(ApiError::bad_request(format!("MultiModalParam is not supported for {}", engine.spec().architecture)))
+        }
+        _ => {
+            let media = &state.options().media;
+            Ok(engine.score_prompts(first.prompts(media).await?, second.prompts(media).await?, params, instruction).await?)
+        }
+    }
 }
 
 impl ScoreRequest {
@@ -269,19 +289,7 @@ pub async fn create(
     let engine = &engine;
     let params = score_params(engine, &request.params, &request.pair)?;
     let (first, second) = request.sides()?;
-    check_pairing(first.len(), second.len())?;
-    state.check_batch_size(first.len().max(second.len()))?;
-    let instruction = request.pair.instruction.as_deref();
-    let (scores, tokens) = match (first.texts(), second.texts()) {
-        (Some(queries), Some(documents)) => engine.score(&queries, &documents, &params, instruction).await?,
-        // A `{"content": …}` document on either side: each input embedded (or paired, for a
-        // prompt-based reranker) with its media.
-        _ if !engine.spec().images => return Err(refuse_multimodal(engine)),
-        _ => {
-            let media = &state.options().media;
-            engine.score_prompts(first.prompts(media).await?, second.prompts(media).await?, &params, instruction).await?
-        }
-    };
+    let (scores, tokens) = score_sides(&state, engine, (&first, &second), &params, request.pair.instruction.as_deref()).await?;
     let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
     Ok(Json(ListResponse::new("score", &headers, request.request_id.as_deref(), engine, data, tokens)))
 }
