@@ -234,6 +234,10 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         max_positions: backbone.max_positions(),
         vision: vision.is_some(),
         m3: m3_weights.is_some(),
+        dtype: match cpu_weight_format {
+            WeightFormat::Bf16 => DType::BF16,
+            _ => vb.dtype(),
+        },
     })?;
     let pad_token = tokenizer::special_token(&tokenizer_config, "pad_token");
     let tokenizer = text_tokenizer(&source, &tokenizer_config, &spec)?.with_pad_token(pad_token.as_deref());

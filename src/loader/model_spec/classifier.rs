@@ -1,14 +1,76 @@
-//! A classifier's decisions from config.json: how many labels and their names, the activation
-//! of `classify` and of `score` (vLLM's rules), `classifier_from_token` conversions and a
-//! reranker prompt set in config.json.
+//! How a model's classifier answers, decided once its tasks and pooling are known: its labels
+//! (none for models without one), the activation of `classify` and of `score` (vLLM's rules),
+//! STEP pooling's filter and the reranker prompt that turns a pair into one input.
 
+use super::labels::LabelFacts;
+use super::tasks::{PROCESS_REWARD_MODEL, QWEN_PRM_STEP_TAG, REWARD_MODEL};
+use super::SpecInputs;
 use crate::loader::LoadError;
 use crate::models::head_weights::RerankTemplate;
-use crate::pooling::classifier::ClassifierActivation;
+use crate::pooling::classifier::{ClassifierActivation, StepFilter};
+use crate::pooling::{PoolingType, Task};
 use serde_json::Value;
 
+/// What the spec says of a model's classifier (no labels for models without one).
+pub(super) struct ClassifierSpec {
+    pub num_labels: usize,
+    pub labels: Vec<String>,
+    pub from_token: Option<Vec<String>>,
+    pub classify_activation: ClassifierActivation,
+    pub score_activation: ClassifierActivation,
+    pub step: Option<StepFilter>,
+    pub rerank_template: Option<RerankTemplate>,
+}
+
+impl ClassifierSpec {
+    pub(super) fn decide(input: &SpecInputs, facts: LabelFacts, tasks: &[Task], pooling: PoolingType) -> Result<Self, LoadError> {
+        let (config, options, name) = (input.config, input.options, input.architecture_name.as_str());
+        let pooler = &options.pooler;
+        let num_labels = facts.num_labels;
+        let supports = |task| tasks.contains(&task);
+        let classifies = supports(Task::Classify);
+        // BGE-M3's token_classify is its lexical weight per token, not a classifier's labels.
+        let token_classifier = supports(Task::TokenClassify) && !input.m3;
+        let labels = if classifies || token_classifier { facts.names } else { Vec::new() };
+        let step = (pooling == PoolingType::Step).then(|| StepFilter {
+            // vLLM's default for Qwen2.5-Math-PRM: its `<extra_0>` step separator.
+            step_tag_id: pooler.step_tag_id.or((name == PROCESS_REWARD_MODEL).then_some(QWEN_PRM_STEP_TAG)),
+            columns: pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
+        });
+        if let Some(bad) = step.as_ref().and_then(|s| s.columns.as_ref()).and_then(|c| c.iter().find(|&&c| c >= num_labels)) {
+            return Err(LoadError::Invalid(format!("returned_token_ids: {bad} is not one of the model's {num_labels} labels")));
+        }
+        let rerank_template = match classifies {
+            true => rerank_template_override(config, num_labels)?.or_else(|| input.architecture.rerank_template(config, num_labels)).map(
+                |mut template| {
+                    if let Some(instruction) = &options.reranker_instruction {
+                        template.instruction = instruction.clone();
+                    }
+                    template
+                },
+            ),
+            false => None,
+        };
+        // Rewards are raw head outputs, as vLLM serves them.
+        let classify_activation = match name == REWARD_MODEL && supports(Task::TokenClassify) {
+            true => ClassifierActivation::Identity,
+            false => classify_activation(config, num_labels),
+        };
+        Ok(ClassifierSpec {
+            num_labels: if classifies || token_classifier { num_labels } else { 0 },
+            labels,
+            from_token: facts.from_token.filter(|_| classifies),
+            classify_activation,
+            // Token classifiers have no scores; their `score` activation is never read.
+            score_activation: if classifies { score_activation(config, num_labels) } else { classify_activation },
+            step,
+            rerank_template,
+        })
+    }
+}
+
 /// vLLM's activation for classification: `problem_type` first, then the number of labels.
-pub(super) fn classify_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
+fn classify_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
     let by_count = if num_labels == 1 { ClassifierActivation::Sigmoid } else { ClassifierActivation::Softmax };
     match config.get("problem_type").and_then(Value::as_str) {
         Some("regression") => ClassifierActivation::Identity,
@@ -19,7 +81,7 @@ pub(super) fn classify_activation(config: &Value, num_labels: usize) -> Classifi
 
 /// Cross-encoders: sentence-transformers' `activation_fn` in config.json wins (e.g. an Identity
 /// for models trained to output raw scores); otherwise the classification rule.
-pub(super) fn score_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
+fn score_activation(config: &Value, num_labels: usize) -> ClassifierActivation {
     let named =
         config.pointer("/sentence_transformers/activation_fn").and_then(Value::as_str).and_then(|name| match name.rsplit('.').next()? {
             "Identity" => Some(ClassifierActivation::Identity),
@@ -34,7 +96,7 @@ pub(super) fn score_activation(config: &Value, num_labels: usize) -> ClassifierA
 /// A reranker prompt set in config.json or `--hf-overrides`: `rerank_template` (with
 /// `{query}`, `{document}` and `{instruction}`) and optionally `rerank_instruction`, for
 /// one-label classifiers whose published usage wraps pairs in a prompt we do not detect.
-pub(super) fn rerank_template_override(config: &Value, num_labels: usize) -> Result<Option<RerankTemplate>, LoadError> {
+fn rerank_template_override(config: &Value, num_labels: usize) -> Result<Option<RerankTemplate>, LoadError> {
     let Some(format) = config.get("rerank_template") else { return Ok(None) };
     let format = format.as_str().ok_or_else(|| LoadError::Invalid("rerank_template must be a string".into()))?;
     if num_labels != 1 {
@@ -45,47 +107,6 @@ pub(super) fn rerank_template_override(config: &Value, num_labels: usize) -> Res
     }
     let instruction = config.get("rerank_instruction").and_then(Value::as_str).unwrap_or_default();
     Ok(Some(RerankTemplate { format: format.into(), instruction: instruction.into() }))
-}
-
-/// `classifier_from_token` of a converted causal LM (`--hf-overrides`), e.g. `["no", "yes"]`.
-pub fn classifier_tokens(config: &Value) -> Option<Vec<String>> {
-    let tokens = config.get("classifier_from_token")?.as_array()?;
-    tokens.iter().map(|t| t.as_str().map(String::from)).collect()
-}
-
-/// Whether the config turns two tokens' logits into one score (Qwen3-Reranker's yes − no):
-/// `is_original_qwen3_reranker`, or vLLM's `"method": "from_2_way_softmax"`.
-pub fn is_original_qwen3_reranker(config: &Value) -> bool {
-    config.get("is_original_qwen3_reranker").and_then(Value::as_bool).unwrap_or(false)
-        || config.get("method").and_then(Value::as_str) == Some("from_2_way_softmax")
-}
-
-/// Number of classifier outputs: one per `classifier_from_token` token (one in all for
-/// Qwen3-Reranker's yes − no), else `id2label`'s size, else `num_labels`, else transformers'
-/// default of 2.
-pub fn num_labels_of(config: &Value) -> usize {
-    if let Some(tokens) = classifier_tokens(config) {
-        return if is_original_qwen3_reranker(config) && tokens.len() == 2 { 1 } else { tokens.len() };
-    }
-    config
-        .get("id2label")
-        .and_then(Value::as_object)
-        .map(|m| m.len())
-        .or_else(|| config.get("num_labels").and_then(Value::as_u64).map(|n| n as usize))
-        .unwrap_or(2)
-}
-
-/// Label names from `id2label`, `LABEL_i` where it has none (as transformers names them).
-pub fn labels_of(config: &Value, num_labels: usize) -> Vec<String> {
-    (0..num_labels)
-        .map(|i| {
-            config
-                .get("id2label")
-                .and_then(|m| m.get(i.to_string()))
-                .and_then(Value::as_str)
-                .map_or_else(|| format!("LABEL_{i}"), String::from)
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -105,16 +126,5 @@ mod tests {
         assert_eq!(score_activation(&st, 1), Identity);
         assert_eq!(classify_activation(&st, 1), Sigmoid);
         assert_eq!(score_activation(&json!({}), 1), Sigmoid);
-    }
-
-    #[test]
-    fn label_count() {
-        assert_eq!(num_labels_of(&json!({"id2label": {"0": "a", "1": "b", "2": "c"}})), 3);
-        assert_eq!(num_labels_of(&json!({"num_labels": 1})), 1);
-        assert_eq!(num_labels_of(&json!({})), 2);
-        let reranker = json!({"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true});
-        assert_eq!(num_labels_of(&reranker), 1);
-        assert_eq!(num_labels_of(&json!({"classifier_from_token": ["no", "yes"]})), 2);
-        assert_eq!(labels_of(&json!({"id2label": {"0": "neg"}}), 2), vec!["neg".to_string(), "LABEL_1".to_string()]);
     }
 }

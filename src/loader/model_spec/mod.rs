@@ -3,27 +3,29 @@
 //! backbone's sizes and the model options, in [`ModelSpec::decide`]. Handlers, the engine and
 //! the loader read the spec; besides this folder only the architecture files read config.json.
 //!
-//! A file a subject: `tasks` (which tasks a checkpoint serves), `classifier` (labels,
-//! activations, reranker prompts from config.json), `prompts` (sentence-transformers prompts).
+//! [`ModelSpec::decide`] reads top-down, a file a step: `labels` (what config.json says of the
+//! classifier outputs), `tasks` (which tasks the checkpoint serves and how it pools),
+//! `classifier` (labels, activations, STEP filter and reranker prompt for those tasks), then the
+//! sizes and tokenizer settings here; `prompts` holds sentence-transformers' prompts.
 
 mod classifier;
+mod labels;
 mod prompts;
 mod tasks;
 
-pub use classifier::{classifier_tokens, is_original_qwen3_reranker, labels_of, num_labels_of};
 pub use prompts::{Prompts, UnknownPrompt};
-pub use tasks::{is_reward_layout, is_sequence_classifier, tasks_for, TaskHints, PROCESS_REWARD_MODEL, QWEN_PRM_STEP_TAG, REWARD_MODEL};
 
-use super::options::{Convert, ModelOptions};
+use super::options::ModelOptions;
 use super::sentence::SentenceTransformer;
 use super::tokenizer::TruncationSide;
 use super::LoadError;
 use crate::models::head_weights::RerankTemplate;
-use crate::models::{Architecture, SequencePooling};
+use crate::models::Architecture;
 use crate::pooling::classifier::{ClassifierActivation, StepFilter};
 use crate::pooling::config::PoolerConfig;
 use crate::pooling::{PoolingType, Task};
-use classifier::{classify_activation, rerank_template_override, score_activation};
+use classifier::ClassifierSpec;
+use labels::LabelFacts;
 use serde_json::Value;
 use tasks::pooling_tasks;
 
@@ -110,6 +112,9 @@ pub struct SpecInputs<'a> {
     pub vision: bool,
     /// Whether BGE-M3's sparse and ColBERT heads were found beside the weights.
     pub m3: bool,
+    /// The weights' type as they run: `--dtype`, or what `--dtype auto` chose for the memory
+    /// there is (bfloat16 for weights packed in bf16 for the CPU kernels).
+    pub dtype: candle_core::DType,
 }
 
 impl ModelSpec {
@@ -118,17 +123,12 @@ impl ModelSpec {
     pub fn decide(input: SpecInputs) -> Result<ModelSpec, LoadError> {
         let options = input.options;
         let pooler = &options.pooler;
-        let tasks = decide_tasks(&input)?;
-        let supports = |task| tasks.contains(&task);
-        let pooling_task = match pooler.task.as_deref() {
-            None => tasks[0],
-            Some(name) => name.parse::<Task>().ok().filter(|t| *t != Task::Score && supports(*t)).ok_or_else(|| {
-                LoadError::Unsupported(format!("Unsupported task: '{name}' Supported tasks: {}", Task::py_tuple(&pooling_tasks(&tasks))))
-            })?,
-        };
-        let pooling = decide_pooling(&input, &tasks)?;
+        let labels = LabelFacts::read(input.config, &input.architecture_name);
+        let tasks = tasks::decide_tasks(&input, labels.num_labels)?;
+        let pooling_task = tasks::pooling_task(pooler.task.as_deref(), &tasks)?;
+        let pooling = tasks::decide_pooling(&input, &tasks)?;
+        let classifier = ClassifierSpec::decide(&input, labels, &tasks, pooling)?;
         let embedding_size = embedding_size(input.sentence, input.hidden_size)?;
-        let classifier = ClassifierSpec::decide(&input, &tasks, pooling)?;
         let SpecInputs {
             config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision, m3, ..
         } = input;
@@ -167,7 +167,7 @@ impl ModelSpec {
             images: vision,
             m3,
             pad_text_to: architecture.pads_text(config),
-            dtype: match options.dtype.dtype_on(options.device) {
+            dtype: match input.dtype {
                 candle_core::DType::F16 => "float16",
                 candle_core::DType::BF16 => "bfloat16",
                 _ => "float32",
@@ -175,90 +175,6 @@ impl ModelSpec {
             generates: options.runner == super::options::Runner::Generate,
         })
     }
-}
-
-/// The model's tasks in preference order: an image-text model embeds (a page retriever gives
-/// every token's vector and scores by MaxSim), BGE-M3 serves all four of its outputs, anything
-/// else as its architecture and files say ([`tasks_for`]).
-fn decide_tasks(input: &SpecInputs) -> Result<Vec<Task>, LoadError> {
-    let SpecInputs { options, architecture_name: name, sentence, .. } = input;
-    let embeds_only = matches!(options.convert, Convert::Auto | Convert::Embed);
-    if input.vision {
-        if options.pooler.enable_chunked_processing == Some(true) {
-            return Err(LoadError::Unsupported(format!(
-                "`{name}`: chunked processing does not apply to image-text models (their texts are read at one token)"
-            )));
-        }
-        // A vision-language model converted into a classifier (Qwen3-VL-Reranker's
-        // `--hf-overrides`) classifies its inputs, images included, and (with one label)
-        // scores pairs written into its template.
-        if is_sequence_classifier(name) && matches!(options.convert, Convert::Auto | Convert::Classify) {
-            let one_label = num_labels(input) == 1;
-            return Ok(if one_label { vec![Task::Classify, Task::Score] } else { vec![Task::Classify] });
-        }
-        // Otherwise an image-text model's one job: embeddings of texts and images in one space.
-        if !embeds_only {
-            return Err(LoadError::Unsupported(format!(
-                "`{name}` embeds texts and images; it is served with --convert auto or embed only"
-            )));
-        }
-        if input.architecture.multi_vector() {
-            return Ok(vec![Task::TokenEmbed, Task::Score]);
-        }
-        return Ok(vec![Task::Embed]);
-    }
-    if input.m3 {
-        // BGE-M3: the dense embedding, ColBERT vectors, per-token and per-id lexical weights,
-        // all from one pass.
-        if !embeds_only {
-            return Err(LoadError::Unsupported(format!(
-                "BGE-M3 (`{name}` with its sparse and ColBERT heads) is served with --convert auto or embed only"
-            )));
-        }
-        return Ok(vec![Task::Embed, Task::TokenEmbed, Task::TokenClassify, Task::EmbedSparse]);
-    }
-    let hints = TaskHints {
-        num_labels: num_labels(input),
-        pooling: options.pooler.pooling_type.or(sentence.pooling),
-        multi_vector: sentence.multi_vector || input.architecture.multi_vector() || crate::models::is_colbert_name(name),
-        sentence_pooling: sentence.pooling_module,
-        masked_lm_embeds: input.architecture.masked_lm_embeds(),
-    };
-    tasks_for(name, options.convert, hints)
-}
-
-/// The classifier's outputs: vLLM fixes the reward heads' sizes (Qwen2.5-Math-RM's config.json
-/// names none); other models say in config.json.
-fn num_labels(input: &SpecInputs) -> usize {
-    match input.architecture_name.as_str() {
-        REWARD_MODEL => 1,
-        PROCESS_REWARD_MODEL => 2,
-        _ => num_labels_of(input.config),
-    }
-}
-
-/// How sequences pool: `--pooler-config`, else the sentence-transformers Pooling module, else
-/// the architecture's default (process reward models pool their step tags); refused where the
-/// tasks cannot use it.
-fn decide_pooling(input: &SpecInputs, tasks: &[Task]) -> Result<PoolingType, LoadError> {
-    let pooler = &input.options.pooler;
-    let supports = |task| tasks.contains(&task);
-    let default_pooling = match input.architecture.default_pooling(input.config) {
-        _ if input.architecture_name == PROCESS_REWARD_MODEL && supports(Task::TokenClassify) => PoolingType::Step,
-        SequencePooling::First => PoolingType::Cls,
-        SequencePooling::Last => PoolingType::Last,
-        SequencePooling::Mean => PoolingType::Mean,
-    };
-    let pooling = pooler.pooling_type.or(input.sentence.pooling).unwrap_or(default_pooling);
-    if pooler.pooling_type == Some(PoolingType::Step) && !supports(Task::TokenClassify) {
-        return Err(LoadError::Unsupported("STEP pooling needs a token-classification model (`*ForTokenClassification`)".into()));
-    }
-    if supports(Task::Embed) && pooling.is_token_level() {
-        return Err(LoadError::Unsupported(format!(
-            "pooling_type {pooling:?} gives one vector per token; embeddings need CLS, MEAN or LAST"
-        )));
-    }
-    Ok(pooling)
 }
 
 /// An embedding's size after the folder's Dense layers, which must chain from the hidden size
@@ -272,69 +188,6 @@ fn embedding_size(sentence: &SentenceTransformer, hidden_size: usize) -> Result<
         size = dense.linear.out_features();
     }
     Ok(size)
-}
-
-/// What the spec says of a model's classifier (no labels for models without one).
-struct ClassifierSpec {
-    num_labels: usize,
-    labels: Vec<String>,
-    from_token: Option<Vec<String>>,
-    classify_activation: ClassifierActivation,
-    score_activation: ClassifierActivation,
-    step: Option<StepFilter>,
-    rerank_template: Option<RerankTemplate>,
-}
-
-impl ClassifierSpec {
-    fn decide(input: &SpecInputs, tasks: &[Task], pooling: PoolingType) -> Result<Self, LoadError> {
-        let (config, options, name) = (input.config, input.options, input.architecture_name.as_str());
-        let pooler = &options.pooler;
-        let num_labels = num_labels(input);
-        let supports = |task| tasks.contains(&task);
-        let from_token = classifier_tokens(config);
-        let classifies = supports(Task::Classify);
-        // BGE-M3's token_classify is its lexical weight per token, not a classifier's labels.
-        let token_classifier = supports(Task::TokenClassify) && !input.m3;
-        let labels = match &from_token {
-            Some(tokens) if classifies && num_labels == tokens.len() => tokens.clone(),
-            _ if classifies || token_classifier => labels_of(config, num_labels),
-            _ => Vec::new(),
-        };
-        let step = (pooling == PoolingType::Step).then(|| StepFilter {
-            // vLLM's default for Qwen2.5-Math-PRM: its `<extra_0>` step separator.
-            step_tag_id: pooler.step_tag_id.or((name == PROCESS_REWARD_MODEL).then_some(QWEN_PRM_STEP_TAG)),
-            columns: pooler.returned_token_ids.as_ref().map(|ids| ids.iter().map(|&i| i as usize).collect()),
-        });
-        if let Some(bad) = step.as_ref().and_then(|s| s.columns.as_ref()).and_then(|c| c.iter().find(|&&c| c >= num_labels)) {
-            return Err(LoadError::Invalid(format!("returned_token_ids: {bad} is not one of the model's {num_labels} labels")));
-        }
-        let rerank_template = match classifies {
-            true => rerank_template_override(config, num_labels)?.or_else(|| input.architecture.rerank_template(config, num_labels)).map(
-                |mut template| {
-                    if let Some(instruction) = &options.reranker_instruction {
-                        template.instruction = instruction.clone();
-                    }
-                    template
-                },
-            ),
-            false => None,
-        };
-        // Rewards are raw head outputs, as vLLM serves them.
-        let classify_activation = match name == REWARD_MODEL && supports(Task::TokenClassify) {
-            true => ClassifierActivation::Identity,
-            false => classify_activation(config, num_labels),
-        };
-        Ok(ClassifierSpec {
-            num_labels: if classifies || token_classifier { num_labels } else { 0 },
-            labels,
-            from_token: from_token.filter(|_| classifies),
-            classify_activation,
-            // Token classifiers have no scores; their `score` activation is never read.
-            score_activation: if classifies { score_activation(config, num_labels) } else { classify_activation },
-            step,
-            rerank_template,
-        })
-    }
 }
 
 /// Whether pairs keep the tokenizer's segment ids (0/1): when `tokenizer_config.json` lists
