@@ -110,7 +110,7 @@ system_packages() {
 }
 python_and_models() {
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy safetensors kubernetes-validate \
+  .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy pydantic tokenizers safetensors kubernetes-validate \
     schemathesis matplotlib grpcio grpcio-tools grpcio-health-checking grpcio-reflection 'httpx[http2]' cryptography opentelemetry-proto
   # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
   .venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml configs/kubernetes/two-models/*.yaml

@@ -19,6 +19,7 @@ pub mod library;
 pub mod loader;
 pub mod metrics;
 pub mod models;
+pub mod plugin;
 pub mod pooling;
 pub mod server;
 pub mod telemetry;

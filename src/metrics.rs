@@ -102,6 +102,11 @@ struct Registry {
     requests: BTreeMap<(String, u16, String), u64>,
     request_duration: BTreeMap<(String, String), Histogram>,
     models: BTreeMap<String, ModelSeries>,
+    /// (model, plugin, outcome) → plugin requests; (model, plugin) → their time and the
+    /// plugin processes started (the first, and one after each crash, hang or memory flood).
+    plugin_calls: BTreeMap<(String, String, &'static str), u64>,
+    plugin_duration: BTreeMap<(String, String), Histogram>,
+    plugin_processes: BTreeMap<(String, String), u64>,
     in_flight: i64,
 }
 
@@ -173,6 +178,22 @@ pub fn model_loaded(model: &str, duration: Duration) {
     with_model(model, |m| m.load_seconds = duration.as_secs_f64());
 }
 
+/// A plugin request ended with `outcome` (`ok`, `rejected`, `timeout`, `crashed`, `error`).
+pub fn plugin_call(model: &str, plugin: &str, outcome: &'static str, duration: Duration) {
+    with(|r| {
+        *r.plugin_calls.entry((model.to_string(), plugin.to_string(), outcome)).or_default() += 1;
+        r.plugin_duration
+            .entry((model.to_string(), plugin.to_string()))
+            .or_insert_with(|| Histogram::new(SECONDS))
+            .observe(duration.as_secs_f64());
+    });
+}
+
+/// A plugin process started (after the first: a restart).
+pub fn plugin_process_started(model: &str, plugin: &str) {
+    with(|r| *r.plugin_processes.entry((model.to_string(), plugin.to_string())).or_default() += 1);
+}
+
 /// A label value as the text format writes it: backslash, double quote and newline escaped.
 fn label_value(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -231,6 +252,7 @@ pub fn render() -> String {
                 let _ = writeln!(out, "poolserve_{name}{{model=\"{}\"}} {}", label_value(model), value(series));
             }
         }
+        render_plugins(r, &mut out);
         let _ = writeln!(
             out,
             "# HELP poolserve_requests_in_flight Requests being answered.\n# TYPE poolserve_requests_in_flight gauge\npoolserve_requests_in_flight {}",
@@ -238,6 +260,38 @@ pub fn render() -> String {
         );
     });
     out
+}
+
+fn render_plugins(r: &Registry, out: &mut String) {
+    if r.plugin_processes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP poolserve_plugin_requests_total IO-processor plugin requests by outcome.\n# TYPE poolserve_plugin_requests_total counter"
+    );
+    for ((model, plugin, outcome), count) in &r.plugin_calls {
+        let _ = writeln!(
+            out,
+            "poolserve_plugin_requests_total{{model=\"{}\",plugin=\"{}\",outcome=\"{outcome}\"}} {count}",
+            label_value(model),
+            label_value(plugin)
+        );
+    }
+    let _ = writeln!(out, "# HELP poolserve_plugin_request_duration_seconds A plugin request from pre_process to post_process.\n# TYPE poolserve_plugin_request_duration_seconds histogram");
+    for ((model, plugin), h) in &r.plugin_duration {
+        let labels = format!("model=\"{}\",plugin=\"{}\"", label_value(model), label_value(plugin));
+        h.render(out, "poolserve_plugin_request_duration_seconds", &labels);
+    }
+    let _ = writeln!(out, "# HELP poolserve_plugin_processes_started_total Plugin processes started (more than the first: restarts).\n# TYPE poolserve_plugin_processes_started_total counter");
+    for ((model, plugin), count) in &r.plugin_processes {
+        let _ = writeln!(
+            out,
+            "poolserve_plugin_processes_started_total{{model=\"{}\",plugin=\"{}\"}} {count}",
+            label_value(model),
+            label_value(plugin)
+        );
+    }
 }
 
 /// Per-request phase times, collected while a handler runs (a task-local set by the HTTP

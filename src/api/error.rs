@@ -5,6 +5,7 @@
 use crate::engine::params::ParamsError;
 use crate::engine::EngineError;
 use crate::input::InputError;
+use crate::plugin::PluginError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -36,6 +37,9 @@ pub enum ApiError {
     Internal(String),
     #[error("{0}")]
     Unavailable(String),
+    /// Work that did not finish in its time (a plugin past `--plugin-timeout`).
+    #[error("{0}")]
+    Timeout(String),
 }
 
 /// The body of every error response.
@@ -169,6 +173,7 @@ impl ApiError {
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -183,6 +188,7 @@ impl ApiError {
             ApiError::TooManyRequests(_) => "TooManyRequestsError",
             ApiError::Internal(_) => "InternalServerError",
             ApiError::Unavailable(_) => "ServiceUnavailableError",
+            ApiError::Timeout(_) => "GatewayTimeoutError",
         }
     }
 
@@ -243,6 +249,18 @@ impl From<InputError> for ApiError {
             | InputError::Chat(_) => ApiError::bad_request(e.to_string()),
             InputError::Panicked(_) => ApiError::Internal(e.to_string()),
             InputError::Stopped => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<PluginError> for ApiError {
+    fn from(e: PluginError) -> Self {
+        match e {
+            PluginError::Engine(e) => e.into(),
+            PluginError::Plugin { status: 400, message } => ApiError::bad_request(message),
+            PluginError::Plugin { status: 501, message } => ApiError::NotImplemented(message),
+            PluginError::Timeout(_) => ApiError::Timeout(e.to_string()),
+            _ => ApiError::Internal(e.to_string()),
         }
     }
 }

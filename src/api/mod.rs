@@ -17,6 +17,7 @@ pub mod lora;
 pub mod meta;
 pub mod observe;
 pub mod openapi;
+pub mod plugin;
 pub mod pooling;
 pub mod rerank;
 pub mod score;
@@ -25,6 +26,7 @@ pub mod tokenize;
 
 use crate::engine::Engine;
 use crate::input::Prompt;
+use crate::plugin::IoProcessor;
 use crate::pooling::Task;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, HeaderName};
@@ -58,6 +60,8 @@ pub struct AppState {
 struct Slot {
     name: String,
     engine: OnceLock<Engine>,
+    /// The model's IO-processor plugin, when it names one (started once the engine is).
+    plugin: OnceLock<Arc<IoProcessor>>,
 }
 
 struct StateInner {
@@ -102,7 +106,7 @@ impl AppState {
     pub fn new(served_names: Vec<String>, options: ApiOptions) -> Self {
         Self {
             inner: Arc::new(StateInner {
-                models: served_names.into_iter().map(|name| Slot { name, engine: OnceLock::new() }).collect(),
+                models: served_names.into_iter().map(|name| Slot { name, engine: OnceLock::new(), plugin: OnceLock::new() }).collect(),
                 started: unix_now(),
                 options,
                 draining: AtomicBool::new(false),
@@ -174,6 +178,19 @@ impl AppState {
         if let Some(slot) = self.inner.models.iter().find(|s| s.name == engine.spec().served_name) {
             let _ = slot.engine.set(engine);
         }
+    }
+
+    /// Hands a model its started IO-processor plugin (by the model's served name).
+    pub fn set_plugin(&self, served_name: &str, plugin: Arc<IoProcessor>) {
+        if let Some(slot) = self.inner.models.iter().find(|s| s.name == served_name) {
+            let _ = slot.plugin.set(plugin);
+        }
+    }
+
+    /// The IO-processor plugin of the model `engine` serves, if it has one.
+    pub fn plugin(&self, engine: &Engine) -> Option<Arc<IoProcessor>> {
+        let slot = self.inner.models.iter().find(|s| s.name == engine.spec().served_name)?;
+        slot.plugin.get().cloned()
     }
 
     /// The served names, in the order given.

@@ -1,7 +1,7 @@
 //! `POST /pooling`: vLLM's task-generic endpoint. `task` must be the model's pooling task
 //! (its default), as vLLM 0.33 checks it: a task the model has but does not serve says how to
-//! switch (`--pooler-config.task`), one it lacks lists the tasks it has, `plugin` needs an
-//! IO-processor plugin (there are none here). Per-token tasks answer nested lists,
+//! switch (`--pooler-config.task`), one it lacks lists the tasks it has. A body with `data`
+//! instead of `input` goes to the model's IO-processor plugin (`plugin.rs`). Per-token tasks answer nested lists,
 //! embed_sparse lists of `{"index", "value"}`. `encoding_format` (`float`, `base64`, `bytes`,
 //! `bytes_only`), `embed_dtype` and `endianness` apply as on `/v1/embeddings`; a matrix's
 //! base64 holds its rows one after another.
@@ -37,6 +37,11 @@ pub struct PoolingRequest {
     pub model: Option<String>,
     #[serde(default)]
     pub task: Option<serde_json::Value>,
+    /// vLLM's plugin request: anything the model's IO-processor plugin reads (with no `input`
+    /// and no `messages`); see docs/plugins.md.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<serde_json::Value>,
     /// A sentence-transformers prompt of the model, prepended to every text input.
     #[serde(default)]
     pub prompt_name: Option<String>,
@@ -123,6 +128,9 @@ pub struct PoolingData {
     pub data: PoolingValue,
 }
 
+/// vLLM's message for a plugin request to a model without an IO-processor plugin.
+pub const NO_PLUGIN: &str = "No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details.";
+
 /// The task a request names, checked as vLLM's `_verify_pooling_task` checks it.
 fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Result<Task, ApiError> {
     let name = match requested {
@@ -136,11 +144,7 @@ fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Resu
     match name {
         "score" => return Err(bad("`score` task was removed; use `classify` instead.".into())),
         "encode" => return Err(bad("`encode` task was removed; use `token_embed` or `token_classify` instead.".into())),
-        "plugin" => {
-            return Err(bad(
-                "No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details.".into(),
-            ))
-        }
+        "plugin" => return Err(bad(NO_PLUGIN.into())),
         _ if !POOLER_TASKS.contains(&name) => return Err(bad(literal::message("task", &name.into(), &POOLER_TASKS[..6]))),
         _ => {}
     }
@@ -166,6 +170,9 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(request): ApiJson<PoolingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
+    if super::plugin::is_plugin_request(&request) {
+        return super::plugin::run(&state, &headers, request).await;
+    }
     AppState::require_input(&request.input, request.messages.as_ref())?;
     let multi = request.multi();
     let (engine, permit, task) = state.begin(request.model.as_deref(), |engine| {

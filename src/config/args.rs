@@ -88,6 +88,27 @@ pub struct ServeArgs {
     /// there, which would silently keep the other width).
     #[arg(long, env = "POOLSERVE_DENSE_PATH")]
     pub dense_path: Option<String>,
+    /// vLLM's IO-processor plugin for `/pooling` requests that send `data` (docs/plugins.md):
+    /// a folder of `--plugin-path` or an installed entry point, by name. Without it, the model's
+    /// config.json key `io_processor_plugin` names one.
+    #[arg(long, env = "POOLSERVE_IO_PROCESSOR_PLUGIN")]
+    pub io_processor_plugin: Option<String>,
+    /// Where plugins are found by name (repeatable; before `POOLSERVE_PLUGIN_PATH` and
+    /// `./plugins`).
+    #[arg(long = "plugin-path")]
+    pub plugin_paths: Vec<std::path::PathBuf>,
+    /// The Python that runs plugins.
+    #[arg(long, default_value = "python3", env = "POOLSERVE_PLUGIN_PYTHON")]
+    pub plugin_python: std::path::PathBuf,
+    /// Seconds a plugin may take in one step before its process is stopped (504).
+    #[arg(long, default_value_t = 30, env = "POOLSERVE_PLUGIN_TIMEOUT")]
+    pub plugin_timeout: u64,
+    /// MiB a plugin process may allocate; past it the plugin's allocation fails (500).
+    #[arg(long, default_value_t = 2048, env = "POOLSERVE_PLUGIN_MEMORY_LIMIT")]
+    pub plugin_memory_limit: u64,
+    /// Plugin processes per model at most (requests beyond wait for one).
+    #[arg(long, default_value_t = 4, env = "POOLSERVE_PLUGIN_PROCESSES")]
+    pub plugin_processes: usize,
     /// Default task description in the Qwen3-Reranker prompt (requests may send `instruction`).
     #[arg(long, env = "POOLSERVE_RERANKER_INSTRUCTION")]
     pub reranker_instruction: Option<String>,

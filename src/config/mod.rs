@@ -23,6 +23,8 @@ pub struct ServerConfig {
     /// The models served, in the order given; names are unique.
     pub models: Vec<ModelOptions>,
     pub engine: EngineOptions,
+    /// How IO-processor plugins run (every model's).
+    pub plugins: crate::plugin::PluginOptions,
     pub host: String,
     pub port: u16,
     pub payload_limit: usize,
@@ -194,6 +196,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             quantization: args.quantization,
             reranker_instruction: args.reranker_instruction,
             dense_path: args.dense_path,
+            io_processor_plugin: args.io_processor_plugin,
             default_prompt_name: args.default_prompt_name,
             default_prompt: args.default_prompt,
             chat_template: args.chat_template,
@@ -236,11 +239,18 @@ impl TryFrom<ServeArgs> for ServerConfig {
             Some(endpoint) => Some(crate::telemetry::TelemetryOptions { endpoint, service_name: args.otlp_service_name }),
             None => None,
         };
+        let mut plugins = crate::plugin::PluginOptions::default();
+        plugins.paths.splice(0..0, args.plugin_paths);
+        plugins.python = args.plugin_python;
+        plugins.timeout = std::time::Duration::from_secs(positive("plugin-timeout", args.plugin_timeout as usize)? as u64);
+        plugins.memory_limit_bytes = (positive("plugin-memory-limit", args.plugin_memory_limit as usize)? as u64) << 20;
+        plugins.processes = positive("plugin-processes", args.plugin_processes)?;
         Ok(ServerConfig {
             tls,
             telemetry,
             models,
             engine,
+            plugins,
             host: args.host,
             port: args.port,
             payload_limit: positive("payload-limit", args.payload_limit)?,
@@ -272,6 +282,7 @@ impl ServerConfig {
         ServerConfig {
             models: vec![ModelOptions::for_model(model)],
             engine: EngineOptions::default(),
+            plugins: crate::plugin::PluginOptions::default(),
             host: "0.0.0.0".into(),
             port: 8000,
             payload_limit: 2_000_000,

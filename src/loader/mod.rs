@@ -238,6 +238,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
             WeightFormat::Bf16 => DType::BF16,
             _ => vb.dtype(),
         },
+        tokenizer_dir: source.file("tokenizer.json")?.and_then(|p| p.parent().map(std::path::Path::to_path_buf)),
     })?;
     let pad_token = tokenizer::special_token(&tokenizer_config, "pad_token");
     let tokenizer = text_tokenizer(&source, &tokenizer_config, &spec)?.with_pad_token(pad_token.as_deref());

@@ -106,6 +106,9 @@ pub struct ModelOptions {
     pub reranker_instruction: Option<String>,
     /// `--dense-path`: the Dense module folder used instead of modules.json's one.
     pub dense_path: Option<String>,
+    /// vLLM's `--io-processor-plugin`: the plugin `/pooling` runs `data` requests through
+    /// (wins over config.json's `io_processor_plugin`).
+    pub io_processor_plugin: Option<String>,
     /// A prompt of the folder's, used when a request names none.
     pub default_prompt_name: Option<String>,
     /// A literal prompt text, used when a request names none.
@@ -137,6 +140,7 @@ impl ModelOptions {
             quantization: None,
             reranker_instruction: None,
             dense_path: None,
+            io_processor_plugin: None,
             default_prompt_name: None,
             default_prompt: None,
             chat_template: None,

@@ -150,6 +150,12 @@ async fn load_models(config: &ServerConfig, state: &AppState) -> anyhow::Result<
         let engine = loaded??;
         ready += 1;
         let name = engine.spec().served_name.clone();
+        if let Some(plugin) = &engine.spec().io_processor_plugin {
+            let started = crate::plugin::IoProcessor::start(plugin, &config.plugins, engine.spec()).await;
+            let started = started.map_err(|e| if total > 1 { anyhow::anyhow!("model `{name}`: {e}") } else { e.into() })?;
+            tracing::info!(model = %name, "IO-processor plugin `{plugin}` started");
+            state.set_plugin(&name, started);
+        }
         state.set_engine(engine);
         match total {
             1 => tracing::info!("ready to serve {name}"),

@@ -106,9 +106,15 @@ pub fn post(port: u16, path: &str, body: Value) -> Answer {
 
 /// Starts `poolserve serve ARGS` on a free port.
 pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Server {
+    start_in(".", args, envs)
+}
+
+/// [`start`] in the working folder `dir`.
+pub fn start_in(dir: &str, args: &[&str], envs: &[(&str, &str)]) -> Server {
     let port = free_port();
     let port_text = port.to_string();
     let mut command = Command::new(BIN);
+    command.current_dir(dir);
     command.arg("serve").args(args).env("POOLSERVE_PORT", &port_text).env("POOLSERVE_HOST", "127.0.0.1");
     for (k, v) in envs {
         command.env(k, v);

@@ -16,10 +16,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("input", &["models", "metrics"]),
     ("loader", &["kernels", "models", "pooling", "input"]),
     ("engine", &["kernels", "models", "pooling", "input", "loader", "metrics"]),
-    ("api", &["models", "pooling", "input", "loader", "engine", "metrics", "telemetry"]),
+    ("plugin", &["pooling", "input", "loader", "engine", "metrics"]),
+    ("api", &["models", "pooling", "input", "loader", "engine", "plugin", "metrics", "telemetry"]),
     ("library", &["models", "pooling", "input", "loader", "engine"]),
-    ("config", &["pooling", "input", "loader", "engine", "telemetry"]),
-    ("server", &["pooling", "input", "loader", "engine", "metrics", "api", "config", "telemetry"]),
+    ("config", &["pooling", "input", "loader", "engine", "plugin", "telemetry"]),
+    ("server", &["pooling", "input", "loader", "engine", "plugin", "metrics", "api", "config", "telemetry"]),
     ("commands", &["pooling", "input", "loader", "engine", "config", "library"]),
 ];
 

@@ -32,6 +32,7 @@ mod minilm;
 mod multi_model;
 mod page_retrievers;
 mod parity;
+mod plugins;
 mod qwen3_vl;
 mod real_token_models;
 mod reward_models;

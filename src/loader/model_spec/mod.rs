@@ -93,6 +93,11 @@ pub struct ModelSpec {
     pub dtype: &'static str,
     /// `--runner generate`: the LM head is loaded and `/generative_scoring` answers.
     pub generates: bool,
+    /// The IO-processor plugin of `/pooling`'s `data` requests: `--io-processor-plugin`, else
+    /// config.json's `io_processor_plugin` (vLLM's order).
+    pub io_processor_plugin: Option<String>,
+    /// The local folder holding tokenizer.json (a plugin's tokenizer reads it).
+    pub tokenizer_dir: Option<std::path::PathBuf>,
 }
 
 /// What a spec is decided from.
@@ -115,6 +120,8 @@ pub struct SpecInputs<'a> {
     /// The weights' type as they run: `--dtype`, or what `--dtype auto` chose for the memory
     /// there is (bfloat16 for weights packed in bf16 for the CPU kernels).
     pub dtype: candle_core::DType,
+    /// The local folder holding tokenizer.json, when there is one.
+    pub tokenizer_dir: Option<std::path::PathBuf>,
 }
 
 impl ModelSpec {
@@ -130,7 +137,17 @@ impl ModelSpec {
         let classifier = ClassifierSpec::decide(&input, labels, &tasks, pooling)?;
         let embedding_size = embedding_size(input.sentence, input.hidden_size)?;
         let SpecInputs {
-            config, architecture_name, architecture, sentence, tokenizer_config, hidden_size, max_positions, vision, m3, ..
+            config,
+            architecture_name,
+            architecture,
+            sentence,
+            tokenizer_config,
+            hidden_size,
+            max_positions,
+            vision,
+            m3,
+            tokenizer_dir,
+            ..
         } = input;
         Ok(ModelSpec {
             served_name: options.served_name.clone(),
@@ -173,6 +190,11 @@ impl ModelSpec {
                 _ => "float32",
             },
             generates: options.runner == super::options::Runner::Generate,
+            io_processor_plugin: options
+                .io_processor_plugin
+                .clone()
+                .or_else(|| config.get("io_processor_plugin").and_then(Value::as_str).map(String::from)),
+            tokenizer_dir,
         })
     }
 }
@@ -278,6 +300,8 @@ impl ModelSpec {
             pad_text_to: None,
             dtype: "float32",
             generates: false,
+            io_processor_plugin: None,
+            tokenizer_dir: None,
         }
     }
 

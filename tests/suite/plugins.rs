@@ -1,0 +1,269 @@
+//! IO-processor plugins (vLLM's `plugin` task) through the real router and the real binary:
+//! vLLM's BGE-M3 sparse plugin, ported, against FlagEmbedding's lexical weights; vLLM's
+//! messages for the error cases; and a plugin that crashes, hangs or floods memory on request,
+//! which costs only its own request.
+
+use crate::common::server::{post as server_post, start_in, wait_ready, BIN};
+use crate::common::*;
+use axum::http::StatusCode;
+use poolserve::api::{self, AppState};
+use poolserve::plugin::{IoProcessor, PluginOptions};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The Python the test command installs (`.venv`, with pydantic and tokenizers); the suite
+/// fails rather than skips without it.
+fn python() -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(venv.exists(), "{} is missing: scripts/test.sh installs it (python_and_models)", venv.display());
+    venv
+}
+
+fn options() -> PluginOptions {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    PluginOptions {
+        python: python(),
+        paths: vec![root.join("plugins"), root.join("tests/fixtures/plugins")],
+        timeout: Duration::from_secs(3),
+        start_timeout: Duration::from_secs(60),
+        memory_limit_bytes: 512 << 20,
+        processes: 2,
+    }
+}
+
+async fn router_with_plugin(model: &str, plugin: &str) -> axum::Router {
+    let engine = engine(&fixture_model(model), |_| {});
+    let processor = IoProcessor::start(plugin, &options(), engine.spec()).await.expect("plugin starts");
+    let name = engine.spec().served_name.clone();
+    let state = AppState::ready(engine);
+    state.set_plugin(&name, processor);
+    api::router(state, 2_000_000)
+}
+
+fn assert_error(reply: &Reply, status: StatusCode, message_part: &str) {
+    assert_eq!(reply.status, status, "body: {}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(message_part), "message {message:?} lacks {message_part:?}");
+}
+
+/// The plugin's sparse embedding as token id → weight.
+fn weights(data: &Value) -> Vec<(String, f64)> {
+    let mut pairs: Vec<(String, f64)> =
+        data["sparse_embedding"].as_array().unwrap().iter().map(|w| (w["token_id"].to_string(), w["weight"].as_f64().unwrap())).collect();
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    pairs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bge_m3_sparse_plugin_matches_flag_embedding() {
+    let reference = expected("bge-m3-tiny");
+    let router = router_with_plugin("bge-m3-tiny", "bge_m3_sparse_plugin").await;
+    let cases = reference["texts"].as_array().unwrap();
+    let inputs: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let body = json!({"task": "plugin", "data": {"input": inputs, "return_tokens": true}, "unknown_field": 1});
+    let reply = send(&router, "POST", "/pooling", Some(body.to_string()), &[("x-request-id", "sparse-1")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body["request_id"], "pooling-sparse-1");
+    assert!(reply.body["created_at"].as_u64().unwrap() > 1_700_000_000);
+    let data = &reply.body["data"]["data"];
+    for (i, case) in cases.iter().enumerate() {
+        assert_eq!(data[i]["index"], i);
+        assert_eq!(data[i]["object"], "sparse-embedding");
+        // FlagEmbedding's lexical weights: the largest weight per token id, specials dropped.
+        let mut expected: Vec<(String, f64)> =
+            case["lexical_weights"].as_object().unwrap().iter().map(|(id, w)| (id.clone(), w.as_f64().unwrap())).collect();
+        expected.sort_by(|a, b| a.0.cmp(&b.0));
+        let ours = weights(&data[i]);
+        assert_eq!(ours.iter().map(|p| &p.0).collect::<Vec<_>>(), expected.iter().map(|p| &p.0).collect::<Vec<_>>(), "text {i}: ids");
+        for ((id, w), (_, e)) in ours.iter().zip(&expected) {
+            assert!((w - e).abs() <= 1e-4, "text {i} token {id}: {w} vs FlagEmbedding's {e}");
+        }
+        assert!(data[i]["sparse_embedding"][0]["token"].is_string(), "return_tokens names each token");
+    }
+    let tokens: u64 = cases.iter().map(|c| c["input_ids"].as_array().unwrap().len() as u64).sum();
+    assert_eq!(reply.body["data"]["usage"]["prompt_tokens"], tokens);
+
+    // Equal to what our own route gives for the same input: token_classify, largest per id.
+    let own = post(&router, "/pooling", json!({"input": inputs[0], "task": "token_classify"})).await;
+    let plain = post(&router, "/pooling", json!({"data": {"input": inputs[0]}})).await;
+    assert_eq!(plain.status, StatusCode::OK, "{}", plain.body);
+    assert!(plain.body["data"]["data"][0]["sparse_embedding"][0]["token"].is_null());
+    let ids = cases[0]["input_ids"].as_array().unwrap();
+    let inner = &ids[1..ids.len() - 1];
+    let rows = own.body["data"][0]["data"].as_array().unwrap();
+    let mut largest: std::collections::BTreeMap<String, f64> = Default::default();
+    for (id, row) in inner.iter().zip(rows) {
+        let weight = largest.entry(id.to_string()).or_insert(f64::MIN);
+        *weight = weight.max(row[0].as_f64().unwrap());
+    }
+    let ours: std::collections::BTreeMap<String, f64> = weights(&plain.body["data"]["data"][0]).into_iter().collect();
+    assert_eq!(ours.keys().collect::<Vec<_>>(), largest.keys().collect::<Vec<_>>());
+    for (id, weight) in &largest {
+        assert!((ours[id] - weight).abs() < 1e-6, "token {id}: plugin {} vs /pooling's largest {weight}", ours[id]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_requests_fail_as_vllm_fails_them() {
+    // A model without a plugin.
+    let plain = router(engine(&fixture_model("bge-m3-tiny"), |_| {}), 2_000_000);
+    let reply = post(&plain, "/pooling", json!({"data": {"input": "x"}})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "No IOProcessor plugin installed.");
+    assert_eq!(reply.body["error"]["param"], "task");
+
+    let router = router_with_plugin("bge-m3-tiny", "bge_m3_sparse_plugin").await;
+    let reply = post(&router, "/pooling", json!({"data": {"input": "x"}, "dimensions": 4})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "dimensions is currently not supported");
+    // The plugin's own checks: a TypeError and pydantic's ValidationError are the client's.
+    let reply = post(&router, "/pooling", json!({"data": "not an object"})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "request_data should be a dictionary");
+    let reply = post(&router, "/pooling", json!({"data": {"inputs": "misspelt"}})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "validation error");
+    // Plain requests still work beside it.
+    let reply = post(&router, "/pooling", json!({"input": "x"})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let reply = post(&router, "/v1/embeddings", json!({"input": "x"})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_hanging_or_flooding_plugin_costs_only_its_request() {
+    let router = router_with_plugin("bert-embed-mean", "misbehaving_plugin").await;
+    let ok = |reply: &Reply| {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert_eq!(reply.body["data"]["sizes"], json!([32]), "{}", reply.body);
+    };
+    ok(&post(&router, "/pooling", json!({"data": {"input": "hello"}})).await);
+    let reply = post(&router, "/pooling", json!({"data": {"input": "x", "do": "refuse"}})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "the plugin refused on purpose");
+    let reply = post(&router, "/pooling", json!({"data": {"input": "x", "do": "raise"}})).await;
+    assert_error(&reply, StatusCode::INTERNAL_SERVER_ERROR, "the plugin failed on purpose");
+
+    let reply = post(&router, "/pooling", json!({"data": {"input": "x", "do": "crash"}})).await;
+    assert_error(&reply, StatusCode::INTERNAL_SERVER_ERROR, "the plugin process exited");
+    ok(&post(&router, "/pooling", json!({"data": {"input": "after the crash"}})).await);
+
+    // A hang holds one process until the timeout; another request meanwhile is answered.
+    let hang = post(&router, "/pooling", json!({"data": {"input": "x", "do": "hang"}}));
+    let beside = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        post(&router, "/pooling", json!({"data": {"input": "during the hang"}})).await
+    };
+    let (hang, beside) = tokio::join!(hang, beside);
+    assert_error(&hang, StatusCode::GATEWAY_TIMEOUT, "did not answer within");
+    ok(&beside);
+    ok(&post(&router, "/pooling", json!({"data": {"input": "after the hang"}})).await);
+
+    let reply = post(&router, "/pooling", json!({"data": {"input": "x", "do": "flood"}})).await;
+    assert_error(&reply, StatusCode::INTERNAL_SERVER_ERROR, "out of memory");
+    ok(&post(&router, "/pooling", json!({"data": {"input": "after the flood"}})).await);
+
+    let metrics = send(&router, "GET", "/metrics", None, &[]).await;
+    let text = metrics.body.as_str().unwrap();
+    for outcome in ["ok", "rejected", "error", "crashed", "timeout"] {
+        assert!(text.contains(&format!("plugin=\"misbehaving_plugin\",outcome=\"{outcome}\"")), "no {outcome} in /metrics");
+    }
+    assert!(text.contains("poolserve_plugin_processes_started_total"), "{text}");
+}
+
+/// The binary as a user runs it from the repository: the plugin found by name in `plugins/`.
+#[test]
+fn the_binary_serves_a_plugin_by_name_and_refuses_an_unknown_one() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let python = python();
+    let python = python.to_str().unwrap();
+    let model = format!("{root}/tests/fixtures/models/bge-m3-tiny");
+    let envs = [("POOLSERVE_PLUGIN_PYTHON", python)];
+    let mut server = start_in(root, &[&model, "--io-processor-plugin", "bge_m3_sparse_plugin"], &envs);
+    wait_ready(&mut server);
+    let answer = server_post(server.port, "/pooling", json!({"data": {"input": "What is BGE M3?"}}));
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(answer.json()["data"]["data"][0]["object"], "sparse-embedding");
+    drop(server);
+
+    let output = std::process::Command::new(BIN)
+        .current_dir(root)
+        .args(["serve", &model, "--io-processor-plugin", "no_such_plugin", "--port", "0"])
+        .env("POOLSERVE_PLUGIN_PYTHON", python)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("The model requires the 'no_such_plugin' IO Processor plugin but it is not installed. Available plugins: ['bge_m3_sparse_plugin'"),
+        "{stderr}"
+    );
+}
+
+/// vLLM's ColBERT query plugin, ported, on jina-colbert-v2: its query prompt (`[CLS]
+/// [QueryMarker] text [SEP]` padded with `[MASK]` to 32) and document prompt give the vectors
+/// our own `/pooling` token_embed gives for the same token ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colbert_query_plugin_gives_the_routes_vectors() {
+    // The published tokenizer has the two marker tokens; the tiny fixture's vocabulary has no
+    // room for them, so this copy renames two of its pieces (本, 語) as the markers.
+    let dir = std::env::temp_dir().join(format!("poolserve-colbert-markers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    families::copy_dir(&fixture_model("jina-colbert-v2-tiny"), &dir);
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for (id, content) in [(1063, "[QueryMarker]"), (1064, "[DocumentMarker]")] {
+        tokenizer["model"]["vocab"][id][0] = json!(content);
+        let token = json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
+        tokenizer["added_tokens"].as_array_mut().unwrap().push(token);
+    }
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    let engine = engine(&dir, |_| {});
+    let processor = IoProcessor::start("colbert_query_plugin", &options(), engine.spec()).await.expect("plugin starts");
+    let name = engine.spec().served_name.clone();
+    let state = AppState::ready(engine);
+    state.set_plugin(&name, processor);
+    let router = api::router(state, 2_000_000);
+
+    let text = "What is late interaction?";
+    let pieces = post(&router, "/tokenize", json!({"prompt": text, "add_special_tokens": false})).await;
+    let pieces: Vec<u64> = pieces.body["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    for (input_type, marker) in [("query", 1063u64), ("document", 1064)] {
+        let reply = post(&router, "/pooling", json!({"data": {"input": text, "input_type": input_type}})).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        let item = &reply.body["data"]["data"][0];
+        assert_eq!(item["input_type"], input_type);
+        let mut ids = vec![0, marker];
+        ids.extend(&pieces);
+        ids.push(2);
+        if input_type == "query" {
+            ids.resize(32, 1065);
+        }
+        assert_eq!(reply.body["data"]["usage"]["prompt_tokens"], ids.len());
+        let own = post(&router, "/pooling", json!({"input": ids, "task": "token_embed"})).await;
+        assert_eq!(own.status, StatusCode::OK, "{}", own.body);
+        let (ours, theirs) = (item["embedding"].as_array().unwrap(), own.body["data"][0]["data"].as_array().unwrap());
+        assert_eq!(ours.len(), ids.len(), "{input_type}: one vector per token");
+        for (t, (a, b)) in ours.iter().zip(theirs).enumerate() {
+            assert!(max_abs_diff(&floats(a), &floats(b)) <= 1e-6, "{input_type} token {t}");
+        }
+    }
+    // Without `input_type`, pydantic refuses the data: 400, as vLLM's test expects.
+    let reply = post(&router, "/pooling", json!({"data": {"input": text}})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "input_type");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The plugin docs/plugins.md writes, as it ships in `plugins/word_count`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_plugin_answers_as_documented() {
+    let router = router_with_plugin("bert-embed-mean", "word_count").await;
+    let reply = post(&router, "/pooling", json!({"data": {"texts": ["a", "b c"]}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    for (i, text) in ["a", "b c"].iter().enumerate() {
+        let own = post(&router, "/v1/embeddings", json!({"input": text})).await;
+        let norm = floats(&own.body["data"][0]["embedding"]).iter().map(|x| (x * x) as f64).sum::<f64>().sqrt();
+        let item = &reply.body["data"][i];
+        assert!((item["norm"].as_f64().unwrap() - norm).abs() < 1e-5, "{item} vs {norm}");
+        assert_eq!(item["tokens"], own.body["usage"]["prompt_tokens"]);
+    }
+    let reply = post(&router, "/pooling", json!({"data": {"text": "a"}})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "data must be");
+}
