@@ -21,6 +21,7 @@ use crate::engine::{Engine, EngineError, EngineOptions};
 use crate::input::Prompt;
 use crate::loader::model_spec::ModelSpec;
 use crate::loader::options::ModelOptions;
+use crate::plugin::{IoProcessor, PluginError, PluginOptions};
 use crate::pooling::Task;
 use crate::pooling::{PoolingOutput, TaskOutput};
 
@@ -33,12 +34,15 @@ use crate::pooling::{PoolingOutput, TaskOutput};
 pub struct LocalModelOptions {
     pub model: ModelOptions,
     pub engine: EngineOptions,
+    /// How the model's IO-processor plugin runs, when `model.io_processor_plugin` (or its
+    /// config.json) names one.
+    pub plugins: PluginOptions,
 }
 
 impl LocalModelOptions {
     /// `poolserve serve`'s defaults for `model` (a folder or hub id).
     pub fn for_model(model: impl Into<String>) -> Self {
-        LocalModelOptions { model: ModelOptions::for_model(model), engine: EngineOptions::default() }
+        LocalModelOptions { model: ModelOptions::for_model(model), engine: EngineOptions::default(), plugins: PluginOptions::default() }
     }
 }
 
@@ -57,6 +61,12 @@ pub enum LibraryError {
     #[error(transparent)]
     /// A LoRA adapter that could not be loaded (vLLM's messages).
     Adapter(crate::loader::LoadError),
+    /// The model's IO-processor plugin failed to start or refused a request.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// A plugin request to a model without a plugin (vLLM's message).
+    #[error("No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details.")]
+    NoPlugin,
 }
 
 /// One input's classification: the winning label and every class's probability (or logit).
@@ -71,6 +81,8 @@ pub struct Classification {
 pub struct LocalModel {
     engine: Engine,
     runtime: std::sync::Arc<tokio::runtime::Runtime>,
+    /// The model's IO-processor plugin, its processes driven by `runtime`.
+    plugin: Option<std::sync::Arc<IoProcessor>>,
 }
 
 impl LocalModel {
@@ -80,7 +92,11 @@ impl LocalModel {
         options.engine.check().map_err(|e| LibraryError::Load(e.to_string()))?;
         let engine = Engine::load(&options.model, &options.engine).map_err(|e| LibraryError::Load(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        Ok(LocalModel { engine, runtime: std::sync::Arc::new(runtime) })
+        let plugin = match &engine.spec().io_processor_plugin {
+            Some(name) => Some(runtime.block_on(IoProcessor::start(name, &options.plugins, engine.spec()))?),
+            None => None,
+        };
+        Ok(LocalModel { engine, runtime: std::sync::Arc::new(runtime), plugin })
     }
 
     /// The same model running the LoRA adapter `name` (loaded with the model, from
@@ -88,7 +104,7 @@ impl LocalModel {
     /// it. Sharing the base's engine, adapters and the base batch together.
     pub fn with_adapter(&self, name: &str) -> Result<LocalModel, LibraryError> {
         let engine = self.engine.with_adapter(name).ok_or_else(|| LibraryError::Load(format!("no LoRA adapter `{name}` is loaded")))?;
-        Ok(LocalModel { engine, runtime: std::sync::Arc::clone(&self.runtime) })
+        Ok(LocalModel { engine, runtime: std::sync::Arc::clone(&self.runtime), plugin: self.plugin.clone() })
     }
 
     /// Reads the PEFT adapter at `path` as `name` (the model must have been loaded with
@@ -117,6 +133,15 @@ impl LocalModel {
 
     pub fn encode(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, LibraryError> {
         self.runtime.block_on(self.encode_async(task, inputs, params))
+    }
+
+    /// vLLM's offline plugin request (`LLM.encode({"data": data}, pooling_task="plugin")`):
+    /// `data` through the model's IO-processor plugin, as `/pooling` runs it, with no request
+    /// id (a vLLM plugin's offline path). Blocking only: the plugin's processes belong to this
+    /// model's runtime.
+    pub fn plugin(&self, data: serde_json::Value) -> Result<serde_json::Value, LibraryError> {
+        let plugin = self.plugin.as_ref().ok_or(LibraryError::NoPlugin)?;
+        Ok(self.runtime.block_on(plugin.process(&self.engine, data, None))?)
     }
 
     /// One task's outputs in the shape it has ([`TaskOutput`]).

@@ -35,6 +35,6 @@ pub async fn run(state: &AppState, headers: &HeaderMap, mut request: PoolingRequ
     })?;
     let request_id = response_id("pooling", headers, request.request_id.as_deref());
     let data = request.data.take().unwrap_or_default();
-    let output = plugin.process(&engine, data, &request_id).await?;
+    let output = plugin.process(&engine, data, Some(&request_id)).await?;
     Ok(Json(PluginResponse { request_id, created_at: unix_now(), data: output }).into_response())
 }

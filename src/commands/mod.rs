@@ -364,8 +364,12 @@ impl Router {
         let mut names = Vec::with_capacity(config.models.len());
         for options in config.models {
             let name = options.served_name.clone();
-            let model = LocalModel::load(crate::library::LocalModelOptions { model: options, engine: config.engine.clone() })
-                .map_err(|e| CommandError::of_model(several, &name, e))?;
+            let model = LocalModel::load(crate::library::LocalModelOptions {
+                model: options,
+                engine: config.engine.clone(),
+                plugins: config.plugins.clone(),
+            })
+            .map_err(|e| CommandError::of_model(several, &name, e))?;
             let job = Job::for_model(&model, command, args).map_err(|e| CommandError::of_model(several, &name, e))?;
             // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
             for adapter in model.engine().lora().map(|l| l.list()).unwrap_or_default() {

@@ -319,7 +319,7 @@ def outputs_of(header, blobs):
             data = numpy.frombuffer(blobs[2 * i + 1], dtype="<f4").reshape(item["shape"])
         else:
             data = Matrix(values, item["shape"])
-        outputs.append(PoolingRequestOutput(f"{header['request_id']}-{i}", PoolingOutput(data), ids))
+        outputs.append(PoolingRequestOutput(f"{header['request_id'] or 'offline'}-{i}", PoolingOutput(data), ids))
     return outputs
 
 

@@ -148,7 +148,9 @@ impl IoProcessor {
     /// vLLM's plugin request: `parse_data` and `pre_process` in the plugin, its prompts through
     /// the model with the task `merge_pooling_params` picks, then `post_process` with every
     /// output in prompt order; returns the plugin's output.
-    pub async fn process(&self, engine: &Engine, data: Value, request_id: &str) -> Result<Value, PluginError> {
+    /// `request_id`: the response's id online; `None` offline (the library), as vLLM calls a
+    /// plugin's offline path.
+    pub async fn process(&self, engine: &Engine, data: Value, request_id: Option<&str>) -> Result<Value, PluginError> {
         let started = Instant::now();
         let model = engine.spec().served_name.clone();
         let result = self.process_in_a_process(engine, data, request_id).await;
@@ -163,7 +165,7 @@ impl IoProcessor {
         result
     }
 
-    async fn process_in_a_process(&self, engine: &Engine, data: Value, request_id: &str) -> Result<Value, PluginError> {
+    async fn process_in_a_process(&self, engine: &Engine, data: Value, request_id: Option<&str>) -> Result<Value, PluginError> {
         let _slot = self.slots.clone().acquire_owned().await.map_err(|_| PluginError::Start("the plugin is shutting down".into()))?;
         let idle = self.idle_processes().pop();
         let mut process = match idle {
@@ -180,7 +182,13 @@ impl IoProcessor {
         result
     }
 
-    async fn exchange(&self, process: &mut PluginProcess, engine: &Engine, data: Value, request_id: &str) -> Result<Value, PluginError> {
+    async fn exchange(
+        &self,
+        process: &mut PluginProcess,
+        engine: &Engine,
+        data: Value,
+        request_id: Option<&str>,
+    ) -> Result<Value, PluginError> {
         let timeout = self.options.timeout;
         let pre = process.call(Frame::json(json!({"op": "pre_process", "request_id": request_id, "data": data})), timeout).await?;
         let pre = answer(pre.header, process)?;

@@ -18,7 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("engine", &["kernels", "models", "pooling", "input", "loader", "metrics"]),
     ("plugin", &["pooling", "input", "loader", "engine", "metrics"]),
     ("api", &["models", "pooling", "input", "loader", "engine", "plugin", "metrics", "telemetry"]),
-    ("library", &["models", "pooling", "input", "loader", "engine"]),
+    ("library", &["models", "pooling", "input", "loader", "engine", "plugin"]),
     ("config", &["pooling", "input", "loader", "engine", "plugin", "telemetry"]),
     ("server", &["pooling", "input", "loader", "engine", "plugin", "metrics", "api", "config", "telemetry"]),
     ("commands", &["pooling", "input", "loader", "engine", "config", "library"]),

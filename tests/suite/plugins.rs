@@ -267,3 +267,29 @@ async fn the_documented_plugin_answers_as_documented() {
     let reply = post(&router, "/pooling", json!({"data": {"text": "a"}})).await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "data must be");
 }
+
+/// The library's form of a plugin request (vLLM's offline `encode({"data": …},
+/// pooling_task="plugin")`): the same plugin, no request id, the same lexical weights.
+#[test]
+fn the_library_runs_a_plugin() {
+    use poolserve::library::{LibraryError, LocalModel, LocalModelOptions};
+    let reference = expected("bge-m3-tiny");
+    let mut options = LocalModelOptions::for_model(fixture_model("bge-m3-tiny").to_str().unwrap());
+    options.plugins = self::options();
+    let plain = LocalModel::load(options.clone()).expect("model loads");
+    assert!(matches!(plain.plugin(json!({"input": "x"})), Err(LibraryError::NoPlugin)));
+    options.model.io_processor_plugin = Some("bge_m3_sparse_plugin".into());
+    let model = LocalModel::load(options).expect("model and plugin load");
+    let case = &reference["texts"][0];
+    let output = model.plugin(json!({"input": case["text"]})).expect("plugin answers");
+    let mut expected: Vec<(String, f64)> =
+        case["lexical_weights"].as_object().unwrap().iter().map(|(id, w)| (id.clone(), w.as_f64().unwrap())).collect();
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    let ours = weights(&output["data"][0]);
+    assert_eq!(ours.len(), expected.len());
+    for ((id, w), (_, e)) in ours.iter().zip(&expected) {
+        assert!((w - e).abs() <= 1e-4, "token {id}: {w} vs FlagEmbedding's {e}");
+    }
+    let refused = model.plugin(json!("not an object")).unwrap_err();
+    assert_eq!(refused.to_string(), "request_data should be a dictionary");
+}
