@@ -26,8 +26,14 @@ WORDS = ("search retrieval dense sparse lexical vector query document passage in
 CALLS = {"one 16-token text": 60, "32 x 128 tokens": 8}
 
 
-def text_of(n_words, seed):
-    return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] for i in range(n_words))
+def text_of(tokenizer, tokens, seed):
+    """Words until the text is `tokens` tokens long with the model's special tokens."""
+    words = []
+    while True:
+        words.append(WORDS[(seed * 7 + len(words) * 3) % len(WORDS)])
+        n = len(tokenizer.encode(" ".join(words)).ids)
+        if n >= tokens:
+            return " ".join(words if n == tokens else words[:-1])
 
 
 def free_port():
@@ -77,9 +83,11 @@ def main():
                 raise SystemExit("server did not start")
             time.sleep(0.2)
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
         shapes = {
-            "one 16-token text": [text_of(13, 1)],
-            "32 x 128 tokens": [text_of(110, s) for s in range(32)],
+            "one 16-token text": [text_of(tokenizer, 16, 1)],
+            "32 x 128 tokens": [text_of(tokenizer, 128, s) for s in range(32)],
         }
         for name, texts in shapes.items():
             plugin = {"data": {"input": texts}}

@@ -179,6 +179,11 @@ pub async fn create(
         if let Some(multi) = multi {
             check_multi(multi, &request, engine.spec())?;
         }
+        if request.task == Some("plugin".into()) && state.plugin(engine).is_some() {
+            // vLLM fails this with an internal assertion; say what the plugin needs instead.
+            let message = "the model's IO-processor plugin takes `data` (and no `input` or `messages`)";
+            return Err(ApiError::BadRequest { message: message.into(), param: Some("data") });
+        }
         let task = pooling_task(request.task.as_ref(), engine.spec())?;
         if task == Task::EmbedSparse && request.encoding.encoding_format.is_some_and(|f| f != super::encoding::EncodingFormat::Float) {
             return Err(ApiError::BadRequest {

@@ -269,9 +269,20 @@ def read_frame(stream):
 
 
 def write_frame(stream, header):
-    body = json.dumps(header, default=_jsonable).encode()
+    write_body(stream, json.dumps(header, default=_jsonable).encode())
+
+
+def write_body(stream, body):
     stream.write(struct.pack("<II", len(body), 0) + body)
     stream.flush()
+
+
+def data_reply(output):
+    """`{"ok": true, "data": output}`; a pydantic output writes its own JSON (pydantic's
+    serializer is several times faster than `json.dumps` of `model_dump()`)."""
+    if hasattr(output, "model_dump_json"):
+        return b'{"ok": true, "data": ' + output.model_dump_json().encode() + b"}"
+    return json.dumps({"ok": True, "data": output}, default=_jsonable).encode()
 
 
 def _jsonable(value):
@@ -339,7 +350,8 @@ def serve(processor, inbound, outbound):
                 reply = {"ok": True, "prompts": [prompt_of(p) for p in prompts], "task": getattr(params, "task", None)}
             elif header["op"] == "post_process":
                 output = processor.post_process(outputs_of(header, blobs), request_id=header["request_id"])
-                reply = {"ok": True, "data": output}
+                write_body(outbound, data_reply(output))
+                continue
             else:
                 reply = {"ok": False, "status": 500, "message": f"unknown operation {header['op']!r}"}
             write_frame(outbound, reply)

@@ -120,6 +120,8 @@ async fn plugin_requests_fail_as_vllm_fails_them() {
     assert_error(&reply, StatusCode::BAD_REQUEST, "request_data should be a dictionary");
     let reply = post(&router, "/pooling", json!({"data": {"inputs": "misspelt"}})).await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "validation error");
+    let reply = post(&router, "/pooling", json!({"input": "x", "task": "plugin"})).await;
+    assert_error(&reply, StatusCode::BAD_REQUEST, "takes `data`");
     // Plain requests still work beside it.
     let reply = post(&router, "/pooling", json!({"input": "x"})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
