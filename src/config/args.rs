@@ -154,6 +154,11 @@ pub struct ServeArgs {
     /// one the processor samples is decoded.
     #[arg(long, default_value_t = crate::engine::DEFAULT_MAX_VIDEO_FRAMES, env = "POOLSERVE_MAX_VIDEO_FRAMES")]
     pub max_video_frames: usize,
+    /// vLLM's scheduling policy: `fcfs` (arrival order; requests take turns within a batch, and
+    /// a request's `priority` must be 0) or `priority` (lower `priority` first, ties in arrival
+    /// order).
+    #[arg(long, value_enum, default_value = "fcfs", env = "POOLSERVE_SCHEDULING_POLICY")]
+    pub scheduling_policy: crate::engine::SchedulingPolicy,
     /// Hosts whose http(s) image URLs the server fetches (comma-separated, exact host names;
     /// vLLM's flag). Without it only data URLs are accepted.
     #[arg(long, value_delimiter = ',', env = "POOLSERVE_ALLOWED_MEDIA_DOMAINS")]

@@ -229,6 +229,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_image_pixels: positive("max-image-pixels", args.max_image_pixels as usize)? as u64,
             max_audio_seconds: positive("max-audio-seconds", args.max_audio_seconds as usize)? as u64,
             max_video_frames: positive("max-video-frames", args.max_video_frames)?,
+            scheduling_policy: args.scheduling_policy,
         };
         if args.enable_lora {
             positive("max-loras", args.max_loras)?;
@@ -425,6 +426,11 @@ mod tests {
         let flagged = ModelOptions { default_prompt: Some("flag: ".into()), ..defaults.clone() };
         let entry = models_file::parse(r#"{"models": [{"model": "/m/a", "default_prompt_name": "query"}]}"#, &flagged).unwrap();
         assert_eq!((entry[0].default_prompt_name.as_deref(), entry[0].default_prompt.as_deref()), (Some("query"), None));
+        // Each model its own IO-processor plugin, over the flag's.
+        let flagged = ModelOptions { io_processor_plugin: Some("flag_plugin".into()), ..defaults.clone() };
+        let text = r#"{"models": [{"model": "/m/a", "io_processor_plugin": "bge_m3_sparse_plugin"}, {"model": "/m/b"}]}"#;
+        let plugins: Vec<Option<String>> = models_file::parse(text, &flagged).unwrap().into_iter().map(|m| m.io_processor_plugin).collect();
+        assert_eq!(plugins, [Some("bge_m3_sparse_plugin".to_string()), Some("flag_plugin".to_string())]);
     }
 
     #[test]

@@ -28,7 +28,8 @@ use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
 pub use options::{
-    default_batch_tokens, EngineOptions, ServingLimits, DEFAULT_MAX_AUDIO_SECONDS, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_FRAMES,
+    default_batch_tokens, EngineOptions, SchedulingPolicy, ServingLimits, DEFAULT_MAX_AUDIO_SECONDS, DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_VIDEO_FRAMES,
 };
 use scheduler::{BatchLimits, Job, ModelThread};
 use std::sync::Arc;
@@ -50,6 +51,8 @@ struct Inner {
     tokenizer_workers: usize,
     /// The LoRA adapters it serves (`--enable-lora`).
     lora: Option<Arc<LoraRegistry>>,
+    /// `--scheduling-policy`: whether requests may carry a priority.
+    scheduling_policy: SchedulingPolicy,
     /// The model runs on a GPU (a response's `x-compute-type`).
     on_gpu: bool,
 }
@@ -175,6 +178,7 @@ impl Engine {
                 tokenizer_workers: options.tokenizer_workers,
                 lora: lora.map(Arc::new),
                 on_gpu,
+                scheduling_policy: options.scheduling_policy,
             }),
             adapter: None,
             by_task: false,
@@ -309,6 +313,7 @@ impl Engine {
 
     /// Text prompts (no images) through the input layer ([`Preprocessor::prepare_texts`]).
     pub async fn prepare(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
+        self.check_priority(params)?;
         Ok(self.inner.input.prepare_texts(prompts, &self.input_options(params)).await?)
     }
 
@@ -331,6 +336,7 @@ impl Engine {
 
     /// [`Self::run`] for texts and images.
     async fn run_inputs(&self, inputs: Vec<ModelInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
+        self.check_priority(params)?;
         let submitted = std::time::Instant::now();
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -382,6 +388,16 @@ impl Engine {
             crate::metrics::note_phase("inference", inference_started, inference_started.elapsed());
         }
         Ok(outputs)
+    }
+
+    /// vLLM's rule (its V0 engine's check and message; its `priority` field says so): a
+    /// priority other than 0 needs `--scheduling-policy priority`.
+    fn check_priority(&self, params: &ResolvedParams) -> Result<(), EngineError> {
+        if params.priority != 0 && self.inner.scheduling_policy != SchedulingPolicy::Priority {
+            let message = format!("Got priority {} but Priority scheduling is not enabled.", params.priority);
+            return Err(EngineError::Params(params::ParamsError::new(message, "priority")));
+        }
+        Ok(())
     }
 
     /// Refuses a token-level request whose outputs (one row per token) would exceed

@@ -22,6 +22,7 @@ pub struct EngineOptions {
     pub max_audio_seconds: u64,
     /// Most frames (1080p-sized) a video file may hold; more are refused before decoding.
     pub max_video_frames: usize,
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl Default for EngineOptions {
@@ -36,8 +37,21 @@ impl Default for EngineOptions {
             max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
             max_audio_seconds: DEFAULT_MAX_AUDIO_SECONDS,
             max_video_frames: DEFAULT_MAX_VIDEO_FRAMES,
+            scheduling_policy: SchedulingPolicy::Fcfs,
         }
     }
+}
+
+/// vLLM's `--scheduling-policy`: which waiting inputs a batch takes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingPolicy {
+    /// First come, first served (requests take turns within a batch); a request's `priority`
+    /// must be 0.
+    #[default]
+    Fcfs,
+    /// Lower `priority` first; equal priorities as fcfs.
+    Priority,
 }
 
 impl EngineOptions {

@@ -33,6 +33,10 @@ pub struct PoolingParams {
     pub use_activation: Option<bool>,
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
+    /// vLLM's `priority`: lower runs earlier under `--scheduling-policy priority`; anything
+    /// but 0 is refused under `fcfs`.
+    #[serde(default)]
+    pub priority: Option<i64>,
 }
 
 /// vLLM's `padding` values.
@@ -94,6 +98,8 @@ pub struct ResolvedParams {
     /// A generative score (`/generative_scoring`): the LM head's probability of these labels
     /// after the input's last token, instead of the task's output.
     pub labels: Option<std::sync::Arc<crate::pooling::next_token::LabelQuery>>,
+    /// The request's `priority` (0 unless it names one).
+    pub priority: i64,
 }
 
 impl ResolvedParams {
@@ -114,6 +120,7 @@ impl ResolvedParams {
             multi: None,
             hybrid: None,
             labels: None,
+            priority: 0,
         }
     }
 
@@ -230,6 +237,7 @@ impl PoolingParams {
             multi: None,
             hybrid: None,
             labels: None,
+            priority: self.priority.unwrap_or(0),
         })
     }
 }

@@ -152,7 +152,9 @@ impl Drop for BusyModel {
 /// 1,024-input requests thus runs in the next batch instead of after all 2,048 inputs, while
 /// big requests still fill batches when they are alone. The oldest job always runs, even alone
 /// over the budget, and at most `max_loras` distinct adapters share a batch (the others' jobs
-/// wait for the next). Jobs whose client disconnected are dropped here.
+/// wait for the next). Jobs whose client disconnected are dropped here. Under
+/// `--scheduling-policy priority` the requests of the lowest `priority` take turns first and
+/// the others get what budget is left, in the same way, priority by priority.
 fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
     pending.retain(|job| !job.reply.is_closed());
     // Each request's candidate jobs (indices into `pending`, oldest first), requests by first
@@ -166,12 +168,19 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
         });
         requests[slot].push_back(i);
     }
+    // Lower priorities first, each priority's requests in arrival order (a stable sort; under
+    // fcfs every priority is 0). A priority's requests take turns; the next priority's get
+    // what budget is left.
+    requests.sort_by_key(|jobs| jobs.front().map_or(0, |&i| pending[i].params.priority));
     let mut chosen = Vec::new();
     let mut tokens = 0;
     let mut adapters: Vec<&Arc<LoraWeights>> = Vec::new();
+    let mut groups =
+        requests.chunk_by_mut(|a, b| a.front().map(|&i| pending[i].params.priority) == b.front().map(|&i| pending[i].params.priority));
+    let mut group = groups.next().unwrap_or_default();
     'rounds: loop {
         let mut added = false;
-        for jobs in requests.iter_mut() {
+        for jobs in group.iter_mut() {
             if chosen.len() >= limits.max_seqs {
                 break 'rounds;
             }
@@ -193,7 +202,10 @@ fn take_batch(pending: &mut VecDeque<Job>, limits: BatchLimits) -> Vec<Job> {
             }
         }
         if !added {
-            break;
+            match groups.next() {
+                Some(next) => group = next,
+                None => break,
+            }
         }
     }
     let mut slots: Vec<Option<Job>> = pending.drain(..).map(Some).collect();
@@ -500,6 +512,27 @@ mod tests {
         let second = take_batch(&mut pending, limits);
         assert_eq!(second.iter().map(|j| j.request).collect::<Vec<_>>(), vec![1, 2, 1, 2]);
         assert_eq!(pending.len(), 5);
+    }
+
+    #[test]
+    fn lower_priorities_go_first_and_equal_ones_take_turns() {
+        let limits = BatchLimits { max_tokens: 100, max_seqs: 5, max_loras: 1 };
+        let mut pending = VecDeque::new();
+        let mut receivers = Vec::new();
+        // (request, priority, inputs): a bulk request, then two urgent ones, then another bulk.
+        for (request, priority, count) in [(1, 5, 4), (2, -1, 2), (3, -1, 2), (4, 5, 4)] {
+            for _ in 0..count {
+                let (mut j, rx) = job(5);
+                j.request = request;
+                j.params.priority = priority;
+                pending.push_back(j);
+                receivers.push(rx);
+            }
+        }
+        let first = take_batch(&mut pending, limits);
+        assert_eq!(first.iter().map(|j| j.request).collect::<Vec<_>>(), vec![2, 3, 2, 3, 1]);
+        let second = take_batch(&mut pending, limits);
+        assert_eq!(second.iter().map(|j| j.request).collect::<Vec<_>>(), vec![1, 4, 1, 4, 1]);
     }
 
     #[test]

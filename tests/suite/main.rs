@@ -36,6 +36,7 @@ mod plugins;
 mod qwen3_vl;
 mod real_token_models;
 mod reward_models;
+mod scheduling;
 mod sentence_folders;
 mod tei_compat;
 mod token_parity;
