@@ -4,6 +4,7 @@
 //! get one output per prompt back, in order; the input layer ([`crate::input`]) turns the
 //! prompts into model inputs first. It never shows tensors to its callers.
 
+mod batch_budget;
 pub mod generative;
 pub mod literal;
 pub mod options;
@@ -27,6 +28,7 @@ use crate::loader::LoadedModel;
 use crate::models::batch::TokenizedInput;
 use crate::pooling::head_runner::HeadRunner;
 use crate::pooling::{PoolingOutput, Task, TaskOutput};
+use batch_budget::BatchBudget;
 pub use options::{
     default_batch_tokens, EngineOptions, SchedulingPolicy, ServingLimits, DEFAULT_MAX_AUDIO_SECONDS, DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_VIDEO_FRAMES,
@@ -147,6 +149,8 @@ impl Engine {
             soft_vision: sides.soft_vision,
             page_vision: sides.page_vision,
             soft_audio: sides.soft_audio,
+            // Time-sized batches where the token budget is ours to choose, on the CPU.
+            budget: BatchBudget::new((device.is_cpu() && options.max_batch_tokens.is_none()).then_some(batch_budget::LATENCY_BATCH)),
         };
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.

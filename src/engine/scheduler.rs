@@ -10,6 +10,7 @@
 //! sorted by length) and answers each job. Jobs whose client has gone (reply receiver dropped)
 //! are skipped before they reach the model.
 
+use super::batch_budget::BatchBudget;
 use super::EngineError;
 use crate::engine::params::ResolvedParams;
 use crate::input::ModelInput;
@@ -120,6 +121,8 @@ pub struct ModelThread {
     pub page_vision: Option<Box<dyn CropTokenTower>>,
     /// The audio tower of a model that reads audio as soft tokens in its text.
     pub soft_audio: Option<Box<dyn AudioTokenTower>>,
+    /// How the next batch's token budget is set (time-sized on the CPU when others wait).
+    pub budget: BatchBudget,
 }
 
 /// Batches of at most this many tokens run on the model's own thread while another model is
@@ -221,7 +224,7 @@ pub(crate) const STOP_REQUEST: u64 = u64::MAX;
 
 impl ModelThread {
     /// Runs until every sender of `jobs` is gone (or a [`STOP_REQUEST`] job arrives).
-    pub fn run(self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    pub fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
         let mut pending: VecDeque<Job> = VecDeque::new();
         loop {
             if pending.is_empty() {
@@ -242,7 +245,9 @@ impl ModelThread {
             if pending.len() < before {
                 metrics::inputs_cancelled(&self.model, before - pending.len());
             }
-            let batch = take_batch(&mut pending, self.limits);
+            let contended = pending.iter().any(|job| job.request != pending[0].request);
+            let limits = BatchLimits { max_tokens: self.budget.max_tokens(self.limits.max_tokens, contended), ..self.limits };
+            let batch = take_batch(&mut pending, limits);
             metrics::queue_depth(&self.model, pending.len());
             if batch.is_empty() {
                 continue;
@@ -263,6 +268,7 @@ impl ModelThread {
             match outcome {
                 Ok(outputs) => {
                     let inference = started.elapsed();
+                    self.budget.observe(batch_tokens, inference);
                     let tokens = batch_tokens;
                     metrics::batch_ran(&self.model, batch.len(), tokens, inference, batch.iter().map(|j| started - j.enqueued));
                     for (job, out) in batch.into_iter().zip(outputs) {
