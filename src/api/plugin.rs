@@ -4,7 +4,6 @@
 //! a plugin refused; the task is `plugin` whatever the body says.
 
 use super::error::ApiError;
-use super::pooling::PoolingRequest;
 use super::{response_id, unix_now, AppState};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -21,20 +20,25 @@ pub struct PluginResponse {
     pub data: serde_json::Value,
 }
 
-/// A body is a plugin request when it sends `data` and neither `input` nor `messages`.
-pub fn is_plugin_request(request: &PoolingRequest) -> bool {
-    request.data.is_some() && request.input.is_null() && request.messages.is_none()
+/// vLLM's message for a plugin request to a model without an IO-processor plugin.
+pub const NO_PLUGIN: &str = "No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details.";
+
+/// What a plugin request brings besides `data`.
+pub struct PluginCall<'a> {
+    pub model: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+    /// vLLM refuses `dimensions` on a plugin request.
+    pub dimensions: bool,
 }
 
-pub async fn run(state: &AppState, headers: &HeaderMap, mut request: PoolingRequest) -> Result<Response, ApiError> {
-    let (engine, _permit, plugin) = state.begin(request.model.as_deref(), |engine| {
-        if request.params.dimensions.is_some() {
+pub async fn run(state: &AppState, headers: &HeaderMap, call: PluginCall<'_>, data: serde_json::Value) -> Result<Response, ApiError> {
+    let (engine, _permit, plugin) = state.begin(call.model, |engine| {
+        if call.dimensions {
             return Err(ApiError::BadRequest { message: "dimensions is currently not supported".into(), param: Some("dimensions") });
         }
-        state.plugin(engine).ok_or_else(|| ApiError::BadRequest { message: super::pooling::NO_PLUGIN.into(), param: Some("task") })
+        state.plugin(engine).ok_or_else(|| ApiError::BadRequest { message: NO_PLUGIN.into(), param: Some("task") })
     })?;
-    let request_id = response_id("pooling", headers, request.request_id.as_deref());
-    let data = request.data.take().unwrap_or_default();
+    let request_id = response_id("pooling", headers, call.request_id);
     let output = plugin.process(&engine, data, Some(&request_id)).await?;
     Ok(Json(PluginResponse { request_id, created_at: unix_now(), data: output }).into_response())
 }

@@ -11,7 +11,7 @@ use super::embeddings::bytes_response;
 use super::encoding::{EncodedValue, EncodingParams};
 use super::error::{ApiError, ErrorResponses};
 use super::json::{ApiJson, OffRuntimeJson};
-use super::{AppState, ListResponse};
+use super::{plugin, AppState, ListResponse};
 use crate::engine::literal;
 use crate::engine::params::PoolingParams;
 use crate::loader::model_spec::ModelSpec;
@@ -128,9 +128,6 @@ pub struct PoolingData {
     pub data: PoolingValue,
 }
 
-/// vLLM's message for a plugin request to a model without an IO-processor plugin.
-pub const NO_PLUGIN: &str = "No IOProcessor plugin installed. Please refer to the documentation and to the 'prithvi_geospatial_mae_io_processor' offline inference example for more details.";
-
 /// The task a request names, checked as vLLM's `_verify_pooling_task` checks it.
 fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Result<Task, ApiError> {
     let name = match requested {
@@ -144,7 +141,7 @@ fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Resu
     match name {
         "score" => return Err(bad("`score` task was removed; use `classify` instead.".into())),
         "encode" => return Err(bad("`encode` task was removed; use `token_embed` or `token_classify` instead.".into())),
-        "plugin" => return Err(bad(NO_PLUGIN.into())),
+        "plugin" => return Err(bad(plugin::NO_PLUGIN.into())),
         _ if !POOLER_TASKS.contains(&name) => return Err(bad(literal::message("task", &name.into(), &POOLER_TASKS[..6]))),
         _ => {}
     }
@@ -168,10 +165,17 @@ fn pooling_task(requested: Option<&serde_json::Value>, spec: &ModelSpec) -> Resu
 pub async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
-    ApiJson(request): ApiJson<PoolingRequest>,
+    ApiJson(mut request): ApiJson<PoolingRequest>,
 ) -> Result<axum::response::Response, ApiError> {
-    if super::plugin::is_plugin_request(&request) {
-        return super::plugin::run(&state, &headers, request).await;
+    // vLLM's IOProcessorRequest: `data`, and neither `input` nor `messages`.
+    if request.data.is_some() && request.input.is_null() && request.messages.is_none() {
+        let call = plugin::PluginCall {
+            model: request.model.as_deref(),
+            request_id: request.request_id.as_deref(),
+            dimensions: request.params.dimensions.is_some(),
+        };
+        let data = request.data.take().unwrap_or_default();
+        return plugin::run(&state, &headers, call, data).await;
     }
     AppState::require_input(&request.input, request.messages.as_ref())?;
     let multi = request.multi();

@@ -317,7 +317,7 @@ impl Engine {
 
     /// Text prompts (no images) through the input layer ([`Preprocessor::prepare_texts`]).
     pub async fn prepare(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<Vec<TokenizedInput>, EngineError> {
-        self.check_priority(params)?;
+        params.check_priority(self.inner.scheduling_policy)?;
         Ok(self.inner.input.prepare_texts(prompts, &self.input_options(params)).await?)
     }
 
@@ -340,7 +340,7 @@ impl Engine {
 
     /// [`Self::run`] for texts and images.
     async fn run_inputs(&self, inputs: Vec<ModelInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
-        self.check_priority(params)?;
+        params.check_priority(self.inner.scheduling_policy)?;
         let submitted = std::time::Instant::now();
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -392,16 +392,6 @@ impl Engine {
             crate::metrics::note_phase("inference", inference_started, inference_started.elapsed());
         }
         Ok(outputs)
-    }
-
-    /// vLLM's rule (its V0 engine's check and message; its `priority` field says so): a
-    /// priority other than 0 needs `--scheduling-policy priority`.
-    fn check_priority(&self, params: &ResolvedParams) -> Result<(), EngineError> {
-        if params.priority != 0 && self.inner.scheduling_policy != SchedulingPolicy::Priority {
-            let message = format!("Got priority {} but Priority scheduling is not enabled.", params.priority);
-            return Err(EngineError::Params(params::ParamsError::new(message, "priority")));
-        }
-        Ok(())
     }
 
     /// Refuses a token-level request whose outputs (one row per token) would exceed

@@ -103,6 +103,15 @@ pub struct ResolvedParams {
 }
 
 impl ResolvedParams {
+    /// vLLM's rule (its V0 engine's check and message; its `priority` field says so): a
+    /// priority other than 0 needs `--scheduling-policy priority`.
+    pub fn check_priority(&self, policy: super::SchedulingPolicy) -> Result<(), ParamsError> {
+        if self.priority != 0 && policy != super::SchedulingPolicy::Priority {
+            return Err(ParamsError::new(format!("Got priority {} but Priority scheduling is not enabled.", self.priority), "priority"));
+        }
+        Ok(())
+    }
+
     /// `task` with nothing asked of it: no truncation, slice or prompt, activation on, special
     /// tokens added (what callers that build their inputs themselves start from).
     pub fn plain(task: Task) -> Self {
