@@ -157,6 +157,18 @@ fn assign_lora_modules(models: &mut [ModelOptions], items: &[String]) -> Result<
     Ok(())
 }
 
+/// The plugin flags: `--plugin-path` folders before the defaults' (`POOLSERVE_PLUGIN_PATH`,
+/// `./plugins`).
+fn plugin_options(args: &ServeArgs) -> Result<crate::plugin::PluginOptions, ConfigError> {
+    let mut plugins = crate::plugin::PluginOptions::default();
+    plugins.paths.splice(0..0, args.plugin_paths.iter().cloned());
+    plugins.python = args.plugin_python.clone();
+    plugins.timeout = std::time::Duration::from_secs(positive("plugin-timeout", args.plugin_timeout as usize)? as u64);
+    plugins.memory_limit_bytes = (positive("plugin-memory-limit", args.plugin_memory_limit as usize)? as u64) << 20;
+    plugins.processes = positive("plugin-processes", args.plugin_processes)?;
+    Ok(plugins)
+}
+
 /// `--chat-template-content-format`: `auto` (`None`) or a fixed format.
 fn content_format(value: &str) -> Result<Option<crate::input::chat_template::ContentFormat>, ConfigError> {
     match value {
@@ -170,6 +182,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
 
     fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
         let tls = tls_options(&args)?;
+        let plugins = plugin_options(&args)?;
         let pooler: PoolerConfig = match &args.pooler_config {
             Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
             None => PoolerConfig::default(),
@@ -240,12 +253,6 @@ impl TryFrom<ServeArgs> for ServerConfig {
             Some(endpoint) => Some(crate::telemetry::TelemetryOptions { endpoint, service_name: args.otlp_service_name }),
             None => None,
         };
-        let mut plugins = crate::plugin::PluginOptions::default();
-        plugins.paths.splice(0..0, args.plugin_paths);
-        plugins.python = args.plugin_python;
-        plugins.timeout = std::time::Duration::from_secs(positive("plugin-timeout", args.plugin_timeout as usize)? as u64);
-        plugins.memory_limit_bytes = (positive("plugin-memory-limit", args.plugin_memory_limit as usize)? as u64) << 20;
-        plugins.processes = positive("plugin-processes", args.plugin_processes)?;
         Ok(ServerConfig {
             tls,
             telemetry,

@@ -202,11 +202,11 @@ fn the_binary_serves_a_plugin_by_name_and_refuses_an_unknown_one() {
 /// vLLM's ColBERT query plugin, ported, on jina-colbert-v2: its query prompt (`[CLS]
 /// [QueryMarker] text [SEP]` padded with `[MASK]` to 32) and document prompt give the vectors
 /// our own `/pooling` token_embed gives for the same token ids.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn colbert_query_plugin_gives_the_routes_vectors() {
-    // The published tokenizer has the two marker tokens; the tiny fixture's vocabulary has no
-    // room for them, so this copy renames two of its pieces (本, 語) as the markers.
-    let dir = std::env::temp_dir().join(format!("poolserve-colbert-markers-{}", std::process::id()));
+/// jina-colbert-v2-tiny with the published tokenizer's two marker tokens: the tiny fixture's
+/// vocabulary has no room for them, so this copy renames two of its pieces (本, 語) as the
+/// markers (ids 1063 and 1064).
+fn colbert_with_markers(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("poolserve-colbert-markers-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     families::copy_dir(&fixture_model("jina-colbert-v2-tiny"), &dir);
     let path = dir.join("tokenizer.json");
@@ -217,6 +217,12 @@ async fn colbert_query_plugin_gives_the_routes_vectors() {
         tokenizer["added_tokens"].as_array_mut().unwrap().push(token);
     }
     std::fs::write(&path, tokenizer.to_string()).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colbert_query_plugin_gives_the_routes_vectors() {
+    let dir = colbert_with_markers("http");
     let engine = engine(&dir, |_| {});
     let processor = IoProcessor::start("colbert_query_plugin", &options(), engine.spec()).await.expect("plugin starts");
     let name = engine.spec().served_name.clone();
@@ -294,4 +300,29 @@ fn the_library_runs_a_plugin() {
     }
     let refused = model.plugin(json!("not an object")).unwrap_err();
     assert_eq!(refused.to_string(), "request_data should be a dictionary");
+}
+
+/// The ColBERT plugin through the library: a query of token ids (`[CLS] [QueryMarker] ids
+/// [SEP]`, `[MASK]` to 32) gives the library's own token_embed vectors for those ids.
+#[test]
+fn the_library_runs_the_colbert_plugin() {
+    use poolserve::input::Prompt;
+    use poolserve::library::{LocalModel, LocalModelOptions, PoolingParams};
+    use poolserve::pooling::{PoolingOutput, Task};
+    let dir = colbert_with_markers("library");
+    let mut options = LocalModelOptions::for_model(dir.to_str().unwrap());
+    options.plugins = self::options();
+    options.model.io_processor_plugin = Some("colbert_query_plugin".into());
+    let model = LocalModel::load(options).expect("model and plugin load");
+    let output = model.plugin(json!({"input": [40, 41, 42], "input_type": "query"})).expect("plugin answers");
+    let mut ids = vec![0u32, 1063, 40, 41, 42, 2];
+    ids.resize(32, 1065);
+    let own = model.encode(Task::TokenEmbed, vec![Prompt::Tokens(ids)], &PoolingParams::default()).expect("token_embed");
+    let PoolingOutput::Tokens(rows) = &own[0] else { panic!("token_embed gives rows") };
+    let vectors = output["data"][0]["embedding"].as_array().unwrap();
+    assert_eq!(vectors.len(), 32);
+    for (t, (ours, row)) in vectors.iter().zip(rows).enumerate() {
+        assert!(max_abs_diff(&floats(ours), row) <= 1e-6, "token {t}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
