@@ -41,8 +41,23 @@ pub enum InputType {
 #[serde(untagged)]
 pub enum Input {
     Single(InputType),
+    #[schema(value_type = NonEmptyBatch)]
     Batch(Vec<InputType>),
 }
+
+/// The schema of `Input::Batch`: at least one input. `[]` is read as one empty id list, so the
+/// schema says so too; otherwise `[]` would match both branches of `Input`'s `oneOf` and a schema
+/// checker would call every route's answer to it (TEI's 424 on a model of another kind included)
+/// the acceptance of an invalid body.
+struct NonEmptyBatch;
+
+impl utoipa::PartialSchema for NonEmptyBatch {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ArrayBuilder::new().items(<InputType as utoipa::PartialSchema>::schema()).min_items(Some(1)).into()
+    }
+}
+
+impl utoipa::ToSchema for NonEmptyBatch {}
 
 impl Input {
     /// The inputs as prompts; an empty text or id list is refused as TEI refuses it (before
