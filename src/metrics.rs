@@ -19,7 +19,9 @@
 //! (histograms, per input), `input_tokens_total`, `batch_size` and `batch_tokens` (histograms,
 //! per forward batch), `queue_depth` (gauge), `cancelled_inputs_total` (inputs dropped because
 //! their client went away), `model_load_seconds`; `requests_in_flight` (gauge, server-wide).
-//! `model` is the served name; requests that resolved no model (404s, /health) have `model=""`.
+//! With `--cache-size`, per `{model}`: `cache_hits_total`, `cache_misses_total`,
+//! `cache_entries`, `cache_bytes`. `model` is the served name; requests that resolved no model
+//! (404s, /health) have `model=""`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -107,7 +109,17 @@ struct Registry {
     plugin_calls: BTreeMap<(String, String, &'static str), u64>,
     plugin_duration: BTreeMap<(String, String), Histogram>,
     plugin_processes: BTreeMap<(String, String), u64>,
+    /// model → its output cache's numbers (`--cache-size`).
+    caches: BTreeMap<String, CacheSeries>,
     in_flight: i64,
+}
+
+#[derive(Default)]
+struct CacheSeries {
+    hits: u64,
+    misses: u64,
+    entries: usize,
+    bytes: usize,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registry::default()));
@@ -194,6 +206,22 @@ pub fn plugin_process_started(model: &str, plugin: &str) {
     with(|r| *r.plugin_processes.entry((model.to_string(), plugin.to_string())).or_default() += 1);
 }
 
+/// An output cache lookup of `model`'s found its output (`hit`) or not.
+pub fn cache_lookup(model: &str, hit: bool) {
+    with(|r| {
+        let series = r.caches.entry(model.to_string()).or_default();
+        *(if hit { &mut series.hits } else { &mut series.misses }) += 1;
+    });
+}
+
+/// `model`'s output cache holds `entries` outputs, counted as `bytes`.
+pub fn cache_size(model: &str, entries: usize, bytes: usize) {
+    with(|r| {
+        let series = r.caches.entry(model.to_string()).or_default();
+        (series.entries, series.bytes) = (entries, bytes);
+    });
+}
+
 /// A label value as the text format writes it: backslash, double quote and newline escaped.
 fn label_value(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -253,6 +281,7 @@ pub fn render() -> String {
             }
         }
         render_plugins(r, &mut out);
+        render_caches(r, &mut out);
         let _ = writeln!(
             out,
             "# HELP poolserve_requests_in_flight Requests being answered.\n# TYPE poolserve_requests_in_flight gauge\npoolserve_requests_in_flight {}",
@@ -260,6 +289,22 @@ pub fn render() -> String {
         );
     });
     out
+}
+
+fn render_caches(r: &Registry, out: &mut String) {
+    type Value = fn(&CacheSeries) -> f64;
+    let values: [(&str, &str, &str, Value); 4] = [
+        ("cache_hits_total", "counter", "Inputs whose output the output cache held (the model did not run them).", |c| c.hits as f64),
+        ("cache_misses_total", "counter", "Inputs the output cache was asked for and did not hold.", |c| c.misses as f64),
+        ("cache_entries", "gauge", "Outputs in the output cache.", |c| c.entries as f64),
+        ("cache_bytes", "gauge", "Bytes the output cache counts for its outputs (at most --cache-size).", |c| c.bytes as f64),
+    ];
+    for (name, kind, help, value) in values.iter().filter(|_| !r.caches.is_empty()) {
+        let _ = writeln!(out, "# HELP poolserve_{name} {help}\n# TYPE poolserve_{name} {kind}");
+        for (model, series) in &r.caches {
+            let _ = writeln!(out, "poolserve_{name}{{model=\"{}\"}} {}", label_value(model), value(series));
+        }
+    }
 }
 
 fn render_plugins(r: &Registry, out: &mut String) {

@@ -159,6 +159,13 @@ pub struct ServeArgs {
     /// order).
     #[arg(long, value_enum, default_value = "fcfs", env = "POOLSERVE_SCHEDULING_POLICY")]
     pub scheduling_policy: crate::engine::SchedulingPolicy,
+    /// MiB of each model's outputs kept by their token ids and parameters, so that an input
+    /// run again skips the model (0, the default: off). See docs/operations.md.
+    #[arg(long, default_value_t = 0, env = "POOLSERVE_CACHE_SIZE")]
+    pub cache_size: u64,
+    /// Keep the cached outputs in this folder too (a file per model), read back at start.
+    #[arg(long, env = "POOLSERVE_CACHE_DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
     /// Hosts whose http(s) image URLs the server fetches (comma-separated, exact host names;
     /// vLLM's flag). Without it only data URLs are accepted.
     #[arg(long, value_delimiter = ',', env = "POOLSERVE_ALLOWED_MEDIA_DOMAINS")]

@@ -93,6 +93,17 @@ fn positive(name: &str, value: usize) -> Result<usize, ConfigError> {
     Ok(value)
 }
 
+/// `--cache-size` (MiB) and `--cache-dir`; a folder without a size is refused rather than
+/// silently unused.
+fn cache_options(mib: u64, dir: Option<std::path::PathBuf>) -> Result<crate::engine::cache::CacheOptions, ConfigError> {
+    if mib == 0 && dir.is_some() {
+        return Err(ConfigError("--cache-dir needs --cache-size (MiB of outputs to keep)".into()));
+    }
+    let bytes = usize::try_from(mib).ok().and_then(|m| m.checked_mul(1 << 20));
+    let bytes = bytes.ok_or_else(|| ConfigError(format!("--cache-size {mib} MiB does not fit in this machine's memory")))?;
+    Ok(crate::engine::cache::CacheOptions { bytes, dir })
+}
+
 /// The command line's models: `MODEL` or `NAME=MODEL` each, with the flags' options.
 fn named_models(models: &[String], served_model_name: Option<&str>, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
     if models.len() > 1 && served_model_name.is_some() {
@@ -183,10 +194,11 @@ impl TryFrom<ServeArgs> for ServerConfig {
     fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
         let tls = tls_options(&args)?;
         let plugins = plugin_options(&args)?;
-        let pooler: PoolerConfig = match &args.pooler_config {
-            Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
-            None => PoolerConfig::default(),
-        };
+        let pooler: PoolerConfig = args
+            .pooler_config
+            .as_deref()
+            .map_or(Ok(PoolerConfig::default()), serde_json::from_str)
+            .map_err(|e| ConfigError(format!("--pooler-config: {e}")))?;
         let hf_overrides = match &args.hf_overrides {
             Some(json) => match serde_json::from_str(json) {
                 Ok(serde_json::Value::Object(map)) => map,
@@ -243,6 +255,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             max_audio_seconds: positive("max-audio-seconds", args.max_audio_seconds as usize)? as u64,
             max_video_frames: positive("max-video-frames", args.max_video_frames)?,
             scheduling_policy: args.scheduling_policy,
+            cache: cache_options(args.cache_size, args.cache_dir)?,
         };
         if args.enable_lora {
             positive("max-loras", args.max_loras)?;

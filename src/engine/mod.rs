@@ -5,6 +5,7 @@
 //! prompts into model inputs first. It never shows tensors to its callers.
 
 mod batch_budget;
+pub mod cache;
 pub mod generative;
 pub mod literal;
 pub mod options;
@@ -57,6 +58,8 @@ struct Inner {
     scheduling_policy: SchedulingPolicy,
     /// The model runs on a GPU (a response's `x-compute-type`).
     on_gpu: bool,
+    /// `--cache-size`: outputs kept by what decides them.
+    cache: Option<cache::OutputCache>,
 }
 
 /// A model's engine, as a request reaches it: the base model, or one of its LoRA adapters
@@ -110,6 +113,7 @@ impl Engine {
             retrieval,
             chat_template,
             lora,
+            identity,
         } = model;
         let on_gpu = !device.is_cpu();
         let max_batch_tokens = options.max_batch_tokens.unwrap_or_else(|| default_batch_tokens(&device));
@@ -169,6 +173,8 @@ impl Engine {
             served_name: spec.served_name.clone(),
         })
         .map_err(threads)?;
+        let cache = cache::OutputCache::open(&options.cache, &spec.served_name, &identity)
+            .map_err(|e| EngineError::Options(format!("--cache-dir: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 spec,
@@ -183,6 +189,7 @@ impl Engine {
                 lora: lora.map(Arc::new),
                 on_gpu,
                 scheduling_policy: options.scheduling_policy,
+                cache,
             }),
             adapter: None,
             by_task: false,
@@ -342,12 +349,16 @@ impl Engine {
     async fn run_inputs(&self, inputs: Vec<ModelInput>, params: &ResolvedParams) -> Result<Vec<PoolingOutput>, EngineError> {
         params.check_priority(self.inner.scheduling_policy)?;
         let submitted = std::time::Instant::now();
+        let mut cached = cache::Lookup::new(self.inner.cache.as_ref(), &inputs, params, self.adapter.as_ref().map(|a| a.serial));
         let mut receivers = Vec::with_capacity(inputs.len());
         let request = self.inner.next_request.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let adapter = self.adapter.as_ref().map(|a| Arc::clone(&a.weights));
         let classifier = self.adapter.as_ref().and_then(|a| a.classifier.clone());
         let mut tokens = 0;
-        for input in inputs {
+        for (index, input) in inputs.into_iter().enumerate() {
+            if cached.found(index) {
+                continue;
+            }
             let (reply, rx) = tokio::sync::oneshot::channel();
             let cost = self.inner.input.cost(&input);
             tokens += cost;
@@ -364,21 +375,19 @@ impl Engine {
                     classifier: classifier.clone(),
                 })
                 .map_err(|_| EngineError::Stopped)?;
-            receivers.push(rx);
+            receivers.push((index, rx));
         }
         crate::metrics::note(|t| {
             t.tokens.set(t.tokens.get() + tokens);
             t.on_gpu.set(self.inner.on_gpu);
         });
-        let mut outputs = Vec::with_capacity(receivers.len());
-        let mut slowest = scheduler::JobTiming::default();
-        let mut first_batch_after = std::time::Duration::MAX;
-        for rx in receivers {
+        let (mut slowest, mut first_batch_after) = (scheduler::JobTiming::default(), std::time::Duration::MAX);
+        for (index, rx) in receivers {
             let (output, timing) = rx.await.map_err(|_| EngineError::Stopped)??;
             slowest.queue = slowest.queue.max(timing.queue);
             slowest.inference = slowest.inference.max(timing.inference);
             first_batch_after = first_batch_after.min(timing.queue);
-            outputs.push(output);
+            cached.ran(index, output);
         }
         // A request's inputs may run in several batches: report its longest wait and batch.
         crate::metrics::note(|t| {
@@ -391,7 +400,7 @@ impl Engine {
             crate::metrics::note_phase("queue", submitted, slowest.queue);
             crate::metrics::note_phase("inference", inference_started, inference_started.elapsed());
         }
-        Ok(outputs)
+        Ok(cached.outputs())
     }
 
     /// Refuses a token-level request whose outputs (one row per token) would exceed
@@ -568,8 +577,6 @@ impl Engine {
     }
 }
 
-/// Each output in the form its caller asked for; a task whose output has another shape is a
-/// bug (500), named here.
 /// What a request cost the model: all its inputs' tokens, and the part of them its image
 /// inputs took (an image's tower sequence; for a soft-token model, its text sequence and
 /// patches, interleaved texts included).
@@ -579,6 +586,8 @@ pub struct Usage {
     pub image_tokens: usize,
 }
 
+/// Each output in the form its caller asked for; a task whose output has another shape is a
+/// bug (500), named here.
 fn typed<T: TaskOutput>(outputs: Vec<PoolingOutput>, task: Task) -> Result<Vec<T>, EngineError> {
     outputs
         .into_iter()

@@ -23,6 +23,8 @@ pub struct EngineOptions {
     /// Most frames (1080p-sized) a video file may hold; more are refused before decoding.
     pub max_video_frames: usize,
     pub scheduling_policy: SchedulingPolicy,
+    /// `--cache-size` and `--cache-dir`: the output cache (off at 0 bytes).
+    pub cache: super::cache::CacheOptions,
 }
 
 impl Default for EngineOptions {
@@ -38,6 +40,7 @@ impl Default for EngineOptions {
             max_audio_seconds: DEFAULT_MAX_AUDIO_SECONDS,
             max_video_frames: DEFAULT_MAX_VIDEO_FRAMES,
             scheduling_policy: SchedulingPolicy::Fcfs,
+            cache: super::cache::CacheOptions::default(),
         }
     }
 }

@@ -37,6 +37,10 @@ pub struct PoolingParams {
     /// but 0 is refused under `fcfs`.
     #[serde(default)]
     pub priority: Option<i64>,
+    /// vLLM's `cache_salt`: with `--cache-size`, the request only meets cached outputs made
+    /// with the same salt (1 to 128 characters, none of `@`, `/`, `\` or NUL).
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 /// vLLM's `padding` values.
@@ -100,6 +104,11 @@ pub struct ResolvedParams {
     pub labels: Option<std::sync::Arc<crate::pooling::next_token::LabelQuery>>,
     /// The request's `priority` (0 unless it names one).
     pub priority: i64,
+    /// The request's `cache_salt` (the output cache keeps salted outputs apart).
+    pub cache_salt: Option<std::sync::Arc<str>>,
+    /// Whether the output cache may answer and keep these outputs (not for the warm-up,
+    /// which must run the model and is nobody's output).
+    pub use_cache: bool,
 }
 
 impl ResolvedParams {
@@ -130,6 +139,8 @@ impl ResolvedParams {
             hybrid: None,
             labels: None,
             priority: 0,
+            cache_salt: None,
+            use_cache: true,
         }
     }
 
@@ -247,8 +258,24 @@ impl PoolingParams {
             hybrid: None,
             labels: None,
             priority: self.priority.unwrap_or(0),
+            cache_salt: self.cache_salt.as_deref().map(check_cache_salt).transpose()?,
+            use_cache: true,
         })
     }
+}
+
+/// vLLM's `validate_cache_salt`: its rules and messages.
+fn check_cache_salt(salt: &str) -> Result<std::sync::Arc<str>, ParamsError> {
+    if salt.is_empty() {
+        return Err(ParamsError::new("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"));
+    }
+    if salt.chars().count() > 128 || salt.contains(['@', '/', '\\', '\0']) {
+        return Err(ParamsError::new(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL.",
+            "cache_salt",
+        ));
+    }
+    Ok(salt.into())
 }
 
 /// The Matryoshka decision of docs/http-api.md. Returns the slice to apply, `None` for a no-op.

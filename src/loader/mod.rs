@@ -118,6 +118,8 @@ pub struct LoadedModel {
     pub chat_template: ChatTemplate,
     /// The adapters it serves, with `--enable-lora`.
     pub lora: Option<lora::LoraRegistry>,
+    /// What names the model's file in `--cache-dir` ([`identity_of`]).
+    pub identity: String,
 }
 
 /// An image-text model's image side: its tower and how images become what the tower takes.
@@ -198,10 +200,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     model_spec::apply_overrides(&mut config, &options.hf_overrides);
     let (architecture_name, architecture) = model_spec::architecture_of(&config)?;
     let mut sentence = SentenceTransformer::read(&source, options.dense_path.as_deref())?;
-    let tokenizer_config: serde_json::Value = match source.file("tokenizer_config.json")? {
-        Some(p) => read_json(&p)?,
-        None => serde_json::Value::Null,
-    };
+    let tokenizer_config: serde_json::Value = source.file("tokenizer_config.json")?.map(|p| read_json(&p)).transpose()?.unwrap_or_default();
 
     let device = device(options.device)?;
     let adapter_folders = architecture.adapter_folders(&config);
@@ -290,7 +289,30 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         retrieval,
         chat_template,
         lora,
+        identity: identity_of(options, &source),
     })
+}
+
+/// The options a model was loaded with and, for a local folder, its files' sizes and times:
+/// outputs cached on disk for one identity are never read back for another (a model folder
+/// replaced in place, another dtype or quantization).
+fn identity_of(options: &ModelOptions, source: &ModelSource) -> String {
+    let mut identity = format!("{options:?}");
+    if let ModelSource::Local(dir) = source {
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let meta = entry.metadata().ok()?;
+                let modified = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+                Some(format!("{:?} {} {}", entry.file_name(), meta.len(), modified.as_nanos()))
+            })
+            .collect();
+        files.sort();
+        identity.extend(files.iter().map(|f| format!("\n{f}")));
+    }
+    identity
 }
 
 /// Where an instruction-following embedder's instruction ends in its prompt (its tokenizer's

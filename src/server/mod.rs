@@ -18,7 +18,8 @@ use tokio::net::TcpListener;
 /// Runs one short input end to end so the first real request pays no first-call costs.
 pub async fn warm_up(engine: &Engine) -> anyhow::Result<()> {
     let task = engine.spec().tasks.first().copied().unwrap_or(Task::Embed);
-    let params = PoolingParams { truncate_prompt_tokens: Some(-1), ..Default::default() }.verify(task, engine.spec())?;
+    let mut params = PoolingParams { truncate_prompt_tokens: Some(-1), ..Default::default() }.verify(task, engine.spec())?;
+    params.use_cache = false;
     let started = Instant::now();
     engine.encode(vec![Prompt::Text("warm up the model".into())], &params).await?;
     tracing::info!(model = %engine.spec().served_name, "warm-up done in {:.2?}", started.elapsed());

@@ -9,6 +9,7 @@ mod common;
 
 mod batch;
 mod bidirectional_decoders;
+mod cache;
 mod chat_templates;
 mod classify_parity;
 mod cli;

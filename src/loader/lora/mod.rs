@@ -107,6 +107,15 @@ pub struct Adapter {
     pub rank: usize,
     /// Floats held for it.
     pub floats: usize,
+    /// Which load of an adapter this is (unique in the process): the output cache keys its
+    /// outputs by it, so an adapter replaced in place never answers from its predecessor.
+    pub serial: u64,
+}
+
+/// A new [`Adapter::serial`].
+pub fn next_serial() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for Adapter {
@@ -194,6 +203,7 @@ impl LoraRegistry {
             prompt: task.prompt.map(Into::into),
             rank: task.rank,
             floats: task.floats,
+            serial: next_serial(),
         });
         let mut adapters = self.adapters.write().unwrap_or_else(|e| e.into_inner());
         if adapters.contains_key(&adapter.name) {

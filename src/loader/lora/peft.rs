@@ -179,6 +179,7 @@ pub fn load_adapter(
         prompt: None,
         rank: factors.rank,
         floats: factors.floats,
+        serial: super::next_serial(),
     })
 }
 
