@@ -93,6 +93,23 @@ fn positive(name: &str, value: usize) -> Result<usize, ConfigError> {
     Ok(value)
 }
 
+/// `--pooler-config` and `--hf-overrides`, read from their JSON.
+fn json_flags(args: &ServeArgs) -> Result<(PoolerConfig, serde_json::Map<String, serde_json::Value>), ConfigError> {
+    let pooler = match &args.pooler_config {
+        Some(json) => serde_json::from_str(json).map_err(|e| ConfigError(format!("--pooler-config: {e}")))?,
+        None => PoolerConfig::default(),
+    };
+    let hf_overrides = match &args.hf_overrides {
+        Some(json) => match serde_json::from_str(json) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => return Err(ConfigError("--hf-overrides must be a JSON object".into())),
+            Err(e) => return Err(ConfigError(format!("--hf-overrides: {e}"))),
+        },
+        None => Default::default(),
+    };
+    Ok((pooler, hf_overrides))
+}
+
 /// `--cache-size` (MiB) and `--cache-dir`; a folder without a size is refused rather than
 /// silently unused.
 fn cache_options(mib: u64, dir: Option<std::path::PathBuf>) -> Result<crate::engine::cache::CacheOptions, ConfigError> {
@@ -194,19 +211,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
     fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
         let tls = tls_options(&args)?;
         let plugins = plugin_options(&args)?;
-        let pooler: PoolerConfig = args
-            .pooler_config
-            .as_deref()
-            .map_or(Ok(PoolerConfig::default()), serde_json::from_str)
-            .map_err(|e| ConfigError(format!("--pooler-config: {e}")))?;
-        let hf_overrides = match &args.hf_overrides {
-            Some(json) => match serde_json::from_str(json) {
-                Ok(serde_json::Value::Object(map)) => map,
-                Ok(_) => return Err(ConfigError("--hf-overrides must be a JSON object".into())),
-                Err(e) => return Err(ConfigError(format!("--hf-overrides: {e}"))),
-            },
-            None => Default::default(),
-        };
+        let (pooler, hf_overrides) = json_flags(&args)?;
         let defaults = ModelOptions {
             served_name: String::new(),
             source: String::new(),
