@@ -206,11 +206,12 @@ pub fn plugin_process_started(model: &str, plugin: &str) {
     with(|r| *r.plugin_processes.entry((model.to_string(), plugin.to_string())).or_default() += 1);
 }
 
-/// An output cache lookup of `model`'s found its output (`hit`) or not.
-pub fn cache_lookup(model: &str, hit: bool) {
+/// A request's lookups in `model`'s output cache: `hits` found, `misses` not.
+pub fn cache_lookups(model: &str, hits: usize, misses: usize) {
     with(|r| {
         let series = r.caches.entry(model.to_string()).or_default();
-        *(if hit { &mut series.hits } else { &mut series.misses }) += 1;
+        series.hits += hits as u64;
+        series.misses += misses as u64;
     });
 }
 

@@ -71,6 +71,14 @@ struct Persisted {
     max_len: u64,
 }
 
+impl Persisted {
+    /// A write failed: the file takes no more entries (they stay in memory).
+    fn fail(&mut self, e: std::io::Error) {
+        tracing::warn!("output cache: cannot append to its file ({e}); entries stay in memory only");
+        self.len = self.max_len;
+    }
+}
+
 /// One model's output cache.
 pub struct OutputCache {
     store: Mutex<Store>,
@@ -163,34 +171,40 @@ impl OutputCache {
         Some(hash.finalize().into())
     }
 
-    /// The output kept for `key`, if any (counted as a hit or a miss).
+    /// The output kept for `key`, if any.
     pub fn get(&self, key: &Key) -> Option<PoolingOutput> {
-        let found = self.lock().entries.get(key).map(|o| PoolingOutput::clone(o));
-        crate::metrics::cache_lookup(&self.model, found.is_some());
-        found
+        self.lock().entries.get(key).map(|o| PoolingOutput::clone(o))
     }
 
-    /// Keeps `output` for `key`; `persist`: also in the model's file (base-model entries).
+    /// Keeps `output` for `key`; `persist`: also in the model's file (base-model entries),
+    /// buffered until [`Self::finish`].
     pub fn insert(&self, key: Key, output: &PoolingOutput, persist: bool) {
         let output = Arc::new(output.clone());
         if !self.keep(key, output.clone()) {
             return;
         }
-        self.report();
         if let (true, Some(file)) = (persist, &self.file) {
             let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
             if file.len >= file.max_len {
                 return;
             }
-            let written = write_record(&mut file.writer, &key, &output).and_then(|n| file.writer.flush().map(|()| n));
-            match written {
+            match write_record(&mut file.writer, &key, &output) {
                 Ok(n) => file.len += n,
-                Err(e) => {
-                    tracing::warn!("output cache: cannot append to its file ({e}); entries stay in memory only");
-                    file.len = file.max_len;
-                }
+                Err(e) => file.fail(e),
             }
         }
+    }
+
+    /// After a request's inserts: the file written through (one write for the request, not one
+    /// per input) and the size reported to /metrics.
+    pub fn finish(&self) {
+        if let Some(file) = &self.file {
+            let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = file.writer.flush() {
+                file.fail(e);
+            }
+        }
+        self.report();
     }
 
     /// Keeps an entry in memory, evicting the least recently used ones over the budget.
@@ -240,7 +254,13 @@ impl<'a> Lookup<'a> {
             Some(_) => inputs.iter().map(|input| OutputCache::key(input, params, adapter)).collect(),
             None => vec![None; inputs.len()],
         };
-        let outputs = keys.iter().map(|key| cache.zip(key.as_ref()).and_then(|(cache, key)| cache.get(key))).collect();
+        let outputs: Vec<Option<PoolingOutput>> =
+            keys.iter().map(|key| cache.zip(key.as_ref()).and_then(|(cache, key)| cache.get(key))).collect();
+        if let Some(cache) = cache {
+            let asked = keys.iter().flatten().count();
+            let hits = outputs.iter().flatten().count();
+            crate::metrics::cache_lookups(&cache.model, hits, asked - hits);
+        }
         Lookup { cache, keys, outputs, persist: adapter.is_none() }
     }
 
@@ -258,8 +278,17 @@ impl<'a> Lookup<'a> {
     }
 
     /// Every input's output, in order (each was found or ran).
-    pub fn outputs(self) -> Vec<PoolingOutput> {
-        self.outputs.into_iter().flatten().collect()
+    pub fn outputs(mut self) -> Vec<PoolingOutput> {
+        std::mem::take(&mut self.outputs).into_iter().flatten().collect()
+    }
+}
+
+impl Drop for Lookup<'_> {
+    /// Once per request, whether it ended in outputs or an error.
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache {
+            cache.finish();
+        }
     }
 }
 
@@ -484,6 +513,7 @@ mod tests {
             cache.insert([i as u8; 32], &output, true);
         }
         cache.insert([9; 32], &PoolingOutput::Vector(vec![9.0]), false); // an adapter's: memory only
+        cache.finish();
         drop(cache);
         let path = CacheOptions::file_for(&dir, "model A");
         let mut bytes = std::fs::read(&path).unwrap();
