@@ -5,11 +5,14 @@
 //! - **Images** at their own resolution (the processor's `smart_resize` to multiples of 28
 //!   within `min_pixels..max_pixels`), one soft token per 2×2 block of patches, in place of
 //!   `<|image_pad|>`;
-//! - **language model:** Qwen2 with M-RoPE, image tokens placed by row and column. This is how
-//!   the checkpoints were trained (colpali-engine's `ColQwen2` runs `Qwen2VLModel.forward` with
-//!   the image grid) and how vLLM runs Qwen2-VL. transformers 5.24's `ColQwen2ForRetrieval`
-//!   calls its backbone without `input_ids`, so it falls back to 1-D positions for every token;
-//!   its fixture keeps that output too (`vectors_1d`) to show the difference;
+//! - **language model:** Qwen2 with every token placed by its index in the sequence, image
+//!   tokens included, as transformers 5.24's `ColQwen2ForRetrieval` runs it (the reference for
+//!   a folder saved by that class: it calls its backbone without `input_ids`, so
+//!   `Qwen2VLModel` cannot place the image by row and column). colpali-engine's `ColQwen2`,
+//!   which trained the checkpoints, runs `Qwen2VLModel.forward` with the image grid (M-RoPE):
+//!   a config key of ours, `"mrope_positions": true` (config.json or `--hf-overrides`), asks
+//!   for that instead. The two differ on every page (random-weight fixtures: row cosine 0.67–0.89);
+//!   queries, which hold no image, are the same under both;
 //! - **head:** `embedding_proj_layer` (with its bias) to `embedding_dim` on every token, then
 //!   the token_embed head's L2 normalization;
 //! - **prompts** ([`RetrievalPrompts`]), as `ColQwen2Processor` builds them: a text is a query,
@@ -19,7 +22,7 @@
 //!   folder's `processor_config.json`.
 
 use super::llama::decoder_root;
-use super::qwen2_vl::{Qwen2VlText, Qwen2VlVision};
+use super::qwen2_vl::{Qwen2VlText, Qwen2VlVision, TokenPositions};
 use super::retrieval::{default_embedding_dim, processor_field, qwen_page_prompts, root, Projected, QUERY_AUGMENTATION_TOKENS};
 use super::{parse_config, Architecture, Backbone, ModelError, RetrievalPrompts, SequencePooling, SoftTokenTower};
 use candle_nn::VarBuilder;
@@ -35,6 +38,9 @@ struct ColQwen2Config {
     vlm_config: Value,
     #[serde(default = "default_embedding_dim")]
     embedding_dim: usize,
+    /// Ours, not transformers': colpali-engine's M-RoPE positions (module docs).
+    #[serde(default)]
+    mrope_positions: bool,
 }
 
 impl Architecture for ColQwen2 {
@@ -63,7 +69,8 @@ impl Architecture for ColQwen2 {
         let text_config = config.vlm_config.get("text_config").filter(|t| t.is_object()).unwrap_or(&config.vlm_config);
         let text = root(&vb, &["vlm.language_model", "vlm.model.language_model", "vlm.model", "vlm"], "embed_tokens.weight")
             .or_else(|_| root(&vb, &["vlm.language_model", "vlm"], "model.embed_tokens.weight").map(decoder_root))?;
-        Ok(Box::new(Projected::load(Qwen2VlText::load(text_config, text)?, &vb, config.embedding_dim)?))
+        let positions = if config.mrope_positions { TokenPositions::Mrope } else { TokenPositions::Sequence };
+        Ok(Box::new(Projected::load(Qwen2VlText::load(text_config, text, positions)?, &vb, config.embedding_dim)?))
     }
 
     fn soft_token_tower(&self, raw: &Value, vb: VarBuilder) -> std::result::Result<Option<Box<dyn SoftTokenTower>>, ModelError> {

@@ -8,8 +8,9 @@
 //!   (axial 2-D RoPE) and sees the whole image; then `merger`: LayerNorm, each 2×2 block of
 //!   patches concatenated, Linear → GELU → Linear into the language model's width: one soft
 //!   token per block, blocks in row-major order;
-//! - **the language model** ([`Qwen2VlText`]): Qwen2's decoder with M-RoPE: a text token's
-//!   position is one number on three axes; an image's soft tokens take (temporal, row,
+//! - **the language model** ([`Qwen2VlText`]): Qwen2's decoder, its tokens placed by one of
+//!   two rules ([`TokenPositions`]): one position per token in sequence order, or M-RoPE: a text
+//!   token's position is one number on three axes; an image's soft tokens take (temporal, row,
 //!   column) positions counted from where the image starts, and the text after the image
 //!   resumes past its larger side (`get_rope_index`). Frequency pairs turn by the axis of their
 //!   `mrope_section`.
@@ -273,16 +274,29 @@ impl SoftTokenTower for Qwen2VlVision {
     }
 }
 
+/// How the language model places its tokens for the rotary embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenPositions {
+    /// Position `i` for the `i`-th token of a sequence on all three axes, image tokens
+    /// included: what transformers 5.24's `ColQwen2ForRetrieval` computes, as it calls its
+    /// backbone without `input_ids` and `Qwen2VLModel` cannot place the image then.
+    Sequence,
+    /// Qwen2-VL's M-RoPE (`get_rope_index`): image tokens by row and column.
+    Mrope,
+}
+
 /// Qwen2's decoder with M-RoPE.
 pub struct Qwen2VlText {
     decoder: Decoder,
     /// The axis (0 temporal, 1 row, 2 column) each frequency pair turns by.
     axes: Vec<usize>,
+    positions: TokenPositions,
 }
 
 impl Qwen2VlText {
-    /// The language model of a `qwen2_vl` config's `text_config`, its weights under `vb`.
-    pub fn load(text: &Value, vb: VarBuilder) -> std::result::Result<Self, ModelError> {
+    /// The language model of a `qwen2_vl` config's `text_config`, its weights under `vb`,
+    /// placing its tokens by `positions`.
+    pub fn load(text: &Value, vb: VarBuilder, positions: TokenPositions) -> std::result::Result<Self, ModelError> {
         let config: DecoderConfig = parse_config(text)?;
         let head_dim = config.head_dim.unwrap_or(config.hidden_size / config.num_attention_heads.max(1));
         let section = mrope_section(text, head_dim, [16, 24, 24])?;
@@ -291,7 +305,7 @@ impl Qwen2VlText {
         }
         let axes = section.iter().enumerate().flat_map(|(axis, &n)| std::iter::repeat_n(axis, n)).collect();
         let layout = DecoderLayout { qkv_bias: true, mlp_bias: false, qk_norm: false, sliding_window: None };
-        Ok(Self { decoder: Decoder::load(text, layout, vb)?, axes })
+        Ok(Self { decoder: Decoder::load(text, layout, vb)?, axes, positions })
     }
 }
 
@@ -343,8 +357,14 @@ pub(super) fn mrope_positions(batch: &Batch) -> Vec<[u32; 3]> {
 
 impl Backbone for Qwen2VlText {
     fn forward(&self, batch: &Batch) -> Result<Tensor> {
-        let axes = &self.axes;
-        let table = self.decoder.rotary().table_axes(&mrope_positions(batch), |k| axes.get(k).copied().unwrap_or(0));
+        let table = match self.positions {
+            // The three axes agree, so every frequency pair turns by the token's index.
+            TokenPositions::Sequence => self.decoder.rotary().table_for_sequences(&batch.cu_seqlens),
+            TokenPositions::Mrope => {
+                let axes = &self.axes;
+                self.decoder.rotary().table_axes(&mrope_positions(batch), |k| axes.get(k).copied().unwrap_or(0))
+            }
+        };
         self.decoder.forward_with(batch, &table)
     }
 

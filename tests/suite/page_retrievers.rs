@@ -5,8 +5,9 @@
 //! models' vectors (one per token, padding rows dropped) for text queries and page images,
 //! alone and batched, and the processors' `score_retrieval` MaxSim scores, through the model
 //! layer and through the real router as vLLM (`/pooling` token_embed, `/score`, `/rerank` with
-//! `{"content": [...]}`) clients send them. ColQwen2's reference runs with M-RoPE positions
-//! (see `models/colqwen2.rs`).
+//! `{"content": [...]}`) clients send them. ColQwen2's reference is `ColQwen2ForRetrieval` as
+//! called (every token placed by its index); its M-RoPE placement (colpali-engine's, our
+//! `"mrope_positions": true`) has references of its own (see `models/colqwen2.rs`).
 
 use crate::common::*;
 use base64::Engine as _;
@@ -19,11 +20,13 @@ use poolserve::models::gemma4_vision::ImagePatches;
 use poolserve::models::{Architecture, Backbone};
 use serde_json::{json, Value};
 
-const MODELS: [&str; 11] = [
+const MODELS: [&str; 12] = [
     "colpali-tiny",
     "colqwen2-tiny",
     // Its tokenizer.json appends `<|endoftext|>`, which the processor's tokenizer call keeps.
     "colqwen2-eos-tiny",
+    // A second shape: depth 1, 2 vision heads of 16, 1 KV head, tied embeddings, noise pages.
+    "colqwen2-second-tiny",
     "colqwen3-tiny",
     "colqwen3-engine-tiny",
     "ops-colqwen3-tiny",
@@ -36,8 +39,11 @@ const MODELS: [&str; 11] = [
 /// Rows per vector.
 const DIM: usize = 16;
 
+/// A fixture image: `pages/…` from tests/fixtures/, a bare name from tests/fixtures/images/.
 fn image_bytes(file: &str) -> Vec<u8> {
-    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(file)).unwrap()
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let path = if file.contains('/') { fixtures.join(file) } else { fixtures.join("images").join(file) };
+    std::fs::read(path).unwrap()
 }
 
 fn image_part(file: &str) -> Value {
@@ -187,22 +193,23 @@ fn colpali_crops_match_the_processor() {
 /// frames; ours are row-major, each `(y, x, channel)`.
 #[test]
 fn colqwen2_patches_match_the_processor() {
-    const MODEL: &str = "colqwen2-tiny";
-    let expected = expected(MODEL);
-    assert_eq!(expected["image_processor"], "Qwen2VLImageProcessor");
-    let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(MODEL).to_str().unwrap())).expect("loads");
-    let Some(poolserve::loader::VisionInput::SoftTokens { patches: config, .. }) = loaded.vision else { panic!("no patch side") };
-    for image in expected["images"].as_array().unwrap() {
-        let file = image["file"].as_str().unwrap();
-        let ours = poolserve::input::image::patches::preprocess_patches(&image_bytes(file), &config, &ImageLimits::default()).unwrap();
-        let grid = ids(&image["grid_thw"]);
-        let (rows, cols) = (grid[1] as usize, grid[2] as usize);
-        assert_eq!(ours.positions.len(), rows * cols, "{file}: patch count");
-        let reference = hf_patches_row_major(&floats(&image["pixel_values"]), rows, cols);
-        let diff = max_abs_diff(&ours.rescaled(), &reference);
-        eprintln!("{file}: pixel values max abs diff {diff}");
-        let tolerance = if file.ends_with(".png") { 1e-6 } else { 0.1 };
-        assert!(diff <= tolerance, "{file}: pixel values differ by {diff} (tolerance {tolerance})");
+    for model in ["colqwen2-tiny", "colqwen2-second-tiny"] {
+        let expected = expected(model);
+        assert_eq!(expected["image_processor"], "Qwen2VLImageProcessor");
+        let loaded = poolserve::loader::load(&ModelOptions::for_model(fixture_model(model).to_str().unwrap())).expect("loads");
+        let Some(poolserve::loader::VisionInput::SoftTokens { patches: config, .. }) = loaded.vision else { panic!("no patch side") };
+        for image in expected["images"].as_array().unwrap() {
+            let file = image["file"].as_str().unwrap();
+            let ours = poolserve::input::image::patches::preprocess_patches(&image_bytes(file), &config, &ImageLimits::default()).unwrap();
+            let grid = ids(&image["grid_thw"]);
+            let (rows, cols) = (grid[1] as usize, grid[2] as usize);
+            assert_eq!(ours.positions.len(), rows * cols, "{model} {file}: patch count");
+            let reference = hf_patches_row_major(&floats(&image["pixel_values"]), rows, cols);
+            let diff = max_abs_diff(&ours.rescaled(), &reference);
+            eprintln!("{model} {file}: pixel values max abs diff {diff}");
+            let tolerance = if file.ends_with(".png") { 1e-6 } else { 0.1 };
+            assert!(diff <= tolerance, "{model} {file}: pixel values differ by {diff} (tolerance {tolerance})");
+        }
     }
 }
 
@@ -249,7 +256,7 @@ fn weights(model: &str) -> (Value, VarBuilder<'static>) {
 /// that places them): every row of every image at cosine ≥ 0.9999 to transformers'.
 fn assert_pages(
     backbone: &dyn Backbone,
-    images: &[Value],
+    (images, reference): (&[Value], &str),
     placeholder: u32,
     soft: Tensor,
     grid: impl Fn(&Value) -> Option<(usize, usize)>,
@@ -277,11 +284,7 @@ fn assert_pages(
         let rows = hidden.narrow(0, start, len).unwrap();
         let norms = rows.sqr().unwrap().sum_keepdim(1).unwrap().sqrt().unwrap();
         let ours = rows.broadcast_div(&norms).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_rows(&ours, &floats(&image["vectors"]), 0.9999, &format!("model on transformers' pixels {}", image["file"]));
-        if let Some(flat) = image.get("vectors_1d") {
-            // transformers' ColQwen2ForRetrieval without M-RoPE positions is another model.
-            eprintln!("  against 1-D positions (ColQwen2ForRetrieval as called): cosine {:.4}", cosine(&ours, &floats(flat)));
-        }
+        assert_rows(&ours, &floats(&image[reference]), 0.9999, &format!("model on transformers' pixels {} ({reference})", image["file"]));
     }
 }
 
@@ -296,34 +299,70 @@ fn colpali_matches_transformers_on_its_pixel_values() {
     let images = expected["images"].as_array().unwrap();
     let pixels: Vec<f32> = images.iter().flat_map(|i| floats(&i["pixel_values"])).collect();
     let soft = tower.forward(&pixels, images.len()).unwrap();
-    assert_pages(backbone.as_ref(), images, tower.placeholder(), soft, |_| None);
+    assert_pages(backbone.as_ref(), (images, "vectors"), tower.placeholder(), soft, |_| None);
 }
 
-/// ColQwen2's tower on transformers' pixel values and Qwen2-VL's language model with M-RoPE on
-/// the processor's ids.
+/// ColQwen2's tower on transformers' pixel values and Qwen2-VL's language model on the
+/// processor's ids, for both shapes: every token placed by its index (the class as called),
+/// and with `"mrope_positions": true` colpali-engine's M-RoPE.
 #[test]
 fn colqwen2_matches_transformers_on_its_pixel_values() {
-    let expected = expected("colqwen2-tiny");
-    let (config, vb) = weights("colqwen2-tiny");
-    let architecture = &poolserve::models::colqwen2::COLQWEN2;
-    let backbone = architecture.backbone(&config, vb.clone()).unwrap();
-    let tower = architecture.soft_token_tower(&config, vb).unwrap().expect("a patch tower");
+    for model in ["colqwen2-tiny", "colqwen2-second-tiny"] {
+        let expected = expected(model);
+        let (mut config, vb) = weights(model);
+        let architecture = &poolserve::models::colqwen2::COLQWEN2;
+        let tower = architecture.soft_token_tower(&config, vb.clone()).unwrap().expect("a patch tower");
+        let images = expected["images"].as_array().unwrap();
+        let grid = |i: &Value| {
+            let grid = ids(&i["grid_thw"]);
+            (grid[1] as usize, grid[2] as usize)
+        };
+        let patches: Vec<ImagePatches> = images
+            .iter()
+            .map(|i| {
+                let (rows, cols) = grid(i);
+                let positions = (0..rows * cols).map(|k| ((k % cols) as u32, (k / cols) as u32)).collect();
+                ImagePatches { pixels: hf_patches_row_major(&floats(&i["pixel_values"]), rows, cols), positions }
+            })
+            .collect();
+        let soft = tower.forward(&patches.iter().collect::<Vec<_>>()).unwrap();
+        // One soft token per 2×2 block of patches.
+        let blocks = |i: &Value| Some((grid(i).0 / 2, grid(i).1 / 2));
+        let backbone = architecture.backbone(&config, vb.clone()).unwrap();
+        assert_pages(backbone.as_ref(), (images, "vectors"), tower.image_tokens().placeholder, soft.clone(), blocks);
+        config["mrope_positions"] = json!(true);
+        let backbone = architecture.backbone(&config, vb).unwrap();
+        assert_pages(backbone.as_ref(), (images, "vectors_mrope"), tower.image_tokens().placeholder, soft, blocks);
+    }
+}
+
+/// `"mrope_positions": true` through `--hf-overrides` over HTTP: colpali-engine's pages and
+/// their MaxSim scores; queries as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colqwen2_pages_with_mrope_positions_on_request() {
+    const MODEL: &str = "colqwen2-second-tiny";
+    let expected = expected(MODEL);
+    let engine = engine(&fixture_model(MODEL), |o| {
+        o.models[0].hf_overrides.insert("mrope_positions".into(), json!(true));
+    });
+    let router = router(engine, 16 << 20);
     let images = expected["images"].as_array().unwrap();
-    let grid = |i: &Value| {
-        let grid = ids(&i["grid_thw"]);
-        (grid[1] as usize, grid[2] as usize)
-    };
-    let patches: Vec<ImagePatches> = images
-        .iter()
-        .map(|i| {
-            let (rows, cols) = grid(i);
-            let positions = (0..rows * cols).map(|k| ((k % cols) as u32, (k / cols) as u32)).collect();
-            ImagePatches { pixels: hf_patches_row_major(&floats(&i["pixel_values"]), rows, cols), positions }
-        })
-        .collect();
-    let soft = tower.forward(&patches.iter().collect::<Vec<_>>()).unwrap();
-    // One soft token per 2×2 block of patches.
-    assert_pages(backbone.as_ref(), images, tower.image_tokens().placeholder, soft, |i| Some((grid(i).0 / 2, grid(i).1 / 2)));
+    for image in images {
+        let file = image["file"].as_str().unwrap();
+        let message = json!({"role": "user", "content": [image_part(file)]});
+        let ours = pooled(&router, json!({"messages": [message], "task": "token_embed"})).await;
+        assert_rows(&ours[0], &floats(&image["vectors_mrope"]), image_bar(file), &format!("M-RoPE page {file}"));
+        let plain = floats(&image["vectors"]);
+        assert!(cosine(&ours[0], &plain) < 0.999, "{file}: the placements differ on a page");
+    }
+    let parts: Vec<Value> = images.iter().map(|i| image_part(i["file"].as_str().unwrap())).collect();
+    let query = &expected["queries"][0];
+    let reply = post(&router, "/score", json!({"data_1": query["text"], "data_2": one_part_documents(&parts)})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for (j, image) in images.iter().enumerate() {
+        let (ours, want) = (reply.body["data"][j]["score"].as_f64().unwrap(), expected["scores_mrope"][0][j].as_f64().unwrap());
+        assert!((ours - want).abs() <= 1e-4 * want.abs().max(1.0), "query 0 × {}: score {ours}, colpali-engine's {want}", image["file"]);
+    }
 }
 
 /// `/pooling` token_embed for a list of texts or of image messages: each input's rows.
