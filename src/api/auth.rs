@@ -1,5 +1,6 @@
-//! `--api-key`: every route except /health, /metrics and /version needs
-//! `Authorization: Bearer KEY`. The comparison takes the same time wherever the keys differ, so
+//! `--api-key`: every route except /health, /ping, GET /, /version, /metrics, /openapi.json and
+//! /docs (the probes, the scrape and the API's description: nothing of a model's) needs
+//! `Authorization: Bearer KEY`; vLLM guards only paths under /v1, /v2, /inference and /cohere. The comparison takes the same time wherever the keys differ, so
 //! response timing does not reveal how much of a guess was right.
 
 use super::error::ApiError;

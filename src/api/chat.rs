@@ -6,15 +6,17 @@
 //! `--trust-request-chat-template`), `chat_template_kwargs`, and `add_special_tokens`, which
 //! defaults to false for a rendered conversation (the template writes the special tokens).
 //!
-//! Image-text models (CLIP, SigLIP) have no chat template: there each message is one input
-//! (a text, or an image), see [`crate::input::media`].
+//! On media models each message is one input: rendered through the folder's chat template
+//! where the model reads its media inside its text and the folder has one (EmbeddingGemma 2,
+//! [`crate::input::ChatTurn`]); else its content as it stands, a text or an image (CLIP,
+//! SigLIP, page retrievers), see [`crate::input::media`].
 
 use super::error::ApiError;
 use super::AppState;
 use crate::engine::params::ResolvedParams;
 use crate::engine::Engine;
 use crate::input::chat_template::ChatOptions;
-use crate::input::Prompt;
+use crate::input::{ChatTurn, Prompt};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -107,24 +109,19 @@ pub async fn inputs(
     let Some((source, field)) = conversation_source else {
         return Ok(Inputs { prompts: state.prompts(input)?, chat: false, instruction: None });
     };
-    if engine.spec().images {
-        // Image-text models: each message is one input (no template).
-        if let Some(count) = source.as_array().map(Vec::len) {
-            state.check_batch_size(count)?;
-        }
-        // A model whose frame has an instruction (Qwen3-VL-Embedding) reads the system messages
-        // as that instruction, as its chat template writes them; the others embed every message.
-        let (instruction, messages) = match engine.input().takes_instruction() {
-            true => system_instruction(source, field)?,
-            false => (None, source.clone()),
-        };
-        let prompts = crate::input::media::message_prompts(&messages, &state.options().media).await?;
-        return Ok(Inputs { prompts, chat: false, instruction });
-    }
     if chat.chat_template.is_some() && !state.options().trust_request_chat_template {
         return Err(ApiError::bad_request(
             "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
         ));
+    }
+    let options = ChatOptions {
+        add_generation_prompt: chat.add_generation_prompt.unwrap_or(generation_prompt),
+        continue_final_message: chat.continue_final_message.unwrap_or(false),
+        kwargs: chat.chat_template_kwargs.clone().unwrap_or_default(),
+        placeholders: None,
+    };
+    if engine.spec().images {
+        return media_inputs(state, engine, source, field, (options, chat.chat_template.clone())).await;
     }
     let conversations = conversations(source, field)?;
     state.check_batch_size(conversations.len())?;
@@ -141,13 +138,41 @@ pub async fn inputs(
             param: Some(field),
         });
     }
-    let options = ChatOptions {
-        add_generation_prompt: chat.add_generation_prompt.unwrap_or(generation_prompt),
-        continue_final_message: chat.continue_final_message.unwrap_or(false),
-        kwargs: chat.chat_template_kwargs.clone().unwrap_or_default(),
-    };
+
     let texts = engine.input().render_chat(conversations, options, chat.chat_template.clone()).await?;
     Ok(Inputs { prompts: texts.into_iter().map(Prompt::Text).collect(), chat: true, instruction: None })
+}
+
+/// A media model's messages, each one input: rendered by the folder's chat template (or the
+/// request's) where the model reads its media inside its text (EmbeddingGemma 2), as vLLM
+/// renders them; else each message's content as it stands (CLIP, SigLIP, the page retrievers,
+/// Qwen3-VL-Embedding's own frame, a folder without a template).
+async fn media_inputs(
+    state: &AppState,
+    engine: &Engine,
+    source: &Value,
+    field: &'static str,
+    (options, template): (ChatOptions, Option<String>),
+) -> Result<Inputs, ApiError> {
+    if let Some(count) = source.as_array().map(Vec::len) {
+        state.check_batch_size(count)?;
+    }
+    let input = engine.input();
+    if input.media_placeholders().is_some() && (input.has_chat_template() || template.is_some()) {
+        let prompts = crate::input::media::message_prompts(source, &state.options().media).await?;
+        let roles = source.as_array().into_iter().flatten().map(|m| m.get("role").and_then(Value::as_str).unwrap_or("user").to_string());
+        let conversations = roles.zip(prompts).map(|(role, prompt)| vec![ChatTurn { role, prompt }]).collect();
+        let prompts = input.render_media_chat(conversations, options, template).await?;
+        return Ok(Inputs { prompts, chat: true, instruction: None });
+    }
+    // A model whose frame has an instruction (Qwen3-VL-Embedding) reads the system messages
+    // as that instruction, as its chat template writes them; the others embed every message.
+    let (instruction, messages) = match input.takes_instruction() {
+        true => system_instruction(source, field)?,
+        false => (None, source.clone()),
+    };
+    let prompts = crate::input::media::message_prompts(&messages, &state.options().media).await?;
+    Ok(Inputs { prompts, chat: false, instruction })
 }
 
 /// The text of a message list's `system` messages (joined with newlines), and the other

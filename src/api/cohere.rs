@@ -24,7 +24,10 @@
 //!   for text models. For image-text models an input holds one text or one image
 //!   ([`crate::input::media::content_prompt`]); `texts` in the response echoes the texts only.
 //!   Superset: soft-token models (EmbeddingGemma 2) take any mix of text, image, audio and
-//!   video parts in one input, as vLLM's `messages` content parts, read by the same parser.
+//!   video parts in one input, as vLLM's `messages` content parts, read by the same parser;
+//!   where the folder has a chat template, `images` and `inputs` are rendered through it as
+//!   vLLM renders them (a user message of the input's parts, after a system message of the
+//!   `input_type`'s instruction when there is one).
 //! - `embedding_types` (default `float`) are encoded as [`super::encoding`] documents;
 //!   `meta.billed_units.input_tokens` counts the tokens run through the model, prompts and
 //!   special tokens included.
@@ -36,9 +39,10 @@ use super::error::{ApiError, ErrorResponses};
 use super::json::ApiJson;
 use super::{response_id, AppState};
 use crate::engine::params::PoolingParams;
+use crate::input::chat_template::ChatOptions;
 use crate::input::media::{self, MediaOptions};
 use crate::input::tokenizer::TruncationSide;
-use crate::input::Prompt;
+use crate::input::{ChatTurn, Prompt};
 use crate::loader::model_spec::Prompts;
 use crate::pooling::Task;
 use axum::extract::State;
@@ -387,7 +391,22 @@ async fn embed(
         request.inputs.as_ref().map(Vec::len),
     ];
     state.check_batch_size(count.into_iter().flatten().max().unwrap_or(0))?;
-    let (prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
+    let (mut prompts, texts) = request.prompts(spec.images, &state.options().media).await?;
+    let input = engine.input();
+    if request.texts.is_none() && input.media_placeholders().is_some() && input.has_chat_template() {
+        // vLLM renders `images` and `inputs` through the chat template, the input_type's
+        // instruction as a system message before each.
+        let instruction = params.prompt.take();
+        let conversations = prompts
+            .into_iter()
+            .map(|prompt| {
+                let system = instruction.as_ref().map(|text| ChatTurn { role: "system".into(), prompt: Prompt::Text(text.to_string()) });
+                system.into_iter().chain([ChatTurn { role: "user".into(), prompt }]).collect()
+            })
+            .collect();
+        prompts = input.render_media_chat(conversations, ChatOptions::default(), None).await?;
+        params.add_special_tokens = false;
+    }
     let (vectors, usage): (Vec<Vec<f32>>, _) = engine.encode_as_counted(prompts, &params).await?;
     let (tokens, image_tokens) = (usage.tokens, usage.image_tokens);
     let (response_type, embeddings) = match (&request.embedding_types, version) {

@@ -129,7 +129,8 @@ pub struct ServeArgs {
     /// Threads that tokenize (default: 1, so the model keeps the other cores).
     #[arg(long, default_value_t = 1, env = "POOLSERVE_TOKENIZER_WORKERS")]
     pub tokenizer_workers: usize,
-    /// Require `Authorization: Bearer KEY` on every route but /health, /metrics and /version.
+    /// Require `Authorization: Bearer KEY` on every route but /health, /ping, GET /, /version,
+    /// /metrics, /openapi.json and /docs.
     #[arg(long, env = "POOLSERVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Most inputs (texts, token lists, pairs, documents) in one request; more get 400.

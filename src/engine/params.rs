@@ -183,6 +183,25 @@ fn valid_fields(task: Task) -> &'static [&'static str] {
     }
 }
 
+/// The fields vLLM 0.33 names as valid for `task` in its refusal (`PoolingParams.valid_parameters`;
+/// `normalize`, the older alias we also take, is not among them).
+fn vllm_fields(task: Task) -> &'static [&'static str] {
+    match task {
+        Task::Embed => &["dimensions", "use_activation"],
+        Task::TokenEmbed => &["dimensions", "use_activation", "late_chunking_params"],
+        Task::Classify | Task::Score | Task::TokenClassify | Task::EmbedSparse => &["use_activation"],
+    }
+}
+
+/// Python's `repr` of a string (single quotes, unless it holds one and no double quote), as
+/// vLLM's `{name!r}` prints it.
+fn py_str(text: &str) -> String {
+    if text.contains('\'') && !text.contains('"') {
+        return format!("\"{}\"", text.replace('\\', "\\\\"));
+    }
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
 /// Python's list repr, as vLLM prints it in its messages.
 fn py_list<T: std::fmt::Display>(items: &[T], quote: bool) -> String {
     let parts: Vec<String> = items.iter().map(|i| if quote { format!("'{i}'") } else { i.to_string() }).collect();
@@ -205,8 +224,9 @@ impl PoolingParams {
         if !invalid.is_empty() {
             return Err(ParamsError::new(
                 format!(
-                    "Task {task} only supports {} parameters, does not support {} parameters",
-                    py_list(valid_fields(task), true),
+                    "Task {} only supports {} parameters, does not support {} parameters",
+                    py_str(&task.to_string()),
+                    py_list(vllm_fields(task), true),
                     py_list(&invalid, true)
                 ),
                 "pooling_params",
@@ -278,35 +298,30 @@ fn check_cache_salt(salt: &str) -> Result<std::sync::Arc<str>, ParamsError> {
     Ok(salt.into())
 }
 
-/// The Matryoshka decision of docs/http-api.md. Returns the slice to apply, `None` for a no-op.
+/// The Matryoshka decision of docs/http-api.md, in vLLM 0.33's order and words
+/// (`PoolingParams._set_default_parameters`). Returns the slice to apply, `None` for a no-op.
 fn check_dimensions(k: i64, spec: &ModelSpec) -> Result<Option<usize>, ParamsError> {
     let native = spec.embedding_size;
     if k == native as i64 {
         return Ok(None); // OpenAI clients send the native size; always a no-op.
     }
-    let name = &spec.served_name;
+    let name = py_str(&spec.served_name);
     if !spec.matryoshka.enabled {
         return Err(ParamsError::new(
-            format!("Model \"{name}\" does not support matryoshka representation, changing output dimensions will lead to poor results."),
+            format!("Model {name} does not support Matryoshka embeddings; dimensions must be unset (received dimensions={k})."),
             "dimensions",
         ));
+    }
+    if k < 1 || k as u64 > native as u64 {
+        return Err(ParamsError::new(format!("Model {name} only supports dimensions in range [1, {native}], got {k}."), "dimensions"));
     }
     if let Some(allowed) = &spec.matryoshka.dimensions {
         if !allowed.iter().any(|&d| d as i64 == k) {
             return Err(ParamsError::new(
-                format!(
-                    "Model \"{name}\" only supports {} matryoshka dimensions, use other output dimensions will lead to poor results.",
-                    py_list(allowed, false)
-                ),
+                format!("Model {name} only supports Matryoshka dimensions {}, got {k}.", py_list(allowed, false)),
                 "dimensions",
             ));
         }
-    }
-    if k < 1 {
-        return Err(ParamsError::new("Dimensions must be greater than 0", "dimensions"));
-    }
-    if k as u64 > native as u64 {
-        return Err(ParamsError::new(format!("Dimensions ({k}) must not exceed the model's embedding size ({native})"), "dimensions"));
     }
     Ok(Some(k as usize))
 }
@@ -349,21 +364,21 @@ mod tests {
         let err = params(|p| p.dimensions = Some(16)).verify(Task::Embed, &plain).unwrap_err();
         assert_eq!(
             err.message,
-            "Model \"test-model\" does not support matryoshka representation, changing output dimensions will lead to poor results."
+            "Model 'test-model' does not support Matryoshka embeddings; dimensions must be unset (received dimensions=16)."
         );
 
         let listed = spec(Matryoshka { enabled: true, dimensions: Some(vec![64, 128]) });
         let err = params(|p| p.dimensions = Some(16)).verify(Task::Embed, &listed).unwrap_err();
-        assert_eq!(
-            err.message,
-            "Model \"test-model\" only supports [64, 128] matryoshka dimensions, use other output dimensions will lead to poor results."
-        );
+        assert_eq!(err.message, "Model 'test-model' only supports Matryoshka dimensions [64, 128], got 16.");
         assert_eq!(params(|p| p.dimensions = Some(64)).verify(Task::Embed, &listed).unwrap().dimensions, Some(64));
 
         let open = spec(Matryoshka { enabled: true, dimensions: None });
         let err = params(|p| p.dimensions = Some(0)).verify(Task::Embed, &open).unwrap_err();
-        assert_eq!(err.message, "Dimensions must be greater than 0");
-        assert!(params(|p| p.dimensions = Some(385)).verify(Task::Embed, &open).is_err());
+        assert_eq!(err.message, "Model 'test-model' only supports dimensions in range [1, 384], got 0.");
+        let err = params(|p| p.dimensions = Some(385)).verify(Task::Embed, &open).unwrap_err();
+        assert_eq!(err.message, "Model 'test-model' only supports dimensions in range [1, 384], got 385.");
+        assert_eq!(py_str("it's"), "\"it's\"");
+        assert_eq!(py_str("a'b\"c"), "'a\\'b\"c'");
         assert_eq!(params(|p| p.dimensions = Some(16)).verify(Task::Embed, &open).unwrap().dimensions, Some(16));
     }
 
@@ -377,7 +392,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             err.message,
-            "Task classify only supports ['use_activation'] parameters, does not support ['dimensions', 'normalize'] parameters"
+            "Task 'classify' only supports ['use_activation'] parameters, does not support ['dimensions', 'normalize'] parameters"
         );
     }
 

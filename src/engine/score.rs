@@ -237,7 +237,7 @@ impl Engine {
             match prompt {
                 Prompt::Text(text) => Ok(vec![Part::Text(text.clone())]),
                 Prompt::Image(bytes) => Ok(vec![Part::Image(bytes.clone())]),
-                Prompt::Interleaved(parts) => Ok(parts.clone()),
+                Prompt::Interleaved(parts) | Prompt::Chat(parts) => Ok(parts.clone()),
                 Prompt::Tokens(_) | Prompt::Pair(..) => Err(refused("token ids cannot be written into the rerank template beside images")),
             }
         };

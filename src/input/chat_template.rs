@@ -16,7 +16,11 @@
 //!   with a newline for templates that read content as a string, and kept as
 //!   `{"type": "text", "text": …}` parts for templates that loop over it (vLLM's "openai"
 //!   content format, told apart the same way: does the template iterate over a message's
-//!   content?), unless `--chat-template-content-format` says which.
+//!   content?), unless `--chat-template-content-format` says which. A model that reads media
+//!   in its text (EmbeddingGemma 2) gives its placeholders ([`MediaPlaceholders`]): an image,
+//!   audio or video part is `{"type": "image"}` (`"audio"`, `"video"`) for templates that loop
+//!   over content, and for the others its placeholder, all of them before the text, one a line
+//!   (vLLM's `get_full_multimodal_text_prompt`).
 //! - **continue_final_message** cuts the rendered text after the last message's content, as
 //!   transformers does, so that the text ends open.
 //! - **Bounds**: every render runs on fuel (minijinja's instruction budget, which also charges
@@ -67,6 +71,31 @@ pub struct ChatOptions {
     pub continue_final_message: bool,
     /// `chat_template_kwargs`: extra variables for the template.
     pub kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The model's media placeholders, when its messages may hold media (else a media part
+    /// is refused).
+    pub placeholders: Option<MediaPlaceholders>,
+}
+
+/// The text a model's processor expands into a medium's soft tokens, per kind (vLLM's
+/// `get_placeholder_str`; EmbeddingGemma 2: `<|image|>`, `<|audio|>`, `<|video|>`); `None` for a
+/// kind the model does not take.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MediaPlaceholders {
+    pub image: Option<String>,
+    pub audio: Option<String>,
+    pub video: Option<String>,
+}
+
+impl MediaPlaceholders {
+    /// The placeholder of a media part's `type` (`image`, `audio`, `video`).
+    fn of(&self, kind: &str) -> Option<&str> {
+        match kind {
+            "image" => self.image.as_deref(),
+            "audio" => self.audio.as_deref(),
+            "video" => self.video.as_deref(),
+            _ => None,
+        }
+    }
 }
 
 /// A model's chat template, compiled once.
@@ -168,6 +197,11 @@ impl ChatTemplate {
         Ok(ChatTemplate { env, has_template, content_format, special_tokens })
     }
 
+    /// Whether the model has a template of its own.
+    pub fn has_template(&self) -> bool {
+        self.has_template
+    }
+
     /// One conversation as the model's text.
     pub fn render(&self, messages: &[serde_json::Value], options: &ChatOptions) -> Result<String, ChatError> {
         if !self.has_template {
@@ -202,7 +236,8 @@ fn render_with(
         let set: Vec<String> = unexpected.iter().map(|k| format!("'{k}'")).collect();
         return Err(ChatError(format!("Found unexpected chat template kwargs from request: {{{}}}", set.join(", "))));
     }
-    let conversation = messages.iter().map(|m| conversation_message(m, content_format)).collect::<Result<Vec<_>, _>>()?;
+    let placeholders = options.placeholders.as_ref();
+    let conversation = messages.iter().map(|m| conversation_message(m, content_format, placeholders)).collect::<Result<Vec<_>, _>>()?;
     let mut context: Vec<(String, Value)> = special_tokens.to_vec();
     for (key, value) in &options.kwargs {
         context.push((key.clone(), Value::from(Serde(value))));
@@ -228,7 +263,11 @@ fn template_error(e: &Error) -> String {
 
 /// A request message as the template sees it: `role`, `content` in the template's format, and
 /// the fields templates read besides (`name`, `tool_calls`, `tool_call_id`).
-fn conversation_message(message: &serde_json::Value, format: ContentFormat) -> Result<serde_json::Value, ChatError> {
+fn conversation_message(
+    message: &serde_json::Value,
+    format: ContentFormat,
+    placeholders: Option<&MediaPlaceholders>,
+) -> Result<serde_json::Value, ChatError> {
     let object = message.as_object().ok_or_else(|| ChatError("each message must be an object with a `role`".into()))?;
     let role =
         object.get("role").and_then(serde_json::Value::as_str).ok_or_else(|| ChatError("each message needs a string `role`".into()))?;
@@ -236,10 +275,16 @@ fn conversation_message(message: &serde_json::Value, format: ContentFormat) -> R
         None | Some(serde_json::Value::Null) => serde_json::Value::Null,
         Some(serde_json::Value::String(text)) => serde_json::Value::String(text.clone()),
         Some(serde_json::Value::Array(parts)) => {
-            let texts = parts.iter().map(text_part).collect::<Result<Vec<&str>, _>>()?;
+            let parts = parts.iter().map(|p| content_part(p, placeholders)).collect::<Result<Vec<_>, _>>()?;
             match format {
-                ContentFormat::String => serde_json::Value::String(texts.join("\n")),
-                ContentFormat::OpenAi => texts.iter().map(|t| serde_json::json!({"type": "text", "text": t})).collect(),
+                ContentFormat::String => serde_json::Value::String(flattened(&parts)?),
+                ContentFormat::OpenAi => parts
+                    .iter()
+                    .map(|part| match part {
+                        ContentPiece::Text(t) => serde_json::json!({"type": "text", "text": t}),
+                        ContentPiece::Media { kind, .. } => serde_json::json!({"type": kind}),
+                    })
+                    .collect(),
             }
         }
         Some(_) => return Err(ChatError("a message's `content` must be a string or a list of content parts".into())),
@@ -255,15 +300,61 @@ fn conversation_message(message: &serde_json::Value, format: ContentFormat) -> R
     Ok(serde_json::Value::Object(out))
 }
 
-/// The text of a content part; other parts need an image-text model.
-fn text_part(part: &serde_json::Value) -> Result<&str, ChatError> {
+/// A content part as a template reads it.
+enum ContentPiece<'a> {
+    Text(&'a str),
+    /// An image, audio or video (`kind`), written as `placeholder` in a string.
+    Media {
+        kind: &'a str,
+        placeholder: &'a str,
+    },
+}
+
+/// A content part: a text, or a medium the model takes; other parts need a model that reads
+/// them.
+fn content_part<'a>(part: &'a serde_json::Value, placeholders: Option<&'a MediaPlaceholders>) -> Result<ContentPiece<'a>, ChatError> {
     match part.get("type").and_then(serde_json::Value::as_str) {
-        Some("text") | Some("input_text") => {
-            part.get("text").and_then(serde_json::Value::as_str).ok_or_else(|| ChatError("a text part needs a string `text`".into()))
-        }
-        Some(other) => Err(ChatError(format!("content parts of type `{other}` need an image-text model; this model reads text only"))),
+        Some("text") | Some("input_text") => part
+            .get("text")
+            .and_then(serde_json::Value::as_str)
+            .map(ContentPiece::Text)
+            .ok_or_else(|| ChatError("a text part needs a string `text`".into())),
+        Some(kind) => match placeholders.and_then(|p| p.of(kind)) {
+            Some(placeholder) => Ok(ContentPiece::Media { kind, placeholder }),
+            None => Err(ChatError(format!("content parts of type `{kind}` need an image-text model; this model reads text only"))),
+        },
         None => Err(ChatError("each content part needs a `type`".into())),
     }
+}
+
+/// A message's parts as one string (vLLM's string content format): the texts joined by
+/// newlines; before them, one a line, the placeholder of each medium the texts do not already
+/// hold, grouped by kind in the order the kinds first appear (`get_full_multimodal_text_prompt`
+/// without `interleave_strings`; more typed than sent is its error).
+fn flattened(parts: &[ContentPiece]) -> Result<String, ChatError> {
+    let texts: Vec<&str> = parts.iter().filter_map(|p| if let ContentPiece::Text(t) = p { Some(*t) } else { None }).collect();
+    let text = texts.join("\n");
+    let mut kinds: Vec<(&str, usize)> = Vec::new();
+    for part in parts {
+        if let ContentPiece::Media { placeholder, .. } = part {
+            match kinds.iter_mut().find(|(p, _)| p == placeholder) {
+                Some((_, count)) => *count += 1,
+                None => kinds.push((placeholder, 1)),
+            }
+        }
+    }
+    let mut lines: Vec<&str> = Vec::new();
+    for (placeholder, count) in kinds {
+        let typed = text.matches(placeholder).count();
+        let missing = count.checked_sub(typed).ok_or_else(|| {
+            ChatError(format!("Found more '{placeholder}' placeholders in input prompt than actual multimodal data items."))
+        })?;
+        lines.extend(std::iter::repeat_n(placeholder, missing));
+    }
+    if !text.is_empty() {
+        lines.push(&text);
+    }
+    Ok(lines.join("\n"))
 }
 
 /// transformers' `continue_final_message`: the text up to the end of the last message's
@@ -480,6 +571,36 @@ mod tests {
         assert!(string.render(&image, &ChatOptions::default()).unwrap_err().0.contains("image-text model"));
     }
 
+    /// A model's media: `{"type": "image"}` for a template that loops over content; for one
+    /// that reads a string, vLLM's placeholders first, grouped by kind, one a line.
+    #[test]
+    fn media_parts_follow_the_template() {
+        let placeholders = MediaPlaceholders { image: Some("<I>".into()), audio: Some("<A>".into()), video: None };
+        let options = ChatOptions { placeholders: Some(placeholders), ..Default::default() };
+        let content =
+            json!([{"type": "text", "text": "a"}, {"type": "audio"}, {"type": "image"}, {"type": "text", "text": "b"}, {"type": "audio"}]);
+        let parts = vec![json!({"role": "user", "content": content})];
+        let string = ChatTemplate::new(Some("{{ messages[0]['content'] }}".into()), &json!({}), None).unwrap();
+        assert_eq!(string.render(&parts, &options).unwrap(), "<A>\n<A>\n<I>\na\nb");
+        let openai = ChatTemplate::new(
+            Some("{% for m in messages %}{% for part in m['content'] %}[{{ part.type }}]{% endfor %}{% endfor %}".into()),
+            &json!({}),
+            None,
+        )
+        .unwrap();
+        assert_eq!(openai.render(&parts, &options).unwrap(), "[text][audio][image][text][audio]");
+        // A placeholder typed in the text stands for a medium where it is typed; more than the
+        // media is vLLM's error.
+        let typed = vec![json!({"role": "user", "content": [{"type": "text", "text": "x <I> y"}, {"type": "image"}]})];
+        assert_eq!(string.render(&typed, &options).unwrap(), "x <I> y");
+        let extra = vec![json!({"role": "user", "content": [{"type": "text", "text": "<I><I>"}, {"type": "image"}]})];
+        assert_eq!(
+            string.render(&extra, &options).unwrap_err().0,
+            "Found more '<I>' placeholders in input prompt than actual multimodal data items."
+        );
+        let video = vec![json!({"role": "user", "content": [{"type": "video"}]})];
+        assert!(string.render(&video, &options).is_err(), "a kind the model does not take");
+    }
     #[test]
     fn runaway_templates_run_out_of_fuel() {
         let template = ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}".into()), &json!({}), None).unwrap();

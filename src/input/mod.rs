@@ -29,7 +29,7 @@ pub mod video;
 pub mod workers;
 
 pub use prepare::{
-    AudioSide, ImageProcessing, ImageSide, InputOptions, PageFrame, PageText, Preprocessor, SoftTokenFrame, TextFrame, VideoSide,
+    AudioSide, ChatTurn, ImageProcessing, ImageSide, InputOptions, PageFrame, PageText, Preprocessor, SoftTokenFrame, TextFrame, VideoSide,
 };
 
 use crate::models::batch::TokenizedInput;
@@ -47,9 +47,13 @@ pub enum Prompt {
     /// models that read media inside their text (EmbeddingGemma 2); other image-text models
     /// refuse it. An audio input alone is one of these too (no model embeds audio on its own).
     Interleaved(Vec<Part>),
+    /// A chat message as the model's chat template wrote it, each medium where the template put
+    /// its placeholder ([`Preprocessor::render_media_chat`]): the parts stand as they are (no
+    /// separator, no sentence-transformers prompt; the template wrote the special tokens).
+    Chat(Vec<Part>),
 }
 
-/// One part of an [`Prompt::Interleaved`] input.
+/// One part of an [`Prompt::Interleaved`] or [`Prompt::Chat`] input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     Text(String),
@@ -61,29 +65,30 @@ pub enum Part {
 }
 
 impl Prompt {
+    /// The parts of an input of several ([`Prompt::Interleaved`], [`Prompt::Chat`]).
+    pub fn parts(&self) -> &[Part] {
+        match self {
+            Prompt::Interleaved(parts) | Prompt::Chat(parts) => parts,
+            _ => &[],
+        }
+    }
+
     /// How many images the prompt holds.
     pub fn image_count(&self) -> usize {
         match self {
             Prompt::Image(_) => 1,
-            Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Image(_))).count(),
-            _ => 0,
+            _ => self.parts().iter().filter(|p| matches!(p, Part::Image(_))).count(),
         }
     }
 
     /// How many audio inputs the prompt holds.
     pub fn audio_count(&self) -> usize {
-        match self {
-            Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Audio(_))).count(),
-            _ => 0,
-        }
+        self.parts().iter().filter(|p| matches!(p, Part::Audio(_))).count()
     }
 
     /// How many videos the prompt holds.
     pub fn video_count(&self) -> usize {
-        match self {
-            Prompt::Interleaved(parts) => parts.iter().filter(|p| matches!(p, Part::Video(_))).count(),
-            _ => 0,
-        }
+        self.parts().iter().filter(|p| matches!(p, Part::Video(_))).count()
     }
 
     /// Images, audio and videos: what makes a prompt more than text for the model.
@@ -96,7 +101,9 @@ impl Prompt {
         match self {
             Prompt::Text(text) => text.chars().count(),
             Prompt::Pair(query, document) => query.chars().count() + document.chars().count(),
-            Prompt::Interleaved(parts) => parts.iter().map(|p| if let Part::Text(t) = p { t.chars().count() } else { 0 }).sum(),
+            Prompt::Interleaved(parts) | Prompt::Chat(parts) => {
+                parts.iter().map(|p| if let Part::Text(t) = p { t.chars().count() } else { 0 }).sum()
+            }
             Prompt::Tokens(_) | Prompt::Image(_) => 0,
         }
     }

@@ -1,6 +1,7 @@
-//! The model layer: transformer architectures on the flat padding-free [`Batch`], their
-//! kernels (`ops/`), the encoder most encoder families share (`encoder`), and the weights of
-//! their task heads (`head_weights`). Depends on nothing else of ours.
+//! The model layer: transformer architectures on the flat padding-free [`Batch`], built from
+//! the fused operations of [`crate::kernels`], the encoder most encoder families share
+//! (`encoder`), and the weights of their task heads (`head_weights`). Depends only on
+//! `kernels`.
 //!
 //! An architecture is one file (its config, detection, backbone and heads) implementing
 //! [`Architecture`], registered by one line of [`ARCHITECTURES`]. A backbone turns a batch into

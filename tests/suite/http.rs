@@ -132,7 +132,7 @@ async fn bad_requests_get_the_error_shape() {
     assert_error(
         &post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 16})).await,
         StatusCode::BAD_REQUEST,
-        &format!("Model \"{name}\" does not support matryoshka representation, changing output dimensions will lead to poor results."),
+        &format!("Model '{name}' does not support Matryoshka embeddings; dimensions must be unset (received dimensions=16)."),
     );
     assert_error(
         &post(&router, "/v1/embeddings", json!({"input": "a", "truncate_prompt_tokens": 500})).await,
@@ -162,11 +162,7 @@ async fn matryoshka_errors_follow_the_model() {
     });
     let router = router(engine, 2_000_000);
     let reply = post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 12})).await;
-    assert_error(
-        &reply,
-        StatusCode::BAD_REQUEST,
-        "only supports [8, 16] matryoshka dimensions, use other output dimensions will lead to poor results.",
-    );
+    assert_error(&reply, StatusCode::BAD_REQUEST, "only supports Matryoshka dimensions [8, 16], got 12.");
     let reply = post(&router, "/v1/embeddings", json!({"input": "a", "dimensions": 8})).await;
     assert_eq!(reply.body["data"][0]["embedding"].as_array().unwrap().len(), 8);
 }

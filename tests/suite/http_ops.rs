@@ -69,10 +69,12 @@ async fn api_key_guards_every_model_route() {
     let embed =
         send(&router, "POST", "/v1/embeddings", Some(json!({"input": "a"}).to_string()), &[("authorization", "Bearer s3cret")]).await;
     assert_eq!(embed.status, StatusCode::OK);
-    // Probes and version stay open.
-    for route in ["/health", "/metrics", "/version"] {
+    // Probes, version, the scrape and the API's description stay open (the list --api-key's
+    // help gives).
+    for route in ["/health", "/ping", "/", "/version", "/metrics", "/openapi.json", "/docs/"] {
         assert_eq!(send(&router, "GET", route, None, &[]).await.status, StatusCode::OK, "{route}");
     }
+    assert_eq!(send(&router, "POST", "/ping", None, &[]).await.status, StatusCode::OK, "POST /ping");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

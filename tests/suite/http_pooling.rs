@@ -69,7 +69,7 @@ async fn pooling_answers_each_task_in_its_shape() {
     assert_error(
         &post(&classifier, "/pooling", json!({"input": text, "dimensions": 2})).await,
         StatusCode::BAD_REQUEST,
-        "Task classify only supports",
+        "Task 'classify' only supports",
     );
     let tagger = router_for_fixture("bert-tokcls");
     let reply = post(&tagger, "/pooling", json!({"input": text})).await;

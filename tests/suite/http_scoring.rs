@@ -71,7 +71,7 @@ async fn classify_errors() {
     assert_error(
         &reply,
         StatusCode::BAD_REQUEST,
-        "Task classify only supports ['use_activation'] parameters, does not support ['dimensions'] parameters",
+        "Task 'classify' only supports ['use_activation'] parameters, does not support ['dimensions'] parameters",
     );
     let reply = post(&router, "/classify", json!({"input": "x", "normalize": true})).await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "does not support ['normalize'] parameters");
@@ -170,7 +170,7 @@ async fn score_errors() {
     assert_error(
         &bad(json!({"text_1": "a", "text_2": "b", "dimensions": 4})).await,
         StatusCode::BAD_REQUEST,
-        "Task score only supports ['use_activation'] parameters",
+        "Task 'score' only supports ['use_activation'] parameters",
     );
     assert_error(
         &bad(json!({"text_1": "a", "text_2": "b", "max_tokens_per_doc": -1})).await,
@@ -313,7 +313,7 @@ async fn rerank_sorts_cuts_and_shapes_like_cohere() {
     assert_error(
         &post(&router, "/rerank", json!({"query": "a", "documents": ["b"], "normalize": true})).await,
         StatusCode::BAD_REQUEST,
-        "Task score only supports ['use_activation'] parameters",
+        "Task 'score' only supports ['use_activation'] parameters",
     );
 }
 

@@ -16,7 +16,8 @@ use poolserve::pooling::Task;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
-const MODELS: [&str; 2] = ["clip-tiny", "siglip-tiny"];
+// Each family in two shapes (tests/fixtures/make_image_models.py: CLIP_SHAPES, SIGLIP_SHAPES).
+const MODELS: [&str; 4] = ["clip-tiny", "siglip-tiny", "clip-second-tiny", "siglip-second-tiny"];
 
 fn image_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images").join(name)

@@ -20,14 +20,18 @@ fn image_url(file: &str) -> String {
 }
 
 /// An input's content as a chat message carries it: the image first, then the text (the
-/// embedder's order).
+/// embedder's order), or the text first where the reference says so (`text_first`).
 fn content(input: &Value) -> Value {
     let mut parts = Vec::new();
     if let Some(file) = input["image"].as_str() {
         parts.push(json!({"type": "image_url", "image_url": {"url": image_url(file)}}));
     }
     if let Some(text) = input["text"].as_str() {
-        parts.push(json!({"type": "text", "text": text}));
+        let text = json!({"type": "text", "text": text});
+        match input["text_first"].as_bool() {
+            Some(true) => parts.insert(0, text),
+            _ => parts.push(text),
+        }
     }
     json!(parts)
 }
@@ -47,8 +51,16 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn texts_images_and_both_embed_as_the_published_embedder_does() {
-    let expected = expected(MODEL);
-    let engine = engine(&fixture_model(MODEL), |_| {});
+    // Two shapes (make_qwen3_vl.py QWEN3_VL_SHAPES); the second has a text before its image too.
+    for model in [MODEL, "qwen3-vl-embedding-second-tiny"] {
+        eprintln!("{model}:");
+        embeds_as_the_published_embedder_does(model).await;
+    }
+}
+
+async fn embeds_as_the_published_embedder_does(model: &str) {
+    let expected = expected(model);
+    let engine = engine(&fixture_model(model), |_| {});
     assert!(engine.spec().tasks.contains(&poolserve::pooling::Task::Embed), "{:?}", engine.spec().tasks);
     let router = router(engine, 16 << 20);
     let inputs = expected["inputs"].as_array().unwrap();

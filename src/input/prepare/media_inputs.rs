@@ -47,7 +47,7 @@ impl Preprocessor {
         };
         let inputs = match &side.processing {
             ImageProcessing::Crop { processor, tables } => {
-                if prompts.iter().any(|p| matches!(p, Prompt::Interleaved(_))) {
+                if prompts.iter().any(|p| matches!(p, Prompt::Interleaved(_) | Prompt::Chat(_))) {
                     return Err(InputError::Media {
                         message: "one input holds several parts (text and an image, or several images): this model embeds one text or one image per input; send them as separate inputs".into(),
                         param: None,
@@ -248,19 +248,24 @@ impl Preprocessor {
         // EmbeddingGemma 2's processor puts a newline between them.
         let separator = if page.is_some() && mixed { "" } else { "\n" };
         let mut texts = Vec::with_capacity(prompts.len());
+        let chat = prompts.iter().any(|p| matches!(p, Prompt::Chat(_)));
+        if chat && !prompts.iter().all(|p| matches!(p, Prompt::Chat(_) | Prompt::Text(_))) {
+            return Err(InputError::Media { message: "chat messages and other media inputs cannot share a request".into(), param: None });
+        }
+        let mut media_text = |part: &Part| -> Result<String, InputError> {
+            match part {
+                Part::Text(text) => Ok(text.clone()),
+                Part::Image(_) => next_image.next().ok_or(InputError::Stopped).and_then(image_text),
+                Part::Audio(_) => next_audio.next().ok_or(InputError::Stopped).and_then(audio_text),
+                Part::Video(_) => next_video.next().ok_or(InputError::Stopped).and_then(video_text),
+            }
+        };
         for prompt in &prompts {
             let text = match prompt {
+                // The template placed every part: they stand as they are, with no prompt.
+                Prompt::Chat(parts) => parts.iter().map(&mut media_text).collect::<Result<String, _>>()?,
                 Prompt::Interleaved(parts) => {
-                    let joined = parts
-                        .iter()
-                        .map(|part| match part {
-                            Part::Text(text) => Ok(text.clone()),
-                            Part::Image(_) => next_image.next().ok_or(InputError::Stopped).and_then(image_text),
-                            Part::Audio(_) => next_audio.next().ok_or(InputError::Stopped).and_then(audio_text),
-                            Part::Video(_) => next_video.next().ok_or(InputError::Stopped).and_then(video_text),
-                        })
-                        .collect::<Result<Vec<_>, _>>()?
-                        .join(separator);
+                    let joined = parts.iter().map(&mut media_text).collect::<Result<Vec<_>, _>>()?.join(separator);
                     let alone = matches!(parts.as_slice(), [Part::Audio(_)] | [Part::Image(_)] | [Part::Video(_)]);
                     // A frame with an instruction takes the prompt there, whatever the input.
                     let prompt = match page {
@@ -270,7 +275,8 @@ impl Preprocessor {
                     };
                     format!("{prompt}{joined}")
                 }
-                _ => next_image.next().ok_or(InputError::Stopped).and_then(image_text)?,
+                // A lone image: the next image's text (the part only names the kind).
+                _ => media_text(&Part::Image(Vec::new()))?,
             };
             let text = match page {
                 Some(page) => {
@@ -284,8 +290,10 @@ impl Preprocessor {
         // Where a page's processor writes its special tokens itself the tokenizer adds none;
         // where it calls the tokenizer with its defaults (the Qwen-based retrievers) the
         // tokenizer's post-processor runs, as there.
+        // A chat template wrote its special tokens: the request's `add_special_tokens` (false
+        // unless it says otherwise) decides, as for rendered text conversations.
         let encode = EncodeOptions {
-            add_special_tokens: page.is_none_or(|page| page.special_tokens),
+            add_special_tokens: if chat { options.encode.add_special_tokens } else { page.is_none_or(|page| page.special_tokens) },
             truncate_to: None,
             side: TruncationSide::Right,
             pair_limits: Default::default(),
@@ -388,8 +396,7 @@ struct Media {
 fn lone_image(prompt: &Prompt) -> bool {
     match prompt {
         Prompt::Image(_) => true,
-        Prompt::Interleaved(parts) => matches!(parts.as_slice(), [Part::Image(_)]),
-        _ => false,
+        _ => matches!(prompt.parts(), [Part::Image(_)]),
     }
 }
 
@@ -412,31 +419,18 @@ pub(super) fn placeholder_typed(medium: &str, placeholder: &str) -> InputError {
 
 /// The encoded audio of a prompt, in order.
 pub(super) fn audio_bytes(prompt: &Prompt) -> Vec<&[u8]> {
-    match prompt {
-        Prompt::Interleaved(parts) => {
-            parts.iter().filter_map(|p| if let Part::Audio(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
-        }
-        _ => Vec::new(),
-    }
+    prompt.parts().iter().filter_map(|p| if let Part::Audio(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
 }
 
 /// The encoded videos of a prompt, in order.
 pub(super) fn video_bytes(prompt: &Prompt) -> Vec<&[u8]> {
-    match prompt {
-        Prompt::Interleaved(parts) => {
-            parts.iter().filter_map(|p| if let Part::Video(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
-        }
-        _ => Vec::new(),
-    }
+    prompt.parts().iter().filter_map(|p| if let Part::Video(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
 }
 
 /// The encoded images of a prompt, in order.
 pub(super) fn image_bytes(prompt: &Prompt) -> Vec<&[u8]> {
     match prompt {
         Prompt::Image(bytes) => vec![bytes],
-        Prompt::Interleaved(parts) => {
-            parts.iter().filter_map(|p| if let Part::Image(bytes) = p { Some(bytes.as_slice()) } else { None }).collect()
-        }
-        _ => Vec::new(),
+        _ => prompt.parts().iter().filter_map(|p| if let Part::Image(bytes) = p { Some(bytes.as_slice()) } else { None }).collect(),
     }
 }

@@ -16,10 +16,12 @@ use super::chat_template::{ChatOptions, ChatTemplate};
 use super::tokenizer::{self, EncodeOptions, TextInput, TextTokenizer, TokenInfo, TruncationSide};
 use super::workers::InputWorkers;
 
+mod media_chat;
 mod media_inputs;
 mod sides;
 use super::{InputError, ModelInput, Prompt, MAX_BYTES_PER_TOKEN};
 use crate::models::batch::TokenizedInput;
+pub use media_chat::ChatTurn;
 use media_inputs::{audio_bytes, image_bytes, video_bytes, MediaNumbering};
 pub use sides::{AudioSide, ImageProcessing, ImageSide, PageFrame, PageText, SoftTokenFrame, TextFrame, VideoSide};
 use std::borrow::Cow;
@@ -512,7 +514,7 @@ impl Preprocessor {
                     self.bounded_side(q, options, limits.query)
                         .and_then(|q| Ok(TextInput::Pair(q.into_owned(), self.bounded_side(d, options, limits.document)?.into_owned()))),
                 ),
-                Prompt::Tokens(_) | Prompt::Image(_) | Prompt::Interleaved(_) => None,
+                Prompt::Tokens(_) | Prompt::Image(_) | Prompt::Interleaved(_) | Prompt::Chat(_) => None,
             })
             .collect::<Result<_, _>>()?;
         let encoding = if prompts.iter().any(|p| matches!(p, Prompt::Pair(..))) { options.encode } else { self.text_encoding(options) };
@@ -529,7 +531,9 @@ impl Preprocessor {
                     self.check_token_ids(&ids)?;
                     tokenizer::truncate_ids(ids, options.encode)
                 }
-                Prompt::Image(_) | Prompt::Interleaved(_) => return Err(InputError::Panicked("an image reached the tokenizer")),
+                Prompt::Image(_) | Prompt::Interleaved(_) | Prompt::Chat(_) => {
+                    return Err(InputError::Panicked("an image reached the tokenizer"))
+                }
             };
             let input = self.padded(input, options)?;
             check_length(input.len(), options.max_len, from_text)?;
