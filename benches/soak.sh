@@ -6,14 +6,20 @@
 # or half of a run under 15 minutes), on any 5xx or unexpected status, and with CHECK_P99=1 when a
 # minute's p99 passes 1.5x the first minute's.
 #
-#   benches/soak.sh [MINUTES]        # POOLSERVE_BIN (default target/release/poolserve), PYTHON
+#   benches/soak.sh [MINUTES | SECONDSs]   # 30 (default), or e.g. 60s; POOLSERVE_BIN (default
+#                                          # target/release/poolserve), PYTHON
 #
 # Models: models/all-MiniLM-L6-v2 (scripts/fetch-minilm.sh), models/rampart-ner
 # (scripts/fetch-models.sh; else the bert-tokcls fixture), and the bert-reranker, bert-colbert
-# and clip-tiny fixtures. The test command runs a 3-minute version on its release binary.
+# and clip-tiny fixtures. The test command runs a 60-second version on its release binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-minutes=${1:-30}
+duration=${1:-30}
+case "$duration" in
+  *s) seconds=${duration%s} ;;
+  *) seconds=$((duration * 60)) ;;
+esac
+[ "$seconds" -gt 0 ] 2> /dev/null || { echo "soak: the duration is minutes or seconds with an s (60s), not '$duration'" >&2; exit 2; }
 bin=${POOLSERVE_BIN:-target/release/poolserve}
 python=${PYTHON:-python3}
 out=${SOAK_OUT:-target/soak}
@@ -21,7 +27,7 @@ embedder=${SOAK_EMBEDDER:-models/all-MiniLM-L6-v2}
 tagger=models/rampart-ner
 [ -d "$tagger" ] || { echo "soak: $tagger missing: the bert-tokcls fixture tags instead" >&2; tagger=tests/fixtures/models/bert-tokcls; }
 [ -d "$embedder" ] || { echo "soak: $embedder missing (scripts/fetch-minilm.sh models)" >&2; exit 2; }
-warmup=$(( minutes >= 15 ? 300 : minutes * 30 ))
+warmup=$(( seconds >= 900 ? 300 : seconds / 2 ))
 mkdir -p "$out"
 config="$out/models.yaml"
 cat > "$config" <<YAML
@@ -48,4 +54,4 @@ for _ in $(seq 1 600); do
 done
 check_p99=()
 [ "${CHECK_P99:-0}" = 1 ] && check_p99=(--check-p99)
-"$python" benches/soak.py --url "http://127.0.0.1:$port" --pid $server --seconds $(( minutes * 60 )) --warmup $warmup --out "$out" "${check_p99[@]}"
+"$python" benches/soak.py --url "http://127.0.0.1:$port" --pid $server --seconds $seconds --warmup $warmup --out "$out" "${check_p99[@]}"
