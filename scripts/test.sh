@@ -116,7 +116,7 @@ system_packages() {
 }
 python_and_models() {
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere onnx numpy pydantic tokenizers safetensors kubernetes-validate \
+  .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere ollama onnx numpy pydantic tokenizers safetensors kubernetes-validate \
     schemathesis matplotlib grpcio grpcio-tools grpcio-health-checking grpcio-reflection 'httpx[http2]' cryptography opentelemetry-proto
   # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
   .venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml configs/kubernetes/two-models/*.yaml
@@ -168,7 +168,7 @@ for cap in portable avx2 avx512 avx512_bf16; do
   # The portable kernels are plain loops: the real MiniLM in bfloat16, in int8 and as a
   # cross-encoder took 118 of the suite's 170 core-seconds there; the fixtures cover those paths.
   # Left out at every level: the modules about requests and protocols, not numbers.
-  skip='test(/^(cli|http|http_ops|http_pooling|http_scoring|grpc|tei_compat|vllm_compat|multi_model|batch|chat_templates|layers)::/)'
+  skip='test(/^(cli|hub|http|http_ops|http_plumbing|http_pooling|http_scoring|grpc|tei_compat|vllm_compat|multi_model|ollama|batch|chat_templates|layers)::/)'
   [ "$cap" = portable ] && skip+=' | test(/^minilm::minilm_(bfloat16|int8|sized_cross_encoder)/)'
   POOLSERVE_MAX_CPU_ISA=$cap clippy_cargo nextest run --locked --test suite -E "not ($skip)"
 done
@@ -219,6 +219,7 @@ serve "$POOLSERVE_MINILM" --served-model-name all-MiniLM-L6-v2
 POOLSERVE_URL="$base/v1" .venv/bin/python examples/openai_client.py
 echo "openai example: ok"
 POOLSERVE_BASE="$base" .venv/bin/python examples/cohere_embed.py
+OLLAMA_HOST="$base" .venv/bin/python examples/ollama_embed.py
 scripts/check-docs-page.sh "$base" target/docs-page.png
 target/debug/examples/offline_embed "$POOLSERVE_MINILM"
 echo "library example: ok"

@@ -16,6 +16,7 @@ pub mod json;
 pub mod lora;
 pub mod meta;
 pub mod observe;
+pub mod ollama;
 pub mod openapi;
 pub mod plugin;
 pub mod pooling;
@@ -75,7 +76,8 @@ struct StateInner {
 /// The HTTP layer's own settings (from `ServerConfig`).
 #[derive(Debug, Clone)]
 pub struct ApiOptions {
-    pub api_key: Option<String>,
+    /// `--api-key`: requests must send one of these (none: no key asked for).
+    pub api_keys: Vec<String>,
     pub max_client_batch_size: usize,
     /// Whether a request may bring its own `chat_template`.
     pub trust_request_chat_template: bool,
@@ -83,16 +85,20 @@ pub struct ApiOptions {
     pub media: crate::input::media::MediaOptions,
     /// Whether the LoRA load/unload routes exist ([`lora`]).
     pub allow_runtime_lora_updating: bool,
+    /// The path clients reach the routes under (`--root-path` then `--url-prefix`; "" for
+    /// none): the OpenAPI description's server and where /docs fetches it.
+    pub public_prefix: String,
 }
 
 impl Default for ApiOptions {
     fn default() -> Self {
         ApiOptions {
-            api_key: None,
+            api_keys: Vec::new(),
             max_client_batch_size: 1024,
             trust_request_chat_template: false,
             media: crate::input::media::MediaOptions::default(),
             allow_runtime_lora_updating: false,
+            public_prefix: String::new(),
         }
     }
 }
@@ -464,6 +470,9 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/invocations", post(invocations::invocations))
         .route("/v1/models", get(meta::models))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/api/tags", get(ollama::tags))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     let routes = Router::new()
         .merge(protected)
@@ -471,9 +480,10 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/ping", get(meta::health).post(meta::health))
         .route("/", get(meta::health))
         .route("/version", get(meta::version))
+        .route("/api/version", get(ollama::version))
         .route("/metrics", get(observe::metrics_text))
         .route("/openapi.json", get(openapi::openapi_json))
-        .merge(openapi::docs());
+        .merge(openapi::docs(&state.options().public_prefix));
     let routes = grpc::add_services(routes, state.clone(), payload_limit);
     with_layers(routes, payload_limit).with_state(state)
 }

@@ -3,7 +3,10 @@
 //! Aliases (`/embeddings`, `/v1/score`, `/v1/rerank`, `/v2/rerank`) share their primary
 //! route's operation and are named in its description. `GET /docs` is Swagger UI over it, its
 //! assets compiled into the binary (the crate's `vendored` feature): the page works offline.
+//! Behind `--root-path` or `--url-prefix` the description names that path as its server (as
+//! FastAPI does with `root_path`), and the page fetches the description through it.
 
+use axum::extract::State;
 use axum::Json;
 use utoipa::OpenApi;
 
@@ -51,11 +54,17 @@ use utoipa::OpenApi;
 )]
 pub struct ApiDoc;
 
-pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub async fn openapi_json(State(state): State<super::AppState>) -> Json<utoipa::openapi::OpenApi> {
+    let mut api = ApiDoc::openapi();
+    let prefix = &state.options().public_prefix;
+    if !prefix.is_empty() {
+        api.servers = Some(vec![utoipa::openapi::Server::new(prefix.clone())]);
+    }
+    Json(api)
 }
 
-/// `/docs`: the interactive API page, reading `/openapi.json`.
-pub fn docs<S: Clone + Send + Sync + 'static>() -> axum::Router<S> {
-    utoipa_swagger_ui::SwaggerUi::new("/docs").config(utoipa_swagger_ui::Config::from("/openapi.json")).into()
+/// `/docs`: the interactive API page, reading `/openapi.json` through `public_prefix`.
+pub fn docs<S: Clone + Send + Sync + 'static>(public_prefix: &str) -> axum::Router<S> {
+    let description = format!("{public_prefix}/openapi.json");
+    utoipa_swagger_ui::SwaggerUi::new("/docs").config(utoipa_swagger_ui::Config::from(description)).into()
 }

@@ -56,13 +56,38 @@ pub struct ServeArgs {
     /// Hub revision (branch, tag or commit) for hub ids.
     #[arg(long, env = "POOLSERVE_REVISION")]
     pub revision: Option<String>,
+    /// Hugging Face hub token for gated and private models (TEI's flag). Without it:
+    /// `HF_TOKEN`, then `HUGGING_FACE_HUB_TOKEN`, then the token file `$HF_HOME/token`.
+    /// `HF_ENDPOINT` points the hub at a mirror or proxy.
+    #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
+    pub hf_token: Option<String>,
     /// Longest input in tokens; at most the model's own limit.
     #[arg(long, env = "POOLSERVE_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+    /// Cut inputs over --max-model-len when a request names no truncation (TEI's flag) on the
+    /// OpenAI and vLLM routes, which otherwise refuse them with 400 as vLLM does (TEI's,
+    /// Cohere's and Ollama's routes cut by default; Cohere's `truncate: NONE` is cut too with
+    /// this flag). Not with chunked processing, which embeds long inputs whole.
+    #[arg(long, env = "POOLSERVE_AUTO_TRUNCATE")]
+    pub auto_truncate: bool,
     /// Name clients send as `model` (default: the MODEL argument); one model only (use
     /// `NAME=MODEL` for several, `name` in a models file).
     #[arg(long, env = "POOLSERVE_SERVED_MODEL_NAME", conflicts_with = "config")]
     pub served_model_name: Option<String>,
+    /// Serve every route under this path (Infinity's flag), for ingresses that route by path:
+    /// `--url-prefix /embed-svc` answers `/embed-svc/v1/embeddings`, `/embed-svc/health`, …
+    /// (gRPC stays at its protocol's paths).
+    #[arg(long, env = "POOLSERVE_URL_PREFIX")]
+    pub url_prefix: Option<String>,
+    /// The path a proxy in front strips before forwarding (vLLM's and FastAPI's
+    /// `--root-path`): routes stay where they are; the OpenAPI description names it as its
+    /// server, and /docs fetches the description through it.
+    #[arg(long, env = "POOLSERVE_ROOT_PATH")]
+    pub root_path: Option<String>,
+    /// Listen on this Unix socket instead of --host and --port (vLLM's flag; TEI's
+    /// `--uds-path`). A socket file left by an earlier run is replaced.
+    #[arg(long, alias = "uds-path", env = "POOLSERVE_UDS")]
+    pub uds: Option<std::path::PathBuf>,
     #[arg(long, default_value = "0.0.0.0", env = "POOLSERVE_HOST")]
     pub host: String,
     #[arg(long, default_value_t = 8000, env = "POOLSERVE_PORT")]
@@ -131,8 +156,27 @@ pub struct ServeArgs {
     pub tokenizer_workers: usize,
     /// Require `Authorization: Bearer KEY` on every route but /health, /ping, GET /, /version,
     /// /metrics, /openapi.json and /docs.
+    /// Repeat the flag for several keys (any is accepted).
     #[arg(long, env = "POOLSERVE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// More keys, one a line (blank lines and `#` comments skipped): a mounted secret.
+    #[arg(long, env = "POOLSERVE_API_KEY_FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Browsers on these origins may call the API (CORS; vLLM's flag): a JSON list
+    /// (`'["https://app.example.com"]'`) or a comma-separated one, `*` for any. Off when not
+    /// given (vLLM allows any origin by default; a server not meant for browsers should not).
+    #[arg(long, alias = "cors-allow-origin", env = "POOLSERVE_ALLOWED_ORIGINS")]
+    pub allowed_origins: Option<String>,
+    /// The methods CORS allows (vLLM's flag and default: `*`); with --allowed-origins.
+    #[arg(long, env = "POOLSERVE_ALLOWED_METHODS", requires = "allowed_origins")]
+    pub allowed_methods: Option<String>,
+    /// The request headers CORS allows (vLLM's flag and default: `*`); with --allowed-origins.
+    #[arg(long, env = "POOLSERVE_ALLOWED_HEADERS", requires = "allowed_origins")]
+    pub allowed_headers: Option<String>,
+    /// CORS requests may carry cookies and `Authorization` (vLLM's flag); `*` lists then
+    /// answer with the request's own origin, method and headers, as Starlette does.
+    #[arg(long, env = "POOLSERVE_ALLOW_CREDENTIALS", requires = "allowed_origins")]
+    pub allow_credentials: bool,
     /// Most inputs (texts, token lists, pairs, documents) in one request; more get 400.
     #[arg(long, default_value_t = 1024, env = "POOLSERVE_MAX_CLIENT_BATCH_SIZE")]
     pub max_client_batch_size: usize,

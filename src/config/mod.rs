@@ -6,10 +6,12 @@
 //! (`--config FILE`); here, their values checked and turned into a [`ServerConfig`].
 
 mod args;
+mod cors;
 mod models_file;
 mod vllm_args;
 
 pub use args::{LogFormat, ServeArgs};
+pub use cors::{CorsList, CorsOptions};
 pub use vllm_args::vllm_style_args;
 
 use crate::engine::EngineOptions;
@@ -27,8 +29,15 @@ pub struct ServerConfig {
     pub plugins: crate::plugin::PluginOptions,
     pub host: String,
     pub port: u16,
+    /// `--uds`: a Unix socket instead of host and port.
+    pub uds: Option<std::path::PathBuf>,
+    /// `--url-prefix`: every route under this path ("" for none).
+    pub url_prefix: String,
+    /// `--root-path`: the path a proxy strips ("" for none).
+    pub root_path: String,
     pub payload_limit: usize,
-    pub api_key: Option<String>,
+    /// `--api-key` (repeated) and `--api-key-file`: the keys accepted.
+    pub api_keys: Vec<String>,
     pub max_client_batch_size: usize,
     /// `--trust-request-chat-template`: requests may bring their own chat template.
     pub trust_request_chat_template: bool,
@@ -43,6 +52,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsOptions>,
     /// `--otlp-endpoint`: trace requests to an OpenTelemetry collector.
     pub telemetry: Option<crate::telemetry::TelemetryOptions>,
+    /// `--allowed-origins` and the rest: answer browsers' CORS requests.
+    pub cors: Option<CorsOptions>,
 }
 
 /// vLLM's TLS flags, checked for consistency (the files are read when the server starts).
@@ -216,11 +227,13 @@ impl TryFrom<ServeArgs> for ServerConfig {
             served_name: String::new(),
             source: String::new(),
             revision: args.revision,
+            hub_token: args.hf_token.as_deref().and_then(crate::loader::hub::HubToken::new),
             runner: args.runner,
             convert: args.convert,
             pooler,
             hf_overrides,
             max_model_len: args.max_model_len,
+            auto_truncate: args.auto_truncate,
             device: args.device,
             dtype: args.dtype,
             quantization: args.quantization,
@@ -271,19 +284,32 @@ impl TryFrom<ServeArgs> for ServerConfig {
             Some(endpoint) => Some(crate::telemetry::TelemetryOptions { endpoint, service_name: args.otlp_service_name }),
             None => None,
         };
+        let cors = cors::cors_options(
+            args.allowed_origins.as_deref(),
+            args.allowed_methods.as_deref(),
+            args.allowed_headers.as_deref(),
+            args.allow_credentials,
+        )?;
         Ok(ServerConfig {
             tls,
             telemetry,
+            cors,
             models,
             engine,
             plugins,
             host: args.host,
             port: args.port,
-            payload_limit: positive("payload-limit", args.payload_limit)?,
-            api_key: match args.api_key {
-                Some(key) if key.is_empty() => return Err(ConfigError("--api-key must not be empty".into())),
-                key => key,
+            url_prefix: url_path("--url-prefix", args.url_prefix.as_deref())?,
+            root_path: url_path("--root-path", args.root_path.as_deref())?,
+            uds: match args.uds {
+                Some(_) if args.ssl_certfile.is_some() => {
+                    return Err(ConfigError("--uds cannot be combined with --ssl-certfile: serve TLS on a TCP port".into()))
+                }
+                Some(path) if path.as_os_str().is_empty() => return Err(ConfigError("--uds must not be empty".into())),
+                uds => uds,
             },
+            payload_limit: positive("payload-limit", args.payload_limit)?,
+            api_keys: api_keys(&args.api_key, args.api_key_file.as_deref())?,
             max_client_batch_size: positive("max-client-batch-size", args.max_client_batch_size)?,
             trust_request_chat_template: args.trust_request_chat_template,
             shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
@@ -311,8 +337,11 @@ impl ServerConfig {
             plugins: crate::plugin::PluginOptions::default(),
             host: "0.0.0.0".into(),
             port: 8000,
+            uds: None,
+            url_prefix: String::new(),
+            root_path: String::new(),
             payload_limit: 2_000_000,
-            api_key: None,
+            api_keys: Vec::new(),
             max_client_batch_size: 1024,
             trust_request_chat_template: false,
             shutdown_timeout: std::time::Duration::from_secs(30),
@@ -322,8 +351,46 @@ impl ServerConfig {
             allow_runtime_lora_updating: false,
             tls: None,
             telemetry: None,
+            cors: None,
         }
     }
+}
+
+/// `--url-prefix` and `--root-path`: `/` and a path of segments, without a trailing slash
+/// (`/` alone is no prefix); nothing a router would read as a parameter or a query.
+fn url_path(flag: &str, value: Option<&str>) -> Result<String, ConfigError> {
+    let Some(value) = value else { return Ok(String::new()) };
+    if !value.starts_with('/') {
+        return Err(ConfigError(format!("{flag} must start with `/` (e.g. /embeddings), not `{value}`")));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_whitespace() || c.is_control() || "?#{}*%\\".contains(*c)) {
+        return Err(ConfigError(format!("{flag} `{value}` holds `{c}`: write a plain path such as /embeddings")));
+    }
+    if value.contains("//") {
+        return Err(ConfigError(format!("{flag} `{value}` has an empty segment")));
+    }
+    Ok(value.trim_end_matches('/').to_string())
+}
+
+/// `--api-key` values and the lines of `--api-key-file` (a Kubernetes secret mounted as a
+/// file: one key a line; blank lines and `#` comments skipped), read once at start.
+fn api_keys(flags: &[String], file: Option<&std::path::Path>) -> Result<Vec<String>, ConfigError> {
+    let mut keys = Vec::new();
+    for key in flags {
+        if key.trim().is_empty() {
+            return Err(ConfigError("--api-key must not be empty".into()));
+        }
+        keys.push(key.clone());
+    }
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("--api-key-file {}: {e}", path.display())))?;
+        let before = keys.len();
+        keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from));
+        if keys.len() == before {
+            return Err(ConfigError(format!("--api-key-file {} holds no key (one a line)", path.display())));
+        }
+    }
+    Ok(keys)
 }
 
 /// vLLM's switch for the adapter routes: `VLLM_ALLOW_RUNTIME_LORA_UPDATING` set to `1` or

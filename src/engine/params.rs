@@ -244,7 +244,7 @@ impl PoolingParams {
 
         let max_len = spec.max_model_len;
         let truncate_to = match self.truncate_prompt_tokens {
-            None => None,
+            None => (spec.auto_truncate && spec.chunked_up_to.is_none()).then_some(max_len),
             Some(-1) => Some(max_len),
             // pydantic's `Field(ge=-1)`, worded as vLLM's validation handler prints it.
             Some(k) if k < -1 => {

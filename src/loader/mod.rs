@@ -195,7 +195,7 @@ fn weight_files(source: &ModelSource) -> Result<WeightFiles, LoadError> {
 /// Loads the model `options` names: its files, its backbone and image tower, the decisions of
 /// its spec, its tokenizer and chat template, and the heads and adapters its tasks need.
 pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
-    let source = ModelSource::resolve(&options.source, options.revision.as_deref())?;
+    let source = ModelSource::resolve(&options.source, options.revision.as_deref(), options.hub_token.as_ref())?;
     let mut config: serde_json::Value = read_json(&source.required("config.json")?)?;
     model_spec::apply_overrides(&mut config, &options.hf_overrides);
     let (architecture_name, architecture) = model_spec::architecture_of(&config)?;

@@ -92,6 +92,9 @@ pub struct ModelOptions {
     pub served_name: String,
     /// Hub revision (branch, tag or commit) for hub ids.
     pub revision: Option<String>,
+    /// `--hf-token` / `HF_TOKEN`: the hub token for gated and private models (else the
+    /// environment's, then the token file: [`super::hub`]).
+    pub hub_token: Option<super::hub::HubToken>,
     pub runner: Runner,
     pub convert: Convert,
     pub pooler: PoolerConfig,
@@ -99,6 +102,8 @@ pub struct ModelOptions {
     pub hf_overrides: serde_json::Map<String, serde_json::Value>,
     /// Longest input in tokens; at most the model's own limit.
     pub max_model_len: Option<usize>,
+    /// `--auto-truncate`: requests without truncation are cut to the limit, not refused.
+    pub auto_truncate: bool,
     pub device: DeviceArg,
     pub dtype: DTypeArg,
     pub quantization: Option<Quantization>,
@@ -130,11 +135,13 @@ impl ModelOptions {
             served_name: source.clone(),
             source,
             revision: None,
+            hub_token: None,
             runner: Runner::Pooling,
             convert: Convert::Auto,
             pooler: PoolerConfig::default(),
             hf_overrides: serde_json::Map::new(),
             max_model_len: None,
+            auto_truncate: false,
             device: DeviceArg::Cpu,
             dtype: DTypeArg::Auto,
             quantization: None,

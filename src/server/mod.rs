@@ -4,6 +4,8 @@
 //! `--ssl-certfile` ([`tls`]).
 
 pub mod connections;
+pub mod cors;
+pub mod prefix;
 pub mod tls;
 
 use crate::api::{self, AppState};
@@ -58,32 +60,45 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     let state = AppState::new(
         names,
         api::ApiOptions {
-            api_key: config.api_key.clone(),
+            api_keys: config.api_keys.clone(),
             max_client_batch_size: config.max_client_batch_size,
             trust_request_chat_template: config.trust_request_chat_template,
             media,
             allow_runtime_lora_updating: config.allow_runtime_lora_updating,
+            public_prefix: format!("{}{}", config.root_path, config.url_prefix),
         },
     );
-    let app = api::router(state.clone(), config.payload_limit);
+    let mut app = prefix::under(api::router(state.clone(), config.payload_limit), &config.url_prefix);
+    if let Some(options) = &config.cors {
+        app = app.layer(cors::layer(options));
+        tracing::info!("CORS: answering browsers from {:?}", options.origins);
+    }
     if let Some(telemetry) = &config.telemetry {
         crate::telemetry::start(telemetry)?;
         tracing::info!("tracing requests to {} (OTLP/gRPC, service.name {})", telemetry.endpoint, telemetry.service_name);
     }
     let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
-    let listener = TcpListener::bind((config.host.as_str(), config.port))
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", config.host, config.port))?;
-    let scheme = if acceptor.is_some() { "https" } else { "http" };
-    tracing::info!("listening on {scheme}://{} (HTTP/1.1, HTTP/2, gRPC)", listener.local_addr()?);
-
     let stop = drain_on_signal(state.clone(), config.shutdown_timeout);
-    let mut server = tokio::spawn(async move {
-        match acceptor {
-            Some(acceptor) => connections::serve(tls::TlsListener::new(listener, acceptor)?, app, stop).await,
-            None => connections::serve(axum::serve::ListenerExt::tap_io(listener, connections::no_delay), app, stop).await,
+    let mut server = match &config.uds {
+        Some(path) => {
+            let listener = unix_listener(path)?;
+            tracing::info!("listening on unix:{} (HTTP/1.1, HTTP/2, gRPC)", path.display());
+            tokio::spawn(connections::serve(listener, app, stop))
         }
-    });
+        None => {
+            let listener = TcpListener::bind((config.host.as_str(), config.port))
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", config.host, config.port))?;
+            let scheme = if acceptor.is_some() { "https" } else { "http" };
+            tracing::info!("listening on {scheme}://{}{} (HTTP/1.1, HTTP/2, gRPC)", listener.local_addr()?, config.url_prefix);
+            tokio::spawn(async move {
+                match acceptor {
+                    Some(acceptor) => connections::serve(tls::TlsListener::new(listener, acceptor)?, app, stop).await,
+                    None => connections::serve(axum::serve::ListenerExt::tap_io(listener, connections::no_delay), app, stop).await,
+                }
+            })
+        }
+    };
 
     let loading = load_models(&config, &state);
     tokio::select! {
@@ -100,6 +115,26 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
     tracing::info!("stopped");
     flush_traces().await;
     Ok(())
+}
+
+/// `--uds`: binds the socket, replacing one an earlier run left (a socket file only: any other
+/// file at the path stops the server rather than being deleted).
+#[cfg(unix)]
+fn unix_listener(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    let cannot = |e: &dyn std::fmt::Display| anyhow::anyhow!("cannot listen on the unix socket {}: {e}", path.display());
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(cannot(&"the path exists and is not a socket"));
+        }
+        std::fs::remove_file(path).map_err(|e| cannot(&e))?;
+    }
+    tokio::net::UnixListener::bind(path).map_err(|e| cannot(&e))
+}
+
+#[cfg(not(unix))]
+fn unix_listener(path: &std::path::Path) -> anyhow::Result<std::convert::Infallible> {
+    anyhow::bail!("cannot listen on the unix socket {}: Unix sockets need a Unix system", path.display())
 }
 
 /// On SIGTERM/SIGINT: /health turns 503 and new model requests are refused at once, the

@@ -89,7 +89,7 @@ async fn embed_answers_as_the_http_route_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_key_guards_grpc_but_not_health() {
-    let options = ApiOptions { api_key: Some("sekret".into()), ..Default::default() };
+    let options = ApiOptions { api_keys: vec!["sekret".into()], ..Default::default() };
     let router = api::router(AppState::ready_with(engine(&fixture_model("bert-reranker"), |_| {}), options), 2_000_000);
     let predict = || pb::PredictPairRequest { inputs: vec!["a".into(), "b".into()], ..Default::default() };
     let (_, status, message) = call::<_, pb::PredictResponse>(&router, "/tei.v1.Predict/PredictPair", predict(), &[]).await;

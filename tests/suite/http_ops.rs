@@ -52,7 +52,7 @@ fn assert_error_shape(reply: &Reply, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_guards_every_model_route() {
-    let router = router_with(ApiOptions { api_key: Some("s3cret".into()), ..Default::default() });
+    let router = router_with(ApiOptions { api_keys: vec!["s3cret".into()], ..Default::default() });
     let body =
         json!({"input": "a", "prompt": "a", "tokens": [1], "text_1": "a", "text_2": "b", "query": "a", "documents": ["b"], "inputs": "a"});
     for route in POST_ROUTES {

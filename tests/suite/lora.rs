@@ -335,7 +335,7 @@ async fn adapters_load_and_unload_at_run_time() {
 #[tokio::test]
 async fn the_adapter_routes_sit_behind_the_api_key() {
     let engine = load(&lora_config("bert-embed-cls", &[], 1, |_| {}));
-    let options = ApiOptions { api_key: Some("k".into()), allow_runtime_lora_updating: true, ..ApiOptions::default() };
+    let options = ApiOptions { api_keys: vec!["k".into()], allow_runtime_lora_updating: true, ..ApiOptions::default() };
     let router = api::router(AppState::ready_with(engine, options), 2_000_000);
     let body = json!({"lora_name": "t", "lora_path": "/x"}).to_string();
     let reply = send(&router, "POST", "/v1/load_lora_adapter", Some(body.clone()), &[]).await;

@@ -52,7 +52,7 @@ pub fn open_streams() -> usize {
 /// message, as `--payload-limit` bounds an HTTP body.
 pub fn add_services(router: Router<AppState>, state: AppState, max_message: usize) -> Router<AppState> {
     let service = TeiService::new(state.clone());
-    let key = ApiKey(state.options().api_key.clone().map(Into::into));
+    let key = ApiKey(state.options().api_keys.clone().into());
     let router = add(router, InfoServer::new(service.clone()).max_decoding_message_size(max_message), &key);
     let router = add(router, EmbedServer::new(service.clone()).max_decoding_message_size(max_message), &key);
     let router = add(router, PredictServer::new(service.clone()).max_decoding_message_size(max_message), &key);
@@ -103,14 +103,16 @@ where
 /// `--api-key` for gRPC: TEI's check of the `authorization` metadata, compared in constant
 /// time as the HTTP routes compare it ([`super::auth`]).
 #[derive(Clone)]
-struct ApiKey(Option<std::sync::Arc<str>>);
+struct ApiKey(std::sync::Arc<[String]>);
 
 impl tonic::service::Interceptor for ApiKey {
     fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let Some(key) = &self.0 else { return Ok(request) };
+        if self.0.is_empty() {
+            return Ok(request);
+        }
         let sent = request.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         match sent {
-            Some(sent) if super::auth::constant_time_eq(sent.as_bytes(), key.as_bytes()) => Ok(request),
+            Some(sent) if super::auth::key_accepted(&self.0, sent) => Ok(request),
             _ => Err(tonic::Status::unauthenticated("No valid auth token")),
         }
     }

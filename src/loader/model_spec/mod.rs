@@ -58,6 +58,9 @@ pub struct ModelSpec {
     pub embedding_size: usize,
     pub matryoshka: Matryoshka,
     pub pooler_defaults: PoolerConfig,
+    /// `--auto-truncate` (TEI's flag): a request that names no truncation is cut to
+    /// `max_model_len` instead of refused (vLLM's routes; TEI's always default to cutting).
+    pub auto_truncate: bool,
     pub truncation_side: TruncationSide,
     /// sentence-transformers' `do_lower_case`: texts are lowercased before tokenizing.
     pub lowercase: bool,
@@ -161,6 +164,7 @@ impl ModelSpec {
             embedding_size,
             matryoshka: matryoshka_of(config),
             pooler_defaults: pooler.clone(),
+            auto_truncate: options.auto_truncate,
             truncation_side: match tokenizer_config.get("truncation_side").and_then(Value::as_str) {
                 Some("left") => TruncationSide::Left,
                 _ => TruncationSide::Right,
@@ -283,6 +287,7 @@ impl ModelSpec {
             embedding_size,
             matryoshka: Matryoshka::default(),
             pooler_defaults: PoolerConfig::default(),
+            auto_truncate: false,
             truncation_side: TruncationSide::Right,
             lowercase: false,
             segment_ids: true,
