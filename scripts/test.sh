@@ -168,7 +168,7 @@ for cap in portable avx2 avx512 avx512_bf16; do
   # The portable kernels are plain loops: the real MiniLM in bfloat16, in int8 and as a
   # cross-encoder took 118 of the suite's 170 core-seconds there; the fixtures cover those paths.
   # Left out at every level: the modules about requests and protocols, not numbers.
-  skip='test(/^(cli|hub|http|http_ops|http_plumbing|http_pooling|http_scoring|grpc|tei_compat|vllm_compat|multi_model|ollama|batch|chat_templates|layers)::/)'
+  skip='test(/^(cli|hub|http|http_ops|http_plumbing|http_pooling|http_scoring|grpc|tei_compat|vllm_compat|multi_model|models_on_demand|ollama|batch|chat_templates|layers)::/)'
   [ "$cap" = portable ] && skip+=' | test(/^minilm::minilm_(bfloat16|int8|sized_cross_encoder)/)'
   POOLSERVE_MAX_CPU_ISA=$cap clippy_cargo nextest run --locked --test suite -E "not ($skip)"
 done

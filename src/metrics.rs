@@ -18,7 +18,9 @@
 //! `tokenization_duration_seconds`, `queue_duration_seconds`, `inference_duration_seconds`
 //! (histograms, per input), `input_tokens_total`, `batch_size` and `batch_tokens` (histograms,
 //! per forward batch), `queue_depth` (gauge), `cancelled_inputs_total` (inputs dropped because
-//! their client went away), `model_load_seconds`; `requests_in_flight` (gauge, server-wide).
+//! their client went away), `model_load_seconds`, `model_loads_total`, `model_unloads_total`
+//! and `model_resident` (1 while loaded; models on demand load and unload while serving);
+//! `requests_in_flight` (gauge, server-wide).
 //! With `--cache-size`, per `{model}`: `cache_hits_total`, `cache_misses_total`,
 //! `cache_entries`, `cache_bytes`. `model` is the served name; requests that resolved no model
 //! (404s, /health) have `model=""`.
@@ -79,6 +81,9 @@ struct ModelSeries {
     cancelled_inputs: u64,
     queue_depth: usize,
     load_seconds: f64,
+    loads: u64,
+    unloads: u64,
+    resident: bool,
 }
 
 impl Default for ModelSeries {
@@ -93,6 +98,9 @@ impl Default for ModelSeries {
             cancelled_inputs: 0,
             queue_depth: 0,
             load_seconds: 0.0,
+            loads: 0,
+            unloads: 0,
+            resident: false,
         }
     }
 }
@@ -187,7 +195,19 @@ pub fn inputs_cancelled(model: &str, count: usize) {
 }
 
 pub fn model_loaded(model: &str, duration: Duration) {
-    with_model(model, |m| m.load_seconds = duration.as_secs_f64());
+    with_model(model, |m| {
+        m.load_seconds = duration.as_secs_f64();
+        m.loads += 1;
+        m.resident = true;
+    });
+}
+
+/// A model on demand was unloaded (evicted for another, idle, or asked to).
+pub fn model_unloaded(model: &str) {
+    with_model(model, |m| {
+        m.unloads += 1;
+        m.resident = false;
+    });
 }
 
 /// A plugin request ended with `outcome` (`ok`, `rejected`, `timeout`, `crashed`, `error`).
@@ -267,13 +287,16 @@ pub fn render() -> String {
             }
         }
         type Value = fn(&ModelSeries) -> f64;
-        let values: [(&str, &str, &str, Value); 4] = [
+        let values: [(&str, &str, &str, Value); 7] = [
             ("input_tokens_total", "counter", "Tokens run through the model.", |m| m.input_tokens as f64),
             ("cancelled_inputs_total", "counter", "Queued inputs dropped because their client disconnected.", |m| {
                 m.cancelled_inputs as f64
             }),
             ("queue_depth", "gauge", "Inputs waiting for the model.", |m| m.queue_depth as f64),
             ("model_load_seconds", "gauge", "Time the model took to load.", |m| m.load_seconds),
+            ("model_loads_total", "counter", "Times the model was loaded.", |m| m.loads as f64),
+            ("model_unloads_total", "counter", "Times the model was unloaded (models on demand).", |m| m.unloads as f64),
+            ("model_resident", "gauge", "1 while the model is loaded.", |m| f64::from(u8::from(m.resident))),
         ];
         for (name, kind, help, value) in values {
             let _ = writeln!(out, "# HELP poolserve_{name} {help}\n# TYPE poolserve_{name} {kind}");

@@ -40,7 +40,7 @@ pub struct UnloadLoraRequest {
 fn base_model(state: &AppState, base_model_name: Option<&str>) -> Result<Engine, ApiError> {
     let engine = match base_model_name {
         Some(name) => state.model(Some(name))?,
-        None => state.lora_engines().next().cloned().ok_or_else(|| ApiError::BadRequest {
+        None => state.lora_engines().next().ok_or_else(|| ApiError::BadRequest {
             message: "No served model takes LoRA adapters: start the server with --enable-lora".into(),
             param: None,
         })?,

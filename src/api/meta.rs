@@ -27,7 +27,11 @@ pub struct ModelCard {
     pub root: String,
     /// For a LoRA adapter, the served model it adapts; `null` for models (vLLM's card).
     pub parent: Option<String>,
-    pub max_model_len: usize,
+    /// `null` for a model on demand not loaded now.
+    pub max_model_len: Option<usize>,
+    /// Models on demand (`--models-dir`) only: whether it is loaded now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded: Option<bool>,
     /// The tasks it serves (`embed`, `classify`, `score`, `token_embed`, `token_classify`,
     /// `embed_sparse`), the first being /pooling's default.
     #[schema(value_type = Vec<String>)]
@@ -43,25 +47,55 @@ pub struct ModelList {
 #[utoipa::path(get, tag = "Server", path = "/v1/models", responses((status = 200, body = ModelList), (status = 401, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn models(State(state): State<AppState>) -> Result<Json<ModelList>, ApiError> {
     let mut data = Vec::new();
-    for engine in state.engines()? {
-        let spec = engine.spec();
-        let card = |id: &str, root: &str, parent: Option<String>| ModelCard {
-            id: id.to_string(),
-            object: "model",
-            created: state.started(),
-            owned_by: "poolserve",
-            root: root.to_string(),
-            parent,
-            max_model_len: spec.max_model_len,
-            tasks: spec.tasks.clone(),
-        };
-        data.push(card(&spec.served_name, &spec.root, None));
-        // Each adapter after its model, as vLLM lists them.
-        for adapter in engine.lora().map(|l| l.list()).unwrap_or_default() {
-            data.push(card(&adapter.name, &adapter.path, Some(spec.served_name.clone())));
+    let on_demand = state.loads_on_demand().then_some(true);
+    if state.loads_on_demand() {
+        if state.is_draining() {
+            return Err(ApiError::Unavailable("The server is shutting down".into()));
+        }
+        // Every model that can be served, loaded or not.
+        for (name, root, engine) in state.catalogue() {
+            let Some(engine) = engine else {
+                data.push(ModelCard {
+                    id: name,
+                    object: "model",
+                    created: state.started(),
+                    owned_by: "poolserve",
+                    root,
+                    parent: None,
+                    max_model_len: None,
+                    loaded: Some(false),
+                    tasks: Vec::new(),
+                });
+                continue;
+            };
+            push_cards(&mut data, &state, &engine, on_demand);
+        }
+    } else {
+        for engine in state.engines()? {
+            push_cards(&mut data, &state, &engine, on_demand);
         }
     }
     Ok(Json(ModelList { object: "list", data }))
+}
+
+/// A model's card, then its adapters' (as vLLM lists them).
+fn push_cards(data: &mut Vec<ModelCard>, state: &AppState, engine: &crate::engine::Engine, loaded: Option<bool>) {
+    let spec = engine.spec();
+    let card = |id: &str, root: &str, parent: Option<String>| ModelCard {
+        id: id.to_string(),
+        object: "model",
+        created: state.started(),
+        owned_by: "poolserve",
+        root: root.to_string(),
+        parent,
+        max_model_len: Some(spec.max_model_len),
+        loaded,
+        tasks: spec.tasks.clone(),
+    };
+    data.push(card(&spec.served_name, &spec.root, None));
+    for adapter in engine.lora().map(|l| l.list()).unwrap_or_default() {
+        data.push(card(&adapter.name, &adapter.path, Some(spec.served_name.clone())));
+    }
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

@@ -17,6 +17,7 @@ pub mod lora;
 pub mod meta;
 pub mod observe;
 pub mod ollama;
+pub mod on_demand;
 pub mod openapi;
 pub mod plugin;
 pub mod pooling;
@@ -63,6 +64,22 @@ struct Slot {
     engine: OnceLock<Engine>,
     /// The model's IO-processor plugin, when it names one (started once the engine is).
     plugin: OnceLock<Arc<IoProcessor>>,
+    /// `--models-dir`: the model loads on demand ([`on_demand`]); `engine` stays empty.
+    on_demand: Option<on_demand::Loadable>,
+}
+
+impl Slot {
+    fn new(name: String) -> Self {
+        Slot { name, engine: OnceLock::new(), plugin: OnceLock::new(), on_demand: None }
+    }
+
+    /// Its engine, if it is ready (loaded, for a model on demand).
+    fn current(&self) -> Option<Engine> {
+        match &self.on_demand {
+            Some(loadable) => loadable.current(),
+            None => self.engine.get().cloned(),
+        }
+    }
 }
 
 struct StateInner {
@@ -71,6 +88,10 @@ struct StateInner {
     options: ApiOptions,
     /// Set on SIGTERM/SIGINT: /health answers 503 and new model requests are refused.
     draining: AtomicBool,
+    /// `--models-dir`: how models load on demand (`None`: every model loads at start).
+    on_demand: Option<on_demand::OnDemandOptions>,
+    /// When the state was made (the clock of models' last use).
+    created: std::time::Instant,
 }
 
 /// The HTTP layer's own settings (from `ServerConfig`).
@@ -112,12 +133,52 @@ impl AppState {
     pub fn new(served_names: Vec<String>, options: ApiOptions) -> Self {
         Self {
             inner: Arc::new(StateInner {
-                models: served_names.into_iter().map(|name| Slot { name, engine: OnceLock::new(), plugin: OnceLock::new() }).collect(),
+                models: served_names.into_iter().map(Slot::new).collect(),
                 started: unix_now(),
                 options,
                 draining: AtomicBool::new(false),
+                on_demand: None,
+                created: std::time::Instant::now(),
             }),
         }
+    }
+
+    /// A state whose models load on demand (`--models-dir`), none loaded yet.
+    pub fn on_demand(
+        models: Vec<crate::loader::options::ModelOptions>,
+        options: ApiOptions,
+        on_demand: on_demand::OnDemandOptions,
+    ) -> Self {
+        let models =
+            models.into_iter().map(|m| Slot { on_demand: Some(on_demand::Loadable::new(m.clone())), ..Slot::new(m.served_name) }).collect();
+        Self {
+            inner: Arc::new(StateInner {
+                models,
+                started: unix_now(),
+                options,
+                draining: AtomicBool::new(false),
+                on_demand: Some(on_demand),
+                created: std::time::Instant::now(),
+            }),
+        }
+    }
+
+    /// Whether models load on demand.
+    pub fn loads_on_demand(&self) -> bool {
+        self.inner.on_demand.is_some()
+    }
+
+    /// The models that can be served and whether each is loaded (`/v1/models` on demand):
+    /// (name, root, engine when loaded).
+    pub fn catalogue(&self) -> Vec<(String, String, Option<Engine>)> {
+        self.inner
+            .models
+            .iter()
+            .map(|s| {
+                let root = s.on_demand.as_ref().map(|l| l.root().to_string()).unwrap_or_default();
+                (s.name.clone(), root, s.current())
+            })
+            .collect()
     }
 
     /// A state that is ready at once (tests, the library API).
@@ -216,7 +277,7 @@ impl AppState {
                     .inner
                     .models
                     .iter()
-                    .find_map(|s| Some((s, Some(s.engine.get()?.with_adapter(name)?))))
+                    .find_map(|s| Some((s, Some(s.current()?.with_adapter(name)?))))
                     .ok_or_else(|| ApiError::NotFound(format!("The model `{name}` does not exist.")))?,
             },
             None => match self.inner.models.as_slice() {
@@ -230,13 +291,13 @@ impl AppState {
         }
         match adapter {
             Some(engine) => Ok(engine),
-            None => slot.engine.get().cloned().ok_or_else(|| self.loading(slot)),
+            None => slot.current().ok_or_else(|| self.loading(slot)),
         }
     }
 
     /// The engines that serve LoRA adapters (ready ones).
-    pub fn lora_engines(&self) -> impl Iterator<Item = &Engine> {
-        self.inner.models.iter().filter_map(|s| s.engine.get()).filter(|e| e.lora().is_some())
+    pub fn lora_engines(&self) -> impl Iterator<Item = Engine> + '_ {
+        self.inner.models.iter().filter_map(|s| s.current()).filter(|e| e.lora().is_some())
     }
 
     fn name_required(&self) -> ApiError {
@@ -248,16 +309,27 @@ impl AppState {
     }
 
     /// Every model's engine, once all are ready (/health, /v1/models); 503 before, or while
-    /// draining.
-    pub fn engines(&self) -> Result<Vec<&Engine>, ApiError> {
+    /// draining. Models on demand count when loaded (an unloaded one is not "loading").
+    pub fn engines(&self) -> Result<Vec<Engine>, ApiError> {
         if self.is_draining() {
             return Err(ApiError::Unavailable("The server is shutting down".into()));
         }
-        self.inner.models.iter().map(|s| s.engine.get().ok_or_else(|| self.loading(s))).collect()
+        self.inner
+            .models
+            .iter()
+            .filter_map(|s| match (s.current(), &s.on_demand) {
+                (Some(engine), _) => Some(Ok(engine)),
+                (None, Some(_)) => None,
+                (None, None) => Some(Err(self.loading(s))),
+            })
+            .collect()
     }
 
     /// 503 for a model not ready yet (naming it when there are several).
     fn loading(&self, slot: &Slot) -> ApiError {
+        if slot.on_demand.is_some() {
+            return ApiError::Unavailable(format!("The model `{}` is not loaded; an HTTP request for it loads it", slot.name));
+        }
         match self.inner.models.len() {
             1 => ApiError::Unavailable("The model is still loading".into()),
             _ => ApiError::Unavailable(format!("The model `{}` is still loading", slot.name)),
@@ -472,8 +544,16 @@ pub fn router(state: AppState, payload_limit: usize) -> Router {
         .route("/v1/models", get(meta::models))
         .route("/api/embed", post(ollama::embed))
         .route("/api/embeddings", post(ollama::embeddings))
-        .route("/api/tags", get(ollama::tags))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+        .route("/api/tags", get(ollama::tags));
+    let protected = if state.loads_on_demand() {
+        protected
+            .route("/models/load", post(on_demand::load))
+            .route("/models/unload", post(on_demand::unload))
+            .route_layer(middleware::from_fn_with_state(state.clone(), on_demand::ensure_loaded))
+    } else {
+        protected
+    };
+    let protected = protected.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     let routes = Router::new()
         .merge(protected)
         .route("/health", get(meta::health))

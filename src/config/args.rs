@@ -9,12 +9,33 @@ use clap::{Args, ValueEnum};
 pub struct ServeArgs {
     /// Local model folders or Hugging Face hub ids, each optionally `NAME=MODEL` (the name
     /// clients send as `model`; default: MODEL itself). Several models share the machine.
-    #[arg(env = "POOLSERVE_MODEL", required_unless_present = "config", conflicts_with = "config", value_name = "MODEL")]
+    #[arg(
+        env = "POOLSERVE_MODEL",
+        required_unless_present_any = ["config", "models_dir"],
+        conflicts_with_all = ["config", "models_dir"],
+        value_name = "MODEL"
+    )]
     pub models: Vec<String>,
     /// A models file (YAML or JSON): `{"models": [{"name", "model", <per-model options>}]}`,
     /// each option under its flag's snake_case name; flags given here are every entry's defaults.
-    #[arg(long, env = "POOLSERVE_CONFIG")]
+    #[arg(long, env = "POOLSERVE_CONFIG", conflicts_with = "models_dir")]
     pub config: Option<std::path::PathBuf>,
+    /// Serve every model folder in DIR on demand, each under its folder's name: a model loads
+    /// at its first request, and unloads by --max-loaded-models and --model-idle-timeout
+    /// (llama.cpp's router, Ollama's keep_alive; docs/operations.md "Models on demand").
+    #[arg(long, env = "POOLSERVE_MODELS_DIR")]
+    pub models_dir: Option<std::path::PathBuf>,
+    /// With --models-dir: the most models loaded at once (the least recently used one that no
+    /// request is using is unloaded for a newcomer). Default: no limit.
+    #[arg(long, env = "POOLSERVE_MAX_LOADED_MODELS", requires = "models_dir")]
+    pub max_loaded_models: Option<usize>,
+    /// With --models-dir: unload a model no request has used for this many seconds.
+    #[arg(long, env = "POOLSERVE_MODEL_IDLE_TIMEOUT", requires = "models_dir")]
+    pub model_idle_timeout: Option<u64>,
+    /// With --models-dir: seconds a request waits for its model to load (or for room to load
+    /// it) before 503 with Retry-After.
+    #[arg(long, default_value_t = 300, env = "POOLSERVE_MODEL_LOAD_TIMEOUT")]
+    pub model_load_timeout: u64,
     /// `pooling`: the model's pooling task. `generate`: a causal LM (Llama, Mistral, Qwen2/3,
     /// Gemma) also loads its LM head and answers vLLM's `/generative_scoring` (no text is
     /// generated).

@@ -54,6 +54,16 @@ pub struct ServerConfig {
     pub telemetry: Option<crate::telemetry::TelemetryOptions>,
     /// `--allowed-origins` and the rest: answer browsers' CORS requests.
     pub cors: Option<CorsOptions>,
+    /// `--models-dir`: `models` load on demand, with these limits.
+    pub on_demand: Option<OnDemandLimits>,
+}
+
+/// `--max-loaded-models`, `--model-idle-timeout`, `--model-load-timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnDemandLimits {
+    pub max_loaded: Option<usize>,
+    pub idle_timeout: Option<std::time::Duration>,
+    pub load_timeout: std::time::Duration,
 }
 
 /// vLLM's TLS flags, checked for consistency (the files are read when the server starts).
@@ -250,9 +260,21 @@ impl TryFrom<ServeArgs> for ServerConfig {
                 max_lora_rank: args.max_lora_rank,
             }),
         };
-        let mut models = match &args.config {
-            Some(path) => models_file::read(path, &defaults)?,
-            None => named_models(&args.models, args.served_model_name.as_deref(), &defaults)?,
+        let mut models = match (&args.config, &args.models_dir) {
+            (Some(path), _) => models_file::read(path, &defaults)?,
+            (None, Some(dir)) => models_in(dir, &defaults)?,
+            (None, None) => named_models(&args.models, args.served_model_name.as_deref(), &defaults)?,
+        };
+        let on_demand = match &args.models_dir {
+            Some(_) => Some(OnDemandLimits {
+                max_loaded: args.max_loaded_models.map(|n| positive("max-loaded-models", n)).transpose()?,
+                idle_timeout: args
+                    .model_idle_timeout
+                    .map(|s| positive("model-idle-timeout", s as usize).map(|s| std::time::Duration::from_secs(s as u64)))
+                    .transpose()?,
+                load_timeout: std::time::Duration::from_secs(positive("model-load-timeout", args.model_load_timeout as usize)? as u64),
+            }),
+            None => None,
         };
         assign_lora_modules(&mut models, &args.lora_modules)?;
         for model in &models {
@@ -294,6 +316,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
             tls,
             telemetry,
             cors,
+            on_demand,
             models,
             engine,
             plugins,
@@ -352,8 +375,29 @@ impl ServerConfig {
             tls: None,
             telemetry: None,
             cors: None,
+            on_demand: None,
         }
     }
+}
+
+/// `--models-dir DIR`: every sub-folder with a config.json is a model, named by its folder
+/// (sorted, so that the order is the same on every start); flags are their defaults.
+fn models_in(dir: &std::path::Path, defaults: &ModelOptions) -> Result<Vec<ModelOptions>, ConfigError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ConfigError(format!("--models-dir {}: {e}", dir.display())))?;
+    let mut folders: Vec<(String, std::path::PathBuf)> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.join("config.json").is_file())
+        .filter_map(|p| Some((p.file_name()?.to_str()?.to_string(), p)))
+        .collect();
+    folders.sort();
+    if folders.is_empty() {
+        return Err(ConfigError(format!("--models-dir {} holds no model folder (a folder with a config.json)", dir.display())));
+    }
+    Ok(folders
+        .into_iter()
+        .map(|(name, path)| ModelOptions { served_name: name, source: path.to_string_lossy().into_owned(), ..defaults.clone() })
+        .collect())
 }
 
 /// `--url-prefix` and `--root-path`: `/` and a path of segments, without a trailing slash

@@ -73,6 +73,19 @@ pub struct Engine {
     by_task: bool,
 }
 
+/// Gives the memory an unloaded model freed back to the system. glibc keeps freed heap memory
+/// for reuse, and its mmap threshold grows with the large frees that weights make, so without
+/// this an unloaded BERT-base stayed in the RSS (425 MB with MiniLM loaded after it, 126 MB
+/// for MiniLM alone).
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns glibc's free pages to the kernel; it touches no live
+    // allocation, takes glibc's own locks, and may be called from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 impl Engine {
     /// Loads the model and starts its engine (blocking: run it off the async runtime).
     pub fn load(model: &ModelOptions, options: &EngineOptions) -> Result<Self, EngineError> {
@@ -159,7 +172,15 @@ impl Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         // Linux keeps 15 bytes of a thread's name: `model-` and the served name's start.
         let thread_name: String = format!("model-{}", spec.served_name.rsplit('/').next().unwrap_or_default()).chars().take(15).collect();
-        std::thread::Builder::new().name(thread_name).spawn(move || model_thread.run(rx)).map_err(threads)?;
+        std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                // The thread ends when the last engine handle is gone (a model on demand
+                // unloaded, or the server stopping); the model's weights are dropped with it.
+                model_thread.run(rx);
+                return_freed_memory();
+            })
+            .map_err(threads)?;
         let input = Preprocessor::start(PreprocessorParts {
             tokenizer,
             workers: options.tokenizer_workers,

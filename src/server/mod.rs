@@ -57,17 +57,28 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         fetch_timeout: config.media_fetch_timeout,
         max_bytes: config.payload_limit,
     };
-    let state = AppState::new(
-        names,
-        api::ApiOptions {
-            api_keys: config.api_keys.clone(),
-            max_client_batch_size: config.max_client_batch_size,
-            trust_request_chat_template: config.trust_request_chat_template,
-            media,
-            allow_runtime_lora_updating: config.allow_runtime_lora_updating,
-            public_prefix: format!("{}{}", config.root_path, config.url_prefix),
-        },
-    );
+    let api_options = api::ApiOptions {
+        api_keys: config.api_keys.clone(),
+        max_client_batch_size: config.max_client_batch_size,
+        trust_request_chat_template: config.trust_request_chat_template,
+        media,
+        allow_runtime_lora_updating: config.allow_runtime_lora_updating,
+        public_prefix: format!("{}{}", config.root_path, config.url_prefix),
+    };
+    let state = match &config.on_demand {
+        Some(limits) => AppState::on_demand(
+            config.models.clone(),
+            api_options,
+            api::on_demand::OnDemandOptions {
+                max_loaded: limits.max_loaded,
+                idle_timeout: limits.idle_timeout,
+                load_timeout: limits.load_timeout,
+                engine: config.engine.clone(),
+                payload_limit: config.payload_limit,
+            },
+        ),
+        None => AppState::new(names, api_options),
+    };
     let mut app = prefix::under(api::router(state.clone(), config.payload_limit), &config.url_prefix);
     if let Some(options) = &config.cors {
         app = app.layer(cors::layer(options));
@@ -100,7 +111,22 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
         }
     };
 
-    let loading = load_models(&config, &state);
+    if config.on_demand.is_some() {
+        tracing::info!("{} models on demand: each loads at its first request", config.models.len());
+        let idle = state.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                idle.unload_idle();
+            }
+        });
+    }
+    let loading = async {
+        match config.on_demand {
+            Some(_) => anyhow::Ok(()),
+            None => load_models(&config, &state).await,
+        }
+    };
     tokio::select! {
         loaded = loading => loaded?,
         // Stopped before the model was ready: nothing is in flight.

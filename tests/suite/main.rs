@@ -34,6 +34,7 @@ mod layers;
 mod long_inputs;
 mod lora;
 mod minilm;
+mod models_on_demand;
 mod multi_model;
 mod ollama;
 mod page_retrievers;

@@ -83,7 +83,7 @@ pub(super) fn pick(state: &AppState, name: Option<&str>, fits: impl Fn(&ModelSpe
         return Ok(name.map(str::to_string));
     }
     let engines = state.engines()?;
-    let fitting: Vec<&&Engine> = engines.iter().filter(|e| fits(e.spec())).collect();
+    let fitting: Vec<&Engine> = engines.iter().filter(|e| fits(e.spec())).collect();
     Ok(match fitting.as_slice() {
         [one] => Some(one.spec().served_name.clone()),
         _ => None,
