@@ -3,7 +3,7 @@
 # CUDA 13.0 wheels, and prints the binary's path as its last line.
 #
 #   scripts/build-cuda.sh            # the release build → target/cuda/release/poolserve
-#   scripts/build-cuda.sh --check    # the test command's: lints, compiles and links → target/cuda-check/poolserve
+#   scripts/build-cuda.sh --check    # the test command's: lints, compiles and links (dev profile) → target/cuda-check/poolserve
 #   scripts/build-cuda.sh --toolkit  # step 1 only (the test command starts it early)
 #
 # CUDA_COMPUTE_CAP (default 90: H100/H200) picks the GPU generation candle's kernels are
@@ -23,13 +23,16 @@
 #    `libcublas.so.13` and `libcurand.so.10` at run time, e.g. from PyTorch's nvidia wheels:
 #    LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib;
 # 3. the release build goes into target/cuda/ (not target/, so the CPU build is left alone).
-#    `--check` builds into target/ instead, where the test command's CPU release build has
-#    already compiled every dependency the `cuda` feature leaves alone (all but candle, cudarc,
-#    the kernels and a few crates whose features it changes), with clippy (-D warnings) linting
-#    the library and the binary as they compile, and the GPU code compiled without nvcc's
-#    optimizer; the binary is copied to target/cuda-check/ and target/release/poolserve is put
-#    back to the CPU build's. It is for checking that everything compiles, lints and links: the
-#    GPU check (scripts/gpu-bundle.sh) and Dockerfile.cuda use the plain release build.
+#    `--check` builds on the dev profile into target/debug/ instead, where the test command's
+#    test build has already compiled every dependency the `cuda` feature leaves alone (all but
+#    candle, cudarc, the kernels and a few crates whose features it changes), with clippy
+#    (-D warnings) linting the library and the binary as they compile, and the GPU code compiled
+#    without nvcc's optimizer; the binary is copied to target/cuda-check/ and
+#    target/debug/poolserve is put back to the CPU build's. It is for checking that everything
+#    compiles, lints and links: the GPU check (scripts/gpu-bundle.sh) and Dockerfile.cuda use the
+#    plain release build. (It used the release profile, sharing the CPU release build's
+#    dependencies, until 2026-12-03: our crate at opt-level 3 with thin LTO was most of its
+#    time, for a binary nothing runs.)
 # Needs python3 (with venv), gcc and cargo; the release build takes about 8 minutes on 2 cores
 # from a warm registry.
 set -euo pipefail
@@ -82,12 +85,12 @@ if [ "${1:-}" = --check ]; then
   # Device code unoptimized: this binary is never run (no GPU here), and nvcc's optimizer was
   # most of the build (candle's quantized and MoE kernels: 37 s a file at -O3, 13 s here).
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }-Xcicc -O0 -Xptxas -O0"
-  built=${CARGO_TARGET_DIR:-target}/release/poolserve
+  built=${CARGO_TARGET_DIR:-target}/debug/poolserve
   saved=()
   for f in "$built" "$built.d"; do
     if [ -f "$f" ]; then cp -p "$f" "$f.cpu"; saved+=("$f"); fi
   done
-  cargo build --release --locked --features cuda --lib --bins >&2
+  cargo build --locked --features cuda --lib --bins >&2
   mkdir -p target/cuda-check
   cp -p "$built" target/cuda-check/poolserve
   cp -p "$built.d" target/cuda-check/poolserve.d

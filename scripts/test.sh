@@ -28,8 +28,8 @@
 #
 # How it fits on 2 cores: each thing is compiled once. The test build is also the clippy run
 # (clippy-driver compiles and lints the workspace's crates in one pass); the release build is
-# the binary that steps 3-6 run and that the CPU image carries; the CUDA build shares the release
-# build's dependencies. Downloads (Python packages, models, the CUDA toolkit, Debian packages and
+# the binary that steps 3-6 run and that the CPU image carries; the CUDA build shares the test
+# build's dependencies (dev profile). Downloads (Python packages, models, the CUDA toolkit, Debian packages and
 # the base images) and the other builds (release, fuzz targets) run in the background from the
 # start, niced below the foreground so that they take the cores the foreground leaves idle. The
 # table at the end (also target/test-times.txt) shows the foreground phases and the background
@@ -180,18 +180,22 @@ if [ "$quick" = 1 ]; then
   exit 0
 fi
 
-# From here on, the release binary (a copy: the CUDA build below writes target/release/poolserve
-# while the end-to-end checks start servers).
+# The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain), so that the GPU code cannot rot;
+# it runs only where a GPU and its libraries are. It is a dev-profile build in target/debug,
+# sharing the test build's dependencies (the Rust tests are done with target/debug: cargo's lock
+# on it would have held them), and runs beside the release build's end and the end-to-end checks
+# below, which leave cores idle while they wait on servers (niced between the release build,
+# which the foreground waits for first, and the fuzz build).
+await cuda-toolkit
+job cuda-build 10 scripts/build-cuda.sh --check
+
+# From here on, the release binary (a copy, so that a later build cannot change it while the
+# end-to-end checks start servers).
 phase "wait for the release build"
 await release
 mkdir -p target/cpu
 cp -p target/release/poolserve target/release/poolserve.d target/cpu/
 bin=target/cpu/poolserve
-# The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain), so that the GPU code cannot rot;
-# it runs only where a GPU and its libraries are. It shares the release build's dependencies and
-# runs beside the end-to-end checks below, which leave cores idle while they wait on servers.
-await cuda-toolkit
-job cuda-build 0 scripts/build-cuda.sh --check
 
 # The GPU check's parity step, dry-run through the CPU binary (float32 and float16): every
 # fixture model must have a check in scripts/gpu_check.py, and the script must keep working.
