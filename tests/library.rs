@@ -7,8 +7,12 @@ use poolserve::library::PoolingParams;
 use poolserve::library::{LibraryError, LocalModel, LocalModelOptions};
 use poolserve::pooling::Task;
 
+/// `name` in float32: the references are float32, and `--dtype auto` may choose bfloat16 on
+/// CPUs with native bf16 products (tested in tests/suite/minilm.rs and parity.rs).
 fn load(name: &str) -> LocalModel {
-    LocalModel::load(LocalModelOptions::for_model(fixture_model(name).to_str().unwrap())).expect("loads")
+    let mut options = LocalModelOptions::for_model(fixture_model(name).to_str().unwrap());
+    options.model.dtype = poolserve::loader::options::DTypeArg::Float32;
+    LocalModel::load(options).expect("loads")
 }
 
 #[test]

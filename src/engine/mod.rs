@@ -100,7 +100,7 @@ impl Engine {
             pooling = ?loaded.spec.pooling,
             max_model_len = loaded.spec.max_model_len,
             embedding_size = loaded.spec.embedding_size,
-            dtype = ?model.dtype,
+            dtype = loaded.spec.dtype,
             quantization = ?model.quantization,
             "model loaded in {:.2?}",
             started.elapsed()

@@ -39,7 +39,7 @@ mod rotary;
 mod sgemm;
 
 pub use activation::Activation;
-pub use attention::{Attention, AttentionMask, DisentangledBias, PositionBias};
+pub use attention::{with_bf16_tiles, Attention, AttentionMask, DisentangledBias, PositionBias};
 pub use dispatch::settle_thread_pools;
 pub(crate) use dispatch::{contiguous, contiguous_mut, dims2, fused, host_f32};
 pub use gated::GatedActivation;
@@ -50,7 +50,7 @@ pub(crate) use math::sum_squares;
 pub use math::{erf, exp, softplus};
 pub use rms_norm::RmsNorm;
 pub use rotary::{QkNorm, RopeScaling, Rotary, RotaryTable};
-pub use sgemm::{PackedMatrix, WeightFormat};
+pub use sgemm::{native_bf16, PackedMatrix, WeightFormat};
 
 /// Deterministic inputs and a tensor distance for the kernels' unit tests.
 #[cfg(test)]

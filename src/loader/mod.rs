@@ -4,6 +4,7 @@
 //! input layer's pieces from the folder (tokenizer, chat template, image processor config; they
 //! live in [`crate::input`], which runs them per request) and the heads the spec's tasks need.
 
+pub mod auto_dtype;
 pub mod hub;
 pub mod lora;
 mod mapped;
@@ -207,7 +208,11 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     let merged_folder =
         adapter_folders.as_ref().and_then(|f| f.tasks.iter().find(|(task, _)| *task == f.merged)).map(|(_, folder)| folder.as_str());
     let (vb, cpu_weight_format) = open_weights(&source, options, &device, merged_folder)?;
+    let probe_vb = vb.clone();
     let mut backbone = with_cpu_weight_format(cpu_weight_format, || architecture.backbone(&config, vb.clone()))?;
+    if cpu_weight_format == WeightFormat::Bf16 {
+        backbone = Box::new(models::Bf16Backbone(backbone));
+    }
     if options.quantization.is_some() {
         let takes_adapters = options.lora.is_some() || architecture.has_task_adapters(&config);
         models::quantize_int8(backbone.as_mut(), takes_adapters).map_err(ModelError::Weights)?;
@@ -222,7 +227,7 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     }
     let media::Media { vision, retrieval, audio } =
         media::towers(&source, &config, architecture, (&vb, cpu_weight_format), &tokenizer_config, backbone.hidden_size())?;
-    let spec = ModelSpec::decide(SpecInputs {
+    let mut spec = ModelSpec::decide(SpecInputs {
         options,
         config: &config,
         architecture_name,
@@ -273,6 +278,35 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
     };
     let embedding_head = EmbeddingHead { dense: sentence.dense, int8: architecture.pooled_int8(&config) };
     let chat_template = chat_template_of(options, &source, &tokenizer_config)?;
+    if options.dtype == options::DTypeArg::Auto && device.is_cpu() && cpu_weight_format == WeightFormat::F32 {
+        let kept_in_f32 = [
+            (options.quantization.is_some(), "--quantization int8 keeps the linears it leaves alone in float32"),
+            (lora.is_some(), "the probe does not cover LoRA adapters"),
+            (vision.is_some() || audio.is_some(), "the probe does not cover image or audio towers"),
+            (classifier.is_some(), "its outputs are scores, held to 1e-4, which bf16 moves by up to 2.5e-3"),
+            (sparse_head.is_some() || m3_head.is_some(), "its sparse weights are scores, which bf16 moves"),
+            (next_token.is_some(), "--runner generate's scores are probabilities, which bf16 moves"),
+            (!room_for_a_bf16_copy(&source)?, "the memory available holds no bf16 copy for the probe"),
+        ];
+        let reason = match (kept_in_f32.iter().find(|(kept, _)| *kept), crate::kernels::native_bf16()) {
+            (Some((_, why)), _) => format!("float32: {why}"),
+            (None, None) => "float32: this CPU has no native bf16 products (AMX or AVX-512 BF16)".into(),
+            (None, Some(kernel)) => {
+                let bf16 = || -> Result<Box<dyn Backbone>, LoadError> {
+                    Ok(Box::new(models::Bf16Backbone(architecture.backbone(&config, probe_vb)?)))
+                };
+                let outcome = auto_dtype::probe(backbone.as_ref(), bf16, &tokenizer, spec.max_model_len, kernel)?;
+                if let Some(bf16) = outcome.backbone {
+                    backbone = bf16;
+                    spec.dtype = "bfloat16";
+                }
+                outcome.reason
+            }
+        };
+        tracing::info!(model = %options.served_name, "--dtype auto: {reason}");
+        spec.dtype_reason = Some(reason);
+    }
+    let identity = format!("{}\nruns in {}", identity_of(options, &source), spec.dtype);
     Ok(LoadedModel {
         spec,
         backbone,
@@ -289,8 +323,20 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         retrieval,
         chat_template,
         lora,
-        identity: identity_of(options, &source),
+        identity,
     })
+}
+
+/// Whether the memory available holds a bf16 copy of the weights beside the float32 ones (at most
+/// half their float32 size: the weight files' bytes, whatever dtype they store) with a fifth to
+/// spare: `--dtype auto`'s probe builds one before it drops either.
+fn room_for_a_bf16_copy(source: &ModelSource) -> Result<bool, LoadError> {
+    let files = match weight_files(source)? {
+        WeightFiles::Safetensors(files) => files,
+        WeightFiles::Pytorch(file) => vec![file],
+    };
+    let bytes: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    Ok(mapped::available_memory().is_none_or(|available| bytes.saturating_add(bytes / 4) < available))
 }
 
 /// The options a model was loaded with and, for a local folder, its files' sizes and times:

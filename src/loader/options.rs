@@ -41,11 +41,11 @@ pub enum DTypeArg {
 
 impl DTypeArg {
     /// The tensor type of weights and activations on `device`. `auto` is float16 on CUDA (what
-    /// TEI and vLLM serve embedding models in) and float32 elsewhere. On the CPU `bfloat16`
-    /// means bf16 weights and matrix products with f32 activations (the loader's rule), 1.3-1.9×
-    /// faster where the CPU has AVX-512 BF16; `auto` stays float32 even there because bf16 moves
-    /// classifier probabilities by up to 2.5e-3 on our fixtures, past the 1e-4 we hold to
-    /// (docs/models.md, "Precision").
+    /// TEI and vLLM serve embedding models in) and float32 on the CPU here; on a CPU with native
+    /// bf16 products the loader may then run an embedder in bfloat16 after its load-time probe
+    /// (`loader::auto_dtype`; scores stay float32). On the CPU `bfloat16` means bf16 weights and
+    /// matrix products with f32 activations (the loader's rule), 1.3-2.5× faster where the CPU
+    /// has AVX-512 BF16 or AMX (docs/models.md, "Precision").
     pub fn dtype_on(self, device: DeviceArg) -> candle_core::DType {
         match (self, device) {
             (DTypeArg::Auto, DeviceArg::Cuda) => candle_core::DType::F16,

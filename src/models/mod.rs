@@ -168,6 +168,26 @@ pub trait Backbone: Send + Sync {
     fn attention_input_linears(&mut self) -> Vec<&mut Linear>;
 }
 
+/// A backbone whose linears were packed in bf16 for the CPU kernels (`--dtype bfloat16`, or
+/// what `--dtype auto`'s probe kept): its forward passes also run attention's two products in
+/// bf16 on AMX tiles where the linears run on them ([`crate::kernels::with_bf16_tiles`]).
+pub struct Bf16Backbone(pub Box<dyn Backbone>);
+
+impl Backbone for Bf16Backbone {
+    fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        crate::kernels::with_bf16_tiles(|| self.0.forward(batch))
+    }
+    fn sizes(&self) -> BackboneSizes {
+        self.0.sizes()
+    }
+    fn int8_linears(&mut self) -> Vec<&mut Linear> {
+        self.0.int8_linears()
+    }
+    fn attention_input_linears(&mut self) -> Vec<&mut Linear> {
+        self.0.attention_input_linears()
+    }
+}
+
 /// What the engine needs from an image tower (CLIP, SigLIP): images in, embeddings out.
 pub trait VisionTower: Send + Sync {
     /// Embeddings `[images, embedding_size]` (f32) of `images` images, whose pixel values

@@ -57,8 +57,12 @@ pub fn minilm_dir() -> Option<PathBuf> {
     None
 }
 
+/// The server config of `model`, in float32: the parity references are float32, and `--dtype
+/// auto` may choose bfloat16 on CPUs with native bf16 products (`loader::auto_dtype`), which its
+/// own tests cover (`tweak` sets `DTypeArg::Auto` back).
 pub fn config_for(model: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
     let mut config = ServerConfig::for_model(model.to_str().expect("utf-8 path"));
+    config.models[0].dtype = poolserve::loader::options::DTypeArg::Float32;
     tweak(&mut config);
     config
 }

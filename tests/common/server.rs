@@ -116,6 +116,10 @@ pub fn start_in(dir: &str, args: &[&str], envs: &[(&str, &str)]) -> Server {
     let mut command = Command::new(BIN);
     command.current_dir(dir);
     command.arg("serve").args(args).env("POOLSERVE_PORT", &port_text).env("POOLSERVE_HOST", "127.0.0.1");
+    // float32 unless the test says otherwise (`--dtype`, or POOLSERVE_DTYPE in `envs`): the
+    // parity references are float32, and `--dtype auto` may choose bfloat16 on CPUs with
+    // native bf16 products (its own tests cover that).
+    command.env("POOLSERVE_DTYPE", "float32");
     for (k, v) in envs {
         command.env(k, v);
     }

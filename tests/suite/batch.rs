@@ -17,7 +17,8 @@ fn workdir(name: &str) -> PathBuf {
 
 /// Runs `poolserve ARGS`; returns (success, stderr).
 fn run(args: &[&str]) -> (bool, String) {
-    let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").output().expect("binary runs");
+    // float32, as the references are (see `common::server::start_in`).
+    let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").env("POOLSERVE_DTYPE", "float32").output().expect("binary runs");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 

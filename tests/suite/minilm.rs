@@ -105,6 +105,32 @@ async fn minilm_bfloat16_stays_within_cosine_0_9999_of_f32() {
     precision_stays_close("bfloat16", 0.9999, |c| c.models[0].dtype = poolserve::loader::options::DTypeArg::Bfloat16).await;
 }
 
+/// `--dtype auto`, the default: where the CPU multiplies bf16 natively (AMX, AVX-512 BF16) the
+/// load-time probe keeps this embedder in bfloat16 and `/info` says why; elsewhere, and under
+/// `POOLSERVE_MAX_CPU_ISA=avx512` and below, it stays float32 and says that. Either way the
+/// vectors stay within cosine 0.9999 of float32 and of sentence-transformers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minilm_dtype_auto_is_bfloat16_where_the_cpu_multiplies_it_natively() {
+    use poolserve::loader::options::DTypeArg;
+    let Some(dir) = minilm_dir() else { return };
+    let served = engine(&dir, |c| c.models[0].dtype = DTypeArg::Auto);
+    let reason = served.spec().dtype_reason.clone().expect("--dtype auto says why");
+    eprintln!("all-MiniLM-L6-v2 --dtype auto: {} ({reason})", served.spec().dtype);
+    match poolserve::kernels::native_bf16() {
+        Some(kernel) => {
+            assert_eq!(served.spec().dtype, "bfloat16", "{reason}");
+            assert!(reason.starts_with(&format!("bfloat16 on {kernel}: the load-time probe's worst cosine")), "{reason}");
+        }
+        None => {
+            assert_eq!(served.spec().dtype, "float32");
+            assert_eq!(reason, "float32: this CPU has no native bf16 products (AMX or AVX-512 BF16)");
+        }
+    }
+    let info = send(&router(served, 2_000_000), "GET", "/info", None, &[]).await;
+    assert_eq!(info.body["model_dtype_reason"], json!(reason), "{}", info.body);
+    precision_stays_close("auto", 0.9999, |c| c.models[0].dtype = DTypeArg::Auto).await;
+}
+
 /// The real model served with `tweak` against float32 and sentence-transformers: every embedding
 /// within `min_cosine` of both, and the neighbours of text 0 in the same order.
 async fn precision_stays_close(label: &str, min_cosine: f64, tweak: impl FnOnce(&mut poolserve::config::ServerConfig)) {

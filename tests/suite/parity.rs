@@ -251,6 +251,40 @@ async fn half_precision_stays_within_tolerance() {
     }
 }
 
+/// `--dtype auto` over embedders of several shapes and families: whatever the load-time probe
+/// chooses (bfloat16 where the CPU multiplies it natively and the probe stays within 0.9999,
+/// else float32), the vectors stay within cosine 0.9999 of the float32 reference, and `/info`'s
+/// reason names the choice. Classifiers stay float32 without a probe (their scores are held to
+/// 1e-4) and match the reference as float32 does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dtype_auto_keeps_the_reference_whatever_it_chooses() {
+    use poolserve::loader::options::DTypeArg;
+    let auto = |c: &mut poolserve::config::ServerConfig| c.models[0].dtype = DTypeArg::Auto;
+    let mut chose_bf16 = 0;
+    let names = ["bert-embed-mean", "xlmr-embed-cls", "modernbert-embed-mean", "qwen3-embed-last", "gemma2-embed-last", "nomic-embed-mean"];
+    for name in names {
+        let spec = engine(&fixture_model(name), auto).spec().clone();
+        let reason = spec.dtype_reason.clone().expect("--dtype auto says why");
+        assert_eq!(spec.dtype == "bfloat16", reason.starts_with("bfloat16 on "), "{name}: {reason}");
+        chose_bf16 += usize::from(spec.dtype == "bfloat16");
+        let worst = worst_embedding_cosine(name, auto).await;
+        eprintln!("{name} --dtype auto: {} ({reason}); worst cosine to the reference {worst:.6}", spec.dtype);
+        assert!(worst >= 0.9999, "{name} --dtype auto ({}): cosine {worst}", spec.dtype);
+    }
+    eprintln!("--dtype auto chose bfloat16 for {chose_bf16} of {} embedders", names.len());
+    for name in ["bert-seqcls", "qwen3-seqcls"] {
+        let engine = engine(&fixture_model(name), auto);
+        assert_eq!(engine.spec().dtype, "float32", "{name}");
+        let reason = engine.spec().dtype_reason.clone().unwrap_or_default();
+        assert_eq!(reason, "float32: its outputs are scores, held to 1e-4, which bf16 moves by up to 2.5e-3", "{name}");
+        let expected = expected(name);
+        let probs = vectors(&engine, &texts(&expected), &params(&engine, Task::Classify, |_| {})).await;
+        let key = if expected["labels"]["num_labels"] == 1 { "sigmoid" } else { "softmax" };
+        let worst = probs.iter().enumerate().map(|(i, p)| max_abs_diff(p, &floats(&expected["texts"][i][key]))).fold(0.0, f32::max);
+        assert!(worst <= 1e-4, "{name} --dtype auto: probability difference {worst}");
+    }
+}
+
 /// `--quantization int8` on every backbone family: the quantized layers are wired into each
 /// architecture (attention output, plain and gated feed-forward layers) and stay close to the
 /// float32 reference. The tiny random fixtures are no accuracy benchmark (the real-model bar,

@@ -200,6 +200,7 @@ pub async fn info(State(state): State<AppState>, Query(query): Query<InfoQuery>)
         "model_id": spec.root,
         "model_sha": null,
         "model_dtype": spec.dtype,
+        "model_dtype_reason": spec.dtype_reason,
         "served_model_name": spec.served_name,
         "model_type": model_type,
         "max_concurrent_requests": limits.max_concurrent_requests,

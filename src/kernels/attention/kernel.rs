@@ -269,20 +269,20 @@ multiversion! {
 }
 
 /// One head of one sequence, as [`attention_head`] walks it.
-struct Head<'a> {
+pub(super) struct Head<'a> {
     rows: &'a [f32],
     cols: HeadColumns,
-    q_bias: &'a [f32],
-    k_bias: &'a [f32],
-    v_bias: &'a [f32],
-    len: usize,
+    pub(super) q_bias: &'a [f32],
+    pub(super) k_bias: &'a [f32],
+    pub(super) v_bias: &'a [f32],
+    pub(super) len: usize,
     /// Keys rounded up to whole tiles: the row length of Kᵀ and of the scores.
-    lk: usize,
+    pub(super) lk: usize,
 }
 
 impl<'a> Head<'a> {
     #[inline(always)]
-    fn new(rows: &'a [f32], bias: &'a [f32], cols: HeadColumns) -> Self {
+    pub(super) fn new(rows: &'a [f32], bias: &'a [f32], cols: HeadColumns) -> Self {
         let HeadColumns { width, q, k, v, head_dim, .. } = cols;
         let len = rows.len() / width;
         Head {
@@ -452,6 +452,18 @@ impl<'a> Head<'a> {
                     unsafe { *out.add((first + i) * out_width + qc + d) = sum };
                 }
             }
+        }
+    }
+}
+
+multiversion! {
+    /// Rows of `scores` (`lk` apart: queries `first..` of a `len`-token sequence) into their
+    /// weights, zero past `len`: [`weigh_keys`] compiled for this CPU (its `exp` and `floor`
+    /// vectorized), for the tile kernel, which runs outside [`attention_head`].
+    pub(super) fn weigh_rows(scores: &mut [f32], lk: usize, len: usize, first: usize, mask: AttentionMask, terms: ScoreTerms) {
+        for (i, row) in scores.chunks_mut(lk).enumerate() {
+            weigh_keys(&mut row[..len], first + i, mask, terms);
+            row[len..].fill(0.0);
         }
     }
 }

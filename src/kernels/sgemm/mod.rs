@@ -65,6 +65,28 @@ pub enum WeightFormat {
     Bf16,
 }
 
+/// The kernel that multiplies bf16 weights natively on this CPU (within
+/// `POOLSERVE_MAX_CPU_ISA`), by name: AMX tiles or AVX-512 BF16's `vdpbf16ps`; `None` where bf16
+/// weights are widened to f32 (no faster than f32 on large batches), which `--dtype auto` reads.
+pub fn native_bf16() -> Option<&'static str> {
+    match Kernel::detect(WeightFormat::Bf16) {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Bf16Amx => Some("AMX tiles"),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Bf16Dot => Some("AVX-512 BF16"),
+        _ => None,
+    }
+}
+
+/// Whether bf16 products run on AMX tiles here (within `POOLSERVE_MAX_CPU_ISA`): attention's
+/// products follow the linears onto them.
+pub(crate) fn amx_in_use() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return Kernel::detect(WeightFormat::Bf16) == Kernel::Bf16Amx;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN), for the tile tests.
 #[cfg(test)]
 pub(crate) fn round_bf16(x: f32) -> u16 {
@@ -72,7 +94,8 @@ pub(crate) fn round_bf16(x: f32) -> u16 {
 }
 
 /// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN).
-pub(super) fn round(x: f32) -> u16 {
+#[inline(always)]
+pub(crate) fn round(x: f32) -> u16 {
     let bits = x.to_bits();
     if x.is_nan() {
         return ((bits >> 16) as u16) | 0x40;
@@ -81,7 +104,7 @@ pub(super) fn round(x: f32) -> u16 {
 }
 
 /// A bfloat16 as the f32 it stands for (exact).
-pub(super) fn widen(b: u16) -> f32 {
+pub(crate) fn widen(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
 }
 

@@ -94,6 +94,9 @@ pub struct ModelSpec {
     pub pad_text_to: Option<(usize, u32)>,
     /// The weights' type as it runs (`float32`, `float16`, `bfloat16`).
     pub dtype: &'static str,
+    /// Why `--dtype auto` chose `dtype` on the CPU (its probe's finding, or what kept float32);
+    /// `None` for an explicit `--dtype` and off the CPU.
+    pub dtype_reason: Option<String>,
     /// `--runner generate`: the LM head is loaded and `/generative_scoring` answers.
     pub generates: bool,
     /// The IO-processor plugin of `/pooling`'s `data` requests: `--io-processor-plugin`, else
@@ -193,6 +196,7 @@ impl ModelSpec {
                 candle_core::DType::BF16 => "bfloat16",
                 _ => "float32",
             },
+            dtype_reason: None,
             generates: options.runner == super::options::Runner::Generate,
             io_processor_plugin: options
                 .io_processor_plugin
@@ -304,6 +308,7 @@ impl ModelSpec {
             m3: false,
             pad_text_to: None,
             dtype: "float32",
+            dtype_reason: None,
             generates: false,
             io_processor_plugin: None,
             tokenizer_dir: None,
