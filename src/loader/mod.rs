@@ -286,25 +286,18 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
             (classifier.is_some(), "its outputs are scores, held to 1e-4, which bf16 moves by up to 2.5e-3"),
             (sparse_head.is_some() || m3_head.is_some(), "its sparse weights are scores, which bf16 moves"),
             (next_token.is_some(), "--runner generate's scores are probabilities, which bf16 moves"),
-            (!room_for_a_bf16_copy(&source)?, "the memory available holds no bf16 copy for the probe"),
         ];
-        let reason = match (kept_in_f32.iter().find(|(kept, _)| *kept), crate::kernels::native_bf16()) {
-            (Some((_, why)), _) => format!("float32: {why}"),
-            (None, None) => "float32: this CPU has no native bf16 products (AMX or AVX-512 BF16)".into(),
-            (None, Some(kernel)) => {
-                let bf16 = || -> Result<Box<dyn Backbone>, LoadError> {
-                    Ok(Box::new(models::Bf16Backbone(architecture.backbone(&config, probe_vb)?)))
-                };
-                let outcome = auto_dtype::probe(backbone.as_ref(), bf16, &tokenizer, spec.max_model_len, kernel)?;
-                if let Some(bf16) = outcome.backbone {
-                    backbone = bf16;
-                    spec.dtype = "bfloat16";
-                }
-                outcome.reason
-            }
-        };
-        tracing::info!(model = %options.served_name, "--dtype auto: {reason}");
-        spec.dtype_reason = Some(reason);
+        let bf16 =
+            || -> Result<Box<dyn Backbone>, LoadError> { Ok(Box::new(models::Bf16Backbone(architecture.backbone(&config, probe_vb)?))) };
+        let outcome = auto_cpu_dtype(&kept_in_f32, &source, |kernel| {
+            auto_dtype::probe(backbone.as_ref(), bf16, &tokenizer, spec.max_model_len, kernel)
+        })?;
+        if let Some(bf16) = outcome.backbone {
+            backbone = bf16;
+            spec.dtype = "bfloat16";
+        }
+        tracing::info!(model = %options.served_name, "--dtype auto: {}", outcome.reason);
+        spec.dtype_reason = Some(outcome.reason);
     }
     let identity = format!("{}\nruns in {}", identity_of(options, &source), spec.dtype);
     Ok(LoadedModel {
@@ -325,6 +318,28 @@ pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {
         lora,
         identity,
     })
+}
+
+/// `--dtype auto` for a float32 model on the CPU ([`auto_dtype`]): float32 for the first reason
+/// in `kept_in_f32` that holds, on a CPU without native bf16 products, or where the memory
+/// available holds no bf16 copy for the probe (the weight files are read only then); else what
+/// `probe` finds with the CPU's bf16 kernel.
+fn auto_cpu_dtype(
+    kept_in_f32: &[(bool, &str)],
+    source: &ModelSource,
+    probe: impl FnOnce(&str) -> Result<auto_dtype::Outcome, LoadError>,
+) -> Result<auto_dtype::Outcome, LoadError> {
+    let float32 = |why: &str| Ok(auto_dtype::Outcome { backbone: None, reason: format!("float32: {why}") });
+    if let Some((_, why)) = kept_in_f32.iter().find(|(kept, _)| *kept) {
+        return float32(why);
+    }
+    let Some(kernel) = crate::kernels::native_bf16() else {
+        return float32("this CPU has no native bf16 products (AMX or AVX-512 BF16)");
+    };
+    if !room_for_a_bf16_copy(source)? {
+        return float32("the memory available holds no bf16 copy for the probe");
+    }
+    probe(kernel)
 }
 
 /// Whether the memory available holds a bf16 copy of the weights beside the float32 ones (at most
