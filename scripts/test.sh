@@ -73,7 +73,9 @@ job() {
   shift 2
   (
     job_start=$(date +%s)
-    trap 'echo "$job_start $(date +%s) $?" > "$logs/$name.done"' EXIT
+    # `times` here (a builtin, no fork) gives the user and system time of everything the job ran
+    # and waited for, niced or not: the job's CPU-seconds in the table at the end.
+    trap 'job_status=$?; times > "$logs/$name.times"; echo "$job_start $(date +%s) $job_status" > "$logs/$name.done"' EXIT
     renice -n "$niceness" -p "$BASHPID" > /dev/null
     "$@" > "$logs/$name.log" 2>&1
   ) &
@@ -309,14 +311,23 @@ rm -rf fuzz/target
 await containers
 grep -h -E '^container(-cuda)?:' "$logs"/containers.log
 phase "end"
+# cpu_seconds FILE: user + system of the children's line of a `times` output ("1m2.50s 0m3.25s").
+cpu_seconds() {
+  awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] }; printf "%d", t }' "$1"
+}
 printf '%-52s %17d s\n' "total" $(($(date +%s) - test_started)) >> target/test-times.txt
 printf '%-52s %17d s\n' "CPU-seconds, all cores (/proc/stat)" $((($(busy_ticks) - test_busy) / $(getconf CLK_TCK))) >> target/test-times.txt
 {
-  echo "background jobs (niced; start and end from the start of the run):"
+  echo "background jobs (niced; start, end and seconds from the start of the run; CPU-seconds of what each ran):"
+  jobs_cpu=0
   for name in "${!pids[@]}"; do
     read -r start end status < "$logs/$name.done"
-    printf '  %-50s %5d %5d %5d s\n' "$name" $((start - test_started)) $((end - test_started)) $((end - start))
+    cpu=$(cpu_seconds "$logs/$name.times")
+    jobs_cpu=$((jobs_cpu + cpu))
+    printf '  %-50s %5d %5d %5d s %6d CPU-s\n' "$name" $((start - test_started)) $((end - test_started)) $((end - start)) "$cpu"
   done
+  times > "$logs/foreground.times"
+  printf '%-52s %17d s\n' "CPU-seconds of the foreground (this shell's children less the jobs)" $(($(cpu_seconds "$logs/foreground.times") - jobs_cpu))
 } >> target/test-times.txt
 echo "where the time went (phase, start, end, seconds):"
 cat target/test-times.txt
