@@ -89,7 +89,7 @@ struct StateInner {
     /// Set on SIGTERM/SIGINT: /health answers 503 and new model requests are refused.
     draining: AtomicBool,
     /// `--models-dir`: how models load on demand (`None`: every model loads at start).
-    on_demand: Option<on_demand::OnDemandOptions>,
+    on_demand: Option<on_demand::OnDemand>,
     /// When the state was made (the clock of models' last use).
     created: std::time::Instant,
 }
@@ -157,7 +157,7 @@ impl AppState {
                 started: unix_now(),
                 options,
                 draining: AtomicBool::new(false),
-                on_demand: Some(on_demand),
+                on_demand: Some(on_demand::OnDemand::new(on_demand)),
                 created: std::time::Instant::now(),
             }),
         }
@@ -254,10 +254,14 @@ impl AppState {
         }
     }
 
-    /// The IO-processor plugin of the model `engine` serves, if it has one.
+    /// The IO-processor plugin of the model `engine` serves, if it has one (a model on demand's
+    /// starts with each load).
     pub fn plugin(&self, engine: &Engine) -> Option<Arc<IoProcessor>> {
         let slot = self.inner.models.iter().find(|s| s.name == engine.spec().served_name)?;
-        slot.plugin.get().cloned()
+        match &slot.on_demand {
+            Some(loadable) => loadable.plugin(),
+            None => slot.plugin.get().cloned(),
+        }
     }
 
     /// The served names, in the order given.

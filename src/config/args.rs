@@ -29,6 +29,12 @@ pub struct ServeArgs {
     /// request is using is unloaded for a newcomer). Default: no limit.
     #[arg(long, env = "POOLSERVE_MAX_LOADED_MODELS", requires = "models_dir")]
     pub max_loaded_models: Option<usize>,
+    /// With --models-dir: the weights loaded at once at most, counted as each model's weight
+    /// files (least recently used models no request is using are unloaded for a newcomer; a
+    /// model larger than this alone cannot load): MiB, or a size with its unit (`8GiB`, `8Gi`,
+    /// `500MB`, `512KiB`). Default: no limit.
+    #[arg(long, env = "POOLSERVE_MAX_LOADED_MEMORY", requires = "models_dir")]
+    pub max_loaded_memory: Option<String>,
     /// With --models-dir: unload a model no request has used for this many seconds.
     #[arg(long, env = "POOLSERVE_MODEL_IDLE_TIMEOUT", requires = "models_dir")]
     pub model_idle_timeout: Option<u64>,

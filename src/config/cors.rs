@@ -69,21 +69,22 @@ fn check_origin(origin: &str) -> Result<String, String> {
     Ok(origin.to_ascii_lowercase())
 }
 
+/// An HTTP token (RFC 9110's `tchar`s): what methods and header names are made of.
+fn is_token(text: &str) -> bool {
+    !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+}
+
 fn check_method(method: &str) -> Result<String, String> {
-    let token = !method.is_empty() && method.chars().all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c));
-    if token {
-        Ok(method.to_ascii_uppercase())
-    } else {
-        Err(format!("`{method}` is not an HTTP method"))
+    match is_token(method) {
+        true => Ok(method.to_ascii_uppercase()),
+        false => Err(format!("`{method}` is not an HTTP method")),
     }
 }
 
 fn check_header(header: &str) -> Result<String, String> {
-    let token = !header.is_empty() && header.chars().all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c));
-    if token {
-        Ok(header.to_ascii_lowercase())
-    } else {
-        Err(format!("`{header}` is not a header name"))
+    match is_token(header) {
+        true => Ok(header.to_ascii_lowercase()),
+        false => Err(format!("`{header}` is not a header name")),
     }
 }
 

@@ -62,6 +62,8 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OnDemandLimits {
     pub max_loaded: Option<usize>,
+    /// `--max-loaded-memory`, in bytes.
+    pub max_memory: Option<u64>,
     pub idle_timeout: Option<std::time::Duration>,
     pub load_timeout: std::time::Duration,
 }
@@ -112,6 +114,39 @@ fn positive(name: &str, value: usize) -> Result<usize, ConfigError> {
         return Err(ConfigError(format!("--{name} must be greater than 0")));
     }
     Ok(value)
+}
+
+/// `--max-loaded-memory`: a count of MiB (as `--cache-size`), or a size with its unit, binary
+/// (`KiB`/`Ki`, `MiB`/`Mi`, `GiB`/`Gi`, `TiB`/`Ti`) or decimal (`KB`/`K`, `MB`/`M`, `GB`/`G`,
+/// `TB`/`T`, as Kubernetes' quantities and `B` for bytes), in bytes.
+fn memory_size(text: &str) -> Result<u64, ConfigError> {
+    let bad = || {
+        ConfigError(format!(
+            "--max-loaded-memory {text:?} is not a size: give MiB (`4096`) or a size with its unit (`4GiB`, `4Gi`, `500MB`)"
+        ))
+    };
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let scale: f64 = match unit.trim() {
+        "" => (1u64 << 20) as f64,
+        "B" => 1.0,
+        "KiB" | "Ki" => 1024.0,
+        "MiB" | "Mi" => (1u64 << 20) as f64,
+        "GiB" | "Gi" => (1u64 << 30) as f64,
+        "TiB" | "Ti" => (1u64 << 40) as f64,
+        "KB" | "K" | "kB" | "k" => 1e3,
+        "MB" | "M" => 1e6,
+        "GB" | "G" => 1e9,
+        "TB" | "T" => 1e12,
+        _ => return Err(bad()),
+    };
+    let bytes = number * scale;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(ConfigError("--max-loaded-memory must be greater than 0".into()));
+    }
+    Ok(bytes.min(u64::MAX as f64) as u64)
 }
 
 /// `--pooler-config` and `--hf-overrides`, read from their JSON.
@@ -268,6 +303,7 @@ impl TryFrom<ServeArgs> for ServerConfig {
         let on_demand = match &args.models_dir {
             Some(_) => Some(OnDemandLimits {
                 max_loaded: args.max_loaded_models.map(|n| positive("max-loaded-models", n)).transpose()?,
+                max_memory: args.max_loaded_memory.as_deref().map(memory_size).transpose()?,
                 idle_timeout: args
                     .model_idle_timeout
                     .map(|s| positive("model-idle-timeout", s as usize).map(|s| std::time::Duration::from_secs(s as u64)))
@@ -446,6 +482,21 @@ fn vllm_runtime_lora_updating() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_sizes_read_as_mib_or_with_their_unit() {
+        assert_eq!(memory_size("4096").unwrap(), 4096 << 20);
+        assert_eq!(memory_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(memory_size("8Gi").unwrap(), 8 << 30);
+        assert_eq!(memory_size("1.5 GiB").unwrap(), 3 << 29);
+        assert_eq!(memory_size("500MB").unwrap(), 500_000_000);
+        assert_eq!(memory_size("300KiB").unwrap(), 300 << 10);
+        assert_eq!(memory_size("2G").unwrap(), 2_000_000_000);
+        for bad in ["", "GiB", "8 parsecs", "-1", "1e3", "0", "0.0000001"] {
+            assert!(memory_size(bad).is_err(), "{bad:?}");
+        }
+        assert!(memory_size("8 parsecs").unwrap_err().to_string().contains("is not a size"));
+    }
     use crate::loader::options::DTypeArg;
 
     /// `for_model` spells out the flags' defaults: they must stay equal to what clap gives

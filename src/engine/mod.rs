@@ -443,6 +443,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Runs one short input end to end so that the first real request pays no first-call
+    /// costs (the server's start, and each load of a model on demand).
+    pub async fn warm_up(&self) -> Result<(), EngineError> {
+        let task = self.spec().tasks.first().copied().unwrap_or(Task::Embed);
+        let mut params = params::PoolingParams { truncate_prompt_tokens: Some(-1), ..Default::default() }.verify(task, self.spec())?;
+        params.use_cache = false;
+        let started = std::time::Instant::now();
+        self.encode(vec![Prompt::Text("warm up the model".into())], &params).await?;
+        tracing::info!(model = %self.spec().served_name, "warm-up done in {:.2?}", started.elapsed());
+        Ok(())
+    }
+
     /// [`Self::encode`] for callers that run one task, whose output has one shape: each
     /// output in that form ([`TaskOutput`]), checked here once.
     pub async fn encode_as<T: TaskOutput>(&self, prompts: Vec<Prompt>, params: &ResolvedParams) -> Result<(Vec<T>, usize), EngineError> {

@@ -117,11 +117,12 @@ impl ModelSource {
             };
         }
         let mut builder = ApiBuilder::from_env().with_progress(false);
-        if let Some(HubToken(token)) = HubToken::or_from_env(token) {
+        let explicit = HubToken::or_from_env(token);
+        // hf-hub's builder holds the file's token when no other was given.
+        let token_sent = explicit.is_some() || Cache::from_env().token().is_some();
+        if let Some(HubToken(token)) = explicit {
             builder = builder.with_token(Some(token));
         }
-        // hf-hub's builder holds the file's token when no other was given.
-        let token_sent = HubToken::or_from_env(token).is_some() || Cache::from_env().token().is_some();
         let api = builder.build().map_err(|e| LoadError::Hub(e.to_string()))?.repo(repo);
         match api.info() {
             Ok(info) => {

@@ -193,6 +193,36 @@ fn weight_files(source: &ModelSource) -> Result<WeightFiles, LoadError> {
     Err(LoadError::NotFound("the model has no model.safetensors or pytorch_model.bin".into()))
 }
 
+/// The bytes of a local model folder's weights: the backbone's files (as the load picks them)
+/// and the `model.safetensors` or `pytorch_model.bin` of each sentence-transformers module in a
+/// sub-folder (`2_Dense/`). What a model on demand counts against `--max-loaded-memory`: its
+/// weights as the checkpoint stores them, a bound rather than a measure of what it will take
+/// (float32 weights running in bfloat16 or int8 take a half or a quarter; the input layer,
+/// threads and activations add tens of MiB). 0 for a folder without weights (its load fails).
+pub fn weight_bytes(dir: &Path) -> u64 {
+    let size = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let backbone: u64 = match weight_files(&ModelSource::Local(dir.to_path_buf())) {
+        Ok(WeightFiles::Safetensors(files)) => files.iter().map(|f| size(f)).sum(),
+        Ok(WeightFiles::Pytorch(file)) => size(&file),
+        Err(_) => 0,
+    };
+    let modules: u64 = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.path().is_dir())
+        .map(|entry| {
+            let safetensors = size(&entry.path().join("model.safetensors"));
+            if safetensors > 0 {
+                safetensors
+            } else {
+                size(&entry.path().join("pytorch_model.bin"))
+            }
+        })
+        .sum();
+    backbone + modules
+}
+
 /// Loads the model `options` names: its files, its backbone and image tower, the decisions of
 /// its spec, its tokenizer and chat template, and the heads and adapters its tasks need.
 pub fn load(options: &ModelOptions) -> Result<LoadedModel, LoadError> {

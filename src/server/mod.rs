@@ -10,23 +10,8 @@ pub mod tls;
 
 use crate::api::{self, AppState};
 use crate::config::ServerConfig;
-use crate::engine::params::PoolingParams;
 use crate::engine::Engine;
-use crate::input::Prompt;
-use crate::pooling::Task;
-use std::time::Instant;
 use tokio::net::TcpListener;
-
-/// Runs one short input end to end so the first real request pays no first-call costs.
-pub async fn warm_up(engine: &Engine) -> anyhow::Result<()> {
-    let task = engine.spec().tasks.first().copied().unwrap_or(Task::Embed);
-    let mut params = PoolingParams { truncate_prompt_tokens: Some(-1), ..Default::default() }.verify(task, engine.spec())?;
-    params.use_cache = false;
-    let started = Instant::now();
-    engine.encode(vec![Prompt::Text("warm up the model".into())], &params).await?;
-    tracing::info!(model = %engine.spec().served_name, "warm-up done in {:.2?}", started.elapsed());
-    Ok(())
-}
 
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -71,10 +56,12 @@ pub async fn run(config: ServerConfig) -> anyhow::Result<()> {
             api_options,
             api::on_demand::OnDemandOptions {
                 max_loaded: limits.max_loaded,
+                max_memory: limits.max_memory,
                 idle_timeout: limits.idle_timeout,
                 load_timeout: limits.load_timeout,
                 engine: config.engine.clone(),
                 payload_limit: config.payload_limit,
+                plugins: config.plugins.clone(),
             },
         ),
         None => AppState::new(names, api_options),
@@ -200,7 +187,7 @@ async fn load_models(config: &ServerConfig, state: &AppState) -> anyhow::Result<
             let name = model.served_name.clone();
             let loaded = async {
                 let engine = tokio::task::spawn_blocking(move || Engine::load(&model, &options)).await??;
-                warm_up(&engine).await?;
+                engine.warm_up().await?;
                 anyhow::Ok(engine)
             };
             // With several models, the error names the one that failed.

@@ -151,6 +151,15 @@ pub fn serve(args: &[&str]) -> Server {
     server
 }
 
+/// The binary with `args` stops at start with one line, `error: …` containing `part`.
+pub fn assert_one_line_error(args: &[&str], part: &str) {
+    let (ok, stderr) = run_to_exit(args);
+    assert!(!ok, "{args:?} should fail");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected, got: {stderr}");
+    assert!(lines[0].starts_with("error:") && lines[0].contains(part), "{args:?}: {stderr}");
+}
+
 /// Runs the binary with `args` to completion; returns (success, stderr).
 pub fn run_to_exit(args: &[&str]) -> (bool, String) {
     let output = Command::new(BIN).args(args).env("RUST_LOG", "error").output().expect("binary runs");

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::server::{run_to_exit, start, wait_ready, Server, BIN};
+use crate::common::server::{assert_one_line_error, run_to_exit, start, wait_ready, Server, BIN};
 
 fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> Option<(u16, String)> {
     common::server::request(port, method, path, body, &[]).map(|a| (a.status, a.text()))
@@ -20,14 +20,6 @@ fn embed(port: u16, body: Value) -> Value {
     let (status, text) = http(port, "POST", "/v1/embeddings", Some(&body)).expect("answer");
     assert_eq!(status, 200, "{text}");
     serde_json::from_str(&text).unwrap()
-}
-
-fn assert_one_line_error(args: &[&str], part: &str) {
-    let (ok, stderr) = run_to_exit(args);
-    assert!(!ok, "{args:?} should fail");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line expected, got: {stderr}");
-    assert!(lines[0].starts_with("error:") && lines[0].contains(part), "{args:?}: {stderr}");
 }
 
 #[test]

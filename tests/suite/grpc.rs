@@ -107,3 +107,77 @@ async fn the_api_key_guards_grpc_but_not_health() {
     .await;
     assert_eq!((status, answer.unwrap().status), (0, 1), "SERVING, without the key");
 }
+
+/// Models on demand (`--models-dir`) over gRPC: a call loads the model its `model` metadata
+/// names and answers the reference's vector, as an HTTP request would; Info describes and loads
+/// nothing; a model that cannot load answers INTERNAL with its error, and a call the API key
+/// refuses loads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_loads_its_model_on_demand() {
+    use poolserve::api::on_demand::OnDemandOptions;
+    let options = |name: &str, fixture: &str| {
+        let mut model = config_for(&fixture_model(fixture), |_| {}).models.remove(0);
+        model.served_name = name.into();
+        model
+    };
+    let broken = std::env::temp_dir().join(format!("poolserve-grpc-broken-{}", std::process::id()));
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("config.json"), "{ not json").unwrap();
+    let mut broken_model = options("broken", "bert-embed-mean");
+    broken_model.source = broken.to_str().unwrap().into();
+    let models = vec![options("bert", "bert-embed-mean"), options("ranker", "bert-reranker"), broken_model];
+    let on_demand = OnDemandOptions {
+        max_loaded: Some(1),
+        max_memory: None,
+        idle_timeout: None,
+        load_timeout: std::time::Duration::from_secs(60),
+        engine: config_for(&fixture_model("bert-embed-mean"), |_| {}).engine,
+        payload_limit: 2_000_000,
+        plugins: Default::default(),
+    };
+    let api_options = ApiOptions { api_keys: vec!["key".into()], ..Default::default() };
+    let state = AppState::on_demand(models, api_options, on_demand);
+    let router = api::router(state.clone(), 2_000_000);
+    let loaded = |name: &str| state.catalogue().iter().any(|(n, _, engine)| n == name && engine.is_some());
+    let auth = ("authorization", "Bearer key");
+
+    let (_, status, _) = call::<_, pb::EmbedResponse>(
+        &router,
+        "/tei.v1.Embed/Embed",
+        pb::EmbedRequest { inputs: "a".into(), ..Default::default() },
+        &[("model", "bert")],
+    )
+    .await;
+    assert_eq!(status, 16, "UNAUTHENTICATED without the key");
+    assert!(!loaded("bert"), "a refused call loads nothing");
+    let (_, status, _) = call::<_, pb::InfoResponse>(&router, "/tei.v1.Info/Info", pb::InfoRequest {}, &[("model", "bert"), auth]).await;
+    assert_eq!(status, 14, "UNAVAILABLE: Info describes a model that is not loaded");
+    assert!(!loaded("bert"), "Info loads nothing");
+
+    let reference = expected("bert-embed-mean");
+    let text = reference["texts"][0]["text"].as_str().unwrap();
+    let request = pb::EmbedRequest { inputs: text.into(), ..Default::default() };
+    let (answer, status, message) = call::<_, pb::EmbedResponse>(&router, "/tei.v1.Embed/Embed", request, &[("model", "bert"), auth]).await;
+    assert_eq!(status, 0, "{message}");
+    assert_close(&answer.unwrap().embeddings, &floats(&reference["texts"][0]["embedding"]), "gRPC Embed on demand");
+    assert!(loaded("bert"));
+
+    // Another model's call takes the one place (--max-loaded-models 1).
+    let request = pb::RerankRequest { query: "a".into(), texts: vec!["b".into(), "c".into()], ..Default::default() };
+    let (answer, status, message) =
+        call::<_, pb::RerankResponse>(&router, "/tei.v1.Rerank/Rerank", request, &[("model", "ranker"), auth]).await;
+    assert_eq!(status, 0, "{message}");
+    assert_eq!(answer.unwrap().ranks.len(), 2);
+    assert!(loaded("ranker") && !loaded("bert"), "the least recently used model left");
+
+    let (_, status, message) = call::<_, pb::EmbedResponse>(
+        &router,
+        "/tei.v1.Embed/Embed",
+        pb::EmbedRequest { inputs: "a".into(), ..Default::default() },
+        &[("model", "broken"), auth],
+    )
+    .await;
+    assert_eq!(status, 13, "INTERNAL for a model that cannot load");
+    assert!(message.contains("The model `broken` could not be loaded"), "{message}");
+    let _ = std::fs::remove_dir_all(&broken);
+}

@@ -3,17 +3,9 @@
 //! request as Starlette does, nothing when the flags are absent), several API keys from the flag
 //! and from a key file, and bad values stopping the server with one line.
 
-use crate::common::server::{request, run_to_exit, start, wait_ready, Answer};
+use crate::common::server::{assert_one_line_error, request, run_to_exit, start, wait_ready, Answer};
 use crate::common::*;
 use serde_json::json;
-
-fn one_line_error(args: &[&str], part: &str) {
-    let (ok, stderr) = run_to_exit(args);
-    assert!(!ok, "{args:?} should fail");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line expected, got: {stderr}");
-    assert!(lines[0].starts_with("error:") && lines[0].contains(part), "{args:?}: {stderr}");
-}
 
 fn preflight(port: u16, origin: &str) -> Answer {
     let headers =
@@ -107,17 +99,17 @@ fn api_keys_from_a_file() {
     }
     drop(server);
     std::fs::write(&keys, "# nothing yet\n").unwrap();
-    one_line_error(&["serve", "m", "--api-key-file", keys.to_str().unwrap()], "holds no key");
-    one_line_error(&["serve", "m", "--api-key-file", "/no/such/keys"], "--api-key-file /no/such/keys");
+    assert_one_line_error(&["serve", "m", "--api-key-file", keys.to_str().unwrap()], "holds no key");
+    assert_one_line_error(&["serve", "m", "--api-key-file", "/no/such/keys"], "--api-key-file /no/such/keys");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn bad_cors_values_stop_the_server_with_one_line() {
-    one_line_error(&["serve", "m", "--allowed-origins", "app.example.com"], "--allowed-origins: `app.example.com` is not an origin");
-    one_line_error(&["serve", "m", "--allowed-origins", "https://a.example.com/"], "is not an origin");
-    one_line_error(&["serve", "m", "--allowed-origins", "*", "--allowed-methods", "GET,PO ST"], "`PO ST` is not an HTTP method");
-    one_line_error(&["serve", "m", "--allowed-origins", "[\"https://a.example.com\""], "--allowed-origins must be a JSON list");
+    assert_one_line_error(&["serve", "m", "--allowed-origins", "app.example.com"], "--allowed-origins: `app.example.com` is not an origin");
+    assert_one_line_error(&["serve", "m", "--allowed-origins", "https://a.example.com/"], "is not an origin");
+    assert_one_line_error(&["serve", "m", "--allowed-origins", "*", "--allowed-methods", "GET,PO ST"], "`PO ST` is not an HTTP method");
+    assert_one_line_error(&["serve", "m", "--allowed-origins", "[\"https://a.example.com\""], "--allowed-origins must be a JSON list");
 }
 
 #[test]
@@ -179,8 +171,8 @@ fn url_prefix_and_root_path() {
     assert!(page.text().contains("/proxy/embed-svc/openapi.json"), "{}", page.text());
     drop(server);
 
-    one_line_error(&["serve", "m", "--url-prefix", "embed-svc"], "--url-prefix must start with `/`");
-    one_line_error(&["serve", "m", "--root-path", "/a b"], "--root-path `/a b` holds ` `");
+    assert_one_line_error(&["serve", "m", "--url-prefix", "embed-svc"], "--url-prefix must start with `/`");
+    assert_one_line_error(&["serve", "m", "--root-path", "/a b"], "--root-path `/a b` holds ` `");
 }
 
 #[cfg(unix)]

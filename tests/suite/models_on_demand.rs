@@ -1,10 +1,12 @@
 //! Models on demand (`--models-dir`) through the real binary: nothing loads at start, a model
 //! loads at its first request (concurrent first requests load it once) and answers the
 //! reference's vectors, `--max-loaded-models` unloads the least recently used, an idle model
-//! unloads after `--model-idle-timeout`, `/models/load` and `/models/unload`, a broken folder
-//! answers its own requests with its error while the others serve, and bad values stop the start.
+//! unloads after `--model-idle-timeout`, `--max-loaded-memory` unloads by the weights' bytes,
+//! `/models/load` and `/models/unload`, a broken folder answers its own requests with its error
+//! while the others serve, and bad values stop the start. (gRPC calls: `grpc.rs`; plugins:
+//! `plugins.rs`.)
 
-use crate::common::server::{post, request, run_to_exit, start, wait_ready};
+use crate::common::server::{assert_one_line_error, post, request, start, wait_ready};
 use crate::common::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -97,17 +99,21 @@ fn models_load_at_first_request_and_unload_by_the_limits() {
 #[cfg(unix)]
 #[test]
 fn bad_models_dirs_stop_the_start_with_one_line() {
-    let one_line = |args: &[&str], part: &str| {
-        let (ok, stderr) = run_to_exit(args);
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert!(!ok && lines.len() == 1 && lines[0].contains(part), "{args:?}: {stderr}");
-    };
+    let one_line = assert_one_line_error;
     one_line(&["serve", "--models-dir", "/no/such/dir"], "--models-dir /no/such/dir");
     let empty = std::env::temp_dir().join(format!("poolserve-empty-models-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();
     one_line(&["serve", "--models-dir", empty.to_str().unwrap()], "holds no model folder");
     std::os::unix::fs::symlink(fixture_model("bert-embed-mean"), empty.join("bert")).unwrap();
     one_line(&["serve", "--models-dir", empty.to_str().unwrap(), "--max-loaded-models", "0"], "--max-loaded-models must be greater than 0");
+    one_line(
+        &["serve", "--models-dir", empty.to_str().unwrap(), "--max-loaded-memory", "8 parsecs"],
+        "--max-loaded-memory \"8 parsecs\" is not a size",
+    );
+    one_line(
+        &["serve", "--models-dir", empty.to_str().unwrap(), "--max-loaded-memory", "0GiB"],
+        "--max-loaded-memory must be greater than 0",
+    );
     std::fs::remove_dir_all(&empty).unwrap();
 }
 
@@ -127,6 +133,46 @@ fn listing_loads_nothing_and_ollamas_tag_is_understood() {
     let answer = post(server.port, "/api/embed", json!({"model": "bert:latest", "input": "hello"}));
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(loaded(server.port), vec![("bert".into(), true)]);
+    drop(server);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--max-loaded-memory`: models count by their weight files' bytes; a newcomer that does not fit
+/// unloads the least recently used models until it does, and a model larger than the whole
+/// budget answers 500 saying so.
+#[cfg(unix)]
+#[test]
+fn a_memory_budget_unloads_by_the_weights_bytes() {
+    let dir = std::env::temp_dir().join(format!("poolserve-models-dir-memory-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut bytes = std::collections::HashMap::new();
+    for (name, fixture) in [("bert", "bert-embed-mean"), ("modern", "modernbert-embed-mean"), ("ranker", "bert-reranker")] {
+        std::os::unix::fs::symlink(fixture_model(fixture), dir.join(name)).unwrap();
+        bytes.insert(name, std::fs::metadata(fixture_model(fixture).join("model.safetensors")).unwrap().len());
+    }
+    // Room for bert and ranker together, not for modern beside either.
+    assert!(bytes["modern"] + bytes["bert"].min(bytes["ranker"]) > bytes["bert"] + bytes["ranker"]);
+    let budget = format!("{}B", bytes["bert"] + bytes["ranker"]);
+    let mut server = start(&["--models-dir", dir.to_str().unwrap(), "--max-loaded-memory", &budget], &[]);
+    wait_ready(&mut server);
+    let port = server.port;
+    embed(port, "bert", &json!("a"));
+    assert_eq!(post(port, "/rerank", json!({"model": "ranker", "query": "a", "documents": ["b"]})).status, 200);
+    assert_eq!(loaded(port), vec![("bert".into(), true), ("modern".into(), false), ("ranker".into(), true)], "both fit");
+    let modern = expected("modernbert-embed-mean");
+    let body = embed(port, "modern", &modern["texts"][0]["text"]);
+    assert_close(&floats(&body["data"][0]["embedding"]), &floats(&modern["texts"][0]["embedding"]), "modern on demand");
+    assert_eq!(loaded(port), vec![("bert".into(), false), ("modern".into(), true), ("ranker".into(), false)], "both left for it");
+    assert_eq!(metric(port, "model_unloads_total", "bert"), 1.0);
+    assert_eq!(metric(port, "model_unloads_total", "ranker"), 1.0);
+    drop(server);
+
+    let mut server = start(&["--models-dir", dir.to_str().unwrap(), "--max-loaded-memory", "1KiB"], &[]);
+    wait_ready(&mut server);
+    let answer = post(server.port, "/v1/embeddings", json!({"model": "bert", "input": "a"}));
+    assert_eq!(answer.status, 500, "{}", answer.text());
+    assert!(answer.message().contains("more than --max-loaded-memory (1 KiB) allows"), "{}", answer.text());
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
 }

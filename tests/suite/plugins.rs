@@ -199,6 +199,30 @@ fn the_binary_serves_a_plugin_by_name_and_refuses_an_unknown_one() {
     );
 }
 
+/// A model on demand (`--models-dir`) starts its plugin with each load, as a server's start
+/// does, and stops it when it is unloaded.
+#[cfg(unix)]
+#[test]
+fn a_model_on_demand_starts_its_plugin_with_each_load() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let python = python();
+    let dir = std::env::temp_dir().join(format!("poolserve-models-dir-plugin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(fixture_model("bge-m3-tiny"), dir.join("bge")).unwrap();
+    let envs = [("POOLSERVE_PLUGIN_PYTHON", python.to_str().unwrap())];
+    let mut server = start_in(root, &["--models-dir", dir.to_str().unwrap(), "--io-processor-plugin", "bge_m3_sparse_plugin"], &envs);
+    wait_ready(&mut server);
+    for round in ["first load", "after an unload"] {
+        let answer = server_post(server.port, "/pooling", json!({"model": "bge", "data": {"input": "What is BGE M3?"}}));
+        assert_eq!(answer.status, 200, "{round}: {}", answer.text());
+        assert_eq!(answer.json()["data"]["data"][0]["object"], "sparse-embedding", "{round}");
+        assert_eq!(server_post(server.port, "/models/unload", json!({"model": "bge"})).status, 200);
+    }
+    drop(server);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// vLLM's ColBERT query plugin, ported, on jina-colbert-v2: its query prompt (`[CLS]
 /// [QueryMarker] text [SEP]` padded with `[MASK]` to 32) and document prompt give the vectors
 /// our own `/pooling` token_embed gives for the same token ids.

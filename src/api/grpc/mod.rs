@@ -13,6 +13,12 @@
 //! model, as `model` does in an HTTP body; without it, the only model, else the only one of the
 //! kind the call needs.
 //!
+//! **Models on demand** (`--models-dir`): a call to a tei.v1 service (Info aside, which
+//! describes and loads nothing, as HTTP's GETs) loads the model its `model` metadata names, or
+//! the only one, as an HTTP request does, and keeps it in use until its answer (a stream's last
+//! message) is sent; a model that cannot be ready answers UNAVAILABLE (loading, or no room)
+//! or INTERNAL (its load failed) with the HTTP route's message.
+//!
 //! **Auth:** with `--api-key`, every tei.v1 call needs `authorization: Bearer KEY` metadata
 //! (TEI's interceptor and its `UNAUTHENTICATED` "No valid auth token"); health and reflection
 //! stay open, as the HTTP probes do.
@@ -53,11 +59,17 @@ pub fn open_streams() -> usize {
 pub fn add_services(router: Router<AppState>, state: AppState, max_message: usize) -> Router<AppState> {
     let service = TeiService::new(state.clone());
     let key = ApiKey(state.options().api_keys.clone().into());
-    let router = add(router, InfoServer::new(service.clone()).max_decoding_message_size(max_message), &key);
-    let router = add(router, EmbedServer::new(service.clone()).max_decoding_message_size(max_message), &key);
-    let router = add(router, PredictServer::new(service.clone()).max_decoding_message_size(max_message), &key);
-    let router = add(router, RerankServer::new(service.clone()).max_decoding_message_size(max_message), &key);
-    let router = add(router, TokenizeServer::new(service).max_decoding_message_size(max_message), &key);
+    let tei = Router::new();
+    let tei = add(tei, InfoServer::new(service.clone()).max_decoding_message_size(max_message), &key);
+    let tei = add(tei, EmbedServer::new(service.clone()).max_decoding_message_size(max_message), &key);
+    let tei = add(tei, PredictServer::new(service.clone()).max_decoding_message_size(max_message), &key);
+    let tei = add(tei, RerankServer::new(service.clone()).max_decoding_message_size(max_message), &key);
+    let tei = add(tei, TokenizeServer::new(service).max_decoding_message_size(max_message), &key);
+    let tei = match state.loads_on_demand() {
+        true => tei.route_layer(axum::middleware::from_fn_with_state(state.clone(), load_on_demand)),
+        false => tei,
+    };
+    let router = router.merge(tei);
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -72,6 +84,41 @@ pub fn add_services(router: Router<AppState>, state: AppState, max_message: usiz
         router = route(route(router, v1), v1alpha);
     }
     router
+}
+
+/// In front of the tei.v1 services when models load on demand: the model a call names in its
+/// `model` metadata (or the only one) loaded, and in use until the answer's body (a stream's
+/// messages) ends. A call the API key would refuse loads nothing: it goes on to be refused.
+async fn load_on_demand(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use http_body_util::BodyExt;
+    let keys = &state.options().api_keys;
+    let authorized = keys.is_empty()
+        || request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|sent| super::auth::key_accepted(keys, sent));
+    let describes = request.uri().path().starts_with(&format!("/{}/", <InfoServer<TeiService> as NamedService>::NAME));
+    let named = request.headers().get("model").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let index = if authorized && !describes { state.on_demand_named(named.as_deref()) } else { None };
+    let Some(index) = index else { return next.run(request).await };
+    let using = match state.ensure_loaded(index).await {
+        Ok(using) => using,
+        Err(not_ready) => return not_ready.grpc().into_http(),
+    };
+    let response = next.run(request).await;
+    // The model stays in use while the body (a stream's answers) is being sent.
+    response.map(move |body| {
+        axum::body::Body::new(body.map_frame(move |frame| {
+            let _in_use = &using;
+            frame
+        }))
+    })
 }
 
 /// One tei.v1 service behind the API key.
