@@ -20,7 +20,7 @@
 #    the library example, /docs rendered in headless Chromium, schemathesis against
 #    /openapi.json, TEI's gRPC API, TLS / mutual TLS / HTTP/2 and OpenTelemetry traces through
 #    real clients (tests/protocols/), and 60 seconds of the soak (benches/soak.sh);
-# 5. every fuzz target of fuzz/ for 2 minutes in all (scripts/fuzz.sh, cargo-fuzz, coverage-guided,
+# 5. every fuzz target of fuzz/ for 2 minutes in all (scripts/fuzz.sh, libFuzzer, coverage-guided,
 #    without a sanitizer: docs/testing.md "Fuzzing" says when to run AddressSanitizer);
 # 6. the container images: the CPU image from the unchanged Dockerfile around the release binary
 #    of step 4, run and checked (scripts/test-container.sh; root only), and the CUDA image from
@@ -28,12 +28,13 @@
 #
 # How it fits on 2 cores: each thing is compiled once. The test build is also the clippy run
 # (clippy-driver compiles and lints the workspace's crates in one pass); the release build is
-# the binary that steps 3-6 run and that the CPU image carries; the CUDA build shares the test
-# build's dependencies (dev profile). Downloads (Python packages, models, the CUDA toolkit, Debian packages and
-# the base images) and the other builds (release, fuzz targets) run in the background from the
-# start, niced below the foreground so that they take the cores the foreground leaves idle. The
-# table at the end (also target/test-times.txt) shows the foreground phases and the background
-# jobs; each job's output is in target/test-logs/.
+# the binary that steps 3-6 run and that the CPU image carries; the CUDA build and the fuzz
+# build (only our crates instrumented) share the test build's dependencies (dev profile).
+# Downloads (Python packages, models, the CUDA toolkit, Debian packages and the base images) and
+# the release build run in the background from the start, niced below the foreground so that
+# they take the cores the foreground leaves idle. The table at the end (also
+# target/test-times.txt) shows the foreground phases and the background jobs; each job's output
+# is in target/test-logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -138,7 +139,6 @@ if [ "$quick" = 0 ]; then
   job cuda-toolkit 0 scripts/build-cuda.sh --toolkit
   # The release binary: what steps 3-6 run and the CPU image carries.
   job release 5 cargo build --release --locked --bin poolserve
-  job fuzz-build 15 env FUZZ_PROFILE=dev FUZZ_SANITIZER=none scripts/fuzz.sh --build
 fi
 
 cargo fmt --version > /dev/null 2>&1 || rustup component add rustfmt
@@ -182,14 +182,20 @@ if [ "$quick" = 1 ]; then
   exit 0
 fi
 
-# The CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain), so that the GPU code cannot rot;
-# it runs only where a GPU and its libraries are. It is a dev-profile build in target/debug,
-# sharing the test build's dependencies (the Rust tests are done with target/debug: cargo's lock
-# on it would have held them), and runs beside the release build's end and the end-to-end checks
-# below, which leave cores idle while they wait on servers (niced between the release build,
-# which the foreground waits for first, and the fuzz build).
+# The fuzz targets and the CUDA build (--features cuda, PyPI's CUDA 13.0 toolchain, so that the
+# GPU code cannot rot; it runs only where a GPU and its libraries are) are dev-profile builds in
+# target/debug reusing the test build's compiled dependencies. They start once the Rust tests
+# are done with target/debug (cargo's lock on it would have held them), one after the other
+# (the fuzz build, which compiles only our crates again, first), beside the release build's end
+# and the end-to-end checks below, which leave cores idle while they wait on servers (niced
+# below the release build, which the foreground waits for first).
+job fuzz-build 15 env FUZZ_PROFILE=dev scripts/fuzz.sh --build
+cuda_check() {
+  while [ ! -e "$logs/fuzz-build.done" ]; do sleep 1; done
+  scripts/build-cuda.sh --check
+}
 await cuda-toolkit
-job cuda-build 10 scripts/build-cuda.sh --check
+job cuda-build 10 cuda_check
 
 # From here on, the release binary (a copy, so that a later build cannot change it while the
 # end-to-end checks start servers).
@@ -300,14 +306,12 @@ seconds=$((120 / ${#targets[@]}))
 lanes=("" "")
 for i in "${!targets[@]}"; do lanes[i % 2]+=" ${targets[i]}"; done
 # shellcheck disable=SC2086 # the lanes are lists of target names
-job fuzz-first 0 env FUZZ_PROFILE=dev FUZZ_SANITIZER=none scripts/fuzz.sh "$seconds" ${lanes[0]}
+job fuzz-first 0 env FUZZ_PROFILE=dev scripts/fuzz.sh "$seconds" ${lanes[0]}
 # shellcheck disable=SC2086
-job fuzz-second 0 env FUZZ_PROFILE=dev FUZZ_SANITIZER=none scripts/fuzz.sh "$seconds" ${lanes[1]}
+job fuzz-second 0 env FUZZ_PROFILE=dev scripts/fuzz.sh "$seconds" ${lanes[1]}
 await fuzz-first
 await fuzz-second
 grep -h -E '^(fuzz:|Done)' "$logs"/fuzz-first.log "$logs"/fuzz-second.log
-# The instrumented build is 4-5 GB that nothing after this needs.
-rm -rf fuzz/target
 await containers
 grep -h -E '^container(-cuda)?:' "$logs"/containers.log
 phase "end"
