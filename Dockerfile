@@ -28,17 +28,27 @@ RUN if [ -n "${POOLSERVE_PREBUILT}" ]; then \
     fi
 
 FROM debian:bookworm-slim
+# IO-processor plugins (docs/plugins.md) run in a Python of their own: Debian's python3 with
+# pydantic 2 from PyPI in /opt/poolserve-python (vLLM's plugins' request types are pydantic 2
+# models; Debian's python3-pydantic is 1.10). No tokenizer package: plugins ask the server's.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+ && python3 -m venv /opt/poolserve-python \
+ && /opt/poolserve-python/bin/pip install --no-cache-dir --disable-pip-version-check -q 'pydantic>=2,<3' \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --create-home --home-dir /home/poolserve poolserve \
  && mkdir -p /data /models \
  && chown poolserve:poolserve /data /models
 COPY --from=builder /usr/local/bin/poolserve /usr/local/bin/poolserve
+# The plugins shipped as examples (vLLM's own, ported), found by name: --io-processor-plugin
+# bge_m3_sparse_plugin. More: mount a folder and add it with --plugin-path.
+COPY plugins /usr/share/poolserve/plugins
 ENV POOLSERVE_HOST=0.0.0.0 \
     POOLSERVE_PORT=8000 \
     HF_HOME=/data \
-    RUST_LOG=info
+    RUST_LOG=info \
+    POOLSERVE_PLUGIN_PYTHON=/opt/poolserve-python/bin/python \
+    POOLSERVE_PLUGIN_PATH=/usr/share/poolserve/plugins
 VOLUME ["/data"]
 EXPOSE 8000
 USER poolserve

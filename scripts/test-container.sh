@@ -136,6 +136,37 @@ wait "$server" || status=$?
 server=
 [ "$status" = 0 ] || { echo "container: exit status $status after SIGTERM" >&2; cat target/container/server.log; exit 1; }
 grep -q "stopped" target/container/server.log
+
+# The shipped plugins run in the image's own Python (pydantic, no tokenizer package): vLLM's
+# BGE-M3 sparse plugin on the tiny BGE-M3 fixture, its dense vector against FlagEmbedding's.
+buildah run --isolation chroot --user "$user" -v "$PWD/tests/fixtures/models/bge-m3-tiny:/models/bge-m3-tiny:ro" \
+  -e POOLSERVE_PORT="$port" -e POOLSERVE_HOST=127.0.0.1 \
+  "$ctr" -- poolserve serve /models/bge-m3-tiny --io-processor-plugin bge_m3_sparse_plugin > target/container/plugin-server.log 2>&1 &
+server=$!
+for _ in $(seq 1 300); do
+  curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+  kill -0 "$server" 2>/dev/null || { cat target/container/plugin-server.log; exit 1; }
+  sleep 0.2
+done
+python3 - "$port" <<'PY'
+import json, math, sys, urllib.request
+case = json.load(open("tests/fixtures/expected/bge-m3-tiny.json"))["texts"][0]
+body = json.dumps({"data": {"input": case["text"], "return_tokens": True}}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/pooling", body, {"Content-Type": "application/json"})
+entry = json.load(urllib.request.urlopen(request))["data"]["data"][0]
+a, b = entry["dense_embedding"], case["embedding"]
+cos = sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+weights = {str(w["token_id"]): w["weight"] for w in entry["sparse_embedding"]}
+worst = max(abs(weights[k] - v) for k, v in case["lexical_weights"].items())
+ok = entry["object"] == "dense&sparse" and cos >= 0.9999 and worst <= 1e-4 and set(weights) == set(case["lexical_weights"]) \
+    and all(isinstance(w["token"], str) for w in entry["sparse_embedding"])
+print(f"container: bge_m3_sparse_plugin in the image: dense cosine {cos:.6f}, lexical weights within {worst:.1e}, tokens named")
+sys.exit(0 if ok else 1)
+PY
+pid=$(pgrep -n -x poolserve)
+kill -TERM "$pid"
+wait "$server" || { echo "container: the plugin server did not stop cleanly" >&2; cat target/container/plugin-server.log; exit 1; }
+server=
 done_at=$(date +%s)
 echo "container: stopped cleanly on SIGTERM; base images $((base_ready - started)) s, image build $((built - base_ready)) s, run $((done_at - built)) s"
 echo "container: ok"

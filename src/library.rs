@@ -93,7 +93,7 @@ impl LocalModel {
         let engine = Engine::load(&options.model, &options.engine).map_err(|e| LibraryError::Load(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let plugin = match &engine.spec().io_processor_plugin {
-            Some(name) => Some(runtime.block_on(IoProcessor::start(name, &options.plugins, engine.spec()))?),
+            Some(name) => Some(runtime.block_on(IoProcessor::start(name, &options.plugins, &engine))?),
             None => None,
         };
         Ok(LocalModel { engine, runtime: std::sync::Arc::new(runtime), plugin })
@@ -133,6 +133,11 @@ impl LocalModel {
 
     pub fn encode(&self, task: Task, inputs: Vec<Prompt>, params: &PoolingParams) -> Result<Vec<PoolingOutput>, LibraryError> {
         self.runtime.block_on(self.encode_async(task, inputs, params))
+    }
+
+    /// Whether the model runs an IO-processor plugin.
+    pub fn has_plugin(&self) -> bool {
+        self.plugin.is_some()
     }
 
     /// vLLM's offline plugin request (`LLM.encode({"data": data}, pooling_task="plugin")`):

@@ -1,19 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-# Ported from vLLM's tests/plugins/colbert_query_plugin: the same processor, its imports from
-# `poolserve_plugins` instead of `vllm.*`.
+# vLLM v0.33.0's tests/plugins/colbert_query_plugin, unchanged but for its imports (`vllm.*` -> `poolserve_plugins`).
 from collections.abc import Iterator, Sequence
 from typing import cast
 
 from poolserve_plugins import (
-    BaseRenderer,
-    IOProcessor,
-    PoolingParams,
-    PoolingRequestOutput,
+    VllmConfig,
+    UsageInfo,
     PromptType,
     TokensPrompt,
-    UsageInfo,
-    VllmConfig,
+    PoolingRequestOutput,
+    IOProcessor,
+    PoolingParams,
+    BaseRenderer,
     is_list_of,
 )
 
@@ -126,7 +125,7 @@ class ColBERTQueryEmbeddingProcessor(
         tokenizer,
         content_ids: list[int],
     ) -> TokensPrompt:
-        """[CLS] [DocumentMarker] <tokens> [SEP]"""
+        """[CLS] [DocumentMarker] <tokens> [SEP]."""
         _, document_marker_id = self._resolve_marker_ids(tokenizer)
 
         content_ids = content_ids[: self.max_model_len - 3]

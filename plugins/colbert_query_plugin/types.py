@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-# Ported from vLLM's tests/plugins/colbert_query_plugin (imports changed).
+# vLLM v0.33.0's tests/plugins/colbert_query_plugin, unchanged but for its imports (`vllm.*` -> `poolserve_plugins`).
 
 from typing import Literal, get_args
 

@@ -292,8 +292,7 @@ impl AppState {
         engine.warm_up().await.map_err(|e| NotReady::Failed(format!("its warm-up failed: {e}")))?;
         let plugin = match &engine.spec().io_processor_plugin {
             Some(plugin) => {
-                let started =
-                    IoProcessor::start(plugin, &options.plugins, engine.spec()).await.map_err(|e| NotReady::Failed(e.to_string()))?;
+                let started = IoProcessor::start(plugin, &options.plugins, &engine).await.map_err(|e| NotReady::Failed(e.to_string()))?;
                 tracing::info!(model = %engine.spec().served_name, "IO-processor plugin `{plugin}` started");
                 Some(started)
             }

@@ -74,6 +74,7 @@ impl PoolingRequest {
             dense: self.return_dense.unwrap_or(false),
             sparse: self.return_sparse.unwrap_or(false),
             colbert: self.return_colbert_vecs.unwrap_or(false),
+            token_weights: false,
         })
     }
 }

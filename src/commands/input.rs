@@ -1,6 +1,7 @@
 //! Input lines of the batch commands: JSON Lines (`{"id", "text"}`, `{"id", "image"}` for
-//! image-text models, or `{"id", "text_1", "text_2"}`, with `model` naming the model when
-//! several are loaded) or plain text (one input per line, the line number as its id).
+//! image-text models, `{"id", "text_1", "text_2"}`, or `{"id", "data"}` for the model's
+//! IO-processor plugin under `encode`, with `model` naming the model when several are loaded)
+//! or plain text (one input per line, the line number as its id).
 
 use super::CommandError;
 use serde_json::Value;
@@ -12,6 +13,8 @@ pub enum Payload {
     Pair(String, String),
     /// An image: a file path (relative to the working directory) or a data URL.
     Image(String),
+    /// A plugin request's `data` (vLLM's offline `LLM.encode({"data": …})`).
+    Data(Value),
 }
 
 /// One input line, parsed.
@@ -49,11 +52,12 @@ pub fn parse_line(line: usize, text: &str, jsonl: bool) -> Result<Record, Comman
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(bad(format!("`{name}` must be a string"))),
     };
-    let payload = match (field("text")?, field("text_1")?, field("text_2")?, field("image")?) {
-        (Some(text), None, None, None) => Payload::Text(text),
-        (None, Some(a), Some(b), None) => Payload::Pair(a, b),
-        (None, None, None, Some(image)) => Payload::Image(image),
-        _ => return Err(bad("expected `text`, `image`, or `text_1` and `text_2`".into())),
+    let payload = match (field("text")?, field("text_1")?, field("text_2")?, field("image")?, object.get("data")) {
+        (Some(text), None, None, None, None) => Payload::Text(text),
+        (None, Some(a), Some(b), None, None) => Payload::Pair(a, b),
+        (None, None, None, Some(image), None) => Payload::Image(image),
+        (None, None, None, None, Some(data)) => Payload::Data(data.clone()),
+        _ => return Err(bad("expected `text`, `image`, `text_1` and `text_2`, or a plugin's `data`".into())),
     };
     // Only a string names a model; anything else is left for the one-model case to ignore.
     let model = object.get("model").and_then(Value::as_str).map(String::from);

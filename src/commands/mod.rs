@@ -163,6 +163,10 @@ struct Job {
     params: ResolvedParams,
     task: Task,
     labels: Vec<String>,
+    /// The model, kept for its IO-processor plugin: `encode` runs plugin records (`data`)
+    /// through it; `None` for other commands and models without a plugin.
+    plugin_host: Option<std::sync::Arc<LocalModel>>,
+    command: Command,
 }
 
 /// One chunk's outcome per line (its output line, or why it failed) and the tokens it ran.
@@ -190,7 +194,7 @@ impl Job {
             .verify(task, spec)
             .and_then(|p| p.with_prompt_name(args.prompt_name.as_deref(), spec))
             .map_err(|e| setup(e.to_string()))?;
-        Ok(Job { engine: model.engine().clone(), params, task, labels: spec.labels.clone() })
+        Ok(Job { engine: model.engine().clone(), params, task, labels: spec.labels.clone(), plugin_host: None, command })
     }
 
     fn line_of(&self, record: &Record, output: PoolingOutput) -> String {
@@ -212,8 +216,34 @@ impl Job {
         }
     }
 
+    /// Plugin records: each `data` through the model's plugin, as the library's offline plugin
+    /// request runs it (one after another: the plugin's processes are driven by the model's own
+    /// runtime, on a blocking thread); each line is `{"id", "data"}` with what the plugin returned.
+    async fn run_plugin(&self, records: &[Record]) -> Result<(Vec<String>, usize), CommandError> {
+        if self.command != Command::Encode {
+            return Err(CommandError::Input("plugin records (`data`) run under `poolserve encode`".into()));
+        }
+        let host = self.plugin_host.clone().ok_or_else(|| CommandError::Input(crate::library::LibraryError::NoPlugin.to_string()))?;
+        let data = records
+            .iter()
+            .map(|r| match &r.payload {
+                Payload::Data(data) => Ok(data.clone()),
+                _ => Err(CommandError::Input("a chunk mixes plugin records and model inputs".into())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outputs = tokio::task::spawn_blocking(move || data.into_iter().map(|d| host.plugin(d)).collect::<Result<Vec<_>, _>>())
+            .await
+            .map_err(|e| CommandError::Setup(e.to_string()))?
+            .map_err(|e| CommandError::Input(e.to_string()))?;
+        let tokens = outputs.iter().filter_map(|o| o["usage"]["prompt_tokens"].as_u64()).sum::<u64>() as usize;
+        Ok((records.iter().zip(&outputs).map(|(r, data)| line(&r.id, Output::Plugin { data })).collect(), tokens))
+    }
+
     /// Runs records that all have the payload the task needs.
     async fn run(&self, records: &[Record]) -> Result<(Vec<String>, usize), CommandError> {
+        if records.first().is_some_and(|r| matches!(r.payload, Payload::Data(_))) {
+            return self.run_plugin(records).await;
+        }
         let refused = |e: crate::engine::EngineError| CommandError::Input(e.to_string());
         if self.task == Task::Score {
             let (mut queries, mut documents) = (Vec::new(), Vec::new());
@@ -231,6 +261,7 @@ impl Job {
                 Payload::Text(t) => Ok(Prompt::Text(t.clone())),
                 Payload::Image(source) => image_bytes(source).map(Prompt::Image),
                 Payload::Pair(..) => Err(CommandError::Input(format!("{} takes `text`, not a pair", self.task))),
+                Payload::Data(_) => Err(CommandError::Input("a chunk mixes plugin records and model inputs".into())),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let (outputs, tokens) = self.engine.encode(prompts, &self.params).await.map_err(refused)?;
@@ -274,12 +305,29 @@ struct Line<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Output<'a> {
-    Embedding { embedding: &'a [f32] },
-    Classification { label: Option<&'a String>, probs: &'a [f32] },
-    Score { score: f32 },
-    Vector { data: &'a [f32] },
-    Tokens { data: &'a [Vec<f32>] },
-    Sparse { data: Vec<SparseEntry> },
+    Embedding {
+        embedding: &'a [f32],
+    },
+    Classification {
+        label: Option<&'a String>,
+        probs: &'a [f32],
+    },
+    Score {
+        score: f32,
+    },
+    Vector {
+        data: &'a [f32],
+    },
+    Tokens {
+        data: &'a [Vec<f32>],
+    },
+    Sparse {
+        data: Vec<SparseEntry>,
+    },
+    /// What the model's IO-processor plugin returned for a record's `data`.
+    Plugin {
+        data: &'a Value,
+    },
 }
 
 #[derive(Serialize)]
@@ -370,15 +418,21 @@ impl Router {
                 plugins: config.plugins.clone(),
             })
             .map_err(|e| CommandError::of_model(several, &name, e))?;
-            let job = Job::for_model(&model, command, args).map_err(|e| CommandError::of_model(several, &name, e))?;
+            let mut job = Job::for_model(&model, command, args).map_err(|e| CommandError::of_model(several, &name, e))?;
             // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
             for adapter in model.engine().lora().map(|l| l.list()).unwrap_or_default() {
-                if let Some(engine) = model.engine().with_adapter(&adapter.name) {
-                    let adapted = Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone() };
+                if let Ok(adapted) = model.with_adapter(&adapter.name) {
+                    let plugin_host = (command == Command::Encode && adapted.has_plugin()).then(|| std::sync::Arc::new(adapted));
+                    let engine = model.engine().with_adapter(&adapter.name).unwrap_or_else(|| model.engine().clone());
+                    let adapted =
+                        Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone(), plugin_host, command };
                     jobs.insert(adapter.name.clone(), std::sync::Arc::new(adapted));
                 }
             }
             names.push(model.spec().served_name.clone());
+            if command == Command::Encode && model.has_plugin() {
+                job.plugin_host = Some(std::sync::Arc::new(model));
+            }
             jobs.insert(name, std::sync::Arc::new(job));
         }
         Ok(Router { jobs, only: (!several).then(|| names[0].clone()), names })

@@ -141,7 +141,9 @@ impl OutputCache {
     /// what is not kept.
     pub fn key(input: &ModelInput, params: &ResolvedParams, adapter: Option<u64>) -> Option<Key> {
         let ModelInput::Text(text) = input else { return None };
-        if params.labels.is_some() || !params.use_cache {
+        // A plugin's compound task (token weights beside the dense vector) is not kept: the
+        // file's records have no place for it.
+        if params.labels.is_some() || !params.use_cache || params.multi.is_some_and(|m| m.token_weights) {
             return None;
         }
         let mut hash = Sha256::new();
@@ -391,7 +393,7 @@ fn parse(kind: u8, body: &[u8]) -> Option<PoolingOutput> {
             let dense = if flags[0] == 1 { Some(at.floats()?) } else { None };
             let sparse = if flags[1] == 1 { Some(at.sparse()?) } else { None };
             let colbert = if flags[2] == 1 { Some(at.rows()?) } else { None };
-            PoolingOutput::Multi(MultiVectors { dense, sparse, colbert })
+            PoolingOutput::Multi(MultiVectors { dense, sparse, colbert, token_weights: None })
         }
         _ => return None,
     };
@@ -452,7 +454,12 @@ mod tests {
             PoolingOutput::Vector(vec![1.0, -2.5, 3.25]),
             PoolingOutput::Tokens(vec![vec![0.5; 4], vec![], vec![-1.0; 2]]),
             PoolingOutput::Sparse(vec![(7, 0.25), (4_000_000, 1.5)]),
-            PoolingOutput::Multi(MultiVectors { dense: Some(vec![1.0]), sparse: None, colbert: Some(vec![vec![2.0, 3.0]]) }),
+            PoolingOutput::Multi(MultiVectors {
+                dense: Some(vec![1.0]),
+                sparse: None,
+                colbert: Some(vec![vec![2.0, 3.0]]),
+                token_weights: None,
+            }),
         ]
     }
 

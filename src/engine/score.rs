@@ -148,7 +148,7 @@ impl Engine {
         params: &ResolvedParams,
         weights: [f32; 3],
     ) -> Result<(Vec<f32>, usize), EngineError> {
-        let all = MultiOutput { dense: true, sparse: true, colbert: true };
+        let all = MultiOutput { dense: true, sparse: true, colbert: true, token_weights: false };
         let multi =
             ResolvedParams { task: Task::Embed, dimensions: None, activation: true, multi: Some(all), hybrid: None, ..params.clone() };
         let query_count = queries.len();

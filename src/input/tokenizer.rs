@@ -273,6 +273,11 @@ impl TextTokenizer {
         ids.iter().map(|&id| self.inner.id_to_token(id).unwrap_or_default()).collect()
     }
 
+    /// The vocabulary's piece for `id` (added tokens included), if the id is in it.
+    pub fn token_string(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// The id of a token of the vocabulary (added tokens included).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
@@ -280,6 +285,17 @@ impl TextTokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The space marker of a SentencePiece-style pre-tokenizer (`Metaspace`, alone or in a
+    /// `Sequence`; "▁" unless it says otherwise), which decoding one token strips: vLLM's
+    /// `get_leading_space_marker`, read from the same configuration.
+    pub fn leading_space_marker(&self) -> Option<String> {
+        let pre = serde_json::to_value(self.inner.get_pre_tokenizer()?).ok()?;
+        let marker = |node: &serde_json::Value| {
+            (node["type"] == "Metaspace").then(|| node["replacement"].as_str().unwrap_or("\u{2581}").to_string())
+        };
+        marker(&pre).or_else(|| pre["pretokenizers"].as_array()?.iter().find_map(marker))
     }
 }
 

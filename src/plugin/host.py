@@ -16,6 +16,8 @@ import types
 from array import array
 from typing import Generic, TypeVar
 
+_CHANNEL = None  # (inbound, outbound): the pipe to the server, for the tokenizer's questions
+
 try:
     import numpy
 except ImportError:  # the plugins' arrays fall back to a small pure-Python matrix
@@ -34,12 +36,29 @@ def _pydantic_model(name, fields, base=None):
 
 
 class PoolingParams:
-    """vLLM's PoolingParams as a plugin sets them: `task` picks the model's output."""
+    """vLLM's PoolingParams as a plugin sets them in `merge_pooling_params`: `task` picks the
+    model's output (vLLM 0.33's compound "embed&token_classify" included), `dimensions` and
+    `use_activation` shape it, `skip_reading_prefix_cache` leaves the server's output cache
+    unread; the others are kept and have no effect."""
 
-    def __init__(self, task=None, **kwargs):
+    SENT = ("task", "dimensions", "use_activation", "skip_reading_prefix_cache")
+
+    def __init__(self, task=None, dimensions=None, use_activation=None, skip_reading_prefix_cache=None,
+                 truncate_prompt_tokens=None, **kwargs):
         self.task = task
+        self.dimensions = dimensions
+        self.use_activation = use_activation
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
+        self.truncate_prompt_tokens = truncate_prompt_tokens
         for key, value in kwargs.items():
             setattr(self, key, value)
+
+    def clone(self):
+        import copy
+        return copy.deepcopy(self)
+
+    def sent(self):
+        return {key: getattr(self, key, None) for key in self.SENT}
 
 
 class Matrix:
@@ -110,12 +129,56 @@ def init_logger(name):
     return logging.getLogger(name)
 
 
+class PoolerConfig:
+    """vLLM's PoolerConfig: the server's pooler defaults (`--pooler-config`), None where unset."""
+
+    def __init__(self, settings):
+        self.task = settings.get("task")
+        self.pooling_type = settings.get("pooling_type")
+        self.use_activation = settings.get("use_activation")
+        self.dimensions = settings.get("dimensions")
+        self.normalize = settings.get("normalize")
+        self.enable_chunked_processing = False
+        self.max_embed_len = None
+        self.step_tag_id = None
+        self.returned_token_ids = None
+
+
+class _Attributes(dict):
+    """config.json as transformers' PretrainedConfig reads: attributes, and a dict too."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self):
+        return dict(self)
+
+
 class ModelConfig:
+    """The fields of vLLM's ModelConfig that plugins read."""
+
     def __init__(self, settings):
         self.model = settings.get("model")
         self.served_model_name = settings.get("served_model_name")
         self.max_model_len = settings.get("max_model_len")
-        self.hf_config = settings.get("config") or {}
+        self.embedding_size = settings.get("embedding_size")
+        self.runner_type = "pooling"
+        self.io_processor_plugin = settings.get("io_processor_plugin")
+        self.architecture = settings.get("architecture")
+        self.architectures = [self.architecture] if self.architecture else []
+        self._hidden_size = settings.get("hidden_size")
+        self.pooler_config = PoolerConfig(settings.get("pooler_config") or {})
+        config = {}
+        if self.model and os.path.isfile(os.path.join(self.model, "config.json")):
+            with open(os.path.join(self.model, "config.json")) as f:
+                config = json.load(f)
+        self.hf_config = self.hf_text_config = _Attributes(config)
+
+    def get_hidden_size(self):
+        return self._hidden_size or self.hf_config.get("hidden_size")
 
 
 class VllmConfig:
@@ -123,57 +186,110 @@ class VllmConfig:
         self.model_config = ModelConfig(settings)
 
 
+def _ask(method, **args):
+    """One question to the server's tokenizer over the pipe (docs/plugins.md "The protocol")."""
+    inbound, outbound = _CHANNEL
+    write_frame(outbound, {"call": "tokenizer", "method": method, **args})
+    header, _ = read_frame(inbound)
+    if header is None:
+        raise RuntimeError("the server closed the pipe")
+    if not header.get("ok"):
+        raise ValueError(header.get("message") or "the server's tokenizer refused the call")
+    return header["result"]
+
+
 class Tokenizer:
-    """The model's tokenizer.json (the `tokenizers` package) with transformers' names."""
+    """The server's tokenizer, the one the model runs on, with transformers' names: its special
+    tokens as attributes (told at start), `encode`, `decode`, `convert_ids_to_tokens`,
+    `convert_tokens_to_ids` and calling it, each one question over the pipe. No Python
+    tokenizer package is needed."""
 
-    def __init__(self, folder):
-        from tokenizers import Tokenizer as Fast
-        self._fast = Fast.from_file(os.path.join(folder, "tokenizer.json"))
-        config = {}
-        path = os.path.join(folder, "tokenizer_config.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                config = json.load(f)
-        for role in ("unk", "mask", "cls", "sep", "pad", "bos", "eos"):
-            token = config.get(f"{role}_token")
-            if isinstance(token, dict):
-                token = token.get("content")
-            setattr(self, f"{role}_token", token)
-            setattr(self, f"{role}_token_id", self._fast.token_to_id(token) if token else None)
+    def __init__(self, described):
+        for name, value in (described.get("special") or {}).items():
+            setattr(self, name, value)
+        self.vocab_size = described.get("vocab_size")
+        self.model_max_length = described.get("model_max_length")
+        self.leading_space_marker = described.get("leading_space_marker")
+        self.all_special_tokens = sorted({t for k, t in (described.get("special") or {}).items()
+                                          if k.endswith("_token") and t})
+        self.all_special_ids = [self.convert_tokens_to_ids(t) for t in self.all_special_tokens] if self.all_special_tokens else []
 
-    def encode(self, text, add_special_tokens=True):
-        return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
+    def __len__(self):
+        return self.vocab_size
 
-    def decode(self, ids, skip_special_tokens=False):
-        return self._fast.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def encode(self, text, add_special_tokens=True, **unused):
+        return _ask("encode", text=text, add_special_tokens=bool(add_special_tokens))
+
+    def __call__(self, text, add_special_tokens=True, **unused):
+        if isinstance(text, (list, tuple)):
+            ids = [self.encode(t, add_special_tokens) for t in text]
+            return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+        ids = self.encode(text, add_special_tokens)
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+    def decode(self, ids, skip_special_tokens=False, **unused):
+        if isinstance(ids, int):
+            ids = [ids]
+        return _ask("decode", ids=[int(i) for i in ids], skip_special_tokens=bool(skip_special_tokens))
+
+    def batch_decode(self, sequences, skip_special_tokens=False, **unused):
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def convert_ids_to_tokens(self, ids, skip_special_tokens=False):
+        if isinstance(ids, int):
+            return _ask("ids_to_tokens", ids=[ids])[0]
+        tokens = _ask("ids_to_tokens", ids=[int(i) for i in ids])
+        if skip_special_tokens:
+            special = set(self.all_special_tokens)
+            tokens = [t for t in tokens if t not in special]
+        return tokens
 
     def convert_tokens_to_ids(self, tokens):
         if isinstance(tokens, str):
-            found = self._fast.token_to_id(tokens)
+            found = _ask("tokens_to_ids", tokens=[tokens])[0]
             return self.unk_token_id if found is None else found
-        return [self.convert_tokens_to_ids(t) for t in tokens]
+        return [self.unk_token_id if i is None else i for i in _ask("tokens_to_ids", tokens=list(tokens))]
 
-    def convert_ids_to_tokens(self, ids):
-        if isinstance(ids, int):
-            return self._fast.id_to_token(ids)
-        return [self._fast.id_to_token(i) for i in ids]
+    def decode_each(self, ids):
+        """Each id decoded alone, in one question."""
+        return _ask("decode_each", ids=[int(i) for i in ids])
 
 
 def convert_ids_list_to_tokens(tokenizer, token_ids):
-    """vLLM's helper: each id as the text it decodes to."""
-    return [tokenizer.decode([i]) for i in token_ids]
+    """vLLM 0.33's helper: each id decoded alone, with the leading space a SentencePiece
+    marker stands for restored (decode() strips it)."""
+    token_ids = list(token_ids)
+    if not token_ids:
+        return []
+    if isinstance(tokenizer, Tokenizer):
+        decoded, marker = tokenizer.decode_each(token_ids), tokenizer.leading_space_marker
+    else:
+        decoded, marker = [tokenizer.decode([i]) for i in token_ids], None
+    decoded = [text or "" for text in decoded]
+    if marker is None:
+        return decoded
+    restored = []
+    for raw, text in zip(tokenizer.convert_ids_to_tokens(token_ids), decoded):
+        markers = len(raw or "") - len((raw or "").lstrip(marker))
+        missing = markers - (len(text) - len(text.lstrip(" ")))
+        restored.append(" " * missing + text if missing > 0 else text)
+    return restored
 
 
 class BaseRenderer:
-    def __init__(self, folder):
-        self._folder, self._tokenizer = folder, None
+    """vLLM's renderer as plugins use it: `get_tokenizer()` is the server's tokenizer."""
+
+    def __init__(self, described):
+        self._described, self._tokenizer = described, None
 
     def get_tokenizer(self):
         if self._tokenizer is None:
-            if not self._folder:
-                raise RuntimeError("this model's tokenizer.json is not in a local folder")
-            self._tokenizer = Tokenizer(self._folder)
+            self._tokenizer = Tokenizer(self._described or {})
         return self._tokenizer
+
+    @property
+    def tokenizer(self):
+        return self.get_tokenizer()
 
 
 IOProcessorInput = TypeVar("IOProcessorInput")
@@ -199,19 +315,72 @@ class IOProcessor(Generic[IOProcessorInput, IOProcessorOutput]):
         raise NotImplementedError
 
 
-CompletionRequestMixin = _pydantic_model(
-    "CompletionRequestMixin", {"input": ((list[int] | list[list[int]] | str | list[str]), ...)}
-)
+def _request_mixins():
+    """vLLM 0.33's request mixins (vllm.entrypoints.pooling.base.protocol) that plugins' request
+    types extend, when pydantic is installed: unknown fields allowed, as OpenAIBaseModel does."""
+    try:
+        from typing import Literal
+        import pydantic
+    except ImportError:
+        return {}
+
+    class OpenAIBaseModel(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+
+    class CompletionRequestMixin(OpenAIBaseModel):
+        input: list[int] | list[list[int]] | str | list[str]
+        add_special_tokens: bool = True
+
+    class EncodingRequestMixin(OpenAIBaseModel):
+        encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
+        embed_dtype: str = "float32"
+        endianness: Literal["native", "big", "little"] = "native"
+
+    class EmbedRequestMixin(EncodingRequestMixin):
+        dimensions: int | None = None
+        use_activation: bool | None = None
+
+    class ClassifyRequestMixin(OpenAIBaseModel):
+        use_activation: bool | None = None
+
+    return {cls.__name__: cls for cls in (OpenAIBaseModel, CompletionRequestMixin, EncodingRequestMixin,
+                                          EmbedRequestMixin, ClassifyRequestMixin)}
+
+
+# What `poolserve_plugins` offers: vLLM's names that plugins import, from wherever vLLM keeps them
+# (vllm.config, vllm.inputs, vllm.outputs, vllm.pooling_params, vllm.renderers,
+# vllm.plugins.io_processors.interface, vllm.entrypoints.serve.engine.protocol,
+# vllm.entrypoints.pooling.base.protocol, vllm.tokenizers.detokenizer_utils,
+# vllm.utils.collection_utils, vllm.logger).
+OFFERED = ("IOProcessor", "IOProcessorInput", "IOProcessorOutput", "PoolingParams", "PoolingOutput", "PoolingRequestOutput",
+           "UsageInfo", "TokensPrompt", "TextPrompt", "PromptType", "is_list_of", "init_logger", "VllmConfig", "ModelConfig",
+           "PoolerConfig", "BaseRenderer", "convert_ids_list_to_tokens", "Matrix")
 
 
 def _as_module():
     """This file's names as the module `poolserve_plugins` that plugins import."""
     module = types.ModuleType("poolserve_plugins")
-    for name in ("IOProcessor", "PoolingParams", "PoolingOutput", "PoolingRequestOutput", "UsageInfo", "TokensPrompt",
-                 "TextPrompt", "PromptType", "is_list_of", "init_logger", "VllmConfig", "BaseRenderer",
-                 "convert_ids_list_to_tokens", "CompletionRequestMixin", "Matrix"):
+    for name in OFFERED:
         setattr(module, name, globals()[name])
+    for name, cls in _request_mixins().items():
+        setattr(module, name, cls)
     sys.modules["poolserve_plugins"] = module
+    return module
+
+
+def missing_piece(name, error):
+    """The start failure's message when the plugin needs what the host does not offer."""
+    if isinstance(error, ImportError) and error.name == "poolserve_plugins" or (
+            isinstance(error, ImportError) and "poolserve_plugins" in str(error)):
+        offered = sorted(n for n in dir(sys.modules["poolserve_plugins"]) if not n.startswith("_"))
+        return (f"plugin '{name}' imports a name poolserve does not offer ({error}); poolserve_plugins offers: "
+                + ", ".join(offered))
+    if isinstance(error, ModuleNotFoundError) and (error.name or "").split(".")[0] == "vllm":
+        return (f"plugin '{name}' imports vLLM itself ({error.name}): poolserve runs vLLM's plugins with their "
+                "`vllm.*` imports changed to `poolserve_plugins` (docs/plugins.md)")
+    if isinstance(error, ModuleNotFoundError):
+        return f"plugin '{name}' needs the Python package '{error.name}', which --plugin-python does not have"
+    return None
 
 
 # ---- finding plugins ----------------------------------------------------------------------------
@@ -250,7 +419,7 @@ def load(name, paths, settings):
         register = where.load()
     module_name, _, class_name = register().rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(VllmConfig(settings), BaseRenderer(settings.get("tokenizer_dir"))), sorted(found)
+    return cls(VllmConfig(settings), BaseRenderer(settings.get("tokenizer"))), sorted(found)
 
 
 # ---- the protocol -------------------------------------------------------------------------------
@@ -309,6 +478,16 @@ def status_of(error):
     return 500
 
 
+def params_of(params):
+    """What the server reads of `merge_pooling_params()`'s answer (a PoolingParams, or any
+    object with those attributes)."""
+    if params is None:
+        return {"task": None}
+    if isinstance(params, PoolingParams):
+        return params.sent()
+    return {key: getattr(params, key, None) for key in PoolingParams.SENT}
+
+
 def prompt_of(prompt):
     if isinstance(prompt, str):
         return {"text": prompt}
@@ -347,7 +526,7 @@ def serve(processor, inbound, outbound):
                 if not prompts:
                     raise ValueError("You must pass at least one prompt")
                 params = processor.merge_pooling_params()
-                reply = {"ok": True, "prompts": [prompt_of(p) for p in prompts], "task": getattr(params, "task", None)}
+                reply = {"ok": True, "prompts": [prompt_of(p) for p in prompts], "params": params_of(params)}
             elif header["op"] == "post_process":
                 output = processor.post_process(outputs_of(header, blobs), request_id=header["request_id"])
                 write_body(outbound, data_reply(output))
@@ -370,6 +549,8 @@ def main():
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     inbound = sys.stdin.buffer
+    global _CHANNEL
+    _CHANNEL = (inbound, outbound)
     _as_module()
     header, _ = read_frame(inbound)
     limit = header.get("memory_limit_bytes")
@@ -378,14 +559,18 @@ def main():
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     try:
         processor, names = load(header["plugin"], header["paths"], header["model"])
+        # The task and parameters the plugin will ask for, which the server checks against the
+        # model before it serves.
+        params = params_of(processor.merge_pooling_params()) if processor is not None else None
     except BaseException as error:
         traceback.print_exc(file=sys.stderr)
-        write_frame(outbound, {"ok": False, "status": 500, "message": f"{type(error).__name__}: {error}"})
+        message = missing_piece(header["plugin"], error) or f"{type(error).__name__}: {error}"
+        write_frame(outbound, {"ok": False, "status": 500, "message": message})
         return
     if processor is None:
         write_frame(outbound, {"ok": False, "status": 404, "plugins": names})
         return
-    write_frame(outbound, {"ok": True, "plugins": names, "pid": os.getpid()})
+    write_frame(outbound, {"ok": True, "plugins": names, "pid": os.getpid(), "params": params})
     serve(processor, inbound, outbound)
 
 

@@ -19,11 +19,14 @@
 
 mod frame;
 mod process;
+mod tokenizer;
 
-use crate::engine::params::PoolingParams;
+use crate::engine::params::{PoolingParams, ResolvedParams};
 use crate::engine::{Engine, EngineError};
+use crate::input::tokenizer::TextTokenizer;
 use crate::input::Prompt;
 use crate::loader::model_spec::ModelSpec;
+use crate::pooling::m3::MultiOutput;
 use crate::pooling::{PoolingOutput, Task};
 use frame::Frame;
 use process::{PluginProcess, Started};
@@ -102,28 +105,51 @@ pub struct IoProcessor {
     name: String,
     options: PluginOptions,
     model: Value,
+    /// The model's tokenizer, which the plugin asks over the pipe.
+    tokenizer: Arc<TextTokenizer>,
     idle: Mutex<Vec<PluginProcess>>,
     slots: Arc<Semaphore>,
 }
 
 impl IoProcessor {
-    /// Starts the first process of plugin `name` for the model `spec` describes: an unknown
-    /// name or a plugin that fails to load stops the server here, not at the first request.
-    pub async fn start(name: &str, options: &PluginOptions, spec: &ModelSpec) -> Result<Arc<IoProcessor>, PluginError> {
+    /// Starts the first process of plugin `name` for `engine`'s model: an unknown name, a plugin
+    /// that fails to load, or one whose `merge_pooling_params` asks for a task the model lacks
+    /// stops the server here, not at the first request.
+    pub async fn start(name: &str, options: &PluginOptions, engine: &Engine) -> Result<Arc<IoProcessor>, PluginError> {
+        let spec = engine.spec();
+        let tokenizer = engine.input().shared_tokenizer();
+        let defaults = &spec.pooler_defaults;
+        // What vLLM's `vllm_config.model_config` tells a plugin (host.py's ModelConfig).
         let model = json!({
             "model": spec.root,
             "served_model_name": spec.served_name,
             "max_model_len": spec.max_model_len,
-            "tokenizer_dir": spec.tokenizer_dir,
+            "embedding_size": spec.embedding_size,
+            "hidden_size": spec.hidden_size,
+            "architecture": spec.architecture,
+            "io_processor_plugin": name,
+            "pooler_config": {
+                "task": defaults.task,
+                "use_activation": defaults.use_activation,
+                "dimensions": defaults.dimensions,
+                "normalize": defaults.normalize,
+            },
+            "tokenizer": tokenizer::describe(&tokenizer, spec.tokenizer_dir.as_deref()),
         });
         let processor = IoProcessor {
             name: name.to_string(),
             options: options.clone(),
             model,
+            tokenizer,
             idle: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(options.processes.max(1))),
         };
         let first = processor.spawn().await?;
+        // The task the plugin asks for, checked once against the model now (the host reports
+        // what `merge_pooling_params()` returned at start).
+        if let Some(asked) = first.asked_params.as_ref() {
+            plugin_params(asked, spec).map_err(|e| PluginError::Start(format!("plugin `{name}` cannot run on this model: {e}")))?;
+        }
         crate::metrics::plugin_process_started(&spec.served_name, name);
         processor.idle_processes().push(first);
         Ok(Arc::new(processor))
@@ -134,7 +160,7 @@ impl IoProcessor {
     }
 
     async fn spawn(&self) -> Result<PluginProcess, PluginError> {
-        match PluginProcess::start(&self.name, &self.options, &self.model).await? {
+        match PluginProcess::start(&self.name, &self.options, &self.model, &self.tokenizer).await? {
             Started::Ready(process) => Ok(*process),
             Started::NotInstalled { installed } => Err(PluginError::NotInstalled { name: self.name.clone(), installed }),
         }
@@ -190,16 +216,16 @@ impl IoProcessor {
         request_id: Option<&str>,
     ) -> Result<Value, PluginError> {
         let timeout = self.options.timeout;
-        let pre = process.call(Frame::json(json!({"op": "pre_process", "request_id": request_id, "data": data})), timeout).await?;
+        let text = &*self.tokenizer;
+        let pre = process.call(Frame::json(json!({"op": "pre_process", "request_id": request_id, "data": data})), timeout, text).await?;
         let pre = answer(pre.header, process)?;
         let spec = engine.spec();
         let prompts = prompts(&pre["prompts"])?;
-        let task = plugin_task(pre["task"].as_str(), spec)?;
-        let params = PoolingParams::default().verify(task, spec).map_err(EngineError::from)?;
+        let params = plugin_params(&pre["params"], spec)?;
         let inputs = engine.prepare(prompts, &params).await?;
         let ids: Vec<Vec<u32>> = inputs.iter().map(|input| input.ids.clone()).collect();
         let outputs = engine.run(inputs, &params).await?;
-        let squeeze = spec.m3 && task == Task::TokenClassify;
+        let squeeze = spec.m3 && params.task == Task::TokenClassify;
         let mut arrays = Vec::with_capacity(2 * outputs.len());
         let mut described = Vec::with_capacity(outputs.len());
         for (ids, output) in ids.iter().zip(outputs) {
@@ -209,7 +235,7 @@ impl IoProcessor {
             arrays.push(values.iter().flat_map(|v| v.to_le_bytes()).collect());
         }
         let post = Frame { header: json!({"op": "post_process", "request_id": request_id, "outputs": described}), arrays };
-        let post = process.call(post, timeout).await?;
+        let post = process.call(post, timeout, text).await?;
         let mut post = answer(post.header, process)?;
         Ok(post["data"].take())
     }
@@ -247,19 +273,60 @@ fn prompts(listed: &Value) -> Result<Vec<Prompt>, PluginError> {
         .collect()
 }
 
-/// The task `merge_pooling_params` picked: `plugin` (or none) runs the model's pooling task.
-fn plugin_task(named: Option<&str>, spec: &ModelSpec) -> Result<Task, PluginError> {
-    let unsupported = |name: &str| PluginError::Plugin {
-        status: 400,
-        message: format!("Unsupported task: '{name}' Supported tasks: {}", Task::py_tuple(&spec.pooling_tasks())),
+/// vLLM 0.33's compound pooling task: BGE-M3's dense embedding followed by its per-token
+/// weights, in one output (`data[:embedding_size]`, `data[embedding_size:]`).
+const EMBED_AND_TOKEN_CLASSIFY: &str = "embed&token_classify";
+
+/// The pooling parameters `merge_pooling_params` returned (host.py sends `task`, `dimensions`,
+/// `use_activation`), checked against the model as vLLM checks them: `plugin` (or no task)
+/// runs the model's pooling task; `embed&token_classify` only BGE-M3 has (its `BgeM3Pooler`).
+/// `skip_reading_prefix_cache` leaves our output cache unread, as vLLM's prefix cache.
+fn plugin_params(asked: &Value, spec: &ModelSpec) -> Result<ResolvedParams, PluginError> {
+    let named = asked["task"].as_str();
+    let unsupported = |name: &str| {
+        let mut names: Vec<String> = spec.pooling_tasks().iter().map(|t| format!("'{t}'")).collect();
+        if spec.m3 {
+            names.push(format!("'{EMBED_AND_TOKEN_CLASSIFY}'"));
+        }
+        let tasks = match names.as_slice() {
+            [one] => format!("({one},)"),
+            _ => format!("({})", names.join(", ")),
+        };
+        PluginError::Plugin { status: 400, message: format!("Unsupported task: '{name}' Supported tasks: {tasks}") }
     };
-    match named {
-        None | Some("plugin") => Ok(spec.pooling_task),
+    let (task, multi) = match named {
+        None | Some("plugin") => (spec.pooling_task, None),
+        Some(EMBED_AND_TOKEN_CLASSIFY) if spec.m3 => {
+            (Task::Embed, Some(MultiOutput { dense: true, token_weights: true, ..Default::default() }))
+        }
         Some(name) => match name.parse::<Task>() {
-            Ok(task) if task != Task::Score && spec.supports(task) => Ok(task),
-            _ => Err(unsupported(name)),
+            Ok(task) if task != Task::Score && spec.supports(task) => (task, None),
+            _ => return Err(unsupported(name)),
         },
+    };
+    let dimensions = asked["dimensions"].as_i64();
+    let use_activation = asked["use_activation"].as_bool();
+    let mut params = if multi.is_some() {
+        // vLLM leaves a compound task's parameters to the plugin (`PoolingParams.verify` skips
+        // tasks it has no rules for): BGE-M3's plugin sets `dimensions` to the full size.
+        let mut params = PoolingParams { use_activation, ..Default::default() }.verify(task, spec).map_err(EngineError::from)?;
+        if let Some(k) = dimensions {
+            let size = spec.embedding_size as i64;
+            if !(1..=size).contains(&k) {
+                let message = format!("dimensions must be in [1, {size}] for {EMBED_AND_TOKEN_CLASSIFY}, got {k}");
+                return Err(PluginError::Plugin { status: 400, message });
+            }
+            params.dimensions = (k < size).then_some(k as usize);
+        }
+        params
+    } else {
+        PoolingParams { dimensions, use_activation, ..Default::default() }.verify(task, spec).map_err(EngineError::from)?
+    };
+    params.multi = multi;
+    if asked["skip_reading_prefix_cache"] == true {
+        params.use_cache = false;
     }
+    Ok(params)
 }
 
 /// An output as a plugin receives it: its shape and its values row after row. BGE-M3's
@@ -269,6 +336,11 @@ fn array_of(output: PoolingOutput, squeeze: bool) -> Result<(Vec<usize>, Vec<f32
         PoolingOutput::Vector(values) => Ok((vec![values.len()], values)),
         PoolingOutput::Tokens(rows) if squeeze => Ok((vec![rows.len()], rows.concat())),
         PoolingOutput::Tokens(rows) => Ok((vec![rows.len(), rows.first().map_or(0, Vec::len)], rows.concat())),
+        // The compound task: the dense vector, then one weight per token.
+        PoolingOutput::Multi(multi) if multi.token_weights.is_some() => {
+            let values: Vec<f32> = multi.dense.into_iter().flatten().chain(multi.token_weights.into_iter().flatten()).collect();
+            Ok((vec![values.len()], values))
+        }
         PoolingOutput::Sparse(_) | PoolingOutput::Multi(_) => Err(PluginError::Plugin {
             status: 400,
             message: "a plugin takes dense outputs: embed, classify, token_embed or token_classify".into(),

@@ -1,9 +1,12 @@
 //! One plugin process: the Python host (`host.py`) started with `python -c`, holding one
 //! instance of the plugin. A call that does not answer in time kills it; one that finds it gone
-//! says so; the pool above starts another for the next request.
+//! says so; the pool above starts another for the next request. While a call runs, the plugin
+//! may ask the server's tokenizer (its renderer's `get_tokenizer()`): those frames are answered
+//! in the same exchange, and the call's time limit covers them.
 
 use super::frame::{self, Frame};
-use super::{PluginError, PluginOptions};
+use super::{tokenizer, PluginError, PluginOptions};
+use crate::input::tokenizer::TextTokenizer;
 use serde_json::{json, Value};
 use std::process::Stdio;
 use std::time::Duration;
@@ -17,6 +20,8 @@ pub struct PluginProcess {
     stdout: ChildStdout,
     /// False once a call failed in a way that leaves the process unusable.
     pub healthy: bool,
+    /// What the plugin's `merge_pooling_params()` returned at start (its `task`, …).
+    pub asked_params: Option<Value>,
 }
 
 /// What the host answers at start: the plugin loaded, or the names it could have loaded.
@@ -27,7 +32,7 @@ pub enum Started {
 
 impl PluginProcess {
     /// Starts the host and loads plugin `name` with the model's settings (`model`).
-    pub async fn start(name: &str, options: &PluginOptions, model: &Value) -> Result<Started, PluginError> {
+    pub async fn start(name: &str, options: &PluginOptions, model: &Value, text: &TextTokenizer) -> Result<Started, PluginError> {
         let mut child = Command::new(&options.python)
             .arg("-c")
             .arg(HOST)
@@ -44,12 +49,15 @@ impl PluginProcess {
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(PluginError::Start("the plugin process has no pipes".into()));
         };
-        let mut process = PluginProcess { child, stdin, stdout, healthy: true };
+        let mut process = PluginProcess { child, stdin, stdout, healthy: true, asked_params: None };
         let paths: Vec<String> = options.paths.iter().map(|p| p.display().to_string()).collect();
         let hello = json!({"plugin": name, "paths": paths, "model": model, "memory_limit_bytes": options.memory_limit_bytes});
-        let answer = process.call(Frame::json(hello), options.start_timeout).await?;
+        let answer = process.call(Frame::json(hello), options.start_timeout, text).await?;
         match answer.header.get("ok").and_then(Value::as_bool) {
-            Some(true) => Ok(Started::Ready(Box::new(process))),
+            Some(true) => {
+                process.asked_params = answer.header.get("params").cloned();
+                Ok(Started::Ready(Box::new(process)))
+            }
             _ if answer.header["status"] == 404 => {
                 let installed = answer.header["plugins"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(String::from));
                 Ok(Started::NotInstalled { installed: installed.collect() })
@@ -61,12 +69,20 @@ impl PluginProcess {
         }
     }
 
-    /// Sends one frame and waits for the answer, at most `timeout`; on a timeout or a broken
-    /// pipe the process is killed and marked unhealthy.
-    pub async fn call(&mut self, request: Frame, timeout: Duration) -> Result<Frame, PluginError> {
+    /// Sends one frame and waits for the answer, at most `timeout`, answering the plugin's
+    /// questions to the tokenizer (`text`) on the way; on a timeout or a broken pipe the process
+    /// is killed and marked unhealthy.
+    pub async fn call(&mut self, request: Frame, timeout: Duration, text: &TextTokenizer) -> Result<Frame, PluginError> {
         let exchange = async {
             frame::write(&mut self.stdin, &request).await?;
-            frame::read(&mut self.stdout).await
+            loop {
+                let frame = frame::read(&mut self.stdout).await?;
+                if frame.header.get("call").is_none() {
+                    return Ok(frame);
+                }
+                let reply = tokenizer::answer(text, &frame.header);
+                frame::write(&mut self.stdin, &Frame::json(reply)).await?;
+            }
         };
         let answer = match tokio::time::timeout(timeout, exchange).await {
             Ok(answer) => answer,

@@ -276,7 +276,8 @@ impl HeadRunner {
         if let Some(multi) = request.multi {
             let sparse = if multi.sparse { Some(head.lexical_weights(ids, &head.token_weights(rows, width)?)) } else { None };
             let colbert = if multi.colbert { Some(head.colbert(ids, rows, width, request.activation)?) } else { None };
-            return Ok(Some(PoolingOutput::Multi(MultiVectors { dense: None, sparse, colbert })));
+            let token_weights = if multi.token_weights { Some(head.token_rows(ids, rows, width)?.concat()) } else { None };
+            return Ok(Some(PoolingOutput::Multi(MultiVectors { dense: None, sparse, colbert, token_weights })));
         }
         Ok(match request.task {
             Task::TokenEmbed => Some(PoolingOutput::Tokens(head.colbert(ids, rows, width, request.activation)?)),

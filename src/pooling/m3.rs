@@ -8,7 +8,10 @@
 //! - ColBERT vectors (`token_embed`): `colbert_linear(h)` of every token but a leading BOS,
 //!   L2-normalized unless the request turns normalization off.
 //!
-//! [`MultiOutput`] asks for several of them (and the dense embedding) from one forward pass.
+//! [`MultiOutput`] asks for several of them (and the dense embedding) from one forward pass; with
+//! `token_weights`, the dense embedding and the per-token weights are vLLM 0.33's compound
+//! pooling task `embed&token_classify` (its `BgeM3Pooler`), which only IO-processor plugins ask
+//! for (IO-processor plugins).
 
 use crate::models::bge_m3::M3Weights;
 use candle_core::{Device, Result, Tensor};
@@ -20,6 +23,8 @@ pub struct MultiOutput {
     pub dense: bool,
     pub sparse: bool,
     pub colbert: bool,
+    /// The per-token weights, as `token_classify` gives them (a plugin's compound task).
+    pub token_weights: bool,
 }
 
 /// BGE-M3's outputs of one input, those asked for.
@@ -31,6 +36,8 @@ pub struct MultiVectors {
     pub sparse: Option<Vec<(u32, f32)>>,
     /// One ColBERT vector per token but the first.
     pub colbert: Option<Vec<Vec<f32>>>,
+    /// One weight per token but a leading BOS and a trailing EOS (`token_classify`'s rows).
+    pub token_weights: Option<Vec<f32>>,
 }
 
 /// The heads and the token ids they treat specially.

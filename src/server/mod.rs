@@ -200,9 +200,14 @@ async fn load_models(config: &ServerConfig, state: &AppState) -> anyhow::Result<
         ready += 1;
         let name = engine.spec().served_name.clone();
         if let Some(plugin) = &engine.spec().io_processor_plugin {
-            let started = crate::plugin::IoProcessor::start(plugin, &config.plugins, engine.spec()).await;
+            let started = crate::plugin::IoProcessor::start(plugin, &config.plugins, &engine).await;
             let started = started.map_err(|e| if total > 1 { anyhow::anyhow!("model `{name}`: {e}") } else { e.into() })?;
             tracing::info!(model = %name, "IO-processor plugin `{plugin}` started");
+            // gRPC has no call for a plugin's `data` (docs/plugins.md): say so where operators look.
+            tracing::info!(
+                model = %name,
+                "IO-processor plugin `{plugin}` serves POST /pooling {{\"data\": …}} only; gRPC (tei.v1) calls run the model's own task"
+            );
             state.set_plugin(&name, started);
         }
         state.set_engine(engine);

@@ -1,5 +1,6 @@
 //! The batch commands through the real binary: order and ids, the bad-line report, skipping,
-//! shards covering every line once, resuming, plain-text input, classify and score.
+//! shards covering every line once, resuming, plain-text input, classify and score, plugin
+//! records.
 
 use crate::common::*;
 use serde_json::Value;
@@ -274,4 +275,57 @@ fn encode_token_classify_gives_per_token_rewards() {
             assert!(max_abs_diff(&floats(a), &floats(b)) <= 1e-4, "{a} vs {b}");
         }
     }
+}
+
+/// Plugin records under `encode` (vLLM's offline `LLM.encode({"data": …})`): each `data`
+/// through the model's IO-processor plugin, the line `{"id", "data"}` with what it returned
+/// (vLLM's BGE-M3 sparse plugin: FlagEmbedding's dense vector and lexical weights); a record the
+/// plugin refuses is a bad line with its message; model inputs still run beside them.
+#[test]
+fn encode_runs_plugin_records_through_the_models_plugin() {
+    let dir = workdir("plugin");
+    let reference = expected("bge-m3-tiny");
+    let case = &reference["texts"][0];
+    let lines = [
+        serde_json::json!({"id": "p0", "data": {"input": case["text"]}}),
+        serde_json::json!({"id": "p1", "data": {"input": [case["text"], reference["texts"][2]["text"]], "embed_task": "sparse"}}),
+        serde_json::json!({"id": "bad", "data": "not an object"}),
+        serde_json::json!({"id": "t0", "text": case["text"]}),
+    ];
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let out = dir.join("out.jsonl");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let python = format!("{root}/.venv/bin/python");
+    assert!(Path::new(&python).exists(), "{python} is missing: scripts/test.sh installs it");
+    let model = fixture_model("bge-m3-tiny");
+    let output = Command::new(BIN)
+        .current_dir(root)
+        .args(["encode", model.to_str().unwrap(), "--io-processor-plugin", "bge_m3_sparse_plugin", "--plugin-python", &python])
+        .args(["--input", input.to_str().unwrap(), "--output", out.to_str().unwrap(), "--skip-errors"])
+        .env("RUST_LOG", "warn")
+        .env("POOLSERVE_DTYPE", "float32")
+        .output()
+        .expect("binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("line 3: data should be a dictionary"), "{stderr}");
+    let written = read_lines(&out);
+    let ids: Vec<&str> = written.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["p0", "p1", "t0"]);
+    let entry = &written[0]["data"]["data"][0];
+    assert_eq!(entry["object"], "dense&sparse");
+    assert_close(&floats(&entry["dense_embedding"]), &floats(&case["embedding"]), "the plugin's dense vector");
+    let weights: std::collections::BTreeMap<String, f64> =
+        entry["sparse_embedding"].as_array().unwrap().iter().map(|w| (w["token_id"].to_string(), w["weight"].as_f64().unwrap())).collect();
+    let want = case["lexical_weights"].as_object().unwrap();
+    assert_eq!(weights.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+    for (id, w) in want {
+        assert!((weights[id] - w.as_f64().unwrap()).abs() <= 1e-4, "token {id}");
+    }
+    let two = written[1]["data"]["data"].as_array().unwrap();
+    assert_eq!(two.len(), 2);
+    assert!(two.iter().all(|e| e["object"] == "sparse" && e["dense_embedding"].is_null()));
+    // The text line: the model's own task (embed), the same vector as the plugin's dense one.
+    assert_close(&floats(&written[2]["embedding"]), &floats(&case["embedding"]), "the text line");
 }

@@ -1,6 +1,9 @@
 //! IO-processor plugins (vLLM's `plugin` task) through the real router and the real binary:
-//! vLLM's BGE-M3 sparse plugin, ported, against FlagEmbedding's lexical weights; vLLM's
-//! messages for the error cases; and a plugin that crashes, hangs or floods memory on request,
+//! vLLM v0.33.0's BGE-M3 sparse plugin, ported by its imports only, against FlagEmbedding's
+//! dense vectors and lexical weights (its compound task `embed&token_classify`, its tokens from
+//! the server's tokenizer over the pipe, checked against the `tokenizers` package); its
+//! ColBERT query plugin; vLLM's messages for the error cases; a plugin that needs what we do
+//! not offer, refused at start; and a plugin that crashes, hangs or floods memory on request,
 //! which costs only its own request.
 
 use crate::common::server::{post as server_post, start_in, wait_ready, BIN};
@@ -34,7 +37,7 @@ fn options() -> PluginOptions {
 
 async fn router_with_plugin(model: &str, plugin: &str) -> axum::Router {
     let engine = engine(&fixture_model(model), |_| {});
-    let processor = IoProcessor::start(plugin, &options(), engine.spec()).await.expect("plugin starts");
+    let processor = IoProcessor::start(plugin, &options(), &engine).await.expect("plugin starts");
     let name = engine.spec().served_name.clone();
     let state = AppState::ready(engine);
     state.set_plugin(&name, processor);
@@ -45,6 +48,45 @@ fn assert_error(reply: &Reply, status: StatusCode, message_part: &str) {
     assert_eq!(reply.status, status, "body: {}", reply.body);
     let message = reply.body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains(message_part), "message {message:?} lacks {message_part:?}");
+}
+
+/// vLLM 0.33's `convert_ids_list_to_tokens` of `ids` computed by the `tokenizers` package from
+/// the fixture's tokenizer.json: each id decoded alone, the leading spaces a Metaspace marker
+/// stands for restored. The reference for the tokens the plugin returns.
+fn reference_tokens(model: &str, ids: &[u64]) -> Vec<String> {
+    let script = r#"
+import json, sys
+from tokenizers import Tokenizer
+path, ids = sys.argv[1], json.loads(sys.argv[2])
+tok = Tokenizer.from_file(path)
+pre = json.loads(tok.to_str()).get("pre_tokenizer") or {}
+marker = pre.get("replacement", "\u2581") if pre.get("type") == "Metaspace" else None
+out = []
+for i in ids:
+    text = tok.decode([i], skip_special_tokens=False) or ""
+    raw = tok.id_to_token(i) or ""
+    if marker:
+        missing = (len(raw) - len(raw.lstrip(marker))) - (len(text) - len(text.lstrip(" ")))
+        text = " " * missing + text if missing > 0 else text
+    out.append(text)
+print(json.dumps(out))
+"#;
+    let path = fixture_model(model).join("tokenizer.json");
+    let output = std::process::Command::new(python())
+        .args(["-c", script, path.to_str().unwrap(), &serde_json::to_string(ids).unwrap()])
+        .output()
+        .expect("python runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).expect("a list of tokens")
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    dot / (a.iter().map(|x| x * x).sum::<f64>().sqrt() * b.iter().map(|x| x * x).sum::<f64>().sqrt())
+}
+
+fn numbers(value: &Value) -> Vec<f64> {
+    value.as_array().expect("a list of numbers").iter().map(|v| v.as_f64().unwrap()).collect()
 }
 
 /// The plugin's sparse embedding as token id → weight.
@@ -69,7 +111,13 @@ async fn bge_m3_sparse_plugin_matches_flag_embedding() {
     let data = &reply.body["data"]["data"];
     for (i, case) in cases.iter().enumerate() {
         assert_eq!(data[i]["index"], i);
-        assert_eq!(data[i]["object"], "sparse-embedding");
+        // vLLM 0.33's default embed_task: both, from one pass (`embed&token_classify`).
+        assert_eq!(data[i]["object"], "dense&sparse");
+        let (dense, reference) = (numbers(&data[i]["dense_embedding"]), numbers(&case["embedding"]));
+        assert_eq!(dense.len(), reference.len(), "text {i}: dense size");
+        assert!(cosine(&dense, &reference) >= 0.9999, "text {i}: dense cosine {}", cosine(&dense, &reference));
+        let worst = dense.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        assert!(worst <= 1e-4, "text {i}: dense differs from FlagEmbedding's by {worst}");
         // FlagEmbedding's lexical weights: the largest weight per token id, specials dropped.
         let mut expected: Vec<(String, f64)> =
             case["lexical_weights"].as_object().unwrap().iter().map(|(id, w)| (id.clone(), w.as_f64().unwrap())).collect();
@@ -79,8 +127,17 @@ async fn bge_m3_sparse_plugin_matches_flag_embedding() {
         for ((id, w), (_, e)) in ours.iter().zip(&expected) {
             assert!((w - e).abs() <= 1e-4, "text {i} token {id}: {w} vs FlagEmbedding's {e}");
         }
-        assert!(data[i]["sparse_embedding"][0]["token"].is_string(), "return_tokens names each token");
+        // return_tokens: each id as vLLM's convert_ids_list_to_tokens writes it, from the
+        // server's tokenizer (the plugin's Python needs no tokenizer package).
+        let entries = data[i]["sparse_embedding"].as_array().unwrap();
+        let ids: Vec<u64> = entries.iter().map(|e| e["token_id"].as_u64().unwrap()).collect();
+        let tokens: Vec<&str> = entries.iter().map(|e| e["token"].as_str().expect("a token")).collect();
+        assert_eq!(tokens, reference_tokens("bge-m3-tiny", &ids), "text {i}: tokens");
     }
+    assert!(
+        data[0]["sparse_embedding"].as_array().unwrap().iter().any(|e| e["token"].as_str().unwrap().starts_with(' ')),
+        "a restored space"
+    );
     let tokens: u64 = cases.iter().map(|c| c["input_ids"].as_array().unwrap().len() as u64).sum();
     assert_eq!(reply.body["data"]["usage"]["prompt_tokens"], tokens);
 
@@ -102,6 +159,22 @@ async fn bge_m3_sparse_plugin_matches_flag_embedding() {
     for (id, weight) in &largest {
         assert!((ours[id] - weight).abs() < 1e-6, "token {id}: plugin {} vs /pooling's largest {weight}", ours[id]);
     }
+    // Its dense part is our /v1/embeddings vector.
+    let embedded = post(&router, "/v1/embeddings", json!({"input": inputs[0]})).await;
+    let (route, plugin) = (numbers(&embedded.body["data"][0]["embedding"]), numbers(&plain.body["data"]["data"][0]["dense_embedding"]));
+    assert!(route.iter().zip(&plugin).all(|(a, b)| (a - b).abs() < 1e-6) && route.len() == plugin.len(), "dense vs /v1/embeddings");
+
+    // embed_task picks the parts.
+    let sparse = post(&router, "/pooling", json!({"data": {"input": inputs[0], "embed_task": "sparse"}})).await;
+    let entry = &sparse.body["data"]["data"][0];
+    assert_eq!((entry["object"].as_str(), entry["dense_embedding"].is_null()), (Some("sparse"), true), "{entry}");
+    assert_eq!(weights(entry), weights(&plain.body["data"]["data"][0]));
+    let dense = post(&router, "/pooling", json!({"data": {"input": inputs[0], "embed_task": "dense"}})).await;
+    let entry = &dense.body["data"]["data"][0];
+    assert_eq!((entry["object"].as_str(), entry["sparse_embedding"].is_null()), (Some("dense"), true), "{entry}");
+    assert_eq!(numbers(&entry["dense_embedding"]), plugin);
+    let refused = post(&router, "/pooling", json!({"data": {"input": inputs[0], "embed_task": "colbert"}})).await;
+    assert_error(&refused, StatusCode::BAD_REQUEST, "embed_task");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +190,7 @@ async fn plugin_requests_fail_as_vllm_fails_them() {
     assert_error(&reply, StatusCode::BAD_REQUEST, "dimensions is currently not supported");
     // The plugin's own checks: a TypeError and pydantic's ValidationError are the client's.
     let reply = post(&router, "/pooling", json!({"data": "not an object"})).await;
-    assert_error(&reply, StatusCode::BAD_REQUEST, "request_data should be a dictionary");
+    assert_error(&reply, StatusCode::BAD_REQUEST, "data should be a dictionary");
     let reply = post(&router, "/pooling", json!({"data": {"inputs": "misspelt"}})).await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "validation error");
     let reply = post(&router, "/pooling", json!({"input": "x", "task": "plugin"})).await;
@@ -127,6 +200,38 @@ async fn plugin_requests_fail_as_vllm_fails_them() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     let reply = post(&router, "/v1/embeddings", json!({"input": "x"})).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}
+
+/// What a plugin needs and we do not offer stops the start with a message naming the plugin and
+/// the missing piece: vLLM's own imports left in, a vLLM name the host lacks, a pooling task the
+/// model has not. The compound task itself runs where the model has it (BGE-M3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_needs_what_we_lack_is_refused_at_start() {
+    let start = |model: &str, plugin: &'static str| {
+        let engine = engine(&fixture_model(model), |_| {});
+        async move { IoProcessor::start(plugin, &options(), &engine).await.err().map(|e| e.to_string()).unwrap_or_default() }
+    };
+    let unported = start("bert-embed-mean", "unported_plugin").await;
+    assert!(unported.contains("plugin 'unported_plugin' imports vLLM itself (vllm"), "{unported}");
+    assert!(unported.contains("poolserve_plugins"), "{unported}");
+    let missing = start("bert-embed-mean", "missing_name_plugin").await;
+    assert!(missing.contains("plugin 'missing_name_plugin' imports a name poolserve does not offer"), "{missing}");
+    assert!(missing.contains("SamplingParams"), "{missing}");
+    let compound = start("bert-embed-mean", "compound_task_plugin").await;
+    assert!(
+        compound.contains("plugin `compound_task_plugin` cannot run on this model: Unsupported task: 'embed&token_classify'"),
+        "{compound}"
+    );
+
+    // On BGE-M3 the compound output is the dense vector, then one weight per token but the
+    // specials: 1 + the inner tokens' count after the embedding's size.
+    let router = router_with_plugin("bge-m3-tiny", "compound_task_plugin").await;
+    let reference = expected("bge-m3-tiny");
+    let case = &reference["texts"][0];
+    let reply = post(&router, "/pooling", json!({"data": {"input": case["text"]}})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let size = case["embedding"].as_array().unwrap().len() + case["input_ids"].as_array().unwrap().len() - 2;
+    assert_eq!(reply.body["data"]["sizes"], json!([size]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,12 +281,19 @@ fn the_binary_serves_a_plugin_by_name_and_refuses_an_unknown_one() {
     let python = python();
     let python = python.to_str().unwrap();
     let model = format!("{root}/tests/fixtures/models/bge-m3-tiny");
-    let envs = [("POOLSERVE_PLUGIN_PYTHON", python)];
+    // A Python without the `tokenizers` package (a stand-in that fails to import shadows the
+    // installed one): return_tokens and several inputs need none, the server's tokenizer answers.
+    let no_tokenizers = format!("{root}/tests/fixtures/python-without-tokenizers");
+    let envs = [("POOLSERVE_PLUGIN_PYTHON", python), ("PYTHONPATH", no_tokenizers.as_str())];
     let mut server = start_in(root, &[&model, "--io-processor-plugin", "bge_m3_sparse_plugin"], &envs);
     wait_ready(&mut server);
-    let answer = server_post(server.port, "/pooling", json!({"data": {"input": "What is BGE M3?"}}));
+    let body = json!({"data": {"input": ["What is BGE M3?", "Defination of BM25"], "return_tokens": true}});
+    let answer = server_post(server.port, "/pooling", body);
     assert_eq!(answer.status, 200, "{}", answer.text());
-    assert_eq!(answer.json()["data"]["data"][0]["object"], "sparse-embedding");
+    let data = &answer.json()["data"]["data"];
+    assert_eq!(data[0]["object"], "dense&sparse");
+    assert_eq!(data.as_array().map(Vec::len), Some(2));
+    assert!(data[1]["sparse_embedding"][0]["token"].is_string(), "{data}");
     drop(server);
 
     let output = std::process::Command::new(BIN)
@@ -216,7 +328,7 @@ fn a_model_on_demand_starts_its_plugin_with_each_load() {
     for round in ["first load", "after an unload"] {
         let answer = server_post(server.port, "/pooling", json!({"model": "bge", "data": {"input": "What is BGE M3?"}}));
         assert_eq!(answer.status, 200, "{round}: {}", answer.text());
-        assert_eq!(answer.json()["data"]["data"][0]["object"], "sparse-embedding", "{round}");
+        assert_eq!(answer.json()["data"]["data"][0]["object"], "dense&sparse", "{round}");
         assert_eq!(server_post(server.port, "/models/unload", json!({"model": "bge"})).status, 200);
     }
     drop(server);
@@ -248,7 +360,7 @@ fn colbert_with_markers(tag: &str) -> PathBuf {
 async fn colbert_query_plugin_gives_the_routes_vectors() {
     let dir = colbert_with_markers("http");
     let engine = engine(&dir, |_| {});
-    let processor = IoProcessor::start("colbert_query_plugin", &options(), engine.spec()).await.expect("plugin starts");
+    let processor = IoProcessor::start("colbert_query_plugin", &options(), &engine).await.expect("plugin starts");
     let name = engine.spec().served_name.clone();
     let state = AppState::ready(engine);
     state.set_plugin(&name, processor);
@@ -323,7 +435,7 @@ fn the_library_runs_a_plugin() {
         assert!((w - e).abs() <= 1e-4, "token {id}: {w} vs FlagEmbedding's {e}");
     }
     let refused = model.plugin(json!("not an object")).unwrap_err();
-    assert_eq!(refused.to_string(), "request_data should be a dictionary");
+    assert_eq!(refused.to_string(), "data should be a dictionary");
 }
 
 /// The ColBERT plugin through the library: a query of token ids (`[CLS] [QueryMarker] ids

@@ -136,6 +136,11 @@ impl Preprocessor {
         self.workers.tokenizer()
     }
 
+    /// The tokenizer, for a holder that outlives a borrow (an IO-processor plugin's calls).
+    pub fn shared_tokenizer(&self) -> Arc<TextTokenizer> {
+        self.workers.shared()
+    }
+
     /// The size of the model's vocabulary.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
