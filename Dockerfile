@@ -31,10 +31,12 @@ FROM debian:bookworm-slim
 # IO-processor plugins (docs/plugins.md) run in a Python of their own: Debian's python3 with
 # pydantic 2 from PyPI in /opt/poolserve-python (vLLM's plugins' request types are pydantic 2
 # models; Debian's python3-pydantic is 1.10). No tokenizer package: plugins ask the server's.
+# PIP_CERT: a CA bundle for pip behind a TLS-intercepting proxy (a path the build can read).
+ARG PIP_CERT=
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
  && python3 -m venv /opt/poolserve-python \
- && /opt/poolserve-python/bin/pip install --no-cache-dir --disable-pip-version-check -q 'pydantic>=2,<3' \
+ && /opt/poolserve-python/bin/pip install --no-cache-dir --disable-pip-version-check -q ${PIP_CERT:+--cert "$PIP_CERT"} 'pydantic>=2,<3' \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --create-home --home-dir /home/poolserve poolserve \
  && mkdir -p /data /models \

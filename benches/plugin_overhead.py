@@ -1,14 +1,18 @@
 """What an IO-processor plugin costs a request: the BGE-M3 sparse plugin against the same work
 on our own route, interleaved (docs/plugins.md).
 
-One server with the plugin; each round sends, in turn, the plugin request
-(`{"data": {"input": ...}}`) and the route request (`{"input": ..., "task": "token_classify"}`,
-the same model pass; the route answers every token's weight, the plugin the largest per id),
-CALLS times each, one at a time on a keep-alive connection. Two shapes: one 16-token text, and
-a batch of 32 texts of 128 tokens. The report: each side's median per round, the median of
-the rounds' differences (plugin − route, ms) and ratios.
+One server with the plugin (vLLM v0.33's, whose default `embed_task` is "dense&sparse": the
+compound task `embed&token_classify`); each round sends, in turn, the plugin request
+(`{"data": {"input": ...}}`) and the route request with the same answer from the same one pass
+(`{"input": ..., "return_dense": true, "return_sparse": true}`: the dense vector and the largest
+weight per token id), CALLS times each, one at a time on a keep-alive connection. Two shapes:
+one 16-token text, and a batch of 32 texts of 128 tokens. The report: each side's median per
+round, the median of the rounds' differences (plugin − route, ms) and ratios.
 
-    python benches/plugin_overhead.py target/release/poolserve tests/fixtures/models/bge-m3-tiny [ROUNDS]
+    python benches/plugin_overhead.py target/release/poolserve MODEL [ROUNDS [BATCH_CALLS]]
+
+MODEL: tests/fixtures/models/bge-m3-tiny, or XLM-R-base's shape from benches/make_bge_m3_base.py
+(there a 32 x 128 batch takes seconds on two cores: BATCH_CALLS 2 keeps a round short).
 """
 
 import http.client
@@ -63,6 +67,8 @@ def timed(connection, body, calls):
 def main():
     binary, model = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+    if len(sys.argv) > 4:
+        CALLS["32 x 128 tokens"] = int(sys.argv[4])
     port = free_port()
     python = os.path.join(ROOT, ".venv", "bin", "python")
     server = subprocess.Popen(
@@ -91,7 +97,7 @@ def main():
         }
         for name, texts in shapes.items():
             plugin = {"data": {"input": texts}}
-            route = {"input": texts, "task": "token_classify"}
+            route = {"input": texts, "return_dense": True, "return_sparse": True}
             post(connection, plugin), post(connection, route)  # warm both
             differences, ratios, sides = [], [], []
             for _ in range(rounds):

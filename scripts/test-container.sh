@@ -65,8 +65,16 @@ if [ -n "${POOLSERVE_PREBUILT:-}" ]; then
   python3 scripts/dockerfile_copies.py "$POOLSERVE_PREBUILT.d" Dockerfile
   prebuilt=(-v "$(dirname "$(realpath "$POOLSERVE_PREBUILT")"):/prebuilt:ro" --build-arg "POOLSERVE_PREBUILT=/prebuilt/$(basename "$POOLSERVE_PREBUILT")")
 fi
+# pip inside the build trusts what this machine trusts (a TLS-intercepting proxy's CA, say):
+# pip's own setting, else the system's bundle.
+pip_cert=()
+host_cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+host_cert=${host_cert:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+if [ -f "$host_cert" ]; then
+  pip_cert=(-v "$host_cert:/etc/pip-ca.crt:ro" --build-arg PIP_CERT=/etc/pip-ca.crt)
+fi
 echo "container: building $IMAGE from Dockerfile${POOLSERVE_PREBUILT:+ around $POOLSERVE_PREBUILT}"
-buildah bud --isolation chroot --pull=never --layers=false -q "${prebuilt[@]}" \
+buildah bud --isolation chroot --pull=never --layers=false -q "${prebuilt[@]}" "${pip_cert[@]}" \
   -v "${CARGO_HOME:-$HOME/.cargo}/registry:/usr/local/cargo/registry" \
   -v "$PWD/target/container:/src/target" \
   -t "$IMAGE" -f Dockerfile . >/dev/null

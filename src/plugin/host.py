@@ -77,7 +77,22 @@ class Matrix:
         return [self.values[r * cols:(r + 1) * cols].tolist() for r in range(self.shape[0])]
 
     def __getitem__(self, index):
-        return self.tolist()[index]
+        """numpy's indexing for what plugins do: an int (a value, or a row), a slice (a view
+        as a Matrix again, so `data[:n].tolist()` works as on an ndarray)."""
+        rows = self.shape[0]
+        cols = self.shape[1] if len(self.shape) > 1 else 1
+        if isinstance(index, slice):
+            picked = range(rows)[index]
+            if len(self.shape) == 1:
+                return Matrix(array("f", (self.values[i] for i in picked)), (len(picked),))
+            values = array("f")
+            for r in picked:
+                values.extend(self.values[r * cols:(r + 1) * cols])
+            return Matrix(values, (len(picked), cols))
+        r = range(rows)[index]  # an IndexError past the end, negative indexes from it
+        if len(self.shape) == 1:
+            return self.values[r]
+        return Matrix(self.values[r * cols:(r + 1) * cols], (cols,))
 
 
 class PoolingOutput:
@@ -210,9 +225,10 @@ class Tokenizer:
         self.vocab_size = described.get("vocab_size")
         self.model_max_length = described.get("model_max_length")
         self.leading_space_marker = described.get("leading_space_marker")
-        self.all_special_tokens = sorted({t for k, t in (described.get("special") or {}).items()
-                                          if k.endswith("_token") and t})
-        self.all_special_ids = [self.convert_tokens_to_ids(t) for t in self.all_special_tokens] if self.all_special_tokens else []
+        special = described.get("special") or {}
+        roles = sorted(k[:-len("_token")] for k, t in special.items() if k.endswith("_token") and t)
+        self.all_special_tokens = [special[f"{role}_token"] for role in roles]
+        self.all_special_ids = [special.get(f"{role}_token_id") for role in roles]
 
     def __len__(self):
         return self.vocab_size

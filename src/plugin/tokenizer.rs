@@ -84,3 +84,50 @@ fn ids(value: &Value) -> Result<Vec<u32>, String> {
     let listed = value.as_array().ok_or("token ids must be a list of integers")?;
     listed.iter().map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(|| format!("{id} is not a token id"))).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn fixture(name: &str) -> (TextTokenizer, PathBuf) {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name);
+        (TextTokenizer::from_file(&dir.join("tokenizer.json"), false, false).expect("fixture tokenizer"), dir)
+    }
+
+    #[test]
+    fn the_host_is_told_the_special_tokens_and_the_space_marker() {
+        let (text, dir) = fixture("bge-m3-tiny");
+        let told = describe(&text, Some(&dir));
+        assert_eq!(told["special"]["cls_token"], "<s>");
+        assert_eq!(told["special"]["cls_token_id"], 0);
+        assert_eq!(told["special"]["mask_token_id"], json!(text.token_id("<mask>")));
+        assert_eq!(told["leading_space_marker"], "\u{2581}");
+        // WordPiece has no marker.
+        let (bert, dir) = fixture("bert-embed-mean");
+        assert!(describe(&bert, Some(&dir))["leading_space_marker"].is_null());
+    }
+
+    #[test]
+    fn calls_are_answered_or_refused_in_one_line() {
+        let (text, _) = fixture("bge-m3-tiny");
+        let call = |c: Value| answer(&text, &c);
+        let ids = call(json!({"call": "tokenizer", "method": "encode", "text": "What is BGE M3?", "add_special_tokens": true}));
+        assert_eq!(ids["ok"], true);
+        let listed: Vec<u32> = serde_json::from_value(ids["result"].clone()).unwrap();
+        assert_eq!(listed.first(), Some(&0));
+        let decoded = call(json!({"method": "decode", "ids": listed, "skip_special_tokens": true}));
+        assert_eq!(decoded["result"], "What is BGE M3?");
+        let tokens = call(json!({"method": "ids_to_tokens", "ids": [0, 4_000_000]}));
+        assert_eq!(tokens["result"], json!(["<s>", null]));
+        let back = call(json!({"method": "tokens_to_ids", "tokens": ["<s>", "no such piece"]}));
+        assert_eq!(back["result"], json!([0, null]));
+        let each = call(json!({"method": "decode_each", "ids": &listed[1..3]}));
+        assert_eq!(each["result"].as_array().map(Vec::len), Some(2));
+        for refused in [json!({"method": "encode"}), json!({"method": "decode", "ids": [-1]}), json!({"method": "train"})] {
+            let reply = call(refused.clone());
+            assert_eq!(reply["ok"], false, "{refused}");
+            assert!(reply["message"].as_str().is_some_and(|m| !m.is_empty()));
+        }
+    }
+}

@@ -281,9 +281,10 @@ fn the_binary_serves_a_plugin_by_name_and_refuses_an_unknown_one() {
     let python = python();
     let python = python.to_str().unwrap();
     let model = format!("{root}/tests/fixtures/models/bge-m3-tiny");
-    // A Python without the `tokenizers` package (a stand-in that fails to import shadows the
-    // installed one): return_tokens and several inputs need none, the server's tokenizer answers.
-    let no_tokenizers = format!("{root}/tests/fixtures/python-without-tokenizers");
+    // A Python without the `tokenizers` and `numpy` packages, as the container image's (stand-ins
+    // that fail to import shadow the installed ones): return_tokens and several inputs need no
+    // tokenizer package (the server's answers), the outputs no numpy (the host's own arrays).
+    let no_tokenizers = format!("{root}/tests/fixtures/python-pydantic-only");
     let envs = [("POOLSERVE_PLUGIN_PYTHON", python), ("PYTHONPATH", no_tokenizers.as_str())];
     let mut server = start_in(root, &[&model, "--io-processor-plugin", "bge_m3_sparse_plugin"], &envs);
     wait_ready(&mut server);
@@ -294,6 +295,7 @@ fn the_binary_serves_a_plugin_by_name_and_refuses_an_unknown_one() {
     assert_eq!(data[0]["object"], "dense&sparse");
     assert_eq!(data.as_array().map(Vec::len), Some(2));
     assert!(data[1]["sparse_embedding"][0]["token"].is_string(), "{data}");
+    assert_eq!(data[0]["dense_embedding"].as_array().map(Vec::len), Some(32), "{data}");
     drop(server);
 
     let output = std::process::Command::new(BIN)
@@ -392,6 +394,16 @@ async fn colbert_query_plugin_gives_the_routes_vectors() {
     // Without `input_type`, pydantic refuses the data: 400, as vLLM's test expects.
     let reply = post(&router, "/pooling", json!({"data": {"input": text}})).await;
     assert_error(&reply, StatusCode::BAD_REQUEST, "input_type");
+    // vLLM's batch case: a list of queries, one entry each, each expanded to 32 vectors.
+    let queries = json!({"data": {"input": ["What is machine learning?", "What is deep learning?"], "input_type": "query"}});
+    let reply = post(&router, "/pooling", queries).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let entries = reply.body["data"]["data"].as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    for (i, entry) in entries.iter().enumerate() {
+        assert_eq!((entry["index"].as_u64(), entry["object"].as_str()), (Some(i as u64), Some("embedding")));
+        assert_eq!(entry["embedding"].as_array().map(Vec::len), Some(32));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
