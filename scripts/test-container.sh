@@ -145,31 +145,70 @@ server=
 [ "$status" = 0 ] || { echo "container: exit status $status after SIGTERM" >&2; cat target/container/server.log; exit 1; }
 grep -q "stopped" target/container/server.log
 
-# The shipped plugins run in the image's own Python (pydantic, no tokenizer package): vLLM's
-# BGE-M3 sparse plugin on the tiny BGE-M3 fixture, its dense vector against FlagEmbedding's.
-buildah run --isolation chroot --user "$user" -v "$PWD/tests/fixtures/models/bge-m3-tiny:/models/bge-m3-tiny:ro" \
+# The shipped plugins run in the image's own Python (pydantic, no tokenizer package, no numpy),
+# one server, three models (a models file): vLLM's BGE-M3 sparse plugin on the tiny BGE-M3
+# fixture (its dense vector against FlagEmbedding's), vLLM's ColBERT query plugin on
+# jina-colbert-v2-tiny with the two marker tokens (the copy tests/suite/plugins.rs makes), and
+# word_count on bert-embed-mean (its norms against the same server's /v1/embeddings).
+plugin_models=target/container/plugin-models
+rm -rf "$plugin_models" && mkdir -p "$plugin_models"
+cp -r tests/fixtures/models/bge-m3-tiny tests/fixtures/models/bert-embed-mean "$plugin_models/"
+cp -r tests/fixtures/models/jina-colbert-v2-tiny "$plugin_models/colbert"
+python3 - "$plugin_models/colbert/tokenizer.json" <<'PY'
+import json, sys
+tokenizer = json.load(open(sys.argv[1]))
+for id_, content in [(1063, "[QueryMarker]"), (1064, "[DocumentMarker]")]:
+    tokenizer["model"]["vocab"][id_][0] = content
+    tokenizer["added_tokens"].append({"id": id_, "content": content, "single_word": False, "lstrip": False,
+                                      "rstrip": False, "normalized": False, "special": True})
+json.dump(tokenizer, open(sys.argv[1], "w"))
+PY
+cat > "$plugin_models/models.yaml" <<'YAML'
+models:
+  - {name: bge, model: /models/bge-m3-tiny, io_processor_plugin: bge_m3_sparse_plugin}
+  - {name: colbert, model: /models/colbert, io_processor_plugin: colbert_query_plugin}
+  - {name: words, model: /models/bert-embed-mean, io_processor_plugin: word_count}
+YAML
+buildah run --isolation chroot --user "$user" -v "$PWD/$plugin_models:/models:ro" \
   -e POOLSERVE_PORT="$port" -e POOLSERVE_HOST=127.0.0.1 \
-  "$ctr" -- poolserve serve /models/bge-m3-tiny --io-processor-plugin bge_m3_sparse_plugin > target/container/plugin-server.log 2>&1 &
+  "$ctr" -- poolserve serve --config /models/models.yaml > target/container/plugin-server.log 2>&1 &
 server=$!
 for _ in $(seq 1 300); do
   curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
   kill -0 "$server" 2>/dev/null || { cat target/container/plugin-server.log; exit 1; }
   sleep 0.2
 done
-python3 - "$port" <<'PY'
+python3 - "$port" <<'PY' || { cat target/container/plugin-server.log; exit 1; }
 import json, math, sys, urllib.request
+
+def post(path, body):
+    request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(request))
+
 case = json.load(open("tests/fixtures/expected/bge-m3-tiny.json"))["texts"][0]
-body = json.dumps({"data": {"input": case["text"], "return_tokens": True}}).encode()
-request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/pooling", body, {"Content-Type": "application/json"})
-entry = json.load(urllib.request.urlopen(request))["data"]["data"][0]
+entry = post("/pooling", {"model": "bge", "data": {"input": case["text"], "return_tokens": True}})["data"]["data"][0]
 a, b = entry["dense_embedding"], case["embedding"]
 cos = sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 weights = {str(w["token_id"]): w["weight"] for w in entry["sparse_embedding"]}
 worst = max(abs(weights[k] - v) for k, v in case["lexical_weights"].items())
-ok = entry["object"] == "dense&sparse" and cos >= 0.9999 and worst <= 1e-4 and set(weights) == set(case["lexical_weights"]) \
+bge = entry["object"] == "dense&sparse" and cos >= 0.9999 and worst <= 1e-4 and set(weights) == set(case["lexical_weights"]) \
     and all(isinstance(w["token"], str) for w in entry["sparse_embedding"])
 print(f"container: bge_m3_sparse_plugin in the image: dense cosine {cos:.6f}, lexical weights within {worst:.1e}, tokens named")
-sys.exit(0 if ok else 1)
+
+query = post("/pooling", {"model": "colbert", "data": {"input": "What is late interaction?", "input_type": "query"}})["data"]
+document = post("/pooling", {"model": "colbert", "data": {"input": "Late interaction.", "input_type": "document"}})["data"]
+colbert = len(query["data"][0]["embedding"]) == 32 == query["usage"]["prompt_tokens"] \
+    and len(document["data"][0]["embedding"]) == document["usage"]["prompt_tokens"] < 32
+print(f"container: colbert_query_plugin in the image: a query of {len(query['data'][0]['embedding'])} vectors, "
+      f"a document of {len(document['data'][0]['embedding'])}")
+
+texts = ["a", "b c"]
+counted = post("/pooling", {"model": "words", "data": {"texts": texts}})["data"]
+norms = [math.sqrt(sum(x * x for x in post("/v1/embeddings", {"model": "words", "input": t})["data"][0]["embedding"])) for t in texts]
+words = all(abs(item["norm"] - n) < 1e-5 for item, n in zip(counted, norms)) and len(counted) == 2
+print(f"container: word_count in the image: norms {[round(i['norm'], 6) for i in counted]} as /v1/embeddings'")
+sys.exit(0 if bge and colbert and words else 1)
 PY
 pid=$(pgrep -n -x poolserve)
 kill -TERM "$pid"
