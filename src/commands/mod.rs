@@ -422,8 +422,8 @@ impl Router {
             // Lines may name the model's LoRA adapters (--enable-lora --lora-modules).
             for adapter in model.engine().lora().map(|l| l.list()).unwrap_or_default() {
                 if let Ok(adapted) = model.with_adapter(&adapter.name) {
+                    let engine = adapted.engine().clone();
                     let plugin_host = (command == Command::Encode && adapted.has_plugin()).then(|| std::sync::Arc::new(adapted));
-                    let engine = model.engine().with_adapter(&adapter.name).unwrap_or_else(|| model.engine().clone());
                     let adapted =
                         Job { engine, params: job.params.clone(), task: job.task, labels: job.labels.clone(), plugin_host, command };
                     jobs.insert(adapter.name.clone(), std::sync::Arc::new(adapted));

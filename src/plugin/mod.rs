@@ -284,14 +284,8 @@ const EMBED_AND_TOKEN_CLASSIFY: &str = "embed&token_classify";
 fn plugin_params(asked: &Value, spec: &ModelSpec) -> Result<ResolvedParams, PluginError> {
     let named = asked["task"].as_str();
     let unsupported = |name: &str| {
-        let mut names: Vec<String> = spec.pooling_tasks().iter().map(|t| format!("'{t}'")).collect();
-        if spec.m3 {
-            names.push(format!("'{EMBED_AND_TOKEN_CLASSIFY}'"));
-        }
-        let tasks = match names.as_slice() {
-            [one] => format!("({one},)"),
-            _ => format!("({})", names.join(", ")),
-        };
+        let compound = spec.m3.then(|| EMBED_AND_TOKEN_CLASSIFY.to_string());
+        let tasks = Task::py_tuple_of(spec.pooling_tasks().iter().map(|t| t.to_string()).chain(compound));
         PluginError::Plugin { status: 400, message: format!("Unsupported task: '{name}' Supported tasks: {tasks}") }
     };
     let (task, multi) = match named {

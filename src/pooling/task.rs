@@ -41,7 +41,12 @@ impl Task {
 impl Task {
     /// Python's repr of a tuple of task names, as vLLM prints a model's supported tasks.
     pub fn py_tuple(tasks: &[Task]) -> String {
-        let items: Vec<String> = tasks.iter().map(|t| format!("'{t}'")).collect();
+        Self::py_tuple_of(tasks.iter().map(|t| t.to_string()))
+    }
+
+    /// [`Task::py_tuple`] of task names, for names beyond [`Task`] (vLLM's compound tasks).
+    pub fn py_tuple_of(names: impl IntoIterator<Item = String>) -> String {
+        let items: Vec<String> = names.into_iter().map(|name| format!("'{name}'")).collect();
         match items.as_slice() {
             [one] => format!("({one},)"),
             _ => format!("({})", items.join(", ")),
