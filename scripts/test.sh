@@ -119,7 +119,7 @@ system_packages() {
 }
 python_and_models() {
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere ollama onnx numpy pydantic tokenizers safetensors kubernetes-validate \
+  .venv/bin/python -m pip install --disable-pip-version-check -q openai cohere ollama langchain-ollama llama-index-embeddings-ollama onnx numpy pydantic tokenizers safetensors kubernetes-validate \
     schemathesis matplotlib grpcio grpcio-tools grpcio-health-checking grpcio-reflection 'httpx[http2]' cryptography opentelemetry-proto
   # The Kubernetes manifests must match the API schemas (strict: no unknown fields).
   .venv/bin/kubernetes-validate --strict --quiet configs/kubernetes/*.yaml configs/kubernetes/two-models/*.yaml
@@ -232,7 +232,9 @@ POOLSERVE_URL="$base/v1" .venv/bin/python examples/openai_client.py
 echo "openai example: ok"
 POOLSERVE_BASE="$base" .venv/bin/python examples/cohere_embed.py
 OLLAMA_HOST="$base" .venv/bin/python examples/ollama_embed.py
+OLLAMA_HOST="$base" .venv/bin/python examples/ollama_frameworks.py
 scripts/check-docs-page.sh "$base" target/docs-page.png
+scripts/check-cors-browser.sh "$bin" "$POOLSERVE_MINILM"
 target/debug/examples/offline_embed "$POOLSERVE_MINILM"
 echo "library example: ok"
 

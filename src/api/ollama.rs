@@ -236,9 +236,15 @@ pub async fn tags(State(state): State<AppState>) -> Result<Json<Value>, OllamaEr
     Ok(Json(json!({ "models": models })))
 }
 
-/// `GET /api/version`: what Ollama clients ask first to check the connection (ours).
+/// The Ollama release whose embedding API these routes reproduce: v0.11.11 (September 2025)
+/// added `dimensions`, the last `/api/embed` field we read. `/api/version` answers it rather
+/// than our own version because clients compare it with Ollama's releases (Open WebUI warns
+/// "Ollama Version: …" below 0.1.16, which our 0.1.0 would read as).
+pub const OLLAMA_API_VERSION: &str = "0.11.11";
+
+/// `GET /api/version`: what Ollama clients ask first to check the connection.
 pub async fn version() -> Json<Value> {
-    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+    Json(json!({ "version": OLLAMA_API_VERSION }))
 }
 
 /// `seconds` since the epoch as RFC 3339 in UTC (`2026-12-03T07:43:10Z`), the form of Ollama's

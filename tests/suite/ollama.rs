@@ -5,6 +5,7 @@
 
 use crate::common::*;
 use axum::http::StatusCode;
+use poolserve::api::{self, ApiOptions, AppState};
 use serde_json::{json, Value};
 
 fn normalized(v: &[f32]) -> Vec<f32> {
@@ -102,5 +103,62 @@ async fn tags_and_version_list_what_is_served() {
     assert!(models[0]["modified_at"].as_str().unwrap().ends_with('Z'));
     assert_eq!(models[0]["details"]["family"], "BertModel");
     let reply = send(&router, "GET", "/api/version", None, &[]).await;
-    assert_eq!(reply.body["version"], env!("CARGO_PKG_VERSION"));
+    // The Ollama release whose API we reproduce, not ours: clients compare it with Ollama's.
+    assert_eq!(reply.body["version"], poolserve::api::ollama::OLLAMA_API_VERSION);
+    assert_eq!(reply.body["version"], "0.11.11");
+}
+
+/// Open WebUI's Ollama embedding engine, request for request (backend/open_webui/retrieval/
+/// utils.py, `generate_ollama_batch_embeddings`, and its connection check): `GET /api/version`
+/// and `/api/tags` with its bearer key, then `POST /api/embed` with `input` a list, `truncate:
+/// true`, the optional prefix field it adds under a configurable name, `Authorization: Bearer
+/// {key}` (an empty key when none is set) and its `X-OpenWebUI-User-*` headers. It reads
+/// `embeddings`, and `error` from a failure's body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_webuis_requests_are_answered() {
+    let path = fixture_model("bert-embed-mean");
+    let model = path.to_str().unwrap();
+    let reference = expected("bert-embed-mean");
+    let texts: Vec<Value> = reference["texts"].as_array().unwrap().iter().map(|t| t["text"].clone()).collect();
+    let user = [
+        ("x-openwebui-user-name", "Jane Doe"),
+        ("x-openwebui-user-id", "7f3c"),
+        ("x-openwebui-user-email", "jane@example.com"),
+        ("x-openwebui-user-role", "admin"),
+    ];
+    let body = json!({"input": texts, "model": model, "truncate": true, "prefix": "search_document: "}).to_string();
+    let check = |reply: &Reply| {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        for (i, text) in reference["texts"].as_array().unwrap().iter().enumerate() {
+            let want = normalized(&floats(&text["embedding"]));
+            assert_close(&floats(&reply.body["embeddings"][i]), &want, &format!("Open WebUI /api/embed {i}"));
+        }
+    };
+
+    // No key configured: Open WebUI still sends `Authorization: Bearer ` (empty).
+    let open = router(engine(&path, |_| {}), 2_000_000);
+    let headers: Vec<(&str, &str)> = [("authorization", "Bearer ")].into_iter().chain(user).collect();
+    assert_eq!(send(&open, "GET", "/api/version", None, &headers).await.body, json!({"version": "0.11.11"}));
+    assert_eq!(send(&open, "GET", "/api/tags", None, &headers).await.body["models"][0]["model"], model);
+    check(&send(&open, "POST", "/api/embed", Some(body.clone()), &headers).await);
+
+    // With --api-key, its connection's key.
+    let keyed = api::router(
+        AppState::ready_with(engine(&path, |_| {}), ApiOptions { api_keys: vec!["owui-key".into()], ..Default::default() }),
+        2_000_000,
+    );
+    let headers: Vec<(&str, &str)> = [("authorization", "Bearer owui-key")].into_iter().chain(user).collect();
+    check(&send(&keyed, "POST", "/api/embed", Some(body.clone()), &headers).await);
+    let refused = send(&keyed, "POST", "/api/embed", Some(body), &[("authorization", "Bearer ")]).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    // What it shows for a failure: `error` of the body.
+    let missing = send(
+        &keyed,
+        "POST",
+        "/api/embed",
+        Some(json!({"input": ["a"], "model": "nomic-embed-text", "truncate": true}).to_string()),
+        &headers,
+    )
+    .await;
+    assert_eq!((missing.status, missing.body), (StatusCode::NOT_FOUND, json!({"error": "model 'nomic-embed-text' not found"})));
 }
