@@ -238,7 +238,7 @@ pub async fn tags(State(state): State<AppState>) -> Result<Json<Value>, OllamaEr
 
 /// The Ollama release whose embedding API these routes reproduce: v0.11.11 (September 2025)
 /// added `dimensions`, the last `/api/embed` field we read. `/api/version` answers it rather
-/// than our own version because clients compare it with Ollama's releases (Open WebUI warns
+/// than our own version because clients compare it with Ollama's releases (Open WebUI has warned
 /// "Ollama Version: …" below 0.1.16, which our 0.1.0 would read as).
 pub const OLLAMA_API_VERSION: &str = "0.11.11";
 

@@ -104,7 +104,7 @@ async fn tags_and_version_list_what_is_served() {
     assert_eq!(models[0]["details"]["family"], "BertModel");
     let reply = send(&router, "GET", "/api/version", None, &[]).await;
     // The Ollama release whose API we reproduce, not ours: clients compare it with Ollama's.
-    assert_eq!(reply.body["version"], poolserve::api::ollama::OLLAMA_API_VERSION);
+    assert_eq!(reply.body["version"], api::ollama::OLLAMA_API_VERSION);
     assert_eq!(reply.body["version"], "0.11.11");
 }
 
