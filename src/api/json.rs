@@ -138,3 +138,74 @@ fn invalid_body(e: serde_json::Error) -> ApiError {
         None => ApiError::bad_request(format!("Invalid JSON body: {text}")),
     }
 }
+
+/// `#[serde(deserialize_with = "object")]`: a nested struct read from a JSON object only.
+/// serde's derived structs also take an array of their fields in order, so that
+/// `"parameters": []` would pass as every default (schemathesis found it on `/similarity`),
+/// where the schema (ours and TEI's) says object.
+pub fn object<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(deserializer: D) -> Result<T, D::Error> {
+    struct ObjectOnly<T>(std::marker::PhantomData<T>);
+    impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for ObjectOnly<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    deserializer.deserialize_map(ObjectOnly(std::marker::PhantomData))
+}
+
+/// [`object`] for an optional field: `null` (or, with `#[serde(default)]`, no field) is `None`.
+pub fn optional_object<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+    struct Optional<T>(std::marker::PhantomData<T>);
+    impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Optional<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object or null")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<Option<T>, D::Error> {
+            object(deserializer).map(Some)
+        }
+    }
+    deserializer.deserialize_option(Optional(std::marker::PhantomData))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    #[derive(Debug, Default, Deserialize, PartialEq)]
+    struct Inner {
+        #[serde(default)]
+        flag: Option<bool>,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Outer {
+        #[serde(deserialize_with = "super::object")]
+        required: Inner,
+        #[serde(default, deserialize_with = "super::optional_object")]
+        optional: Option<Inner>,
+    }
+
+    #[test]
+    fn nested_structs_are_read_from_objects_only() {
+        let read = |text: &str| serde_json::from_str::<Outer>(text).map_err(|e| e.to_string());
+        let set = Inner { flag: Some(true) };
+        assert_eq!(read(r#"{"required": {"flag": true}}"#), Ok(Outer { required: set, optional: None }));
+        assert_eq!(read(r#"{"required": {}, "optional": null}"#), Ok(Outer { required: Inner::default(), optional: None }));
+        assert_eq!(read(r#"{"required": {}, "optional": {}}"#), Ok(Outer { required: Inner::default(), optional: Some(Inner::default()) }));
+        // serde's derive alone would take both arrays as every default.
+        assert!(read(r#"{"required": []}"#).unwrap_err().starts_with("invalid type: sequence, expected an object"));
+        assert!(read(r#"{"required": {}, "optional": []}"#).unwrap_err().starts_with("invalid type: sequence, expected an object"));
+        assert!(read(r#"{"required": {}, "optional": 3}"#).is_err());
+    }
+}

@@ -107,6 +107,16 @@ fn embedding_routes() {
         "Empty",
         "`inputs.sentences` cannot be empty",
     );
+    // Nested structs from objects only (serde's derive alone takes `[]` as every default).
+    for body in [json!({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": []}), json!({"inputs": ["a", ["b"]]})] {
+        tei_error(
+            &post(port, "/similarity", body),
+            422,
+            "Validation",
+            "Failed to deserialize the JSON body into the target type: invalid type: sequence, expected an object",
+        );
+    }
+    ok(&post(port, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": null})));
     tei_error(
         &post(port, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": ["b", "c", "d", "e"]}})),
         422,

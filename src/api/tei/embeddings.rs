@@ -117,8 +117,9 @@ pub async fn embed_sparse(
 /// `/similarity`'s request.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 pub struct SimilarityRequest {
+    #[serde(deserialize_with = "crate::api::json::object")]
     pub inputs: SimilarityInputs,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::api::json::optional_object")]
     pub parameters: Option<SimilarityParameters>,
     #[serde(default)]
     pub model: Option<String>,
