@@ -14,6 +14,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
+# The workspace's other member (the fuzz targets): cargo reads every member's manifest
+# before it builds anything, and builds none of its targets here.
+COPY fuzz/Cargo.toml ./fuzz/
+COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
 # Left empty (the default), the binary is built here. scripts/test-container.sh sets it to the
