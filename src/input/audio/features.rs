@@ -13,7 +13,7 @@
 //!   `(n − frame_length/2 − 1) / hop + 1` of them.
 
 use super::AudioError;
-use realfft::{RealFftPlanner, RealToComplex};
+use poolserve_fft::RealToComplex;
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl LogMelConfig {
             per_bin,
             window: periodic_hann(frame_length),
             filters: Vec::new(),
-            fft: RealFftPlanner::<f32>::new().plan_fft_forward(fft_length),
+            fft: poolserve_fft::forward(fft_length),
         };
         config.filters = htk_mel_filters(
             fft_length / 2 + 1,
