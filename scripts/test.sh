@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "Test", docs/testing.md; .ci/run runs exactly this one).
 #
-#   scripts/test.sh            # everything, as CI runs it (32 to 60 minutes on 2 cores, cold: docs/testing.md)
+#   scripts/test.sh            # everything, as CI runs it (24 to 60 minutes on 2 cores, cold: docs/testing.md)
 #   scripts/test.sh --quick    # rustfmt, the clippy-checked test build and every Rust test
 #
 # What it checks:
