@@ -3,8 +3,12 @@
 embedder shape (hidden 256, 4 layers, 4 heads of 64 over 2 KV heads, MLP 768, 32k positions,
 random weights; last-token pooling, normalized), in interleaved rounds, seconds and peak memory.
 
-    python3 benches/compare_long_inputs.py [--bin target/release/poolserve] [--lengths 2048,8192,16384]
+    python3 benches/compare_long_inputs.py [--bin [NAME=]target/release/poolserve ...] [--lengths 2048,8192,16384]
         [--rounds 3] [--dtype float32] [--model DIR]
+
+`--bin` may repeat (`--bin before=old/poolserve --bin after=target/release/poolserve`): each binary
+serves the folder on its own port, and every round times each of them and then transformers, so
+the ratios of a before/after pair come from the same minutes.
 
 The folder is written once (transformers' `Qwen3Model(config).save_pretrained`, the tokenizer and
 pooling files of the qwen3-embed-last fixture) into DIR (default target/bench-long-qwen3). Ours:
@@ -34,13 +38,14 @@ FIXTURE = os.path.join(REPO, "tests", "fixtures", "models", "qwen3-embed-last")
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bin", default=os.path.join(REPO, "target", "release", "poolserve"))
+parser.add_argument("--bin", action="append", help="[NAME=]PATH of a poolserve binary; may repeat")
 parser.add_argument("--model", default=os.path.join(REPO, "target", "bench-long-qwen3"))
 parser.add_argument("--lengths", default="2048,8192,16384")
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--dtype", default="float32", help="our --dtype (transformers always runs float32)")
 args = parser.parse_args()
 lengths = [int(n) for n in args.lengths.split(",")]
+binaries = [(b.split("=", 1) if "=" in b else ("ours", b)) for b in (args.bin or [os.path.join(REPO, "target", "release", "poolserve")])]
 
 
 def log(message):
@@ -84,56 +89,67 @@ def main():
     make_folder(args.model)
     torch.set_num_threads(THREADS)
     reference = Qwen3Model.from_pretrained(args.model, attn_implementation="sdpa", dtype=torch.float32).eval()
-    port = socket.socket()
-    port.bind(("127.0.0.1", 0))
-    port_number = port.getsockname()[1]
-    port.close()
-    server = subprocess.Popen(
-        [args.bin, "serve", args.model, "--served-model-name", "long-qwen3", "--host", "127.0.0.1", "--port", str(port_number),
-         "--dtype", args.dtype, "--max-model-len", str(max(lengths))],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(args.model, "server.log"), "w"),
-        env={**os.environ, "RAYON_NUM_THREADS": str(THREADS)},
-    )
-    base = f"http://127.0.0.1:{port_number}"
+    servers = []
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except Exception:
-                if server.poll() is not None:
-                    sys.exit(f"the server exited: see {args.model}/server.log")
-                time.sleep(0.2)
+        for name, binary in binaries:
+            port = socket.socket()
+            port.bind(("127.0.0.1", 0))
+            port_number = port.getsockname()[1]
+            port.close()
+            server = subprocess.Popen(
+                [binary, "serve", args.model, "--served-model-name", "long-qwen3", "--host", "127.0.0.1", "--port", str(port_number),
+                 "--dtype", args.dtype, "--max-model-len", str(max(lengths))],
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(args.model, f"server-{name}.log"), "w"),
+                env={**os.environ, "RAYON_NUM_THREADS": str(THREADS)},
+            )
+            servers.append((name, server, f"http://127.0.0.1:{port_number}"))
+        for name, server, base in servers:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(base + "/health", timeout=1)
+                    break
+                except Exception:
+                    if server.poll() is not None:
+                        sys.exit(f"the server {name} exited: see {args.model}/server-{name}.log")
+                    time.sleep(0.2)
         rows = []
         rng = np.random.default_rng(0)
         for n in lengths:
             ids = [int(i) for i in rng.integers(1, 1000, n)]
-            ours_s, theirs_s, worst = [], [], 1.0
+            ours_s = {name: [] for name, _, _ in servers}
+            worst = {name: 1.0 for name, _, _ in servers}
+            theirs_s = []
             for r in range(args.rounds):
-                started = time.perf_counter()
-                body = json.dumps({"input": [ids], "model": "long-qwen3"}).encode()
-                request = urllib.request.Request(base + "/v1/embeddings", body, {"Content-Type": "application/json"})
-                reply = json.load(urllib.request.urlopen(request, timeout=3600))
-                ours_s.append(time.perf_counter() - started)
-                ours = np.array(reply["data"][0]["embedding"], dtype=np.float64)
+                vectors = {}
+                for name, _, base in servers:
+                    started = time.perf_counter()
+                    body = json.dumps({"input": [ids], "model": "long-qwen3"}).encode()
+                    request = urllib.request.Request(base + "/v1/embeddings", body, {"Content-Type": "application/json"})
+                    reply = json.load(urllib.request.urlopen(request, timeout=3600))
+                    ours_s[name].append(time.perf_counter() - started)
+                    vectors[name] = np.array(reply["data"][0]["embedding"], dtype=np.float64)
                 started = time.perf_counter()
                 with torch.inference_mode():
                     hidden = reference(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
                 theirs_s.append(time.perf_counter() - started)
                 theirs = torch.nn.functional.normalize(hidden, dim=-1).double().numpy()
-                cosine = float(ours @ theirs / np.linalg.norm(ours) / np.linalg.norm(theirs))
-                worst = min(worst, cosine)
-                log(f"{n} tokens, round {r + 1}: ours {ours_s[-1]:.2f} s, transformers {theirs_s[-1]:.2f} s, cosine {cosine:.6f}")
-            ours_mib = vm_hwm_mib(server.pid)
+                line = []
+                for name, ours in vectors.items():
+                    cosine = float(ours @ theirs / np.linalg.norm(ours) / np.linalg.norm(theirs))
+                    worst[name] = min(worst[name], cosine)
+                    line.append(f"{name} {ours_s[name][-1]:.2f} s (cosine {cosine:.6f})")
+                log(f"{n} tokens, round {r + 1}: {', '.join(line)}, transformers {theirs_s[-1]:.2f} s")
             theirs_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            rows.append((n, statistics.median(ours_s), statistics.median(theirs_s), worst, ours_mib, theirs_mib))
-        print(f"| tokens | ours {args.dtype} s | transformers f32 s | ours / transformers (time) | worst cosine | ours peak RSS MiB | transformers peak RSS MiB |")
-        print("|---|---|---|---|---|---|---|")
-        for n, ours, theirs, worst, ours_mib, theirs_mib in rows:
-            print(f"| {n} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}× | {worst:.6f} | {ours_mib:.0f} | {theirs_mib:.0f} |")
+            for name, server, _ in servers:
+                rows.append((name, n, statistics.median(ours_s[name]), statistics.median(theirs_s), worst[name], vm_hwm_mib(server.pid), theirs_mib))
+        print(f"| binary | tokens | ours {args.dtype} s | transformers f32 s | ours / transformers (time) | worst cosine | ours peak RSS MiB | transformers peak RSS MiB |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, n, ours, theirs, worst_cosine, ours_mib, theirs_mib in rows:
+            print(f"| {name} | {n} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}× | {worst_cosine:.6f} | {ours_mib:.0f} | {theirs_mib:.0f} |")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for _, server, _ in servers:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 //! The CPU attention kernel: one (sequence, head) at a time, Kᵀ packed once (16 keys at a
 //! time), queries a block at a time into register tiles (AVX-512 tiles of eight rows by 32 keys
 //! or 32 value dimensions where the CPU has it), scores softmaxed in place and multiplied into
-//! V straight from the fused QKV rows.
+//! the packed V. Each block of queries goes over only the keys its mask lets it see (a causal
+//! block stops at its last query), in chunks that keep their Kᵀ and V in L2.
 
 use super::{AttentionMask, DisentangledRows, HeadColumns};
 use crate::kernels::dispatch::fma;
@@ -24,12 +25,21 @@ const TILE_Q: usize = 4;
 const WIDE_TILE_Q: usize = 8;
 pub(super) const TILE_K: usize = 16;
 
+/// Where dimension `d` of keys `j0..j0 + 16` (`j0` a multiple of 16) sits in the packed Kᵀ:
+/// panels of 16 keys, each `head_dim` lines of 16 floats, one after the other. A tile's loads
+/// walk one 4 KiB panel (for 64 dims) in order; in a row-major Kᵀ of a long sequence its 64
+/// lines were `lk` floats apart, 64 KiB at 16k tokens, all in one set of the 8-way L1 cache.
+#[inline(always)]
+pub(super) const fn kt_index(head_dim: usize, j0: usize, d: usize) -> usize {
+    j0 * head_dim + d * TILE_K
+}
+
 /// `TQ` query rows × 16 keys of the scores: row `r`, keys `j0..j0+16` of `scores` (rows `lk`
-/// apart) get `Σ_d q[r·head_dim + d] · kt[d·lk + j0 + c]`.
+/// apart) get `Σ_d q[r·head_dim + d] · kt[kt_index(head_dim, j0, d) + c]`.
 ///
 /// # Safety
-/// `q` holds `TQ` rows of `head_dim`; `kt` holds `head_dim` rows of `lk` with `j0 + 16 <= lk`;
-/// `scores` holds `TQ` rows of `lk`.
+/// `q` holds `TQ` rows of `head_dim`; `kt` holds the packed panels of `lk` keys with
+/// `j0 + 16 <= lk`; `scores` holds `TQ` rows of `lk`.
 #[inline(always)]
 unsafe fn score_tile<const TQ: usize, const FMA: bool>(
     q: *const f32,
@@ -41,8 +51,8 @@ unsafe fn score_tile<const TQ: usize, const FMA: bool>(
 ) {
     let mut acc = [[0f32; TILE_K]; TQ];
     for d in 0..head_dim {
-        // SAFETY: row d < head_dim of kt, keys j0..j0+16 inside its lk.
-        let kv = unsafe { &*(kt.add(d * lk + j0) as *const [f32; TILE_K]) };
+        // SAFETY: dimension d < head_dim of the panel of keys j0..j0+16, inside lk.
+        let kv = unsafe { &*(kt.add(kt_index(head_dim, j0, d)) as *const [f32; TILE_K]) };
         for (r, acc_row) in acc.iter_mut().enumerate() {
             // SAFETY: row r < TQ of q, column d < head_dim.
             let qv = unsafe { *q.add(r * head_dim + d) };
@@ -61,7 +71,7 @@ unsafe fn score_tile<const TQ: usize, const FMA: bool>(
 /// (from the plain loops LLVM vectorized across the rows, with gathers).
 #[cfg(target_arch = "x86_64")]
 mod wide {
-    use super::{TILE_K, WIDE_TILE_Q};
+    use super::{kt_index, TILE_K, WIDE_TILE_Q};
     use std::arch::x86_64::*;
 
     /// [`super::score_tile`] for [`WIDE_TILE_Q`] rows.
@@ -74,7 +84,7 @@ mod wide {
         unsafe {
             let mut acc = [_mm512_setzero_ps(); WIDE_TILE_Q];
             for d in 0..head_dim {
-                let kv = _mm512_loadu_ps(kt.add(d * lk + j0));
+                let kv = _mm512_loadu_ps(kt.add(kt_index(head_dim, j0, d)));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     *acc = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(r * head_dim + d)), kv, *acc);
                 }
@@ -96,8 +106,8 @@ mod wide {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 2]; WIDE_TILE_Q];
             for d in 0..head_dim {
-                let k0 = _mm512_loadu_ps(kt.add(d * lk + j0));
-                let k1 = _mm512_loadu_ps(kt.add(d * lk + j0 + TILE_K));
+                let k0 = _mm512_loadu_ps(kt.add(kt_index(head_dim, j0, d)));
+                let k1 = _mm512_loadu_ps(kt.add(kt_index(head_dim, j0 + TILE_K, d)));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let qv = _mm512_set1_ps(*q.add(r * head_dim + d));
                     acc[0] = _mm512_fmadd_ps(qv, k0, acc[0]);
@@ -111,27 +121,28 @@ mod wide {
         }
     }
 
-    /// [`value_tile`] for 32 dimensions (`v` rows hold at least 32): each weight broadcast
-    /// feeds two accumulators.
+    /// [`value_tile`] for 32 dimensions, the second 16 of row `j` at `v + j·width + second`
+    /// (the next panel of the packed V): each weight broadcast feeds two accumulators.
     ///
     /// # Safety
-    /// As [`value_tile`], with 32 columns of `v` and of `bias`.
+    /// As [`value_tile`], for the 16 columns at `v` and the 16 at `v + second` of each row.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)] // the tile's geometry, as `value_tile` has it, and one offset
     pub(super) unsafe fn value_tile_pair(
         p: *const f32,
         lk: usize,
         len: usize,
         v: *const f32,
         width: usize,
-        bias: &[f32; 2 * TILE_K],
+        second: usize,
+        init: &[[f32; 2 * TILE_K]; WIDE_TILE_Q],
     ) -> [[f32; 2 * TILE_K]; WIDE_TILE_Q] {
         // SAFETY: the pointers cover the tile (this fn's contract); the feature is enabled.
         unsafe {
-            let b = [_mm512_loadu_ps(bias.as_ptr()), _mm512_loadu_ps(bias.as_ptr().add(TILE_K))];
-            let mut acc = [b; WIDE_TILE_Q];
+            let mut acc = init.map(|row| [_mm512_loadu_ps(row.as_ptr()), _mm512_loadu_ps(row.as_ptr().add(TILE_K))]);
             for j in 0..len {
                 let v0 = _mm512_loadu_ps(v.add(j * width));
-                let v1 = _mm512_loadu_ps(v.add(j * width + TILE_K));
+                let v1 = _mm512_loadu_ps(v.add(j * width + second));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let weight = _mm512_set1_ps(*p.add(r * lk + j));
                     acc[0] = _mm512_fmadd_ps(weight, v0, acc[0]);
@@ -158,11 +169,11 @@ mod wide {
         len: usize,
         v: *const f32,
         width: usize,
-        bias: &[f32; TILE_K],
+        init: &[[f32; TILE_K]; WIDE_TILE_Q],
     ) -> [[f32; TILE_K]; WIDE_TILE_Q] {
         // SAFETY: the pointers cover the tile (this fn's contract); the feature is enabled.
         unsafe {
-            let mut acc = [_mm512_loadu_ps(bias.as_ptr()); WIDE_TILE_Q];
+            let mut acc = init.map(|row| _mm512_loadu_ps(row.as_ptr()));
             for j in 0..len {
                 let vv = _mm512_loadu_ps(v.add(j * width));
                 for (r, acc) in acc.iter_mut().enumerate() {
@@ -178,7 +189,9 @@ mod wide {
     }
 }
 
-/// `TQ` query rows × 16 dimensions of P·V + bias: `Σ_j p[r·lk + j] · v[j·width + c]`.
+/// `TQ` query rows × 16 dimensions of P·V added to `init`: row `r` gets
+/// `init[r][c] + Σ_j p[r·lk + j] · v[j·width + c]`, the sum in key order (so a span of keys split
+/// into chunks, each continuing from the last one's sums, gives the same floats as one pass).
 ///
 /// # Safety
 /// `p` holds `TQ` rows of `lk >= len` weights; `v` holds `len` rows `width` apart of at least 16.
@@ -189,9 +202,9 @@ unsafe fn value_tile<const TQ: usize, const FMA: bool>(
     len: usize,
     v: *const f32,
     width: usize,
-    bias: &[f32; TILE_K],
+    init: &[[f32; TILE_K]; TQ],
 ) -> [[f32; TILE_K]; TQ] {
-    let mut acc = [*bias; TQ];
+    let mut acc = *init;
     for j in 0..len {
         // SAFETY: row j < len of v, 16 values.
         let vv = unsafe { &*(v.add(j * width) as *const [f32; TILE_K]) };
@@ -222,9 +235,9 @@ multiversion! {
     /// the head's columns are; the output rows start at `out`.
     ///
     /// Kᵀ (biased) and V are packed once; then, [`QUERY_BLOCK`] queries at a time, Q (biased,
-    /// pre-scaled) is packed into zero-padded tiles, scores are computed tile by tile,
-    /// softmaxed over the keys the mask allows (the others get weight 0), and multiplied into
-    /// the packed V.
+    /// pre-scaled) is packed into zero-padded tiles, scores are computed tile by tile over the
+    /// block's span of keys ([`block_keys`]), softmaxed over the keys the mask allows (the others
+    /// in the span get weight 0), and the span multiplied into the packed V.
     #[allow(clippy::too_many_arguments)] // one head's geometry; a struct would be rebuilt per head in the hot loop
     pub(super) fn attention_head(
         rows: &[f32],
@@ -256,16 +269,31 @@ multiversion! {
         for first in (0..len).step_by(block) {
             let n = block.min(len - first);
             let lq = n.div_ceil(tile_q) * tile_q;
+            let keys = block_keys(mask, first, n, len);
             head.pack_queries(first, n, scale, q);
-            head.scores::<FMA, WIDE>(&q[..lq * head_dim], kt, &mut scores[..lq * lk]);
+            head.scores::<FMA, WIDE>(&q[..lq * head_dim], kt, &mut scores[..lq * lk], keys.clone());
             for i in 0..n {
-                weigh_keys(&mut scores[i * lk..i * lk + len], first + i, mask, terms);
+                weigh_keys(&mut scores[i * lk + keys.start..i * lk + keys.end], keys.start, first + i, len, mask, terms);
             }
             // SAFETY: `out` is this head's output rows as the caller hands them over (row 0 of
             // the sequence; this job alone writes this head's columns of them).
-            unsafe { head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], values, first, n, out) };
+            unsafe { head.weighted_values::<FMA, WIDE>(&scores[..lq * lk], values, first, n, keys, out) };
         }
     }
+}
+
+/// The keys some query of `first..first + n` attends to, the start rounded down to a whole tile
+/// (the scores are computed in tiles of [`TILE_K`] keys from it; keys inside the span that a
+/// query's mask excludes get weight 0). Every [`AttentionMask`] is monotone in the query, so the
+/// first query's lowest key and the last one's highest bound the block's. A causal block skips the
+/// keys after its last query: for one long decoder input, half of both products and the softmax,
+/// as PyTorch's flash attention skips the blocks above the diagonal. The span always holds the
+/// block's own positions, so it is never empty.
+#[inline(always)]
+pub(super) fn block_keys(mask: AttentionMask, first: usize, n: usize, len: usize) -> std::ops::Range<usize> {
+    let lo = mask.keys(first, len).0.min(first);
+    let hi = mask.keys(first + n - 1, len).1.max(first + n).min(len);
+    lo / TILE_K * TILE_K..hi
 }
 
 /// One head of one sequence, as [`attention_head`] walks it.
@@ -296,14 +324,16 @@ impl<'a> Head<'a> {
         }
     }
 
-    /// Kᵀ (biased) into `kt`, `head_dim` rows of `lk`, and V (unbiased) into `values`, `len`
-    /// rows of `head_dim`, prefetching the rows ahead. V is read once per block of queries:
+    /// Kᵀ (biased) into `kt`, panels of 16 keys ([`kt_index`]) over `lk` keys, and V (unbiased)
+    /// into `values`, panels of 16 dimensions over the `len` keys ([`v_index`]), prefetching the
+    /// rows ahead. V is read once per block of queries:
     /// straight from the QKV rows, a long sequence's rows (one page or more apart for a wide
     /// model) missed the TLB on every key, and the products over V took twice those over Kᵀ.
     #[inline(always)]
     fn pack_keys_and_values(&self, kt: &mut [f32], values: &mut [f32]) {
         let HeadColumns { width, q: qc, k: kc, v: vc, head_dim, .. } = self.cols;
-        let (rows, lk) = (self.rows, self.lk);
+        let rows = self.rows;
+        let dims_tiled = head_dim / TILE_K * TILE_K;
         // A block of keys at a time, dimension by dimension: the block's K rows stay in L1 and
         // each dimension's 16 keys fill one line of Kᵀ. (Key by key, every value went to
         // another line of a Kᵀ larger than L1: 40% of a wide head's attention time.)
@@ -316,17 +346,21 @@ impl<'a> Head<'a> {
             }
             let block = &rows[i0 * width + kc..(i0 + keys - 1) * width + kc + head_dim];
             for (d, &b) in self.k_bias.iter().enumerate() {
-                let line = &mut kt[d * lk + i0..d * lk + i0 + keys];
-                line.iter_mut().enumerate().for_each(|(j, slot)| *slot = block[j * width + d] + b);
+                let line = &mut kt[kt_index(head_dim, i0, d)..kt_index(head_dim, i0, d) + TILE_K];
+                line.iter_mut().enumerate().for_each(|(j, slot)| *slot = if j < keys { block[j * width + d] + b } else { 0.0 });
             }
             for i in i0..i0 + keys {
-                values[i * head_dim..(i + 1) * head_dim].copy_from_slice(&rows[i * width + vc..i * width + vc + head_dim]);
+                let src = &rows[i * width + vc..i * width + vc + head_dim];
+                for d0 in (0..dims_tiled).step_by(TILE_K) {
+                    let at = v_index(self.len, head_dim, i, d0);
+                    values[at..at + TILE_K].copy_from_slice(&src[d0..d0 + TILE_K]);
+                }
+                let at = v_index(self.len, head_dim, i, dims_tiled);
+                values[at..at + head_dim - dims_tiled].copy_from_slice(&src[dims_tiled..]);
             }
         }
-        // The padding keys score 0 (their scores are never weighed, but stay finite).
-        for d in 0..head_dim {
-            kt[d * lk + self.len..(d + 1) * lk].fill(0.0);
-        }
+        // The padding keys of the last panel are 0 (above): they score 0, never weighed, but
+        // finite.
     }
 
     /// Q (biased, pre-scaled) of queries `first..first + n` into `q`; its padding rows zero.
@@ -341,38 +375,49 @@ impl<'a> Head<'a> {
         }
     }
 
-    /// `scores = (scale·Q)·Kᵀ` for the packed queries (whole tiles of rows), tile by tile.
+    /// `scores = (scale·Q)·Kᵀ` for the packed queries (whole tiles of rows), tile by tile, over
+    /// `keys` (its start a multiple of [`TILE_K`], its end rounded up to one); the other columns
+    /// are left as they were.
     #[inline(always)]
-    fn scores<const FMA: bool, const WIDE: bool>(&self, q: &[f32], kt: &[f32], scores: &mut [f32]) {
+    fn scores<const FMA: bool, const WIDE: bool>(&self, q: &[f32], kt: &[f32], scores: &mut [f32], keys: std::ops::Range<usize>) {
         let (head_dim, lk) = (self.cols.head_dim, self.lk);
         let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
         let lq = q.len() / head_dim;
         let kt = &kt[..head_dim * lk];
-        for i0 in (0..lq).step_by(tile_q) {
-            // One tile of rows each: a buffer shorter than whole tiles panics here.
-            let q = q[i0 * head_dim..(i0 + tile_q) * head_dim].as_ptr();
-            let scores = scores[i0 * lk..(i0 + tile_q) * lk].as_mut_ptr();
-            let mut j0 = 0;
-            while j0 < lk {
-                // SAFETY: tile_q rows of q and of scores (the slices above), keys j0+16 ≤ lk of
-                // kt (head_dim × lk, sliced above), j0+32 ≤ lk for the pair.
-                unsafe {
-                    #[cfg(target_arch = "x86_64")]
-                    if WIDE {
-                        if j0 + 2 * TILE_K <= lk {
-                            wide::score_tile_pair(q, head_dim, kt.as_ptr(), lk, j0, scores);
-                            j0 += 2 * TILE_K;
-                        } else {
-                            wide::score_tile(q, head_dim, kt.as_ptr(), lk, j0, scores);
-                            j0 += TILE_K;
+        // Whole tiles inside lk (a multiple of TILE_K), whatever the range says.
+        let (start, end) = (keys.start / TILE_K * TILE_K, (keys.end.div_ceil(TILE_K) * TILE_K).min(lk));
+        // A chunk of keys at a time over every tile of queries, so that the chunk's Kᵀ stays in
+        // L2 ([`key_chunk`]); the floats are the same in any order.
+        let chunk = key_chunk(head_dim);
+        for c0 in (start..end).step_by(chunk) {
+            let c1 = (c0 + chunk).min(end);
+            for i0 in (0..lq).step_by(tile_q) {
+                // One tile of rows each: a buffer shorter than whole tiles panics here.
+                let q = q[i0 * head_dim..(i0 + tile_q) * head_dim].as_ptr();
+                let scores = scores[i0 * lk..(i0 + tile_q) * lk].as_mut_ptr();
+                let mut j0 = c0;
+                while j0 < c1 {
+                    // SAFETY: tile_q rows of q and of scores (the slices above), keys j0+16 ≤ c1 ≤
+                    // lk of kt (head_dim × lk, sliced above; j0 and c1 multiples of 16), j0+32 ≤ c1
+                    // for the pair.
+                    unsafe {
+                        #[cfg(target_arch = "x86_64")]
+                        if WIDE {
+                            if j0 + 2 * TILE_K <= c1 {
+                                wide::score_tile_pair(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                                j0 += 2 * TILE_K;
+                            } else {
+                                wide::score_tile(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                                j0 += TILE_K;
+                            }
+                            continue;
                         }
-                        continue;
+                        {
+                            score_tile::<TILE_Q, FMA>(q, head_dim, kt.as_ptr(), lk, j0, scores);
+                        }
                     }
-                    {
-                        score_tile::<TILE_Q, FMA>(q, head_dim, kt.as_ptr(), lk, j0, scores);
-                    }
+                    j0 += TILE_K;
                 }
-                j0 += TILE_K;
             }
         }
     }
@@ -380,80 +425,157 @@ impl<'a> Head<'a> {
     /// `out = P·V + v_bias` for queries `first..first + n` (each row of P sums to 1, so V's bias
     /// passes through unchanged), `tile_q` queries × 16 head dims at a time (head_dim is a
     /// multiple of 16 for every model we serve; the remainder loop keeps other sizes correct).
-    /// `values` is V packed, `len` rows of `head_dim`.
+    /// `values` is V packed ([`v_index`]); only the weights of `keys` (a nonempty
+    /// range of the sequence's keys, outside which every weight of these rows is 0) are read.
+    ///
+    /// The keys go by in chunks of [`key_chunk`], each over every tile of rows, so a chunk of V
+    /// stays in L2 while it is used; the output rows keep the sums between chunks, and each
+    /// tile's sums go on in key order, so the floats are those of one pass over all keys.
     ///
     /// # Safety
     /// `out` addresses the sequence's `len` output rows, `out_width` apart, and nothing else
     /// writes this head's columns of them meanwhile.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)] // one block's geometry, as `attention_head` has it
     unsafe fn weighted_values<const FMA: bool, const WIDE: bool>(
         &self,
         scores: &[f32],
         values: &[f32],
         first: usize,
         n: usize,
+        keys: std::ops::Range<usize>,
         out: *mut f32,
     ) {
         let HeadColumns { q: qc, head_dim, out_width, .. } = self.cols;
-        let (len, lk) = (self.len, self.lk);
-        // The packed rows are `width` apart for the tiles.
-        let (rows, width, vc) = (values, head_dim, 0);
+        let lk = self.lk;
+        let keys = keys.start..keys.end.min(self.len);
+        assert!(!keys.is_empty(), "an empty span of keys");
+        // In a panel of the packed V, a key's 16 values follow the previous key's.
+        let (seq_len, width) = (self.len, TILE_K);
         let tile_q = if WIDE { WIDE_TILE_Q } else { TILE_Q };
         let lq = scores.len() / lk;
         let dims_tiled = head_dim / TILE_K * TILE_K;
-        for i0 in (0..lq).step_by(tile_q) {
-            // One tile of rows: a buffer shorter than whole tiles panics here.
-            let p = scores[i0 * lk..(i0 + tile_q) * lk].as_ptr();
-            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-            let mut d0 = 0;
-            #[cfg(target_arch = "x86_64")]
-            while WIDE && d0 + 2 * TILE_K <= dims_tiled {
-                let vb: &[f32; 2 * TILE_K] = self.v_bias[d0..d0 + 2 * TILE_K].try_into().unwrap();
-                // V's columns d0..d0+32 of every row: the last row's end lies inside `rows`.
-                let v = rows[vc + d0..(len - 1) * width + vc + d0 + 2 * TILE_K].as_ptr();
-                // SAFETY: tile_q rows of the scores (the slice `p` above, lk ≥ len each), `len`
-                // rows of V from `v` (the slice above), 32 columns each.
-                let acc = unsafe { wide::value_tile_pair(p, lk, len, v, width, vb) };
-                for (r, acc_row) in acc.iter().enumerate().take(n.saturating_sub(i0)) {
-                    // SAFETY: row first+i0+r < len, columns qc+d0..qc+d0+32 of this head, inside
-                    // the output (this fn's contract).
-                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((first + i0 + r) * out_width + qc + d0), 2 * TILE_K) };
-                }
-                d0 += 2 * TILE_K;
-            }
-            for d0 in (d0..dims_tiled).step_by(TILE_K) {
-                let vb: &[f32; TILE_K] = self.v_bias[d0..d0 + TILE_K].try_into().unwrap();
-                // V's columns d0..d0+16 of every row: the last row's end lies inside `rows`.
-                let v = rows[vc + d0..(len - 1) * width + vc + d0 + TILE_K].as_ptr();
-                let store = |r: usize, acc_row: &[f32; TILE_K]| {
-                    // SAFETY: row first+i0+r < len, columns qc+d0.. of this head, inside the
-                    // output (this fn's contract).
-                    unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out.add((first + i0 + r) * out_width + qc + d0), TILE_K) };
+        let chunk = key_chunk(head_dim);
+        for k0 in keys.clone().step_by(chunk) {
+            // This chunk's keys k0..k0 + len; the first chunk starts from V's bias.
+            let len = chunk.min(keys.end - k0);
+            let from_bias = k0 == keys.start;
+            for i0 in (0..lq).step_by(tile_q) {
+                // One tile of rows from key k0: a buffer shorter than whole tiles panics here.
+                let p = scores[i0 * lk + k0..(i0 + tile_q) * lk].as_ptr();
+                // The rows of the tile that are queries (the others are padding).
+                let real = n.saturating_sub(i0).min(tile_q);
+                let out_row = |r: usize, d0: usize| {
+                    // SAFETY: row first+i0+r < len of the sequence (r < real), columns qc+d0.. of
+                    // this head, inside the output (this fn's contract).
+                    unsafe { out.add((first + i0 + r) * out_width + qc + d0) }
                 };
-                // SAFETY: tile_q rows of the scores (the slice `p` above, lk ≥ len each), `len`
-                // rows of V from `v` (the slice above).
-                unsafe {
-                    #[cfg(target_arch = "x86_64")]
-                    if WIDE {
-                        let acc = wide::value_tile(p, lk, len, v, width, vb);
-                        acc.iter().enumerate().take(n.saturating_sub(i0)).for_each(|(r, a)| store(r, a));
-                        continue;
+                #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+                let mut d0 = 0;
+                #[cfg(target_arch = "x86_64")]
+                while WIDE && d0 + 2 * TILE_K <= dims_tiled {
+                    let mut init = [[0f32; 2 * TILE_K]; WIDE_TILE_Q];
+                    for (r, row) in init.iter_mut().enumerate().take(real) {
+                        if from_bias {
+                            row.copy_from_slice(&self.v_bias[d0..d0 + 2 * TILE_K]);
+                        } else {
+                            // SAFETY: the previous chunk wrote these 32 columns of this row.
+                            unsafe { std::ptr::copy_nonoverlapping(out_row(r, d0), row.as_mut_ptr(), 2 * TILE_K) };
+                        }
                     }
-                    {
-                        let acc = value_tile::<TILE_Q, FMA>(p, lk, len, v, width, vb);
-                        acc.iter().enumerate().take(n.saturating_sub(i0)).for_each(|(r, a)| store(r, a));
+                    // V's dims d0..d0+32 of the chunk's keys: two panels, the second `second` on.
+                    let second = v_index(seq_len, head_dim, 0, d0 + TILE_K) - v_index(seq_len, head_dim, 0, d0);
+                    let v =
+                        values[v_index(seq_len, head_dim, k0, d0)..v_index(seq_len, head_dim, k0 + len - 1, d0 + TILE_K) + TILE_K].as_ptr();
+                    // SAFETY: tile_q rows of the scores from key k0 (the slice `p` above, k0 + len ≤
+                    // lk each), `len` keys of V's two panels from `v` (the slice above, from the
+                    // first panel's first key to the second's last), 16 values each.
+                    let acc = unsafe { wide::value_tile_pair(p, lk, len, v, width, second, &init) };
+                    for (r, acc_row) in acc.iter().enumerate().take(real) {
+                        // SAFETY: as `out_row`, 32 columns.
+                        unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out_row(r, d0), 2 * TILE_K) };
+                    }
+                    d0 += 2 * TILE_K;
+                }
+                for d0 in (d0..dims_tiled).step_by(TILE_K) {
+                    // V's dims d0..d0+16 of the chunk's keys, in their panel.
+                    let v = values[v_index(seq_len, head_dim, k0, d0)..v_index(seq_len, head_dim, k0 + len - 1, d0) + TILE_K].as_ptr();
+                    // SAFETY: tile_q rows of the scores from key k0 (the slice `p` above, k0 + len ≤
+                    // lk each), `len` rows of V from `v` (the slice above); the output as `out_row`,
+                    // 16 columns, written by the previous chunk where read.
+                    unsafe {
+                        #[cfg(target_arch = "x86_64")]
+                        if WIDE {
+                            let mut init = [[0f32; TILE_K]; WIDE_TILE_Q];
+                            for (r, row) in init.iter_mut().enumerate().take(real) {
+                                if from_bias {
+                                    row.copy_from_slice(&self.v_bias[d0..d0 + TILE_K]);
+                                } else {
+                                    std::ptr::copy_nonoverlapping(out_row(r, d0), row.as_mut_ptr(), TILE_K);
+                                }
+                            }
+                            let acc = wide::value_tile(p, lk, len, v, width, &init);
+                            acc.iter()
+                                .enumerate()
+                                .take(real)
+                                .for_each(|(r, a)| std::ptr::copy_nonoverlapping(a.as_ptr(), out_row(r, d0), TILE_K));
+                            continue;
+                        }
+                        {
+                            let mut init = [[0f32; TILE_K]; TILE_Q];
+                            for (r, row) in init.iter_mut().enumerate().take(real) {
+                                if from_bias {
+                                    row.copy_from_slice(&self.v_bias[d0..d0 + TILE_K]);
+                                } else {
+                                    std::ptr::copy_nonoverlapping(out_row(r, d0), row.as_mut_ptr(), TILE_K);
+                                }
+                            }
+                            let acc = value_tile::<TILE_Q, FMA>(p, lk, len, v, width, &init);
+                            acc.iter()
+                                .enumerate()
+                                .take(real)
+                                .for_each(|(r, a)| std::ptr::copy_nonoverlapping(a.as_ptr(), out_row(r, d0), TILE_K));
+                        }
                     }
                 }
-            }
-            for i in i0..(i0 + tile_q).min(n) {
-                for d in dims_tiled..head_dim {
-                    let sum = self.v_bias[d] + (0..len).map(|j| scores[i * lk + j] * rows[j * width + vc + d]).sum::<f32>();
-                    // SAFETY: row first+i < len, column qc+d of this head (this fn's contract).
-                    unsafe { *out.add((first + i) * out_width + qc + d) = sum };
+                for r in 0..real {
+                    let i = i0 + r;
+                    for d in dims_tiled..head_dim {
+                        let sum = (k0..k0 + len).map(|j| scores[i * lk + j] * values[v_index(seq_len, head_dim, j, d)]).sum::<f32>();
+                        // SAFETY: as `out_row`; column d was written by the previous chunk where read.
+                        unsafe {
+                            let slot = out_row(r, d);
+                            *slot = if from_bias { self.v_bias[d] } else { *slot } + sum;
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+/// Where dimension `d` of key `j` sits in the packed V of a `len`-key head: the dimensions in
+/// panels of 16 (each `len` keys × 16 floats, a key's 16 after the previous key's), then the
+/// dimensions past the last whole panel, key by key. A tile of P·V reads its panel in order;
+/// with V row-major, its 16 values of each key were `head_dim` floats apart, and a chunk's keys
+/// fell on 16 sets of the L1 cache.
+#[inline(always)]
+pub(super) const fn v_index(len: usize, head_dim: usize, j: usize, d: usize) -> usize {
+    let tiled = head_dim / TILE_K * TILE_K;
+    if d < tiled {
+        d / TILE_K * len * TILE_K + j * TILE_K + d % TILE_K
+    } else {
+        tiled * len + j * (head_dim - tiled) + (d - tiled)
+    }
+}
+
+/// Keys per chunk of P·V and of the scores: a chunk of Kᵀ or V (`head_dim` × chunk floats)
+/// fills 64 KiB, which stays in L2 while every tile of a block's queries goes over it (a whole
+/// long sequence's Kᵀ or V, several MiB, came from L3 or memory again for each tile of rows).
+/// A multiple of 32 keys, the pair tiles' width.
+#[inline(always)]
+pub(super) fn key_chunk(head_dim: usize) -> usize {
+    ((16 * 1024 / head_dim.max(1)) / (2 * TILE_K) * (2 * TILE_K)).max(2 * TILE_K)
 }
 
 multiversion! {
@@ -462,25 +584,28 @@ multiversion! {
     /// vectorized), for the tile kernel, which runs outside [`attention_head`].
     pub(super) fn weigh_rows(scores: &mut [f32], lk: usize, len: usize, first: usize, mask: AttentionMask, terms: ScoreTerms) {
         for (i, row) in scores.chunks_mut(lk).enumerate() {
-            weigh_keys(&mut row[..len], first + i, mask, terms);
+            weigh_keys(&mut row[..len], 0, first + i, len, mask, terms);
             row[len..].fill(0.0);
         }
     }
 }
 
 /// One query's scores into its weights over the keys: the score terms added, the soft cap,
-/// softmax over the keys the mask allows, 0 for the others.
+/// softmax over the keys the mask allows, 0 for the others. `row` holds the scores of keys
+/// `key0..key0 + row.len()` of a `len`-token sequence, a span that holds every key the mask lets
+/// this query see.
 #[inline(always)]
-fn weigh_keys(row: &mut [f32], query: usize, mask: AttentionMask, terms: ScoreTerms) {
-    let len = row.len();
+fn weigh_keys(row: &mut [f32], key0: usize, query: usize, len: usize, mask: AttentionMask, terms: ScoreTerms) {
+    let span = row.len();
     if let Some((bias, center)) = terms.relative {
         // Distance j − query of key j is at center + j − query.
-        row.iter_mut().zip(&bias[center - query..center - query + len]).for_each(|(s, b)| *s += b);
+        row.iter_mut().zip(&bias[center + key0 - query..center + key0 - query + span]).for_each(|(s, b)| *s += b);
     }
     if let Some(terms) = terms.disentangled {
-        row.iter_mut().enumerate().for_each(|(j, s)| *s += terms.get(query, j));
+        row.iter_mut().enumerate().for_each(|(j, s)| *s += terms.get(query, key0 + j));
     }
     let (lo, hi) = mask.keys(query, len);
+    let (lo, hi) = (lo.saturating_sub(key0).min(span), hi.saturating_sub(key0).min(span));
     if let Some(cap) = terms.softcap {
         row[lo..hi].iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
     }

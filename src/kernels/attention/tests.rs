@@ -81,31 +81,65 @@ fn grouped_query_and_masked_attention_match_composite() {
 
 #[test]
 fn sequences_longer_than_a_query_block_match_composite() {
-    // 300 tokens: three query blocks (the last partial), next to a short sequence.
+    // 300 tokens: three query blocks (the last partial), next to a short sequence. The causal and
+    // windowed masks make each block's span of keys start and end at other tiles (the kernel
+    // skips the keys no query of a block sees); 24 dims also run the remainder loop over a span.
     let cu = [0usize, 300, 307];
-    let qkv = (random((307, 128), 16) * 2.0).unwrap();
-    let bias = Bias::new(random((1, 128), 17).flatten_all().unwrap()).unwrap();
     let max_len = 300;
-    let values = random((4, 2 * max_len - 1), 18).flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let position_bias = PositionBias { values, max_len };
-    for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(150)] {
-        for relative in [None, Some(&position_bias)] {
-            // 4 query heads over 2 key/value heads of 16 dims.
-            let att = Attention {
-                num_heads: 4,
-                num_kv_heads: 2,
-                head_dim: 16,
-                cu_seqlens: &cu,
-                mask,
-                position_bias: relative,
-                disentangled: None,
-                softcap: None,
-            };
-            let fast = att.forward(&qkv, Some(&bias)).unwrap();
-            let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
-            assert!(max_diff(&fast, &reference) < 1e-5, "{mask:?}, relative bias {}", relative.is_some());
+    let masks = [
+        AttentionMask::Bidirectional,
+        AttentionMask::Causal,
+        AttentionMask::Window(150),
+        AttentionMask::Window(20),
+        AttentionMask::CausalWindow(40),
+    ];
+    // 4 query heads over 2 key/value heads of 16 dims; 2 heads of 24.
+    for (heads, kv_heads, head_dim) in [(4usize, 2usize, 16usize), (2, 2, 24)] {
+        let width = (heads + 2 * kv_heads) * head_dim;
+        let qkv = (random((307, width), 16) * 2.0).unwrap();
+        let bias = Bias::new(random((1, width), 17).flatten_all().unwrap()).unwrap();
+        let values = random((heads, 2 * max_len - 1), 18).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let position_bias = PositionBias { values, max_len };
+        for mask in masks {
+            for relative in [None, Some(&position_bias)] {
+                let att = Attention {
+                    num_heads: heads,
+                    num_kv_heads: kv_heads,
+                    head_dim,
+                    cu_seqlens: &cu,
+                    mask,
+                    position_bias: relative,
+                    disentangled: None,
+                    softcap: None,
+                };
+                let fast = att.forward(&qkv, Some(&bias)).unwrap();
+                let reference = att.forward_generic(&qkv.broadcast_add(&bias.tensor).unwrap()).unwrap();
+                let diff = max_diff(&fast, &reference);
+                assert!(diff < 1e-5, "{mask:?}, head_dim {head_dim}, relative bias {}: {diff}", relative.is_some());
+            }
         }
     }
+}
+
+#[test]
+fn a_blocks_span_of_keys_holds_every_key_its_queries_see() {
+    use super::kernel::block_keys;
+    let len = 1000;
+    for mask in [AttentionMask::Bidirectional, AttentionMask::Causal, AttentionMask::Window(70), AttentionMask::CausalWindow(33)] {
+        for first in (0..len).step_by(QUERY_BLOCK) {
+            let n = QUERY_BLOCK.min(len - first);
+            let span = block_keys(mask, first, n, len);
+            assert!(span.start.is_multiple_of(TILE_K) && span.start < span.end && span.end <= len, "{mask:?} {first}: {span:?}");
+            for i in first..first + n {
+                let (lo, hi) = mask.keys(i, len);
+                assert!(span.start <= lo && hi <= span.end, "{mask:?} query {i}: {lo}..{hi} outside {span:?}");
+            }
+        }
+    }
+    // A causal block ends at its last query: the last block of 1000 tokens spans them all, the
+    // first only its own 128.
+    assert_eq!(block_keys(AttentionMask::Causal, 0, QUERY_BLOCK, len), 0..QUERY_BLOCK);
+    assert_eq!(block_keys(AttentionMask::CausalWindow(33), 512, QUERY_BLOCK, len), 480..640);
 }
 
 #[test]
