@@ -474,15 +474,10 @@ impl<'a> Head<'a> {
                 let mut d0 = 0;
                 #[cfg(target_arch = "x86_64")]
                 while WIDE && d0 + 2 * TILE_K <= dims_tiled {
-                    let mut init = [[0f32; 2 * TILE_K]; WIDE_TILE_Q];
-                    for (r, row) in init.iter_mut().enumerate().take(real) {
-                        if from_bias {
-                            row.copy_from_slice(&self.v_bias[d0..d0 + 2 * TILE_K]);
-                        } else {
-                            // SAFETY: the previous chunk wrote these 32 columns of this row.
-                            unsafe { std::ptr::copy_nonoverlapping(out_row(r, d0), row.as_mut_ptr(), 2 * TILE_K) };
-                        }
-                    }
+                    // SAFETY: the previous chunk wrote these 32 columns of the real rows.
+                    let init = unsafe {
+                        tile_start::<WIDE_TILE_Q, { 2 * TILE_K }>(from_bias.then(|| &self.v_bias[d0..]), real, |r| out_row(r, d0))
+                    };
                     // V's dims d0..d0+32 of the chunk's keys: two panels, the second `second` on.
                     let second = v_index(seq_len, head_dim, 0, d0 + TILE_K) - v_index(seq_len, head_dim, 0, d0);
                     let v =
@@ -490,11 +485,8 @@ impl<'a> Head<'a> {
                     // SAFETY: tile_q rows of the scores from key k0 (the slice `p` above, k0 + len ≤
                     // lk each), `len` keys of V's two panels from `v` (the slice above, from the
                     // first panel's first key to the second's last), 16 values each.
-                    let acc = unsafe { wide::value_tile_pair(p, lk, len, v, width, second, &init) };
-                    for (r, acc_row) in acc.iter().enumerate().take(real) {
-                        // SAFETY: as `out_row`, 32 columns.
-                        unsafe { std::ptr::copy_nonoverlapping(acc_row.as_ptr(), out_row(r, d0), 2 * TILE_K) };
-                    }
+                    // SAFETY (store): as `out_row`, 32 columns.
+                    unsafe { store_tile(&wide::value_tile_pair(p, lk, len, v, width, second, &init), real, |r| out_row(r, d0)) };
                     d0 += 2 * TILE_K;
                 }
                 for d0 in (d0..dims_tiled).step_by(TILE_K) {
@@ -506,35 +498,13 @@ impl<'a> Head<'a> {
                     unsafe {
                         #[cfg(target_arch = "x86_64")]
                         if WIDE {
-                            let mut init = [[0f32; TILE_K]; WIDE_TILE_Q];
-                            for (r, row) in init.iter_mut().enumerate().take(real) {
-                                if from_bias {
-                                    row.copy_from_slice(&self.v_bias[d0..d0 + TILE_K]);
-                                } else {
-                                    std::ptr::copy_nonoverlapping(out_row(r, d0), row.as_mut_ptr(), TILE_K);
-                                }
-                            }
-                            let acc = wide::value_tile(p, lk, len, v, width, &init);
-                            acc.iter()
-                                .enumerate()
-                                .take(real)
-                                .for_each(|(r, a)| std::ptr::copy_nonoverlapping(a.as_ptr(), out_row(r, d0), TILE_K));
+                            let init = tile_start::<WIDE_TILE_Q, TILE_K>(from_bias.then(|| &self.v_bias[d0..]), real, |r| out_row(r, d0));
+                            store_tile(&wide::value_tile(p, lk, len, v, width, &init), real, |r| out_row(r, d0));
                             continue;
                         }
                         {
-                            let mut init = [[0f32; TILE_K]; TILE_Q];
-                            for (r, row) in init.iter_mut().enumerate().take(real) {
-                                if from_bias {
-                                    row.copy_from_slice(&self.v_bias[d0..d0 + TILE_K]);
-                                } else {
-                                    std::ptr::copy_nonoverlapping(out_row(r, d0), row.as_mut_ptr(), TILE_K);
-                                }
-                            }
-                            let acc = value_tile::<TILE_Q, FMA>(p, lk, len, v, width, &init);
-                            acc.iter()
-                                .enumerate()
-                                .take(real)
-                                .for_each(|(r, a)| std::ptr::copy_nonoverlapping(a.as_ptr(), out_row(r, d0), TILE_K));
+                            let init = tile_start::<TILE_Q, TILE_K>(from_bias.then(|| &self.v_bias[d0..]), real, |r| out_row(r, d0));
+                            store_tile(&value_tile::<TILE_Q, FMA>(p, lk, len, v, width, &init), real, |r| out_row(r, d0));
                         }
                     }
                 }
@@ -551,6 +521,42 @@ impl<'a> Head<'a> {
                 }
             }
         }
+    }
+}
+
+/// The sums a tile of `TQ` rows × `W` dims starts a chunk of keys from: the first `W` of
+/// `bias` (V's bias from the tile's first dim) in the first chunk, else what the previous chunk
+/// left in the output (`row(r)`, the tile's first column in row `r`); 0 for the padding rows
+/// from `real` on.
+///
+/// # Safety
+/// Without `bias`, `row(r)` for each `r < real` points at `W` floats written before.
+#[inline(always)]
+unsafe fn tile_start<const TQ: usize, const W: usize>(
+    bias: Option<&[f32]>,
+    real: usize,
+    row: impl Fn(usize) -> *mut f32,
+) -> [[f32; W]; TQ] {
+    let mut init = [[0f32; W]; TQ];
+    for (r, sums) in init.iter_mut().enumerate().take(real) {
+        match bias {
+            Some(bias) => sums.copy_from_slice(&bias[..W]),
+            // SAFETY: W floats written before at row(r) (this fn's contract).
+            None => unsafe { std::ptr::copy_nonoverlapping(row(r), sums.as_mut_ptr(), W) },
+        }
+    }
+    init
+}
+
+/// The first `real` rows of a tile's sums into the output, row `r` at `row(r)`.
+///
+/// # Safety
+/// `row(r)` for each `r < real` points at `W` floats this thread alone may write.
+#[inline(always)]
+unsafe fn store_tile<const TQ: usize, const W: usize>(sums: &[[f32; W]; TQ], real: usize, row: impl Fn(usize) -> *mut f32) {
+    for (r, sums) in sums.iter().enumerate().take(real) {
+        // SAFETY: W writable floats at row(r) (this fn's contract).
+        unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr(), row(r), W) };
     }
 }
 
