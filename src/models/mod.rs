@@ -170,7 +170,8 @@ pub trait Backbone: Send + Sync {
 
 /// A backbone whose linears were packed in bf16 for the CPU kernels (`--dtype bfloat16`, or
 /// what `--dtype auto`'s probe kept): its forward passes also run attention's two products in
-/// bf16 on AMX tiles where the linears run on them ([`crate::kernels::with_bf16_tiles`]).
+/// bf16 on the native bf16 instructions (AMX tiles or AVX-512 BF16) where the linears run on
+/// them ([`crate::kernels::with_bf16_tiles`]).
 pub struct Bf16Backbone(pub Box<dyn Backbone>);
 
 impl Backbone for Bf16Backbone {

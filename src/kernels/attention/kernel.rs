@@ -585,13 +585,40 @@ pub(super) fn key_chunk(head_dim: usize) -> usize {
 }
 
 multiversion! {
-    /// Rows of `scores` (`lk` apart: queries `first..` of a `len`-token sequence) into their
-    /// weights, zero past `len`: [`weigh_keys`] compiled for this CPU (its `exp` and `floor`
-    /// vectorized), for the tile kernel, which runs outside [`attention_head`].
-    pub(super) fn weigh_rows(scores: &mut [f32], lk: usize, len: usize, first: usize, mask: AttentionMask, terms: ScoreTerms) {
-        for (i, row) in scores.chunks_mut(lk).enumerate() {
-            weigh_keys(&mut row[..len], 0, first + i, len, mask, terms);
-            row[len..].fill(0.0);
+    /// Rows of `scores` (`lk` apart: queries `first..` of a `len`-token sequence), over the
+    /// block's span of keys `keys` ([`block_keys`]), into their softmax's numerators rounded to
+    /// bf16 into the same columns of `weights` (zero where the mask excludes a key, and from the
+    /// span's end to `span_end`, whole tiles), and each row's `1 / Σ` into `inverse_sums`: the
+    /// P·V sums are scaled by it afterwards, as flash attention does, which saves a pass
+    /// over each row. [`score_terms`] and `exp`
+    /// compiled for this CPU, for the bf16 kernel, which runs outside [`attention_head`].
+    #[allow(clippy::too_many_arguments)] // the block's geometry and the head's score terms
+    pub(super) fn weigh_and_round_rows(
+        scores: &mut [f32],
+        weights: &mut [u16],
+        inverse_sums: &mut [f32],
+        lk: usize,
+        keys: std::ops::Range<usize>,
+        span_end: usize,
+        len: usize,
+        first: usize,
+        mask: AttentionMask,
+        terms: ScoreTerms,
+    ) {
+        for (i, ((row, rounded), inverse)) in scores.chunks_mut(lk).zip(weights.chunks_mut(lk)).zip(inverse_sums).enumerate() {
+            let row = &mut row[keys.clone()];
+            let rounded = &mut rounded[keys.start..span_end];
+            let (lo, hi) = score_terms(row, keys.start, first + i, len, mask, terms);
+            // Separate passes over the row, in L1: a loop that both exponentiates and sums (or
+            // rounds) did not vectorize, and ran 2.7× slower.
+            let (row, out) = (&mut row[lo..hi], &mut rounded[lo..hi]);
+            let max = max_lanes(row);
+            row.iter_mut().for_each(|v| *v = exp(*v - max));
+            let sum = sum_lanes(row);
+            out.iter_mut().zip(row.iter()).for_each(|(o, &e)| *o = crate::kernels::sgemm::round(e));
+            *inverse = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            rounded[..lo].fill(0);
+            rounded[hi..].fill(0);
         }
     }
 }
@@ -602,6 +629,16 @@ multiversion! {
 /// this query see.
 #[inline(always)]
 fn weigh_keys(row: &mut [f32], key0: usize, query: usize, len: usize, mask: AttentionMask, terms: ScoreTerms) {
+    let (lo, hi) = score_terms(row, key0, query, len, mask, terms);
+    softmax_in_place(&mut row[lo..hi]);
+    row[..lo].fill(0.0);
+    row[hi..].fill(0.0);
+}
+
+/// The score terms and the soft cap added to one query's scores (`row`, keys `key0..` as in
+/// [`weigh_keys`]); returns the part of `row` the mask allows.
+#[inline(always)]
+fn score_terms(row: &mut [f32], key0: usize, query: usize, len: usize, mask: AttentionMask, terms: ScoreTerms) -> (usize, usize) {
     let span = row.len();
     if let Some((bias, center)) = terms.relative {
         // Distance j − query of key j is at center + j − query.
@@ -615,9 +652,7 @@ fn weigh_keys(row: &mut [f32], key0: usize, query: usize, len: usize, mask: Atte
     if let Some(cap) = terms.softcap {
         row[lo..hi].iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
     }
-    softmax_in_place(&mut row[lo..hi]);
-    row[..lo].fill(0.0);
-    row[hi..].fill(0.0);
+    (lo, hi)
 }
 
 /// Rows ahead of the packing loop whose Q, K and V columns are prefetched. A row of fused QKV

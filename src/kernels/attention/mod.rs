@@ -17,11 +17,12 @@ use kernel::{ScoreTerms, QUERY_BLOCK};
 use rayon::prelude::*;
 use std::cell::Cell;
 
-/// The shortest sequence whose heads a bf16 model runs on AMX tiles (decision, from two
+/// The shortest sequence whose heads a bf16 model runs in bf16 ([`tiles`]; decision, from two
 /// measurements on a 2-vCPU Xeon with AMX): on all-MiniLM-L6-v2's corpus of ~80-token texts the
 /// tiles were no faster end to end than the f32 kernel (packing Q, K and V into tile layouts
 /// costs what the products save) and round Q, K, P and V to bf16; on a 16k-token input they made
-/// the forward pass 3× faster. Shorter sequences keep the f32 kernel and its exactness.
+/// the forward pass 3× faster. Shorter sequences keep the f32 kernel and its exactness. The
+/// `vdpbf16ps` unit keeps the same bound (docs/performance.md has its long-input numbers).
 const TILES_MIN_LEN: usize = 256;
 
 /// The most scratch floats a thread keeps between heads.
@@ -30,16 +31,17 @@ const MAX_KEPT_SCRATCH_FLOATS: usize = 1 << 22;
 thread_local! {
     /// Each thread's attention scratch (queries, packed keys, scores), reused across heads.
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// The same for the heads on AMX tiles.
+    /// The same for the heads in bf16.
     static TILE_SCRATCH: Cell<tiles::Scratch> = Cell::new(tiles::Scratch::default());
-    /// Whether this thread's attention runs its products in bf16 on AMX tiles where it can
+    /// Whether this thread's attention runs its products in bf16 where it can
     /// ([`with_bf16_tiles`]).
     static BF16_TILES: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Runs `forward` (a bf16 model's forward pass, on this thread) with attention's two products
-/// in bf16 on AMX tiles where the bf16 linears run on them (`tiles`), as OpenVINO runs a bf16
-/// model's attention; elsewhere, and for float32 models, attention stays f32.
+/// in bf16 where the bf16 linears run on native bf16 instructions, AMX tiles or AVX-512 BF16
+/// (`tiles`), as OpenVINO runs a bf16 model's attention; elsewhere, and for float32 models,
+/// attention stays f32.
 pub fn with_bf16_tiles<R>(forward: impl FnOnce() -> R) -> R {
     /// Puts the previous setting back, also when `forward` unwinds.
     struct Restore(bool);
@@ -50,6 +52,17 @@ pub fn with_bf16_tiles<R>(forward: impl FnOnce() -> R) -> R {
     }
     let _restore = Restore(BF16_TILES.replace(true));
     forward()
+}
+
+/// The unit a bf16 model's long heads run their two products on ([`tiles`]).
+#[derive(Clone, Copy)]
+enum Bf16Unit {
+    /// AMX tiles, where the bf16 linears run on them.
+    Amx,
+    /// AVX-512 BF16's `vdpbf16ps`, where the bf16 linears run on it (Zen 4 and 5; Intel
+    /// without AMX).
+    #[cfg(target_arch = "x86_64")]
+    Dot,
 }
 
 /// Which key positions a query may attend to.
@@ -357,7 +370,18 @@ impl CustomOp1 for AttentionOp<'_> {
         let mut dst: Vec<f32> = Vec::with_capacity(tokens * out_width);
         let out = SharedMut(dst.as_mut_ptr());
         let num_seqs = this.cu_seqlens.len() - 1;
-        let on_tiles = BF16_TILES.get() && tiles::takes(this.head_dim) && super::sgemm::amx_in_use();
+        // Where a bf16 model's long heads run their products: where its linears do.
+        let bf16_unit = if BF16_TILES.get() && tiles::takes(this.head_dim) {
+            if super::sgemm::amx_in_use() {
+                Some(Bf16Unit::Amx)
+            } else if super::sgemm::dot_in_use() {
+                Some(Bf16Unit::Dot)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
         if let Some(bias) = this.position_bias {
             let longest = this.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
             if bias.max_len < longest || bias.values.len() != heads * (2 * bias.max_len - 1) {
@@ -389,17 +413,35 @@ impl CustomOp1 for AttentionOp<'_> {
             let relative = this.position_bias.map(|b| (b.head(head), b.max_len - 1));
             let disentangled = this.disentangled.map(|b| b.head(head, start, len));
             let scores = ScoreTerms { relative, disentangled, softcap: this.softcap };
-            if on_tiles && len >= TILES_MIN_LEN {
-                if let Some(mut unit) = super::amx::NativeTiles::new() {
-                    let mut scratch = TILE_SCRATCH.take();
-                    // SAFETY: AMX is granted (a NativeTiles exists) and its products passed their
-                    // self-check (`amx_in_use`); the output rows are this job's, as below.
-                    unsafe {
-                        tiles::attention_head(&mut unit, rows, bias, out_rows, this.columns(head), this.mask, scores, scale, &mut scratch)
-                    };
-                    if scratch.kept(MAX_KEPT_SCRATCH_FLOATS) {
-                        TILE_SCRATCH.set(scratch);
+            if let Some(kind) = bf16_unit.filter(|_| len >= TILES_MIN_LEN) {
+                let mut scratch = TILE_SCRATCH.take();
+                let (columns, mask) = (this.columns(head), this.mask);
+                let ran = match kind {
+                    Bf16Unit::Amx => match super::amx::NativeTiles::new() {
+                        Some(mut native) => {
+                            // SAFETY: AMX is granted (a NativeTiles exists) and its products
+                            // passed their self-check (`amx_in_use`); the output rows are this
+                            // job's, as below.
+                            unsafe {
+                                let mut unit = tiles::OnTiles::new(&mut native);
+                                tiles::attention_head(&mut unit, rows, bias, out_rows, columns, mask, scores, scale, &mut scratch)
+                            };
+                            true
+                        }
+                        None => false,
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    Bf16Unit::Dot => {
+                        // SAFETY: the bf16 linears run on `vdpbf16ps` here (`dot_in_use`), so the
+                        // CPU has AVX-512 BF16; the output rows are this job's, as below.
+                        unsafe { tiles::attention_head(&mut tiles::Dot, rows, bias, out_rows, columns, mask, scores, scale, &mut scratch) };
+                        true
                     }
+                };
+                if scratch.kept(MAX_KEPT_SCRATCH_FLOATS) {
+                    TILE_SCRATCH.set(scratch);
+                }
+                if ran {
                     return;
                 }
             }

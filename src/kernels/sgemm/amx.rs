@@ -14,7 +14,7 @@
 
 use super::super::amx::block::{Accumulator, Bf16, Block};
 use super::super::amx::{NativeTiles, TileModel, Tiles, ROW_BYTES, TILE_ROWS};
-use super::{Job, Out, PackedMatrix, Panels, WeightFormat, PANEL};
+use super::{Job, Out, PackedMatrix, WeightFormat, PANEL};
 use std::sync::OnceLock;
 
 /// The share `job` of a bf16 product on `tiles`; releases them at the end.
@@ -24,9 +24,7 @@ use std::sync::OnceLock;
 /// `job.a` holds the product's rows as bf16 pairs, `job.lda` pairs apart, at least ⌈k/2⌉ each;
 /// `job.dst` is `m × n` with the job's rows and panels inside it (initialized when `read_dst`).
 pub(super) unsafe fn bf16_block<T: Tiles>(job: &Job, tiles: &mut T) {
-    let w = job.w;
-    let Panels::Bf16(panels) = &w.panels else { unreachable!("the AMX kernel is chosen for bf16 weights only") };
-    let (steps, n) = (w.steps(), w.n);
+    let (steps, n, ldc) = (job.steps, job.n, job.ldc);
     let a_stride = job.lda * 4;
     let mut acc = [Accumulator([[0.0f32; PANEL]; TILE_ROWS]); 4];
     let mut block = Block::default();
@@ -39,8 +37,8 @@ pub(super) unsafe fn bf16_block<T: Tiles>(job: &Job, tiles: &mut T) {
             // `job.a`; panels p0 and p0 + 1 (when used) hold `steps` pair rows of 64 bytes.
             unsafe {
                 let a = (job.a as *const u8).add(m0 * a_stride);
-                let b = panels.as_ptr().add(p0 * steps) as *const u8;
-                block.accumulate::<T, Bf16, f32>(tiles, &mut acc, steps, (a, a_stride), (b, steps * ROW_BYTES));
+                let b = job.weights.add(p0 * job.panel_stride * ROW_BYTES);
+                block.accumulate::<T, Bf16, f32>(tiles, &mut acc, steps, (a, a_stride), (b, job.panel_stride * ROW_BYTES));
             }
             for (t, acc) in acc.iter().enumerate() {
                 let (ai, bi) = (t / 2, t % 2);
@@ -49,8 +47,8 @@ pub(super) unsafe fn bf16_block<T: Tiles>(job: &Job, tiles: &mut T) {
                 }
                 let p = p0 + bi;
                 // SAFETY: row m0 + 16·ai and panel p lie inside `dst` (the caller's ranges).
-                let c = unsafe { job.dst.add((m0 + TILE_ROWS * ai) * n + p * PANEL) };
-                let out = Out { c, ldc: n, cols: PANEL.min(n - p * PANEL), accumulate: job.read_dst };
+                let c = unsafe { job.dst.add((m0 + TILE_ROWS * ai) * ldc + p * PANEL) };
+                let out = Out { c, ldc, cols: PANEL.min(n - p * PANEL), accumulate: job.read_dst };
                 for r in 0..block.a_rows[ai] {
                     // SAFETY: r < the tile's rows, inside the job's rows.
                     unsafe { out.store(r, &acc.0[r]) };
@@ -100,15 +98,7 @@ fn self_check_product<T: Tiles>(tiles: &mut T) -> Vec<f32> {
 pub(super) fn product_on<T: Tiles>(tiles: &mut T, w: &PackedMatrix, x: &[f32], m: usize, y: &mut [f32], read_dst: bool) {
     assert!(w.format() == WeightFormat::Bf16 && x.len() == m * w.k && y.len() == m * w.n, "AMX product: shapes");
     let pairs = super::bf16::round_pairs(x, m, w.k);
-    let job = Job {
-        w,
-        a: pairs.as_ptr() as *const f32,
-        lda: w.k.div_ceil(2),
-        dst: y.as_mut_ptr(),
-        rows: 0..m,
-        panels: 0..w.panel_count(),
-        read_dst,
-    };
+    let job = Job::of(w, pairs.as_ptr() as *const f32, w.k.div_ceil(2), y.as_mut_ptr(), 0..m, 0..w.panel_count(), read_dst);
     // SAFETY: `pairs` holds m rows of ⌈k/2⌉ pairs and `y` m × n floats (asserted); the ranges
     // cover the product; `tiles` runs here (the model anywhere, the native unit only once granted).
     unsafe { bf16_block(&job, tiles) };

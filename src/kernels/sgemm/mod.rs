@@ -87,6 +87,55 @@ pub(crate) fn amx_in_use() -> bool {
     false
 }
 
+/// Whether bf16 products run on AVX-512 BF16's `vdpbf16ps` here (within
+/// `POOLSERVE_MAX_CPU_ISA`; not where AMX tiles take them): attention's products follow the
+/// linears onto it ([`dot_pairs`]).
+pub(crate) fn dot_in_use() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return Kernel::detect(WeightFormat::Bf16) == Kernel::Bf16Dot;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// A product on bf16 operands packed by its caller (attention's Q·Kᵀ and P·V,
+/// `attention/tiles.rs`): `c` (`rows` × `cols`, rows `ldc` floats apart) `= a · b`, where `a`
+/// holds `rows` rows of `steps` bf16 pairs (`lda` pairs apart) and `b` ⌈cols/16⌉ panels of
+/// `steps` [`PairRow`]s, `panel_stride` rows from one panel to the next.
+pub(crate) struct PairProduct {
+    pub a: *const u32,
+    pub lda: usize,
+    pub rows: usize,
+    pub b: *const PairRow,
+    pub panel_stride: usize,
+    pub steps: usize,
+    pub cols: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+}
+
+/// Runs `p` on this thread with the `vdpbf16ps` kernel and blocking of the bf16 linears.
+///
+/// # Safety
+/// The CPU has AVX-512 BF16 ([`dot_in_use`]); `p`'s pointers cover what [`PairProduct`] says.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn dot_pairs(p: &PairProduct) {
+    let job = Job {
+        weights: p.b as *const u8,
+        panel_stride: p.panel_stride,
+        steps: p.steps,
+        n: p.cols,
+        ldc: p.ldc,
+        a: p.a as *const f32,
+        lda: p.lda,
+        dst: p.c,
+        rows: 0..p.rows,
+        panels: 0..p.cols.div_ceil(PANEL),
+        read_dst: false,
+    };
+    // SAFETY: the CPU has AVX-512 BF16 and the operands cover the job (this fn's contract).
+    unsafe { x86::bf16_dot(&job) }
+}
+
 /// `x` rounded to the nearest bfloat16, ties to even (NaN stays NaN), for the tile tests.
 #[cfg(test)]
 pub(crate) fn round_bf16(x: f32) -> u16 {
@@ -114,9 +163,20 @@ pub(crate) fn widen(b: u16) -> f32 {
 struct PanelRow([f32; PANEL]);
 
 /// One bf16 panel row: two consecutive inputs' 16 columns, column `c` input `j` at `2c + j`.
-#[derive(Debug, Clone, Copy)]
+/// Attention packs its bf16 operands in these too (`attention/tiles.rs`): the kernels load
+/// them as aligned cache lines.
+#[derive(Debug, Clone, Copy, Default)]
 #[repr(C, align(64))]
-struct PairRow([u16; 2 * PANEL]);
+pub(crate) struct PairRow([u16; 2 * PANEL]);
+
+impl PairRow {
+    /// The bf16 halves of `rows`, 32 a row, in order.
+    pub(crate) fn halves_mut(rows: &mut [PairRow]) -> &mut [u16] {
+        // SAFETY: a PairRow is exactly 32 u16s (repr(C), 64 bytes, no padding), so the rows are
+        // 32·len initialized u16s, aligned beyond u16's need; the borrow of `rows` covers them.
+        unsafe { std::slice::from_raw_parts_mut(rows.as_mut_ptr() as *mut u16, rows.len() * 2 * PANEL) }
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Panels {
@@ -240,7 +300,7 @@ impl PackedMatrix {
         let (out, input, lda) = (SharedMut(dst), SharedConst(activations.as_ptr()), activations.lda());
         let run = |rows: Range<usize>, panels: Range<usize>| {
             let (out, input) = (out, input);
-            let job = Job { w: self, a: input.0, lda, dst: out.0, rows, panels, read_dst };
+            let job = Job::of(self, input.0, lda, out.0, rows, panels, read_dst);
             // SAFETY: the row and panel ranges lie inside the product, no two concurrent calls
             // share an output row × panel, and `kernel` was detected on this CPU for this format.
             unsafe { kernel.run(&job) }
@@ -334,7 +394,7 @@ impl Kernel {
     }
 
     /// # Safety
-    /// `self` was detected on this CPU for `job.w`'s format; see [`Job::block`].
+    /// `self` was detected on this CPU for the format of `job`'s weights; see [`Job::block`].
     unsafe fn run(self, job: &Job) {
         // SAFETY: (every arm) `self` runs on this CPU and matches the weight's format; the
         // bounds are the caller's.
@@ -363,9 +423,14 @@ impl Kernel {
 }
 
 /// One thread's share of a product: rows `rows` × panels `panels`, activations `a` (rows `lda`
-/// of the kernel's activation type apart).
-struct Job<'a> {
-    w: &'a PackedMatrix,
+/// of the kernel's activation type apart), weight panels from `weights` (`steps` panel rows
+/// used of each, `panel_stride` apart), `n` output columns in rows `ldc` apart.
+struct Job {
+    weights: *const u8,
+    panel_stride: usize,
+    steps: usize,
+    n: usize,
+    ldc: usize,
     a: *const f32,
     lda: usize,
     dst: *mut f32,
@@ -374,18 +439,24 @@ struct Job<'a> {
     read_dst: bool,
 }
 
-impl Job<'_> {
+impl Job {
+    /// A share of `dst (m × n) (+)= a·Wᵀ` for the packed `w`.
+    fn of(w: &PackedMatrix, a: *const f32, lda: usize, dst: *mut f32, rows: Range<usize>, panels: Range<usize>, read_dst: bool) -> Self {
+        let steps = w.steps();
+        Job { weights: w.panel_base(), panel_stride: steps, steps, n: w.n, ldc: w.n, a, lda, dst, rows, panels, read_dst }
+    }
+
     /// The share blocked as the module describes, in tiles of `MR` rows (the last tile of a
     /// block takes a kernel of its own height).
     ///
     /// # Safety
-    /// `K` runs on this CPU and reads `w`'s format; `a` holds `m` rows of `lda` `K::A`s, at
-    /// least `K::A_PER_STEP` per panel row; `dst` is `m × n` row-major with `rows.end <= m`,
-    /// `panels.end <= w.panel_count()`, initialized there when `read_dst`.
+    /// `K` runs on this CPU and reads the weights' format; `a` holds `m` rows of `lda` `K::A`s,
+    /// at least `K::A_PER_STEP` per panel row; `dst` holds `m` rows of `ldc ≥ n` floats with
+    /// `rows.end <= m`, `panels.end <= ⌈n/16⌉` panels there, initialized when `read_dst`.
     #[inline(always)]
     unsafe fn block<K: Micro, const MR: usize>(&self) {
-        let (steps, n, lda) = (self.w.steps(), self.w.n, self.lda);
-        let (weights, a, dst) = (self.w.panel_base() as *const K::B, self.a as *const K::A, self.dst);
+        let (steps, n, lda, ldc) = (self.steps, self.n, self.lda, self.ldc);
+        let (weights, a, dst) = (self.weights as *const K::B, self.a as *const K::A, self.dst);
         for m0 in self.rows.clone().step_by(MC) {
             let m1 = (m0 + MC).min(self.rows.end);
             for p0 in self.panels.clone().step_by(NC) {
@@ -395,14 +466,15 @@ impl Job<'_> {
                     let accumulate = self.read_dst || s0 > 0;
                     for p in (p0..p1).step_by(K::PANELS) {
                         // SAFETY: panel `p` < panels and `s0` < steps: inside the packed weights.
-                        let b = unsafe { weights.add(p * steps + s0) };
+                        let b = unsafe { weights.add(p * self.panel_stride + s0) };
                         // The tile's panels: `K::PANELS`, or the share's last one alone.
                         let cols = (K::PANELS.min(self.panels.end - p) * PANEL).min(n - p * PANEL);
                         let mut r0 = m0;
                         while r0 < m1 {
                             // SAFETY: `r0` < rows.end <= m and `p·PANEL` < n: inside `a` and `dst`.
-                            let (a, c) = unsafe { (a.add(r0 * lda + s0 * K::A_PER_STEP), dst.add(r0 * n + p * PANEL)) };
-                            let tile = Tile { a, lda, b, panel_stride: steps, steps: kc, out: Out { c, ldc: n, cols, accumulate } };
+                            let (a, c) = unsafe { (a.add(r0 * lda + s0 * K::A_PER_STEP), dst.add(r0 * ldc + p * PANEL)) };
+                            let tile =
+                                Tile { a, lda, b, panel_stride: self.panel_stride, steps: kc, out: Out { c, ldc, cols, accumulate } };
                             let left = (m1 - r0).min(MR);
                             // SAFETY: `left` rows from r0 lie inside the block.
                             unsafe {

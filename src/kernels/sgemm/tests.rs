@@ -76,15 +76,8 @@ fn every_kernel_matches_the_plain_product() {
                     let expected = reference(&x_used, &stored, m, k, n, &start);
                     let mut y = if read_dst { prior.clone() } else { vec![f32::NAN; m * n] };
                     let activations = bf16::Activations::prepare(kernel, &x, m, k);
-                    let job = Job {
-                        w: &packed,
-                        a: activations.as_ptr(),
-                        lda: activations.lda(),
-                        dst: y.as_mut_ptr(),
-                        rows: 0..m,
-                        panels: 0..packed.panel_count(),
-                        read_dst,
-                    };
+                    let job =
+                        Job::of(&packed, activations.as_ptr(), activations.lda(), y.as_mut_ptr(), 0..m, 0..packed.panel_count(), read_dst);
                     // SAFETY: `kernel` is one this CPU has, for this format; `y` holds m × n floats and the ranges cover the product.
                     unsafe { kernel.run(&job) };
                     let worst = y.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
