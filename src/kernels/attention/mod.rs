@@ -60,8 +60,7 @@ enum Bf16Unit {
     /// AMX tiles, where the bf16 linears run on them.
     Amx,
     /// AVX-512 BF16's `vdpbf16ps`, where the bf16 linears run on it (Zen 4 and 5; Intel
-    /// without AMX).
-    #[cfg(target_arch = "x86_64")]
+    /// without AMX; never chosen on other architectures).
     Dot,
 }
 
@@ -437,6 +436,9 @@ impl CustomOp1 for AttentionOp<'_> {
                         unsafe { tiles::attention_head(&mut tiles::Dot, rows, bias, out_rows, columns, mask, scores, scale, &mut scratch) };
                         true
                     }
+                    // `dot_in_use` is false off x86.
+                    #[cfg(not(target_arch = "x86_64"))]
+                    Bf16Unit::Dot => false,
                 };
                 if scratch.kept(MAX_KEPT_SCRATCH_FLOATS) {
                     TILE_SCRATCH.set(scratch);
